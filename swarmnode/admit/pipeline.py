@@ -1,0 +1,430 @@
+"""The admission pipeline: every byte from a peer passes here before anything uses it.
+
+Owns: the order of the checks, per-reason counters, and the calls that lower a
+peer's score. Must not: read a clock (``now`` is an argument), open sockets,
+raise on any input (every refusal is a ``Rejected`` value), or use a reward a
+peer claims.
+
+Steps, in order (protocol/SPEC.md "Admission"; ``reasons.STEPS`` names them):
+
+0. the transport peer (``via``) is not banned
+1. size: raw bytes <= ``MAX_ENVELOPE_BYTES``
+2. decode: the envelope parses; version, kind, key/signature lengths, payload cap
+3. signature over the exact received bytes (``wire.envelope`` signing rule)
+4. sender: not banned, on the allowlist if there is one, a slot for a new
+   identity if we have never seen it, a token from its rate bucket
+5. payload: decodes under the kind's schema and limits; per-kind checks
+   (a peer record names its signer; a manifest's publisher signature holds;
+   a control message is addressed to us)
+6. replay: the envelope id, and each rollout group's content from this signer,
+   not seen within the freshness window
+7. freshness: ``sent_at`` within [now - max_age, now + max_future]; each
+   group's policy version within ``max_policy_lag`` of the version we know for
+   its model (where we know one)
+8. re-derivation: each group's task is one we accept, regenerates, and its
+   prompt equals the group's prompt exactly
+9. re-scoring: each completion scored by the local verifier (claimed rewards
+   are never read)
+
+The payload is decoded after the signature check (DESIGN.md's order:
+signature, schema, replay, ...): a forged envelope never reaches the payload
+parser, and a malformed payload is provably the signer's fault.
+
+A rollout batch is admitted whole or not at all: one bad group rejects the
+envelope (the signer vouched for every group in it).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeAlias
+
+from swarmnode.admit.limits import ReplayCache, TokenBucket
+from swarmnode.admit.peers import BanLedger, PeerBook, ScoreRule
+from swarmnode.admit.reasons import CHARGE, DEFAULT_PENALTIES, Charge, RejectReason
+from swarmnode.admit.verdict import Accepted, AdmittedGroup, Rejected, Verdict
+from swarmnode.errors import TaskError
+from swarmnode.identity import KeyAllowlist
+from swarmnode.tasks import Task, TaskId, TaskMixture
+from swarmnode.tasks import regenerate as _regenerate
+from swarmnode.tasks import score_completion as _score_completion
+from swarmnode.wire.envelope import Envelope, decode_envelope, verify_manifest
+from swarmnode.wire.messages import (
+    Activate,
+    Deactivate,
+    Message,
+    PeerRecord,
+    RolloutBatch,
+    WeightManifest,
+    decode_payload,
+)
+from swarmnode.wire.reasons import WireError, WireReason, clip
+
+#: (dataset, canonical config, prompt format): a family of tasks a node accepts rollouts for.
+TaskFamily: TypeAlias = tuple[str, str, str]
+
+_WIRE_TO_REJECT = {
+    WireReason.TOO_LARGE: RejectReason.TOO_LARGE,
+    WireReason.MALFORMED: RejectReason.MALFORMED,
+    WireReason.UNSUPPORTED_VERSION: RejectReason.UNSUPPORTED_VERSION,
+    WireReason.UNKNOWN_KIND: RejectReason.UNKNOWN_KIND,
+    WireReason.INVALID_PAYLOAD: RejectReason.INVALID_PAYLOAD,
+    WireReason.LIMIT_EXCEEDED: RejectReason.LIMIT_EXCEEDED,
+}
+
+
+def task_families(mixture: TaskMixture) -> frozenset[TaskFamily]:
+    """The task families of a mixture: what a SAPO node accepts from its swarm."""
+    families = set()
+    for spec in mixture.specs:
+        tid = spec.task_id(0, 0)
+        families.add((tid.dataset, tid.config, tid.prompt_format))
+    return frozenset(families)
+
+
+@dataclass(frozen=True)
+class AdmissionConfig:
+    max_age_s: float = 300.0  # oldest sent_at accepted
+    max_future_s: float = 30.0  # clock skew tolerated the other way
+    max_policy_lag: int = 8  # versions behind the one we know (prime-rl's max_off_policy_steps)
+    new_identities: int = 64  # never-seen signers admitted per window ...
+    new_identity_window_s: float = 60.0  # ... of this many seconds (token bucket)
+    replay_capacity: int = 200_000  # digests remembered (~150 bytes each)
+    max_tracked_peers: int = 10_000
+    score: ScoreRule = field(default_factory=ScoreRule)
+    penalties: Mapping[RejectReason, float] = field(default_factory=lambda: dict(DEFAULT_PENALTIES))
+    #: Task families accepted; None accepts any task that regenerates. A node should set
+    #: it (``task_families(mixture)``): regenerating arbitrary generator configs sent by
+    #: strangers costs whatever those configs make it cost.
+    allowed_tasks: frozenset[TaskFamily] | None = None
+    allowlist: KeyAllowlist | None = None  # private swarm: only these signers
+    trusted_publishers: frozenset[bytes] | None = None  # weight manifest keys; None: any
+    local_peer_id: str | None = None  # to check Activate/Deactivate recipients
+
+    def __post_init__(self) -> None:
+        missing = set(RejectReason) - set(self.penalties)
+        if missing:
+            raise ValueError(f"admission penalties miss {sorted(missing)}")
+
+
+class AdmissionPipeline:
+    """Sans-IO admission: ``admit(bytes, now) -> Verdict``; state is counters, scores, bans, digests.
+
+    ``ledger`` (``swarmnode.store.Ledger`` in the node) persists bans and
+    rejection counts; bans active at ``now`` are loaded from it here. Ledger
+    errors (a failing disk) propagate: they are the node's problem, not a peer's.
+    ``regenerate`` and ``score`` default to ``swarmnode.tasks``' and exist to be
+    replaced in tests and benchmarks.
+    """
+
+    def __init__(
+        self,
+        config: AdmissionConfig | None = None,
+        *,
+        now: float,
+        ledger: BanLedger | None = None,
+        regenerate: Callable[[TaskId], Task] = _regenerate,
+        score: Callable[[Task, str], float] = _score_completion,
+    ) -> None:
+        self.config = config if config is not None else AdmissionConfig()
+        self.peers = PeerBook(self.config.score, self.config.max_tracked_peers, ledger, now)
+        self.replay = ReplayCache(self.config.replay_capacity)
+        self.counters: Counter[str] = Counter()
+        self._new_identities = TokenBucket(
+            self.config.new_identities / self.config.new_identity_window_s,
+            float(self.config.new_identities),
+            updated=now,
+        )
+        self._versions: dict[str, int] = {}
+        self._regenerate = regenerate
+        self._score = score
+
+    # -- inputs besides bytes ------------------------------------------------------------------
+
+    def set_policy_version(self, model_id: str, version: int) -> None:
+        """The current version of ``model_id`` (e.g. our own policy, as a learner); enables staleness."""
+        self._versions[model_id] = version
+
+    def penalize(self, peer_id: str, reason: RejectReason, now: float) -> bool:
+        """Charge ``peer_id`` for misbehaviour seen elsewhere (a chunk failing its hash); True if banned."""
+        self.counters[reason.value] += 1
+        return self.peers.penalize(peer_id, self.config.penalties[reason], reason.value, now)
+
+    def banned_until(self, peer_id: str, now: float) -> float | None:
+        return self.peers.banned(peer_id, now)
+
+    def counts(self) -> dict[str, int]:
+        """Verdicts so far: ``accepted`` and one entry per rejection reason seen."""
+        return dict(self.counters)
+
+    # -- the pipeline ------------------------------------------------------------------------
+
+    def _reject(
+        self, reason: RejectReason, detail: str, now: float, *, signer: str | None, via: str | None
+    ) -> Rejected:
+        self.counters[reason.value] += 1
+        charge = CHARGE[reason]
+        target = signer if charge is Charge.SIGNER else via if charge is Charge.VIA else None
+        if target is not None:
+            self.peers.penalize(target, self.config.penalties[reason], reason.value, now)
+        return Rejected(reason, detail, sender=signer, charged=target)
+
+    def _wire(self, error: WireError, now: float, *, signer: str | None, via: str | None) -> Rejected:
+        return self._reject(_WIRE_TO_REJECT[error.reason], error.detail, now, signer=signer, via=via)
+
+    def admit(self, data: bytes, now: float, *, via: str | None = None) -> Verdict:
+        """Run ``data`` (one envelope as received) through every step; see the module docstring.
+
+        ``via``: the transport-level id of the peer that delivered the bytes, when
+        the driver knows it; it is charged for failures the signer cannot be blamed for.
+        """
+        # 0. transport peer
+        if via is not None and (until := self.peers.banned(via, now)) is not None:
+            return self._reject(
+                RejectReason.BANNED,
+                f"delivering peer {via} banned until {until:.0f}",
+                now,
+                signer=None,
+                via=via,
+            )
+        # 1-2. size and envelope decode
+        envelope = decode_envelope(data)
+        if isinstance(envelope, WireError):
+            return self._wire(envelope, now, signer=None, via=via)
+        # 3. signature
+        if not envelope.verify():
+            return self._reject(
+                RejectReason.BAD_SIGNATURE,
+                f"{envelope.kind.label} signature does not verify",
+                now,
+                signer=None,
+                via=via,
+            )
+        signer = envelope.sender_id
+        # 4. sender
+        rejected = self._check_sender(envelope, signer, now)
+        if rejected is not None:
+            return rejected
+        # 5. payload
+        message = decode_payload(envelope.kind, envelope.payload)
+        if isinstance(message, WireError):
+            return self._wire(message, now, signer=signer, via=via)
+        rejected = self._check_kind(message, signer, now, via)
+        if rejected is not None:
+            return rejected
+        # 6. replay / duplicate
+        envelope_id = envelope.envelope_id()
+        group_keys: list[bytes] = []
+        if self.replay.seen(envelope_id, now):
+            return self._reject(
+                RejectReason.REPLAY,
+                f"envelope {envelope_id.hex()[:16]} already seen",
+                now,
+                signer=signer,
+                via=via,
+            )
+        if isinstance(message, RolloutBatch):
+            for i, group in enumerate(message.groups):
+                key = envelope.sender_key + group.content_digest()
+                if key in group_keys or self.replay.seen(key, now):
+                    return self._reject(
+                        RejectReason.DUPLICATE,
+                        f"groups[{i}] ({group.task.key()}) already received",
+                        now,
+                        signer=signer,
+                        via=via,
+                    )
+                group_keys.append(key)
+        if not self.replay.room(now, 1 + len(group_keys)):
+            return self._reject(
+                RejectReason.REPLAY_CACHE_FULL,
+                f"{len(self.replay)} digests live",
+                now,
+                signer=signer,
+                via=via,
+            )
+        # 7. freshness
+        rejected = self._check_freshness(envelope, message, signer, now, via)
+        if rejected is not None:
+            return rejected
+        # Remembered only once fresh: a far-future sent_at must not pin a digest for long.
+        expiry = envelope.sent_at_ms / 1000.0 + self.config.max_age_s
+        for key in (envelope_id, *group_keys):
+            self.replay.add(key, expiry)
+        # 8-9. re-derivation and re-scoring
+        groups: tuple[AdmittedGroup, ...] = ()
+        if isinstance(message, RolloutBatch):
+            admitted = self._rederive_and_rescore(message, signer, now, via)
+            if isinstance(admitted, Rejected):
+                return admitted
+            groups = admitted
+        self.counters["accepted"] += 1
+        self.peers.reward(signer, now)
+        return Accepted(envelope=envelope, sender=signer, message=message, groups=groups)
+
+    def _check_sender(self, envelope: Envelope, signer: str, now: float) -> Rejected | None:
+        until = self.peers.banned(signer, now)
+        if until is not None:
+            return self._reject(
+                RejectReason.BANNED, f"sender {signer} banned until {until:.0f}", now, signer=signer, via=None
+            )
+        allowlist = self.config.allowlist
+        if allowlist is not None and not allowlist.allows(envelope.sender_key):
+            return self._reject(
+                RejectReason.NOT_ALLOWLISTED,
+                f"sender {signer} is not on the allowlist",
+                now,
+                signer=signer,
+                via=None,
+            )
+        if not self.peers.known(signer) and not self._new_identities.take(now):
+            return self._reject(
+                RejectReason.NEW_IDENTITY_LIMIT,
+                f"more than {self.config.new_identities} new senders "
+                f"in {self.config.new_identity_window_s:.0f} s",
+                now,
+                signer=signer,
+                via=None,
+            )
+        if not self.peers.state(signer, now).bucket.take(now):
+            return self._reject(
+                RejectReason.RATE_LIMITED, f"sender {signer} over its rate", now, signer=signer, via=None
+            )
+        return None
+
+    def _check_kind(self, message: Message, signer: str, now: float, via: str | None) -> Rejected | None:
+        if isinstance(message, PeerRecord) and message.peer_id != signer:
+            return self._reject(
+                RejectReason.SENDER_MISMATCH,
+                f"peer record for {clip(message.peer_id)} signed by {signer}",
+                now,
+                signer=signer,
+                via=via,
+            )
+        if isinstance(message, WeightManifest):
+            if not verify_manifest(message):
+                return self._reject(
+                    RejectReason.BAD_MANIFEST_SIGNATURE,
+                    f"manifest {clip(message.body.model_id)} v{message.body.version}: "
+                    "publisher signature does not verify",
+                    now,
+                    signer=signer,
+                    via=via,
+                )
+            trusted = self.config.trusted_publishers
+            if trusted is not None and message.publisher_key not in trusted:
+                return self._reject(
+                    RejectReason.UNTRUSTED_PUBLISHER,
+                    f"publisher key {message.publisher_key.hex()[:16]} is not trusted",
+                    now,
+                    signer=signer,
+                    via=via,
+                )
+        local = self.config.local_peer_id
+        if (
+            isinstance(message, Activate | Deactivate)
+            and local is not None
+            and message.worker_peer_id != local
+        ):
+            return self._reject(
+                RejectReason.WRONG_RECIPIENT,
+                f"addressed to {clip(message.worker_peer_id)}, not to us",
+                now,
+                signer=signer,
+                via=via,
+            )
+        return None
+
+    def _check_freshness(
+        self, envelope: Envelope, message: Message, signer: str, now: float, via: str | None
+    ) -> Rejected | None:
+        now_ms = now * 1000.0
+        if envelope.sent_at_ms < now_ms - self.config.max_age_s * 1000.0:
+            return self._reject(
+                RejectReason.TOO_OLD,
+                f"sent {now - envelope.sent_at_ms / 1000.0:.1f} s ago; window {self.config.max_age_s} s",
+                now,
+                signer=signer,
+                via=via,
+            )
+        if envelope.sent_at_ms > now_ms + self.config.max_future_s * 1000.0:
+            return self._reject(
+                RejectReason.FROM_FUTURE,
+                f"sent {envelope.sent_at_ms / 1000.0 - now:.1f} s in the future; "
+                f"skew allowed {self.config.max_future_s} s",
+                now,
+                signer=signer,
+                via=via,
+            )
+        if isinstance(message, RolloutBatch) and self._versions:
+            for i, group in enumerate(message.groups):
+                current = self._versions.get(group.model_id)
+                if current is None:
+                    continue
+                lag = current - group.policy_version
+                if lag < 0 or lag > self.config.max_policy_lag:
+                    return self._reject(
+                        RejectReason.STALE_POLICY,
+                        f"groups[{i}] policy version {group.policy_version} of {clip(group.model_id)}; "
+                        f"current {current}, lag allowed 0..{self.config.max_policy_lag}",
+                        now,
+                        signer=signer,
+                        via=via,
+                    )
+        return None
+
+    def _rederive_and_rescore(
+        self, batch: RolloutBatch, signer: str, now: float, via: str | None
+    ) -> tuple[AdmittedGroup, ...] | Rejected:
+        allowed = self.config.allowed_tasks
+        tasks: list[Task] = []
+        for i, group in enumerate(batch.groups):
+            tid = group.task
+            if allowed is not None and (tid.dataset, tid.config, tid.prompt_format) not in allowed:
+                return self._reject(
+                    RejectReason.TASK_NOT_ALLOWED,
+                    f"groups[{i}] task family {clip(tid.dataset)} {clip(tid.config)} "
+                    f"{tid.prompt_format} is not one we train on",
+                    now,
+                    signer=signer,
+                    via=via,
+                )
+            try:
+                task = self._regenerate(tid)
+            except TaskError as exc:
+                return self._reject(
+                    RejectReason.TASK_INVALID,
+                    f"groups[{i}]: {clip(str(exc), 200)}",
+                    now,
+                    signer=signer,
+                    via=via,
+                )
+            if task.prompt != group.prompt:
+                return self._reject(
+                    RejectReason.PROMPT_MISMATCH,
+                    f"groups[{i}] prompt {clip(group.prompt)} but {tid.key()} regenerates "
+                    f"{clip(task.prompt)}",
+                    now,
+                    signer=signer,
+                    via=via,
+                )
+            tasks.append(task)
+        admitted = []
+        for i, (group, task) in enumerate(zip(batch.groups, tasks, strict=True)):
+            try:
+                rewards = tuple(self._score(task, c.text) for c in group.completions)
+            except TaskError as exc:
+                return self._reject(
+                    RejectReason.SCORING_FAILED,
+                    f"groups[{i}]: {clip(str(exc), 200)}",
+                    now,
+                    signer=signer,
+                    via=via,
+                )
+            admitted.append(AdmittedGroup(group=group, task=task, rewards=rewards, sender=signer))
+        return tuple(admitted)
+
+
+__all__ = ["AdmissionConfig", "AdmissionPipeline", "TaskFamily", "task_families"]

@@ -1,0 +1,222 @@
+"""One typed configuration: TOML file < environment (``SWARMNODE_SECTION__KEY``) < flags.
+
+Owns: the schema, its defaults and its validation messages. Must not read
+anything but the config file and the environment it is given.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from swarmnode.errors import ConfigError
+
+CONFIG_FILE = "swarmnode.toml"
+ENV_PREFIX = "SWARMNODE_"
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class NodeConfig(Section):
+    name: str = Field("node", description="Human-readable name shown in logs and /status.")
+    seed: int = Field(0, ge=0, description="Seed for task sampling, model init and generation.")
+    threads: int = Field(0, ge=0, description="torch CPU threads; 0 = all cores.")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log verbosity.")
+
+
+class ModelConfig(Section):
+    path: str = Field(
+        "",
+        description="Local HF model directory. Empty = the built-in tiny model with its cached warm start.",
+    )
+    engine: Literal["torch", "hf", "vllm"] = Field("torch", description="Rollout engine.")
+    warm_start: bool = Field(True, description="Warm-start the built-in tiny model on task demonstrations.")
+
+
+class TasksConfig(Section):
+    mixture: Literal["default", "sapo"] = Field(
+        "default", description="'default': 2-term chain_sum (tiny model); 'sapo': SAPO's nine generators."
+    )
+    heldout_size: int = Field(200, ge=0, description="Held-out tasks for accuracy evaluation.")
+
+
+class RolloutConfig(Section):
+    prompts_per_round: int = Field(16, ge=1, le=4096, description="Prompts (groups) sampled per round.")
+    group_size: int = Field(8, ge=1, le=256, description="Completions per prompt (G).")
+    temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
+    max_new_tokens: int = Field(8, ge=1, le=4096, description="Completion length cap.")
+
+
+class LearnConfig(Section):
+    algorithm: Literal["grpo", "dapo", "gspo"] = Field("grpo", description="Loss on the node's own groups.")
+    lr: float = Field(1e-4, gt=0.0, le=1.0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
+    updates_per_round: int = Field(1, ge=1, le=64, description="Optimizer steps per round (k).")
+    eps_low: float = Field(0.2, ge=0.0, le=1.0, description="Lower clip range.")
+    eps_high: float = Field(0.28, ge=0.0, le=10.0, description="Upper clip range (clip-higher).")
+    beta: float = Field(0.0, ge=0.0, description="k3 KL coefficient to the initial policy; 0 disables.")
+    aggregation: Literal[
+        "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"
+    ] = Field("seq-mean-token-mean", description="Loss aggregation (verl names).")
+    scale_rewards: Literal["group", "batch", "none"] = Field("group", description="Advantage std scaling.")
+    drop_zero_advantage: bool = Field(True, description="Skip groups whose rewards are all equal.")
+    max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
+
+
+class CheckpointConfig(Section):
+    every_rounds: int = Field(10, ge=1, description="Write a checkpoint every N rounds.")
+    keep: int = Field(3, ge=1, le=1000, description="Checkpoints kept on disk.")
+
+
+class SwarmConfig(Section):
+    mixing: Literal["none", "sapo", "hacpo"] = Field("none", description="How external groups are used.")
+    local_groups: int = Field(4, ge=0, description="I: own groups per update (SAPO).")
+    external_groups: int = Field(4, ge=0, description="J: external groups per update (SAPO).")
+    initial_peers: list[str] = Field(default_factory=list, description="Bootstrap multiaddrs.")
+    peers_file: str = Field("", description="File with one bootstrap multiaddr per line.")
+    host_maddrs: list[str] = Field(
+        default_factory=lambda: ["/ip4/127.0.0.1/tcp/0"], description="libp2p listen multiaddrs."
+    )
+    announce_maddrs: list[str] = Field(default_factory=list, description="Multiaddrs announced to peers.")
+    client_mode: bool = Field(False, description="Do not accept incoming connections (behind NAT).")
+    round_seconds: float = Field(
+        30.0, gt=0.0, description="Swarm round length; rounds are wall-clock epochs."
+    )
+    staleness_bound: int = Field(8, ge=0, description="Max policy-version lag of an accepted rollout.")
+
+
+class ApiConfig(Section):
+    host: str = Field("127.0.0.1", description="Local HTTP API bind address.")
+    port: int = Field(0, ge=0, le=65535, description="Local HTTP API port; 0 = pick a free one.")
+
+
+class Config(Section):
+    node: NodeConfig = Field(default_factory=NodeConfig)  # type: ignore[arg-type]
+    model: ModelConfig = Field(default_factory=ModelConfig)  # type: ignore[arg-type]
+    tasks: TasksConfig = Field(default_factory=TasksConfig)  # type: ignore[arg-type]
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)  # type: ignore[arg-type]
+    learn: LearnConfig = Field(default_factory=LearnConfig)  # type: ignore[arg-type]
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)  # type: ignore[arg-type]
+    swarm: SwarmConfig = Field(default_factory=SwarmConfig)  # type: ignore[arg-type]
+    api: ApiConfig = Field(default_factory=ApiConfig)  # type: ignore[arg-type]
+
+
+def _format_error(error: ValidationError) -> str:
+    lines = []
+    for item in error.errors():
+        key = ".".join(str(part) for part in item["loc"])
+        value = item.get("input")
+        if item["type"] == "extra_forbidden":
+            lines.append(
+                f"unknown config key '{key}' "
+                "(check the spelling; `swarmnode config reference` lists every key)"
+            )
+        else:
+            lines.append(f"invalid config value {key} = {value!r}: {item['msg']}")
+    return "\n".join(lines)
+
+
+def _set_dotted(data: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = data
+    for part in parts[:-1]:
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(f"config key '{dotted}': '{part}' is not a section")
+        node = child
+    node[parts[-1]] = value
+
+
+def _parse_env_value(raw: str) -> Any:
+    """Env values are TOML literals when they parse as one (numbers, booleans, lists), else strings."""
+    try:
+        return tomllib.loads(f"v = {raw}")["v"]
+    except tomllib.TOMLDecodeError:
+        return raw
+
+
+def env_overrides(environ: Mapping[str, str]) -> dict[str, Any]:
+    """``SWARMNODE_LEARN__LR=3e-4`` -> ``{"learn.lr": 3e-4}`` (double underscore separates the section)."""
+    out: dict[str, Any] = {}
+    for name, raw in environ.items():
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        dotted = name[len(ENV_PREFIX) :].lower().replace("__", ".")
+        out[dotted] = _parse_env_value(raw)
+    return out
+
+
+def load_config(
+    path: Path | None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> Config:
+    """Read ``path`` (may be None or absent), apply env then flag overrides, validate."""
+    data: dict[str, Any] = {}
+    if path is not None and path.exists():
+        try:
+            data = tomllib.loads(path.read_text(encoding="utf-8"))
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from exc
+        except OSError as exc:
+            raise ConfigError(f"cannot read config file {path}: {exc}") from exc
+    for dotted, value in env_overrides(os.environ if environ is None else environ).items():
+        _set_dotted(data, dotted, value)
+    for dotted, value in (overrides or {}).items():
+        _set_dotted(data, dotted, value)
+    try:
+        return Config.model_validate(data)
+    except ValidationError as exc:
+        source = f" (from {path})" if path is not None and path.exists() else ""
+        raise ConfigError(_format_error(exc) + source) from exc
+
+
+def _toml_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return repr(value)
+
+
+def render_commented_config(config: Config | None = None) -> str:
+    """The config as a TOML file with every key's description as a comment."""
+    config = config or Config()
+    lines = [
+        "# swarmnode configuration.",
+        "# Precedence: this file < environment (SWARMNODE_SECTION__KEY=value) < command-line flags.",
+        "",
+    ]
+    for section_name, field in Config.model_fields.items():
+        section = getattr(config, section_name)
+        lines.append(f"[{section_name}]")
+        for key, sub in type(section).model_fields.items():
+            lines.append(f"# {sub.description}")
+            lines.append(f"{key} = {_toml_value(getattr(section, key))}")
+        lines.append("")
+        del field
+    return "\n".join(lines)
+
+
+def reference_markdown() -> str:
+    """A configuration reference table generated from the schema (README embeds it)."""
+    rows = ["| key | default | env | description |", "|---|---|---|---|"]
+    defaults = Config()
+    for section_name in Config.model_fields:
+        section = getattr(defaults, section_name)
+        for key, sub in type(section).model_fields.items():
+            env = f"SWARMNODE_{section_name.upper()}__{key.upper()}"
+            default = _toml_value(getattr(section, key))
+            rows.append(f"| `{section_name}.{key}` | `{default}` | `{env}` | {sub.description} |")
+    return "\n".join(rows)

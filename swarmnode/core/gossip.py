@@ -1,0 +1,943 @@
+"""Gossip of rollout items as a sans-IO state machine: announce, read, pull, admit, serve.
+
+Owns
+    One node's gossip bookkeeping. Items are opaque ``(digest, payload)`` pairs (signed rollout
+    groups in the node). The core decides which own digests to announce for which swarm round,
+    when to read the announcements of others, which announced digests to pull from which peer
+    (dedupe, batching, in-flight caps, per-peer token buckets, backoff, retry on another
+    announcer, peer history), when a pulled payload goes to admission, and which own digests to
+    serve to a requesting peer. Every set and queue has a bound; every timer is explicit.
+
+Must not
+    Touch sockets, clocks, threads or event loops; decode or judge payloads (the driver's
+    admission pipeline does, and reports back); keep payload bytes (the driver stores its own
+    items' payloads until ``Retire``; pulled payloads pass straight through in ``Admit``).
+
+Driving it
+    ``handle(event, now)``, ``handle_all(events, now)`` (e.g. all records of one read) and
+    ``poll(now)`` return actions; the driver performs every action it gets back, from whichever
+    call, and feeds results back as events. Each ``PullRequest`` yields exactly one ``Serve`` in
+    the same call (the request's answer), beside any other actions. ``next_deadline()`` says
+    when to call ``poll`` at the latest (a value in the past means "now"; ``None`` means "only
+    when an event arrives"). ``now`` is one clock for all calls: wall-clock seconds in the node
+    (rounds are wall-clock epochs), virtual seconds in the simulator; if it ever goes backwards
+    the core holds its last value. Memory-only expiries (forgetting old digests, ``Retire`` of
+    expired own items) happen on any call, so they lag by at most ``read_interval``.
+
+    =====================  =========================================================
+    action                 driver does
+    =====================  =========================================================
+    ``Announce``           write the small record (round, part) -> digests, owned by this
+                           peer, expiring at ``expires_at``; a later Announce of the same
+                           (round, part) replaces it
+    ``ReadAnnouncements``  read every record of those rounds; feed one ``Announced`` each
+    ``Pull``               ask ``peer`` for ``digests``; feed ``PullSucceeded`` (the items
+                           it sent) or ``PullFailed``; give up after ``timeout`` seconds
+    ``CancelPull``         stop that pull; a late result would be ignored anyway
+    ``Admit``              run admission on ``payload``; feed ``AdmissionResult``
+    ``Serve``              answer the ``PullRequest`` just handled with these own items
+    ``Retire``             drop the stored payload of this own item
+    =====================  =========================================================
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import asdict, dataclass, field
+
+from swarmnode.core.events import Digest, PeerBanned, PeerId
+from swarmnode.core.limits import ExpiringMap, TokenBucket
+from swarmnode.core.rounds import round_at, round_start
+from swarmnode.errors import ConfigError
+
+# Peer history, used to prefer peers whose items were delivered and accepted.
+_SCORE_ACCEPTED = 1
+_SCORE_FAILED = -2
+_SCORE_REJECTED = -5
+_SCORE_LIMIT = 100
+_BACKOFF_MAX_DOUBLINGS = 30  # 2**30 * any sane backoff_base is past backoff_max already
+
+
+@dataclass(frozen=True)
+class GossipConfig:
+    """Every knob of the gossip core. Times in seconds, rates in items per second."""
+
+    # Rounds (must be the same on every node of a swarm).
+    round_seconds: float = 30.0
+    epoch: float = 0.0
+    # Announcing own items.
+    max_digests_per_announcement: int = 64  # 64 x 32-byte digests ~ 2 KiB: far below DHT value limits
+    announce_delay: float = 0.5  # coalesce publications this long before (re)writing a record
+    keep_rounds: int = 2  # own items stay servable for their round and this many more
+    max_own_items: int = 4096
+    # Reading announcements.
+    read_interval: float = 5.0
+    read_back_rounds: int = 1  # read the current round and this many before it
+    # Pulling.
+    max_digest_bytes: int = 64
+    max_candidates: int = 8192  # announced digests waiting to be pulled
+    max_candidates_per_peer: int = 1024
+    max_announcers_per_digest: int = 8
+    max_digests_per_pull: int = 16
+    max_inflight_pulls: int = 16
+    max_inflight_pulls_per_peer: int = 2
+    pull_timeout: float = 10.0
+    pull_rate: float = 8.0  # per peer; keep it below peers' serve_rate
+    pull_burst: float = 32.0
+    max_attempts: int = 4  # per digest, across peers, before giving up on it
+    backoff_base: float = 1.0
+    backoff_max: float = 60.0
+    # Admission.
+    max_pending_admissions: int = 256  # in flight + awaiting a verdict; pulls wait beyond it
+    admission_timeout: float = 60.0
+    max_rejections: int = 3  # rejected items before this core stops pulling from the peer
+    rejection_shun_seconds: float = 600.0
+    remember_rounds: int = 4  # how long a handled digest is remembered (dedupe)
+    max_remembered: int = 65536
+    # Serving.
+    max_serve_batch: int = 32
+    max_serve_bytes: int = 16 * 1024 * 1024
+    serve_rate: float = 16.0  # per peer
+    serve_burst: float = 64.0
+    # Peers.
+    max_peers: int = 1024
+    max_bans: int = 4096
+
+    def __post_init__(self) -> None:
+        positive = (
+            "round_seconds",
+            "read_interval",
+            "pull_timeout",
+            "pull_rate",
+            "pull_burst",
+            "backoff_base",
+            "backoff_max",
+            "admission_timeout",
+            "rejection_shun_seconds",
+            "serve_rate",
+            "serve_burst",
+        )
+        for name in positive:
+            value = getattr(self, name)
+            if not (value > 0 and math.isfinite(value)):
+                raise ConfigError(f"gossip.{name} must be a positive number, got {value!r}")
+        at_least_one = (
+            "max_digests_per_announcement",
+            "max_own_items",
+            "max_digest_bytes",
+            "max_candidates",
+            "max_candidates_per_peer",
+            "max_announcers_per_digest",
+            "max_digests_per_pull",
+            "max_inflight_pulls",
+            "max_inflight_pulls_per_peer",
+            "max_attempts",
+            "max_pending_admissions",
+            "max_rejections",
+            "remember_rounds",
+            "max_remembered",
+            "max_serve_batch",
+            "max_serve_bytes",
+            "max_peers",
+            "max_bans",
+        )
+        for name in at_least_one:
+            if getattr(self, name) < 1:
+                raise ConfigError(f"gossip.{name} must be >= 1, got {getattr(self, name)!r}")
+        if not math.isfinite(self.epoch):
+            raise ConfigError(f"gossip.epoch must be a finite number, got {self.epoch!r}")
+        if not (self.announce_delay >= 0 and math.isfinite(self.announce_delay)):
+            raise ConfigError(f"gossip.announce_delay must be >= 0, got {self.announce_delay!r}")
+        if self.keep_rounds < 0 or self.read_back_rounds < 0:
+            raise ConfigError("gossip.keep_rounds and gossip.read_back_rounds must be >= 0")
+        if self.pull_burst < 1 or self.serve_burst < 1:
+            raise ConfigError("gossip.pull_burst and gossip.serve_burst must be >= 1 (one item)")
+        if self.remember_rounds <= self.read_back_rounds:
+            raise ConfigError(
+                "gossip.remember_rounds must exceed gossip.read_back_rounds: a digest must be remembered "
+                "for as long as its announcement can still be read, or it would be pulled twice"
+            )
+
+    @property
+    def candidate_ttl(self) -> float:
+        """An announced digest is worth pulling while its round can still be read."""
+        return (self.read_back_rounds + 1) * self.round_seconds
+
+    @property
+    def remember_ttl(self) -> float:
+        return self.remember_rounds * self.round_seconds
+
+
+# ---------------------------------------------------------------------------------------------
+# Events: what happened (the driver tells the core). PeerBanned lives in core.events.
+
+
+@dataclass(frozen=True)
+class Publish:
+    """This node made an item; the driver keeps its payload until ``Retire(digest)``."""
+
+    digest: Digest
+    size: int  # payload bytes
+
+
+@dataclass(frozen=True)
+class Announced:
+    """One announcement record read from the swarm: ``peer`` offers ``digests`` for ``round``."""
+
+    peer: PeerId
+    round: int
+    digests: tuple[Digest, ...]
+
+
+@dataclass(frozen=True)
+class PullSucceeded:
+    """``peer`` answered pull ``request_id`` with these ``(digest, payload)`` items (any subset)."""
+
+    request_id: int
+    peer: PeerId
+    items: tuple[tuple[Digest, bytes], ...]
+
+
+@dataclass(frozen=True)
+class PullFailed:
+    """Pull ``request_id`` to ``peer`` failed (connection error, bad response, driver timeout)."""
+
+    request_id: int
+    peer: PeerId
+    reason: str
+
+
+@dataclass(frozen=True)
+class AdmissionResult:
+    """The admission pipeline's verdict on an ``Admit``."""
+
+    peer: PeerId
+    digest: Digest
+    accepted: bool
+    reason: str
+
+
+@dataclass(frozen=True)
+class PullRequest:
+    """``peer`` asks this node for ``digests``; ``handle`` answers with exactly one ``Serve``."""
+
+    peer: PeerId
+    digests: tuple[Digest, ...]
+
+
+GossipEvent = Publish | Announced | PullSucceeded | PullFailed | AdmissionResult | PeerBanned | PullRequest
+
+
+# ---------------------------------------------------------------------------------------------
+# Actions: what to do (the core tells the driver).
+
+
+@dataclass(frozen=True)
+class Announce:
+    """Write this node's announcement record ``(round, part)``, replacing an earlier one."""
+
+    round: int
+    part: int
+    digests: tuple[Digest, ...]
+    expires_at: float
+
+
+@dataclass(frozen=True)
+class ReadAnnouncements:
+    """Read every announcement record of these rounds (newest first)."""
+
+    rounds: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Pull:
+    """Ask ``peer`` for the payloads of ``digests``, giving up after ``timeout`` seconds."""
+
+    request_id: int
+    peer: PeerId
+    digests: tuple[Digest, ...]
+    timeout: float
+
+
+@dataclass(frozen=True)
+class CancelPull:
+    """The core gave up on pull ``request_id`` (timeout or ban): stop it if still running."""
+
+    request_id: int
+    peer: PeerId
+
+
+@dataclass(frozen=True)
+class Admit:
+    """Run admission on an item pulled from ``peer``; at most one ``Admit`` per remembered digest."""
+
+    peer: PeerId
+    digest: Digest
+    payload: bytes
+
+
+@dataclass(frozen=True)
+class Serve:
+    """Answer ``peer``'s pull request with the payloads of these own items (maybe none)."""
+
+    peer: PeerId
+    digests: tuple[Digest, ...]
+
+
+@dataclass(frozen=True)
+class Retire:
+    """This own item expired (or was never accepted for gossip): its payload may be dropped."""
+
+    digest: Digest
+
+
+GossipAction = Announce | ReadAnnouncements | Pull | CancelPull | Admit | Serve | Retire
+
+
+# ---------------------------------------------------------------------------------------------
+# Observability.
+
+
+@dataclass
+class GossipStats:
+    """Monotonic counters, for metrics and tests."""
+
+    published: int = 0
+    publish_dropped: int = 0
+    retired: int = 0
+    announcements_sent: int = 0
+    reads: int = 0
+    announcements_seen: int = 0
+    announcements_ignored: int = 0
+    digests_ignored: int = 0
+    candidates_dropped: int = 0
+    pulls_started: int = 0
+    pulls_succeeded: int = 0
+    pulls_failed: int = 0
+    pulls_timed_out: int = 0
+    pulls_cancelled: int = 0
+    results_ignored: int = 0
+    items_missing: int = 0
+    items_unrequested: int = 0
+    items_corrupt: int = 0
+    gave_up: int = 0
+    admits: int = 0
+    accepted: int = 0
+    rejected: int = 0
+    admission_timeouts: int = 0
+    peers_shunned: int = 0
+    bans: int = 0
+    serve_requests: int = 0
+    serve_refused: int = 0
+    serve_limited: int = 0
+    items_served: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class GossipSizes:
+    """How much the core holds right now; each is bounded by a ``GossipConfig`` field."""
+
+    own_items: int  # <= max_own_items
+    candidates: int  # <= max_candidates
+    inflight_pulls: int  # <= max_inflight_pulls
+    pending_admissions: int  # in-flight digests + awaiting a verdict, <= max_pending_admissions
+    remembered: int  # <= max_remembered
+    peers: int  # <= max_peers
+    bans: int  # <= max_bans
+
+
+# ---------------------------------------------------------------------------------------------
+# Internal state.
+
+
+@dataclass
+class _OwnItem:
+    size: int
+    round: int
+
+
+@dataclass
+class _Candidate:
+    """An announced digest not yet pulled: who offers it, who was tried."""
+
+    announcers: dict[PeerId, None]  # ordered set, <= max_announcers_per_digest
+    expires_at: float
+    tried: set[PeerId] = field(default_factory=set)
+    attempts: int = 0
+
+
+@dataclass
+class _InFlight:
+    peer: PeerId
+    digests: dict[Digest, _Candidate]
+
+
+@dataclass
+class _Peer:
+    pull_bucket: TokenBucket
+    serve_bucket: TokenBucket
+    last_seen: float
+    inflight: int = 0  # pulls to this peer
+    candidates: int = 0  # announcer slots this peer holds in the candidate table
+    failures: int = 0  # consecutive failed pulls
+    backoff_until: float = -math.inf
+    rejections: int = 0  # rejected items since the last shun
+    score: int = 0
+
+    def adjust(self, delta: int) -> None:
+        self.score = max(-_SCORE_LIMIT, min(_SCORE_LIMIT, self.score + delta))
+
+
+@dataclass
+class _Batch:
+    """A pull being assembled during one scheduling pass."""
+
+    peer: PeerId
+    capacity: int
+    digests: dict[Digest, _Candidate] = field(default_factory=dict)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+class GossipCore:
+    """Which digests to announce, read, pull from whom, admit and serve. See the module docstring."""
+
+    def __init__(
+        self,
+        config: GossipConfig,
+        self_id: PeerId,
+        *,
+        digest_of: Callable[[bytes], Digest] | None = None,
+    ) -> None:
+        """``digest_of``, when given, recomputes a pulled payload's digest: a payload that does not
+        match the digest it was sent for is dropped (counted against the sender) and retried
+        elsewhere. Without it the driver must check that itself before feeding ``PullSucceeded``."""
+        self.config = config
+        self.self_id = self_id
+        self.stats = GossipStats()
+        self._digest_of = digest_of
+        self._now = -math.inf
+        self._next_read_at = -math.inf  # read on the first poll
+        self._wake_at: float | None = None  # when a rate-limited or backed-off peer frees up
+        self._next_request_id = 1
+        c = config
+        self._own: ExpiringMap[Digest, _OwnItem] = ExpiringMap(c.max_own_items)
+        self._own_rounds: dict[int, list[Digest]] = {}  # announcement order, per round
+        self._dirty_parts: dict[tuple[int, int], float] = {}  # (round, part) -> announce at
+        self._candidates: ExpiringMap[Digest, _Candidate] = ExpiringMap(c.max_candidates)
+        self._inflight: ExpiringMap[int, _InFlight] = ExpiringMap(c.max_inflight_pulls)
+        self._inflight_digests: dict[Digest, int] = {}
+        self._awaiting: ExpiringMap[Digest, PeerId] = ExpiringMap(c.max_pending_admissions)
+        self._remembered: ExpiringMap[Digest, None] = ExpiringMap(c.max_remembered)
+        self._peers: dict[PeerId, _Peer] = {}
+        self._bans: dict[PeerId, float] = {}
+
+    # -- public API ---------------------------------------------------------------------------
+
+    def handle(self, event: GossipEvent, now: float) -> list[GossipAction]:
+        return self.handle_all((event,), now)
+
+    def handle_all(self, events: Iterable[GossipEvent], now: float) -> list[GossipAction]:
+        """Several events at one instant, e.g. every record of one read. Like ``handle`` for each
+        in turn, except that pulls are scheduled once, at the end: cheaper, and batches fill
+        better. Serve actions come out in the order of their PullRequest events."""
+        now = self._advance(now)
+        actions = self._expire(now)
+        for event in events:
+            match event:
+                case Publish():
+                    actions += self._on_publish(event, now)
+                case Announced():
+                    self._on_announced(event, now)
+                case PullSucceeded():
+                    actions += self._on_pull_succeeded(event, now)
+                case PullFailed():
+                    self._on_pull_failed(event, now)
+                case AdmissionResult():
+                    actions += self._on_admission_result(event, now)
+                case PeerBanned():
+                    actions += self._ban(event.peer, event.until, now)
+                case PullRequest():
+                    actions.append(self._on_pull_request(event, now))
+                case _:
+                    raise TypeError(f"not a gossip event: {event!r}")
+        return actions + self._timers(now)
+
+    def poll(self, now: float) -> list[GossipAction]:
+        now = self._advance(now)
+        return self._expire(now) + self._timers(now)
+
+    def next_deadline(self) -> float | None:
+        deadlines = [
+            self._next_read_at,
+            *self._dirty_parts.values(),
+            self._inflight.next_expiry(),
+            self._awaiting.next_expiry(),
+            self._wake_at,
+        ]
+        return min((d for d in deadlines if d is not None), default=None)
+
+    def current_round(self, now: float) -> int:
+        return round_at(now, self.config.round_seconds, self.config.epoch)
+
+    def is_banned(self, peer: PeerId, now: float) -> bool:
+        return self._bans.get(peer, -math.inf) > now
+
+    def sizes(self) -> GossipSizes:
+        return GossipSizes(
+            own_items=len(self._own),
+            candidates=len(self._candidates),
+            inflight_pulls=len(self._inflight),
+            pending_admissions=len(self._inflight_digests) + len(self._awaiting),
+            remembered=len(self._remembered),
+            peers=len(self._peers),
+            bans=len(self._bans),
+        )
+
+    # -- time ---------------------------------------------------------------------------------
+
+    def _advance(self, now: float) -> float:
+        if not math.isfinite(now):
+            raise ValueError(f"now must be finite, got {now!r}")
+        self._now = max(self._now, now)
+        return self._now
+
+    def _expire(self, now: float) -> list[GossipAction]:
+        actions: list[GossipAction] = []
+        for digest, _ in self._own.pop_expired(now):
+            actions.append(Retire(digest))
+            self.stats.retired += 1
+            self._remember(digest, now)  # a stray re-announcement of it is still never pulled
+        current = self.current_round(now)
+        for r in [r for r in self._own_rounds if r + self.config.keep_rounds < current]:
+            del self._own_rounds[r]
+        for key in [key for key in self._dirty_parts if key[0] not in self._own_rounds]:
+            del self._dirty_parts[key]
+        for _, candidate in self._candidates.pop_expired(now):
+            self._release_announcers(candidate)
+        self._remembered.pop_expired(now)
+        for digest, _ in self._awaiting.pop_expired(now):
+            # No verdict in time: remember it anyway, so it is never admitted twice.
+            self.stats.admission_timeouts += 1
+            self._remember(digest, now)
+        for request_id, pull in self._inflight.pop_expired(now):
+            self.stats.pulls_timed_out += 1
+            actions.append(CancelPull(request_id, pull.peer))
+            self._release_pull(pull)
+            self._pull_failed(pull, now)
+        return actions
+
+    def _timers(self, now: float) -> list[GossipAction]:
+        actions = self._flush_announcements(now)
+        if now >= self._next_read_at:
+            current = self.current_round(now)
+            rounds = tuple(current - k for k in range(self.config.read_back_rounds + 1))
+            actions.append(ReadAnnouncements(rounds))
+            self._next_read_at = now + self.config.read_interval
+            self.stats.reads += 1
+        return actions + self._schedule_pulls(now)
+
+    # -- own items: publish, announce ---------------------------------------------------------
+
+    def _on_publish(self, event: Publish, now: float) -> list[GossipAction]:
+        c = self.config
+        digest = event.digest
+        if digest in self._own:
+            return []
+        if (
+            self._own.full
+            or not 0 < len(digest) <= c.max_digest_bytes
+            or not 0 <= event.size <= c.max_serve_bytes  # could never be served
+        ):
+            self.stats.publish_dropped += 1
+            return [Retire(digest)]
+        r = self.current_round(now)
+        self._own.put(digest, _OwnItem(event.size, r), self._own_expiry(r))
+        self._forget_remote(digest)
+        self.stats.published += 1
+        listed = self._own_rounds.setdefault(r, [])
+        listed.append(digest)
+        part = (len(listed) - 1) // c.max_digests_per_announcement
+        part_full = len(listed) % c.max_digests_per_announcement == 0
+        due = now if part_full else now + c.announce_delay
+        self._dirty_parts[(r, part)] = min(due, self._dirty_parts.get((r, part), math.inf))
+        return []
+
+    def _own_expiry(self, r: int) -> float:
+        return round_start(r + self.config.keep_rounds + 1, self.config.round_seconds, self.config.epoch)
+
+    def _flush_announcements(self, now: float) -> list[GossipAction]:
+        m = self.config.max_digests_per_announcement
+        actions: list[GossipAction] = []
+        for key in sorted(k for k, at in self._dirty_parts.items() if at <= now):
+            del self._dirty_parts[key]
+            r, part = key
+            digests = tuple(self._own_rounds[r][part * m : (part + 1) * m])
+            actions.append(Announce(r, part, digests, self._own_expiry(r)))
+            self.stats.announcements_sent += 1
+        return actions
+
+    # -- serving ------------------------------------------------------------------------------
+
+    def _on_pull_request(self, event: PullRequest, now: float) -> Serve:
+        c = self.config
+        self.stats.serve_requests += 1
+        state = None if self.is_banned(event.peer, now) else self._peer(event.peer, now)
+        if state is None:
+            self.stats.serve_refused += 1
+            return Serve(event.peer, ())
+        allowance = min(c.max_serve_batch, math.floor(state.serve_bucket.available(now)))
+        found: list[Digest] = []
+        total = 0
+        for digest in dict.fromkeys(event.digests[: c.max_serve_batch]):  # dedupe, keep order
+            item = self._own.get(digest)
+            if item is None:
+                continue  # unknown or expired: just omitted
+            if len(found) >= allowance or total + item.size > c.max_serve_bytes:
+                self.stats.serve_limited += 1
+                break
+            found.append(digest)
+            total += item.size
+        state.serve_bucket.take(len(found), now)
+        self.stats.items_served += len(found)
+        return Serve(event.peer, tuple(found))
+
+    # -- announcements of others --------------------------------------------------------------
+
+    def _on_announced(self, event: Announced, now: float) -> None:
+        c = self.config
+        self.stats.announcements_seen += 1
+        current = self.current_round(now)
+        fresh = current - c.read_back_rounds <= event.round <= current + 1  # +1: small clock skew
+        state = None
+        if fresh and event.peer != self.self_id and not self.is_banned(event.peer, now):
+            state = self._peer(event.peer, now)
+        if state is None:
+            self.stats.announcements_ignored += 1
+            return
+        for digest in event.digests[: c.max_digests_per_announcement]:
+            if not 0 < len(digest) <= c.max_digest_bytes:
+                self.stats.digests_ignored += 1
+                continue
+            if digest in self._own or digest in self._remembered or digest in self._awaiting:
+                continue
+            request_id = self._inflight_digests.get(digest)
+            if request_id is not None:
+                # Being pulled already: note the offer, so a failure can be retried on this peer.
+                in_flight = self._inflight.get(request_id)
+                candidate = None if in_flight is None else in_flight.digests[digest]
+                if candidate is not None and len(candidate.announcers) < c.max_announcers_per_digest:
+                    candidate.announcers.setdefault(event.peer, None)
+                continue
+            candidate = self._candidates.get(digest)
+            if candidate is not None and event.peer in candidate.announcers:
+                continue
+            if state.candidates >= c.max_candidates_per_peer:
+                self.stats.candidates_dropped += 1
+                continue
+            if candidate is None:
+                if self._candidates.full:
+                    # Refuse rather than evict: entries leave within candidate_ttl, and honest
+                    # announcements are read again every read_interval.
+                    self.stats.candidates_dropped += 1
+                    continue
+                expires_at = now + c.candidate_ttl
+                candidate = _Candidate(announcers={}, expires_at=expires_at)
+                self._candidates.put(digest, candidate, expires_at)
+            if len(candidate.announcers) < c.max_announcers_per_digest:
+                candidate.announcers[event.peer] = None
+                state.candidates += 1
+
+    def _known(self, digest: Digest) -> bool:
+        """Own, remembered, in flight or awaiting a verdict: never to be pulled again (for now)."""
+        return (
+            digest in self._own
+            or digest in self._remembered
+            or digest in self._inflight_digests
+            or digest in self._awaiting
+        )
+
+    # -- pulling ------------------------------------------------------------------------------
+
+    def _schedule_pulls(self, now: float) -> list[GossipAction]:
+        """Assign waiting candidates (oldest first) to the best eligible announcer, in batches."""
+        c = self.config
+        self._wake_at = None
+        free_slots = c.max_inflight_pulls - len(self._inflight)
+        budget = c.max_pending_admissions - len(self._awaiting) - len(self._inflight_digests)
+        open_batches: dict[PeerId, _Batch] = {}
+        actions: list[GossipAction] = []
+        for digest, candidate in self._candidates.items():
+            if budget <= 0 or (free_slots <= 0 and not open_batches):
+                break  # freed by an event (result, verdict) or a timer already in next_deadline
+            peer = self._choose_peer(candidate, now, open_batches, free_slots)
+            if peer is None:
+                self._note_blocked(candidate, now)
+                continue
+            batch = open_batches.get(peer)
+            if batch is None:
+                state = self._peers[peer]
+                capacity = min(c.max_digests_per_pull, math.floor(state.pull_bucket.available(now)))
+                batch = open_batches[peer] = _Batch(peer, capacity)
+                state.inflight += 1
+                free_slots -= 1
+            self._candidates.pop(digest)
+            self._release_announcers(candidate)
+            batch.digests[digest] = candidate
+            budget -= 1
+            if len(batch.digests) >= batch.capacity:
+                actions.append(self._start_pull(open_batches.pop(peer), now))
+        actions += [self._start_pull(batch, now) for batch in open_batches.values()]
+        return actions
+
+    def _choose_peer(
+        self, candidate: _Candidate, now: float, open_batches: dict[PeerId, _Batch], free_slots: int
+    ) -> PeerId | None:
+        """Untried announcers first, then the best history; ties by peer id (deterministic)."""
+        best: PeerId | None = None
+        best_key: tuple[bool, int, PeerId] | None = None
+        for peer in candidate.announcers:
+            if peer not in open_batches and not self._can_open_pull(peer, now, free_slots):
+                continue
+            key = (peer in candidate.tried, -self._peers[peer].score, peer)
+            if best_key is None or key < best_key:
+                best, best_key = peer, key
+        return best
+
+    def _can_open_pull(self, peer: PeerId, now: float, free_slots: int) -> bool:
+        state = self._peers.get(peer)
+        return (
+            state is not None
+            and free_slots > 0
+            and not self.is_banned(peer, now)
+            and state.backoff_until <= now
+            and state.inflight < self.config.max_inflight_pulls_per_peer
+            and state.pull_bucket.available(now) >= 1
+        )
+
+    def _note_blocked(self, candidate: _Candidate, now: float) -> None:
+        """Remember when the earliest announcer blocked only by time (backoff, rate) frees up."""
+        for peer in candidate.announcers:
+            state = self._peers.get(peer)
+            if state is None or state.inflight >= self.config.max_inflight_pulls_per_peer:
+                continue  # freed by an event, not by time
+            ready = max(
+                state.backoff_until,
+                self._bans.get(peer, -math.inf),
+                state.pull_bucket.ready_at(1, now),
+            )
+            if ready > now and (self._wake_at is None or ready < self._wake_at):
+                self._wake_at = ready
+
+    def _start_pull(self, batch: _Batch, now: float) -> Pull:
+        request_id = self._next_request_id
+        self._next_request_id += 1
+        self._peers[batch.peer].pull_bucket.take(len(batch.digests), now)
+        self._inflight.put(request_id, _InFlight(batch.peer, batch.digests), now + self.config.pull_timeout)
+        for digest in batch.digests:
+            self._inflight_digests[digest] = request_id
+        self.stats.pulls_started += 1
+        return Pull(request_id, batch.peer, tuple(batch.digests), self.config.pull_timeout)
+
+    def _take_inflight(self, request_id: int, peer: PeerId) -> _InFlight | None:
+        pull = self._inflight.get(request_id)
+        if pull is None or pull.peer != peer:
+            self.stats.results_ignored += 1  # late (timed out, cancelled) or not ours
+            return None
+        self._inflight.pop(request_id)
+        self._release_pull(pull)
+        return pull
+
+    def _release_pull(self, pull: _InFlight) -> None:
+        for digest in pull.digests:
+            self._inflight_digests.pop(digest, None)
+        state = self._peers.get(pull.peer)
+        if state is not None:
+            state.inflight -= 1
+
+    def _on_pull_succeeded(self, event: PullSucceeded, now: float) -> list[GossipAction]:
+        pull = self._take_inflight(event.request_id, event.peer)
+        if pull is None:
+            return []
+        self.stats.pulls_succeeded += 1
+        state = self._peers.get(event.peer)
+        if state is not None:
+            state.failures = 0
+            state.backoff_until = -math.inf
+        actions: list[GossipAction] = []
+        delivered: set[Digest] = set()
+        for digest, payload in event.items:
+            if digest not in pull.digests or digest in delivered:
+                self.stats.items_unrequested += 1
+                continue
+            if self._digest_of is not None and self._digest_of(payload) != digest:
+                self.stats.items_corrupt += 1
+                actions += self._count_rejection(event.peer, now)
+                continue
+            delivered.add(digest)
+            if self._known(digest):
+                continue  # published by ourselves meanwhile
+            self._awaiting.put(digest, event.peer, now + self.config.admission_timeout)
+            actions.append(Admit(event.peer, digest, payload))
+            self.stats.admits += 1
+        for digest, candidate in pull.digests.items():
+            if digest not in delivered:
+                self.stats.items_missing += 1
+                self._retry_elsewhere(digest, candidate, event.peer, now)
+        return actions
+
+    def _on_pull_failed(self, event: PullFailed, now: float) -> None:
+        pull = self._take_inflight(event.request_id, event.peer)
+        if pull is not None:
+            self.stats.pulls_failed += 1
+            self._pull_failed(pull, now)
+
+    def _pull_failed(self, pull: _InFlight, now: float) -> None:
+        c = self.config
+        state = self._peers.get(pull.peer)
+        if state is not None:
+            state.failures += 1
+            doublings = min(state.failures - 1, _BACKOFF_MAX_DOUBLINGS)
+            state.backoff_until = now + min(c.backoff_max, c.backoff_base * 2.0**doublings)
+            state.adjust(_SCORE_FAILED)
+        for digest, candidate in pull.digests.items():
+            self._retry_elsewhere(digest, candidate, pull.peer, now)
+
+    def _retry_elsewhere(self, digest: Digest, candidate: _Candidate, peer: PeerId, now: float) -> None:
+        """Put an undelivered digest back among the candidates; ``peer`` now ranks after untried ones."""
+        c = self.config
+        candidate.tried.add(peer)
+        candidate.attempts += 1
+        if self._known(digest):
+            return
+        if candidate.attempts >= c.max_attempts:
+            self.stats.gave_up += 1
+            self._remember(digest, now)
+            return
+        announcers = {
+            p: None
+            for p in candidate.announcers
+            if p in self._peers
+            and not self.is_banned(p, now)
+            and self._peers[p].candidates < c.max_candidates_per_peer
+        }
+        if not announcers or candidate.expires_at <= now or self._candidates.full:
+            self.stats.candidates_dropped += 1
+            return
+        candidate.announcers = announcers
+        for p in announcers:
+            self._peers[p].candidates += 1
+        self._candidates.put(digest, candidate, candidate.expires_at)
+
+    def _release_announcers(self, candidate: _Candidate) -> None:
+        for peer in candidate.announcers:
+            state = self._peers.get(peer)
+            if state is not None:
+                state.candidates -= 1
+
+    def _forget_remote(self, digest: Digest) -> None:
+        candidate = self._candidates.pop(digest)
+        if candidate is not None:
+            self._release_announcers(candidate)
+
+    def _remember(self, digest: Digest, now: float) -> None:
+        self._remembered.put(digest, None, now + self.config.remember_ttl)  # evicts the oldest when full
+
+    # -- admission verdicts, bans -------------------------------------------------------------
+
+    def _on_admission_result(self, event: AdmissionResult, now: float) -> list[GossipAction]:
+        if self._awaiting.get(event.digest) != event.peer:
+            self.stats.results_ignored += 1  # late (timed out) or never asked
+            return []
+        self._awaiting.pop(event.digest)
+        self._remember(event.digest, now)
+        if event.accepted:
+            self.stats.accepted += 1
+            state = self._peers.get(event.peer)
+            if state is not None:
+                state.adjust(_SCORE_ACCEPTED)
+            return []
+        self.stats.rejected += 1
+        return self._count_rejection(event.peer, now)
+
+    def _count_rejection(self, peer: PeerId, now: float) -> list[GossipAction]:
+        state = self._peers.get(peer)
+        if state is None:
+            return []
+        state.adjust(_SCORE_REJECTED)
+        state.rejections += 1
+        if state.rejections < self.config.max_rejections:
+            return []
+        # Repeatedly rejected: stop pulling from it for a while, whatever admission decides.
+        state.rejections = 0
+        self.stats.peers_shunned += 1
+        return self._ban(peer, now + self.config.rejection_shun_seconds, now)
+
+    def _ban(self, peer: PeerId, until: float, now: float) -> list[GossipAction]:
+        if until <= now:
+            return []
+        self.stats.bans += 1
+        self._bans[peer] = max(until, self._bans.get(peer, -math.inf))
+        if len(self._bans) > self.config.max_bans:
+            for p in [p for p, t in self._bans.items() if t <= now]:
+                del self._bans[p]
+            while len(self._bans) > self.config.max_bans:  # the soonest to end goes first
+                del self._bans[min(self._bans, key=self._bans.__getitem__)]
+        actions: list[GossipAction] = []
+        for request_id, pull in self._inflight.items():
+            if pull.peer == peer:
+                self._inflight.pop(request_id)
+                self._release_pull(pull)
+                self.stats.pulls_cancelled += 1
+                actions.append(CancelPull(request_id, peer))
+                for digest, candidate in pull.digests.items():
+                    self._retry_elsewhere(digest, candidate, peer, now)
+        state = self._peers.get(peer)
+        for digest, candidate in self._candidates.items():
+            if peer in candidate.announcers:
+                del candidate.announcers[peer]
+                if state is not None:
+                    state.candidates -= 1
+                if not candidate.announcers:
+                    self._candidates.pop(digest)
+        return actions
+
+    # -- peer table ---------------------------------------------------------------------------
+
+    def _peer(self, peer: PeerId, now: float) -> _Peer | None:
+        """The peer's state, created if the table has room (after forgetting an idle peer)."""
+        state = self._peers.get(peer)
+        if state is None:
+            if len(self._peers) >= self.config.max_peers and not self._forget_idle_peer(now):
+                return None
+            c = self.config
+            state = _Peer(
+                pull_bucket=TokenBucket.full(c.pull_rate, c.pull_burst, now),
+                serve_bucket=TokenBucket.full(c.serve_rate, c.serve_burst, now),
+                last_seen=now,
+            )
+            self._peers[peer] = state
+        state.last_seen = now
+        return state
+
+    def _forget_idle_peer(self, now: float) -> bool:
+        """Forget the least recently seen peer whose state is back to a fresh one's (nothing in
+        flight or waiting, no backoff, both buckets full), so forgetting it loosens no limit."""
+        idle = [
+            (state.last_seen, peer)
+            for peer, state in self._peers.items()
+            if state.inflight == 0
+            and state.candidates == 0
+            and state.backoff_until <= now
+            and state.pull_bucket.is_full(now)
+            and state.serve_bucket.is_full(now)
+        ]
+        if not idle:
+            return False
+        del self._peers[min(idle)[1]]
+        return True

@@ -1,0 +1,126 @@
+"""Bounded building blocks for the sans-IO cores: a token bucket and a capped map with expiry.
+
+Owns: rate limiting and bounded, expiring memory, as plain data driven by a caller's ``now``.
+Must not: read a clock or allocate without a bound.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Iterator
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+K = TypeVar("K", bound=Hashable)
+V = TypeVar("V")
+
+
+@dataclass
+class TokenBucket:
+    """``rate`` tokens per second, at most ``burst`` banked.
+
+    Over any interval of length ``dt`` at most ``burst + rate * dt`` tokens can be taken.
+    """
+
+    rate: float
+    burst: float
+    tokens: float
+    updated_at: float
+
+    @classmethod
+    def full(cls, rate: float, burst: float, now: float) -> TokenBucket:
+        return cls(rate=rate, burst=burst, tokens=burst, updated_at=now)
+
+    def _refill(self, now: float) -> None:
+        if now > self.updated_at:
+            self.tokens = min(self.burst, self.tokens + (now - self.updated_at) * self.rate)
+            self.updated_at = now
+
+    def available(self, now: float) -> float:
+        self._refill(now)
+        return self.tokens
+
+    def is_full(self, now: float) -> bool:
+        return self.available(now) >= self.burst
+
+    def take(self, amount: float, now: float) -> None:
+        """Spend ``amount`` tokens; the caller checked ``available`` first."""
+        self._refill(now)
+        if amount > self.tokens + 1e-9:
+            raise ValueError(f"token bucket overdrawn: {amount} > {self.tokens}")
+        self.tokens -= amount
+
+    def ready_at(self, amount: float, now: float) -> float:
+        """The earliest time at which ``amount`` tokens will be available (``now`` if they are)."""
+        self._refill(now)
+        if self.tokens >= amount:
+            return now
+        return now + (amount - self.tokens) / self.rate
+
+
+class ExpiringMap(Generic[K, V]):
+    """An insertion-ordered map with a capacity and a per-entry expiry time.
+
+    Entries expire in insertion order: exact when callers insert with non-decreasing expiry times
+    (the usual ``now + ttl`` with a constant ttl and a non-decreasing ``now``). An entry inserted
+    out of order may outlive its expiry until the entries before it expire; the capacity bound
+    holds regardless. Re-inserting a key moves it to the end.
+    """
+
+    def __init__(self, capacity: int) -> None:
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
+        self._entries: dict[K, tuple[float, V]] = {}
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._entries
+
+    def __iter__(self) -> Iterator[K]:
+        return iter(self._entries)
+
+    @property
+    def full(self) -> bool:
+        return len(self._entries) >= self.capacity
+
+    def get(self, key: K) -> V | None:
+        entry = self._entries.get(key)
+        return None if entry is None else entry[1]
+
+    def items(self) -> list[tuple[K, V]]:
+        """A snapshot, oldest first (safe to mutate the map while iterating it)."""
+        return [(key, value) for key, (_, value) in self._entries.items()]
+
+    def pop(self, key: K) -> V | None:
+        entry = self._entries.pop(key, None)
+        return None if entry is None else entry[1]
+
+    def put(self, key: K, value: V, expires_at: float) -> list[tuple[K, V]]:
+        """Insert (or move to the end); returns the oldest entries evicted to stay within capacity."""
+        self._entries.pop(key, None)
+        self._entries[key] = (expires_at, value)
+        evicted: list[tuple[K, V]] = []
+        while len(self._entries) > self.capacity:
+            oldest = next(iter(self._entries))
+            evicted.append((oldest, self._entries.pop(oldest)[1]))
+        return evicted
+
+    def pop_expired(self, now: float) -> list[tuple[K, V]]:
+        """Remove and return the entries whose expiry is ``<= now``, oldest first."""
+        expired: list[tuple[K, V]] = []
+        while self._entries:
+            key = next(iter(self._entries))
+            expires_at, value = self._entries[key]
+            if expires_at > now:
+                break
+            del self._entries[key]
+            expired.append((key, value))
+        return expired
+
+    def next_expiry(self) -> float | None:
+        """The expiry time of the oldest entry, or ``None`` when empty."""
+        if not self._entries:
+            return None
+        return next(iter(self._entries.values()))[0]

@@ -1,0 +1,54 @@
+"""Losses and sample-selection rules for RL on language models: pure torch functions, no I/O.
+
+One file per algorithm, each readable top to bottom beside its equation and sources:
+advantages (group-relative), aggregate (loss reduction modes), grpo, dapo, gspo, hacpo, m2po, sapo.
+Shapes: logp / old_logp / ref_logp / mask are (B, T) float, advantages (B,); a loss returns
+``(scalar tensor to minimise, dict[str, float] of stats)``. This package must not run models, read files or
+talk to peers.
+"""
+
+from swarmnode.learn.advantages import group_advantages
+from swarmnode.learn.aggregate import AGG_MODES, AggMode, aggregate
+from swarmnode.learn.dapo import dapo_loss, dynamic_sampling_keep, overlong_penalty
+from swarmnode.learn.grpo import clip_stats, grpo_loss, k3_kl
+from swarmnode.learn.gspo import gspo_loss, sequence_log_ratio
+from swarmnode.learn.hacpo import (
+    CapabilityTracker,
+    capability_advantages,
+    discrepancy_coefficients,
+    exponential_is,
+    hacpo_hete_loss,
+    hacpo_loss,
+    sequence_mean_logp,
+    stepwise_clip_lower,
+)
+from swarmnode.learn.m2po import m2po_loss, m2po_mask
+from swarmnode.learn.sapo import ScoredGroup, has_signal, select_groups
+
+__all__ = [
+    "AGG_MODES",
+    "AggMode",
+    "CapabilityTracker",
+    "ScoredGroup",
+    "aggregate",
+    "capability_advantages",
+    "clip_stats",
+    "dapo_loss",
+    "discrepancy_coefficients",
+    "dynamic_sampling_keep",
+    "exponential_is",
+    "group_advantages",
+    "grpo_loss",
+    "gspo_loss",
+    "hacpo_hete_loss",
+    "hacpo_loss",
+    "has_signal",
+    "k3_kl",
+    "m2po_loss",
+    "m2po_mask",
+    "overlong_penalty",
+    "select_groups",
+    "sequence_log_ratio",
+    "sequence_mean_logp",
+    "stepwise_clip_lower",
+]

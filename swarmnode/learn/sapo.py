@@ -1,0 +1,60 @@
+"""SAPO (Gensyn, arXiv 2509.08721): choose which local and swarm groups a node trains on this round.
+
+Owns: the selection rule only. Must not: fetch, re-score or re-tokenize groups (the node does that before
+calling: every group here already carries rewards from the *local* verifier), or do any I/O.
+
+Rule (SAPO paper, as summarised in ALGORITHMS.md Sec. 2: drop zero-advantage groups, sample uniformly)::
+
+    train set = uniform sample of I local groups  among local groups with a non-zero advantage
+              + uniform sample of J external groups among external groups with a non-zero advantage
+
+A group has all-zero advantages exactly when all its rewards are equal, under any advantage scale, so
+that is the test. Gensyn's released code (rl-swarm/genrl) keeps the top-scoring groups instead; we follow
+the paper (ALGORITHMS.md Sec. 2). Paper setup: I + J = 8, best at I = J = 4. After selection every group
+gets the same GRPO update, with no importance correction toward its generator.
+
+The contract's ``I`` and ``J`` are ``n_local`` and ``n_external`` here (ruff forbids a variable named I).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
+
+
+class ScoredGroup(Protocol):
+    """Anything with the verifier's rewards of its completions (one prompt, G completions)."""
+
+    @property
+    def rewards(self) -> Sequence[float]: ...
+
+
+GroupT = TypeVar("GroupT", bound=ScoredGroup)
+
+
+def has_signal(group: ScoredGroup) -> bool:
+    """True when the group's advantages are not all zero, i.e. its rewards are not all equal."""
+    rewards = list(group.rewards)
+    return any(reward != rewards[0] for reward in rewards[1:])
+
+
+def select_groups(
+    local: Sequence[GroupT],
+    external: Sequence[GroupT],
+    n_local: int,
+    n_external: int,
+    rng: random.Random,
+) -> tuple[list[GroupT], list[GroupT]]:
+    """Pick up to ``n_local`` local and ``n_external`` external groups, uniformly among those with signal.
+
+    Returns ``(local_picked, external_picked)``; each is shorter than asked when fewer groups qualify (no
+    back-filling from the other side, no repeats). Deterministic given ``rng``'s state.
+    """
+    if n_local < 0 or n_external < 0:
+        raise ValueError(f"group counts must be >= 0, got n_local={n_local}, n_external={n_external}")
+    local_ok = [group for group in local if has_signal(group)]
+    external_ok = [group for group in external if has_signal(group)]
+    local_picked = rng.sample(local_ok, min(n_local, len(local_ok)))
+    external_picked = rng.sample(external_ok, min(n_external, len(external_ok)))
+    return local_picked, external_picked

@@ -1,0 +1,210 @@
+"""The bootstrap daemon: a DHT-only peer that new nodes dial first.
+
+Owns: running one ``HivemindRuntime`` (DHT server, no handlers, no training)
+with a persistent identity under ``home``, announcing its full multiaddrs
+(stdout and ``<home>/peers.txt``, in peers-file format), and a small HTTP
+endpoint on 127.0.0.1: ``/healthz`` and ``/status`` (JSON).
+Must not: hold any swarm state beyond hivemind's DHT records, or listen for
+HTTP on a public address unless the operator asks for it.
+
+``swarmnode bootstrap --home DIR --listen MULTIADDR [--announce MULTIADDR]``
+(swarmnode.cli) calls ``run_bootstrap``; ``python -m swarmnode.net.bootstrap``
+runs it directly with the same flags.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+
+from swarmnode.errors import SwarmError
+from swarmnode.net.config import NetConfig, default_identity_path
+from swarmnode.net.hivemind_runtime import HivemindRuntime
+
+logger = logging.getLogger(__name__)
+
+STATUS_PEERS_TIMEOUT = 5.0
+
+
+@dataclass(frozen=True)
+class BootstrapInfo:
+    """What a started bootstrap tells the world."""
+
+    peer_id: str
+    maddrs: list[str]  # full multiaddrs with /p2p/<peer id>
+    http_url: str  # e.g. http://127.0.0.1:8700
+    p2pd_pid: int | None  # for supervision: the daemon dies with this process
+
+
+async def run_bootstrap(
+    home: Path,
+    listen: Sequence[str],
+    announce: Sequence[str],
+    http_host: str,
+    http_port: int,
+    stop_event: asyncio.Event,
+    *,
+    initial_peers: Sequence[str] = (),
+    on_ready: Callable[[BootstrapInfo], None] | None = None,
+) -> None:
+    """Run a bootstrap peer until ``stop_event`` is set, then stop cleanly.
+
+    ``listen``: multiaddrs p2pd listens on (e.g. /ip4/0.0.0.0/tcp/8765);
+    ``announce``: multiaddrs to tell peers (explicit ports), empty for the
+    listen addresses; ``initial_peers``: other bootstrap peers to link with;
+    ``http_port`` 0 picks a free port (reported in ``BootstrapInfo.http_url``).
+    Prints the multiaddrs and writes them to ``<home>/peers.txt``; calls
+    ``on_ready`` once everything is up. Raises SwarmError subclasses for bad
+    settings or a failed start.
+    """
+    config = NetConfig(
+        identity_path=default_identity_path(home),
+        host_maddrs=tuple(listen),
+        announce_maddrs=tuple(announce),
+        initial_peers=tuple(initial_peers),
+        ensure_bootstrap_success=False,  # bootstraps start in any order
+    )
+    runtime = await HivemindRuntime.create(config)
+    try:
+        runner = web.AppRunner(_make_app(runtime), access_log=None)
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, http_host, http_port)
+            await site.start()
+            host, port = runner.addresses[0][:2]
+            info = BootstrapInfo(
+                runtime.peer_id, runtime.visible_maddrs, f"http://{host}:{port}", runtime.p2pd_pid
+            )
+            _write_peers_file(home / "peers.txt", info.maddrs)
+            print(f"bootstrap peer id: {info.peer_id}", flush=True)
+            for maddr in info.maddrs:
+                print(f"bootstrap multiaddr: {maddr}", flush=True)
+            print(f"bootstrap http: {info.http_url}", flush=True)
+            if on_ready is not None:
+                on_ready(info)
+            await stop_event.wait()
+        finally:
+            await runner.cleanup()
+    finally:
+        await runtime.stop()
+
+
+def _make_app(runtime: HivemindRuntime) -> web.Application:
+    async def healthz(_: web.Request) -> web.Response:
+        if runtime.is_running:
+            return web.Response(text="ok\n")
+        return web.Response(status=503, text="stopping\n")
+
+    async def status(_: web.Request) -> web.Response:
+        return web.json_response(await bootstrap_status(runtime))
+
+    app = web.Application()
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/status", status)
+    return app
+
+
+async def bootstrap_status(runtime: HivemindRuntime) -> dict[str, Any]:
+    """The /status document: identity, addresses, peer counts, uptime."""
+    try:
+        connected: int | None = len(await runtime.connected_peers(timeout=STATUS_PEERS_TIMEOUT))
+    except TimeoutError:
+        connected = None  # p2pd did not answer in time; say so rather than guess
+    return {
+        "role": "bootstrap",
+        "peer_id": runtime.peer_id,
+        "maddrs": runtime.visible_maddrs,
+        "dht_peers": runtime.dht_peer_count(),
+        "connected_peers": connected,
+        "uptime_s": round(runtime.uptime, 3),
+    }
+
+
+def _write_peers_file(path: Path, maddrs: list[str]) -> None:
+    """Write the addresses in peers-file format, atomically (nodes may read it at any time)."""
+    text = "# swarmnode bootstrap peer: give this file to nodes as their peers file\n"
+    text += "".join(f"{m}\n" for m in maddrs)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".peers-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m swarmnode.net.bootstrap", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--home", type=Path, required=True, help="directory for the identity and peers.txt")
+    parser.add_argument(
+        "--listen", action="append", required=True, help="multiaddr to listen on (repeatable)"
+    )
+    parser.add_argument("--announce", action="append", default=[], help="multiaddr to announce (repeatable)")
+    parser.add_argument(
+        "--initial-peer", action="append", default=[], help="another bootstrap's full multiaddr"
+    )
+    parser.add_argument("--http-host", default="127.0.0.1")
+    parser.add_argument("--http-port", type=int, default=0, help="0 picks a free port")
+    parser.add_argument(
+        "--ready-file", type=Path, help="write a JSON line with peer id, maddrs, http url here"
+    )
+    return parser.parse_args(argv)
+
+
+async def _main(args: argparse.Namespace) -> None:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+
+    def ready(info: BootstrapInfo) -> None:
+        if args.ready_file is not None:
+            payload = {**asdict(info), "pid": os.getpid()}
+            tmp = args.ready_file.with_name(args.ready_file.name + ".tmp")
+            tmp.write_text(json.dumps(payload) + "\n", encoding="utf-8")
+            os.replace(tmp, args.ready_file)
+
+    await run_bootstrap(
+        args.home,
+        args.listen,
+        args.announce,
+        args.http_host,
+        args.http_port,
+        stop,
+        initial_peers=args.initial_peer,
+        on_ready=ready,
+    )
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        asyncio.run(_main(args))
+    except SwarmError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""Framing of one request or response on a byte stream, with hard size limits.
+
+Owns: the frame format used on swarmnode's libp2p streams and the reader that
+refuses anything over its limits before buffering it.
+Must not: open streams, apply timeouts (the caller wraps reads in one), or
+interpret payloads.
+
+A message is a sequence of frames::
+
+    frame   = kind (1 byte) | length (4 bytes, big-endian) | payload (length bytes)
+    kind    = DATA (0x00): payload is the next part of the message, 1..MAX_CHUNK bytes
+              END  (0x01): the message is complete; empty payload
+              ERROR(0x02): the sender refuses or failed; payload is UTF-8 text, <= MAX_ERROR
+
+Why frames and not hivemind's one 8-byte length header: the reader learns the
+size of every piece before reading it, so a peer can never make us buffer more
+than our limit (hivemind's ``receive_raw_data`` trusts a 64-bit length), and
+chunks of at most 256 KiB keep each write small.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import struct
+
+MAX_CHUNK = 256 * 1024
+MAX_ERROR = 4096
+_HEADER = struct.Struct(">BI")
+
+
+class FrameKind(enum.IntEnum):
+    DATA = 0
+    END = 1
+    ERROR = 2
+
+
+class FramingError(Exception):
+    """The peer broke the frame format (unknown kind, oversize frame, early end of stream)."""
+
+
+class MessageTooLarge(Exception):
+    """A message exceeded the receiver's limit; ``limit`` is that limit in bytes."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"message exceeds the {limit}-byte limit")
+        self.limit = limit
+
+
+class RemoteRefused(Exception):
+    """The sender put an ERROR frame instead of a message; the text is its reason."""
+
+
+async def write_message(writer: asyncio.StreamWriter, data: bytes, *, chunk_size: int = MAX_CHUNK) -> None:
+    """Write ``data`` as DATA frames of at most ``chunk_size`` bytes, then END."""
+    if not 0 < chunk_size <= MAX_CHUNK:
+        raise ValueError(f"chunk_size must be in 1..{MAX_CHUNK}")
+    view = memoryview(data)
+    for offset in range(0, len(view), chunk_size):
+        piece = view[offset : offset + chunk_size]
+        writer.write(_HEADER.pack(FrameKind.DATA, len(piece)))
+        writer.write(piece)
+        # drain() after each chunk bounds our own send buffer to about one chunk.
+        await writer.drain()
+    writer.write(_HEADER.pack(FrameKind.END, 0))
+    await writer.drain()
+
+
+async def write_error(writer: asyncio.StreamWriter, text: str) -> None:
+    """Write one ERROR frame (text truncated to MAX_ERROR bytes)."""
+    payload = text.encode("utf-8", errors="replace")[:MAX_ERROR]
+    writer.write(_HEADER.pack(FrameKind.ERROR, len(payload)) + payload)
+    await writer.drain()
+
+
+async def read_message(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
+    """Read one message of at most ``max_bytes`` bytes.
+
+    Raises MessageTooLarge as soon as a frame header announces more than the
+    limit allows (before its payload is read), RemoteRefused on an ERROR
+    frame, FramingError on anything malformed.
+    """
+    parts: list[bytes] = []
+    total = 0
+    while True:
+        try:
+            header = await reader.readexactly(_HEADER.size)
+        except asyncio.IncompleteReadError as e:
+            raise FramingError("stream ended inside a message") from e
+        kind, length = _HEADER.unpack(header)
+        if kind == FrameKind.END:
+            if length != 0:
+                raise FramingError("END frame with a payload")
+            return b"".join(parts)
+        if kind == FrameKind.ERROR:
+            if length > MAX_ERROR:
+                raise FramingError(f"ERROR frame of {length} bytes")
+            text = await _read_payload(reader, length)
+            raise RemoteRefused(text.decode("utf-8", errors="replace"))
+        if kind != FrameKind.DATA:
+            raise FramingError(f"unknown frame kind {kind}")
+        if not 0 < length <= MAX_CHUNK:
+            raise FramingError(f"DATA frame of {length} bytes (allowed 1..{MAX_CHUNK})")
+        if total + length > max_bytes:
+            raise MessageTooLarge(max_bytes)
+        parts.append(await _read_payload(reader, length))
+        total += length
+
+
+async def _read_payload(reader: asyncio.StreamReader, length: int) -> bytes:
+    try:
+        return await reader.readexactly(length)
+    except asyncio.IncompleteReadError as e:
+        raise FramingError("stream ended inside a frame") from e

@@ -1,0 +1,770 @@
+"""hivemind P2P (p2pd) and DHTNode running inside the caller's asyncio loop.
+
+Owns: starting and stopping p2pd and the DHT node, the libp2p identity in use,
+owned DHT records (store/get), bulk request/response calls over libp2p
+streams, small unary calls, and a timeout on every one of them.
+Must not: know what the bytes mean (gossip, broadcast and admission do), keep
+per-peer scores, retry on its own, or block the event loop.
+
+Why not ``hivemind.DHT``: it runs the DHT in a forked process behind a pipe,
+and a request over ~64 KiB crashes it (DESIGN.md; hivemind PR #660). Here the
+DHT node shares the node's loop, so there is no pipe and no second process.
+
+Processes: exactly one p2pd per runtime (plus, at start with an existing
+identity and initial peers, one short-lived p2pd for hivemind's "identity
+already taken" check). ``swarmnode.net.child_guard`` makes each die with this
+process even on SIGKILL; ``stop()`` ends it in order, with a deadline and a
+SIGKILL fallback.
+
+Calls and their limits:
+
+* ``call_stream``: one request and one response, each framed in chunks of at
+  most 256 KiB (``swarmnode.net.framing``); the serving side caps the request,
+  the calling side caps the response, both before buffering.
+* ``call_unary``: hivemind's persistent-connection RPC, for small messages;
+  capped at ``NetConfig.unary_max_bytes`` on both sides, because hivemind's own
+  4 MiB cap makes an oversize *response* hang the caller with no error.
+* Every call and DHT operation takes a ``timeout`` (seconds) and raises
+  ``PeerCallError`` / ``DhtTimeout`` when it expires.
+
+Handlers get ``(remote peer id, request bytes)`` and return response bytes.
+To refuse a request, raise ``RequestRefused(reason)``: the caller receives the
+reason. Any other exception is logged here with its traceback and the caller
+receives "failed".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import shutil
+import signal
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.node import DHTNode
+from hivemind.dht.protocol import ValidationError
+from hivemind.dht.validation import CompositeValidator, RecordValidatorBase
+from hivemind.p2p import P2P, PeerID
+from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
+from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError, P2PHandlerError
+from hivemind.utils.multiaddr import Multiaddr
+from hivemind.utils.timed_storage import get_dht_time
+
+from swarmnode.errors import ConfigError
+from swarmnode.net.child_guard import install_p2pd_death_signal, track_p2pd_spawns
+from swarmnode.net.config import NetConfig
+from swarmnode.net.errors import CallFailure, NetError, PeerCallError
+from swarmnode.net.framing import (
+    MAX_CHUNK,
+    FramingError,
+    MessageTooLarge,
+    RemoteRefused,
+    read_message,
+    write_error,
+    write_message,
+)
+from swarmnode.net.identity_lock import IdentityLock
+from swarmnode.net.libp2p_identity import Libp2pIdentity, load_or_create_identity
+from swarmnode.net.records import DhtRecord, check_storable, make_record_validators, records_from_dictionary
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[str, bytes], Awaitable[bytes]]
+"""A request handler: ``(remote libp2p peer id, request) -> response``."""
+
+DEFAULT_STREAM_MAX_BYTES = 64 * 1024 * 1024
+DEFAULT_SERVE_TIMEOUT = 60.0
+DEFAULT_MAX_CONCURRENT = 16
+REFUSAL_LINGER = 2.0
+_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
+_STREAM_PREFIX = "swarmnode.stream."
+_UNARY_PREFIX = "swarmnode.unary."
+# Error codes that start the text of an ERROR frame / unary error, so the caller
+# can tell "my request was too big" from other refusals.
+_TOO_LARGE = "too_large"
+_REFUSED = "refused"
+_BUSY = "busy"
+_FAILED = "failed"
+_TIMEOUT = "timeout"
+
+
+class RequestRefused(Exception):
+    """Raised by a handler to refuse a request; ``str(e)`` is sent to the caller."""
+
+
+class DhtTimeout(NetError):
+    """A DHT store or get did not finish within its timeout."""
+
+
+class _UnaryError(Exception):
+    """Carries an error code and text back over hivemind's unary RPC.
+
+    hivemind sends ``repr(exception)`` to the caller; this repr is just the text.
+    """
+
+    def __repr__(self) -> str:
+        return str(self.args[0])
+
+
+class HivemindRuntime:
+    """One node's libp2p host and DHT node, in the event loop that calls ``start``.
+
+    Use from one event loop only. ``start`` then ``stop`` (or ``async with
+    await HivemindRuntime.create(config)``); a stopped runtime cannot restart.
+    """
+
+    def __init__(self) -> None:
+        self._config: NetConfig | None = None
+        self._p2p: P2P | None = None
+        self._dht: DHTNode | None = None
+        self._identity: Libp2pIdentity | None = None
+        self._lock: IdentityLock | None = None
+        self._children: list[asyncio.subprocess.Process] = []
+        self._socket_dir: Path | None = None
+        self._temp_identity_dir: Path | None = None
+        self._owner_marker = b""
+        self._visible_maddrs: list[str] = []
+        self._initial_peers: list[str] = []
+        self._rejoin_task: asyncio.Task[None] | None = None
+        self._handler_names: set[tuple[str, str]] = set()
+        self._serving: set[asyncio.Task[Any]] = set()  # requests being served, cancelled on stop
+        self._started_at: float | None = None
+        self._state = "new"  # new -> starting -> running -> stopped
+        self.death_signal_active = False  # p2pd dies with this process even on SIGKILL (Linux)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    async def create(cls, config: NetConfig) -> HivemindRuntime:
+        """A started runtime (see ``start``)."""
+        runtime = cls()
+        await runtime.start(config)
+        return runtime
+
+    async def start(self, config: NetConfig) -> None:
+        """Start p2pd and the DHT node and join the swarm through the initial peers.
+
+        Raises ConfigError for bad settings, IdentityError for an unusable identity
+        file, NetError when p2pd cannot start, the identity is in use, or (with
+        ``ensure_bootstrap_success``) no initial peer answers. On any failure
+        everything started so far is stopped again.
+        """
+        if self._state != "new":
+            raise NetError(f"runtime already {self._state}; create a new HivemindRuntime")
+        self._state = "starting"
+        config.check()
+        self._config = config
+        self._initial_peers = config.all_initial_peers()
+        t0 = time.perf_counter()
+        try:
+            await self._start(config)
+        except BaseException:
+            await self._teardown(config.shutdown_timeout)
+            self._state = "stopped"
+            raise
+        self._state = "running"
+        self._started_at = time.time()
+        logger.info(
+            "hivemind runtime up in %.2f s: peer id %s, addresses %s",
+            time.perf_counter() - t0,
+            self.peer_id,
+            " ".join(self._visible_maddrs),
+        )
+
+    async def _start(self, config: NetConfig) -> None:
+        self.death_signal_active = install_p2pd_death_signal()
+        if not self.death_signal_active:
+            logger.warning("no parent-death signal on this OS: a SIGKILLed node leaves p2pd running")
+        if config.identity_path is None:
+            self._temp_identity_dir = Path(tempfile.mkdtemp(prefix="swarmnode-id-"))
+            identity_path = self._temp_identity_dir / "libp2p.key"
+        else:
+            identity_path = config.identity_path
+        self._lock = IdentityLock(identity_path)
+        self._lock.acquire()
+        self._identity = await asyncio.to_thread(load_or_create_identity, identity_path)
+        self._socket_dir = _prepare_socket_dir(identity_path, ephemeral=config.identity_path is None)
+        # A subclass only to put p2pd's control sockets in our own directory: stale
+        # sockets of a SIGKILLed run are then ours to clean, not litter in /tmp.
+        p2p_class: type[P2P] = type(
+            "SwarmnodeP2P", (P2P,), {"_UNIX_SOCKET_PREFIX": f"/unix{self._socket_dir}/p2p-"}
+        )
+
+        # With ensure_bootstrap_success, p2pd and the DHT bootstrap from the initial peers and
+        # fail if none answers. Without it (bootstraps that link to each other, started in any
+        # order), p2pd starts alone (it would exit if no bootstrap peer answered) and the
+        # initial peers are dialled afterwards and again whenever the routing table is empty.
+        boot_peers = self._initial_peers if config.ensure_bootstrap_success else []
+        try:
+            async with asyncio.timeout(2 * config.startup_timeout):  # identity check + daemon start
+                with track_p2pd_spawns() as spawned:
+                    self._children = spawned
+                    self._p2p = await p2p_class.create(
+                        initial_peers=boot_peers or None,
+                        host_maddrs=list(config.host_maddrs),
+                        announce_maddrs=list(config.announce_maddrs) or None,
+                        identity_path=str(identity_path),
+                        dht_mode="client" if config.client_mode else "server",
+                        use_relay=config.use_relay,
+                        use_auto_relay=config.use_auto_relay,
+                        startup_timeout=config.startup_timeout,
+                        # A key created just now cannot be in use elsewhere: skip the extra p2pd.
+                        check_if_identity_free=config.check_identity_free and not self._identity.created,
+                    )
+        except TimeoutError as e:
+            raise NetError(f"p2pd did not start within {2 * config.startup_timeout:.0f} s") from e
+        except P2PDaemonError as e:
+            if "already taken" in str(e):
+                raise NetError(
+                    f"libp2p identity {identity_path} (peer id {self._identity.peer_id}) is already in use "
+                    "by a live peer in the swarm; another node runs with a copy of this home"
+                ) from e
+            if "failed to connect to bootstrap peers" in str(e):
+                raise _no_initial_peer(self._initial_peers, e) from e
+            raise NetError(f"p2pd failed to start: {e}") from e
+
+        signing = RSASignatureValidator(self._identity.record_signing_key())
+        self._owner_marker = signing.local_public_key
+        validators: list[RecordValidatorBase] = make_record_validators(signing, config.max_record_bytes)
+        validators += list(config.extra_validators)
+        try:
+            async with asyncio.timeout(config.startup_timeout):
+                self._dht = await DHTNode.create(
+                    p2p=self._p2p,
+                    initial_peers=boot_peers or None,
+                    client_mode=config.client_mode,
+                    record_validator=CompositeValidator(validators),
+                    wait_timeout=config.dht_rpc_timeout,
+                    ensure_bootstrap_success=config.ensure_bootstrap_success,
+                )
+        except TimeoutError as e:
+            raise NetError(f"joining the DHT did not finish within {config.startup_timeout:.0f} s") from e
+        except RuntimeError as e:  # hivemind: "DHTNode bootstrap failed: none of the initial_peers responded"
+            raise _no_initial_peer(self._initial_peers, e) from e
+        except ValidationError as e:  # clock skew over 3 s, or the peer cannot dial us back
+            raise NetError(f"an initial peer refused this node: {e}") from e
+        self._visible_maddrs = await self._read_visible_maddrs()
+        if self._initial_peers and not boot_peers:
+            await self._dial_initial_peers()
+        if self._initial_peers:
+            self._rejoin_task = asyncio.create_task(self._rejoin_loop(), name="swarmnode-dht-rejoin")
+
+    async def stop(self) -> None:
+        """Stop the DHT node and p2pd (SIGKILL after ``shutdown_timeout``); idempotent."""
+        if self._state in ("new", "stopped"):
+            self._state = "stopped"
+            return
+        timeout = self._config.shutdown_timeout if self._config else 10.0
+        self._state = "stopped"
+        await self._teardown(timeout)
+
+    async def _teardown(self, timeout: float) -> None:
+        if self._rejoin_task is not None:
+            self._rejoin_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._rejoin_task
+        # hivemind does not cancel handlers still serving when it closes: we do, so no
+        # handler outlives the runtime (and none is left pending when the loop closes).
+        serving = [task for task in self._serving if task is not asyncio.current_task()]
+        for task in serving:
+            task.cancel()
+        if serving:
+            await asyncio.wait(serving, timeout=timeout / 2)
+        if self._dht is not None:
+            try:
+                async with asyncio.timeout(timeout / 2):
+                    await self._dht.shutdown()  # DHT protocol only: the P2P is ours to stop
+            except TimeoutError:
+                logger.warning("DHT node did not shut down within %.1f s", timeout / 2)
+        if self._p2p is not None:
+            try:
+                async with asyncio.timeout(timeout / 2):
+                    await self._p2p.shutdown()  # SIGTERM, then waits for p2pd to exit
+            except TimeoutError:
+                logger.warning("p2pd did not exit within %.1f s of SIGTERM; killing it", timeout / 2)
+        for child in self._children:
+            if child.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    child.send_signal(signal.SIGKILL)
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(5):
+                        await child.wait()
+        if self._lock is not None:
+            self._lock.release()
+        if self._socket_dir is not None:
+            _clean_socket_dir(self._socket_dir, remove=True)
+        if self._temp_identity_dir is not None:
+            shutil.rmtree(self._temp_identity_dir, ignore_errors=True)
+
+    async def __aenter__(self) -> HivemindRuntime:
+        if self._state != "running":
+            raise NetError("enter a started runtime: async with await HivemindRuntime.create(config)")
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.stop()
+
+    # ------------------------------------------------------------------ identity and addresses
+
+    @property
+    def peer_id(self) -> str:
+        """This node's libp2p peer id (base58)."""
+        return self._require_identity().peer_id
+
+    @property
+    def visible_maddrs(self) -> list[str]:
+        """Full multiaddrs others can dial, each ending in /p2p/<peer id> (announce_maddrs if set)."""
+        self._require_running()
+        return list(self._visible_maddrs)
+
+    @property
+    def owner_marker(self) -> bytes:
+        """The ``[owner:...]`` prefix of every subkey this node stores (see ``records``)."""
+        self._require_running()
+        return self._owner_marker
+
+    @property
+    def p2pd_pid(self) -> int | None:
+        """Process id of this runtime's p2pd (for supervision and tests)."""
+        p2p = self._p2p
+        child = getattr(p2p, "_child", None) if p2p is not None else None
+        return child.pid if child is not None else None
+
+    @property
+    def uptime(self) -> float:
+        """Seconds since the runtime came up (0 before)."""
+        return time.time() - self._started_at if self._started_at is not None else 0.0
+
+    @property
+    def is_running(self) -> bool:
+        return self._state == "running"
+
+    async def refresh_visible_maddrs(self, timeout: float) -> list[str]:
+        """Ask p2pd again for its addresses (they can change once NAT or relays are detected)."""
+        self._require_running()
+        async with asyncio.timeout(timeout):
+            self._visible_maddrs = await self._read_visible_maddrs(latest=True)
+        return list(self._visible_maddrs)
+
+    async def _read_visible_maddrs(self, latest: bool = False) -> list[str]:
+        assert self._p2p is not None
+        maddrs = [str(m) for m in await self._p2p.get_visible_maddrs(latest=latest)]
+        return maddrs
+
+    def dht_peer_count(self) -> int:
+        """Peers in the DHT routing table (including replacement candidates)."""
+        dht = self._require_dht()
+        return len(dht.protocol.routing_table.uid_to_peer_id)
+
+    def dht_peer_ids(self) -> list[str]:
+        """libp2p peer ids of the peers in the DHT routing table."""
+        dht = self._require_dht()
+        return sorted(p.to_base58() for p in dht.protocol.routing_table.uid_to_peer_id.values())
+
+    async def connected_peers(self, timeout: float) -> list[str]:
+        """Peer ids p2pd currently holds a connection to."""
+        p2p = self._require_p2p()
+        async with asyncio.timeout(timeout):
+            infos = await p2p.list_peers()
+        return sorted(info.peer_id.to_base58() for info in infos)
+
+    # ------------------------------------------------------------------ DHT
+
+    @staticmethod
+    def dht_time() -> float:
+        """The DHT's clock (seconds since the epoch); expiration times are on this clock."""
+        return float(get_dht_time())
+
+    async def dht_store(
+        self,
+        key: str,
+        subkey: bytes,
+        value: bytes,
+        expiration_time: float,
+        *,
+        timeout: float,
+        await_all_replicas: bool = True,
+    ) -> bool:
+        """Store ``value`` under ``key`` as this node's record ``subkey`` until ``expiration_time``.
+
+        The stored subkey is ``owner_marker + subkey`` and the value is signed, so
+        no other peer can overwrite it. Returns False when the DHT refused the
+        record (a newer one exists, or no peer accepted it). With
+        ``await_all_replicas=False`` it returns after the first replica accepted
+        and the others finish in the background (bounded by ``dht_rpc_timeout``).
+        Raises ValueError for a value over ``max_record_bytes`` or containing
+        ``[signature:``/``[owner:``; DhtTimeout after ``timeout`` seconds.
+        """
+        dht = self._require_dht()
+        assert self._config is not None
+        check_storable(subkey, value, self._config.max_record_bytes)
+        try:
+            async with asyncio.timeout(timeout):
+                stored = await dht.store(
+                    key,
+                    value,
+                    expiration_time,
+                    subkey=self._owner_marker + subkey,
+                    await_all_replicas=await_all_replicas,
+                )
+        except TimeoutError as e:
+            raise DhtTimeout(f"DHT store of {key!r} did not finish within {timeout} s") from e
+        return bool(stored)
+
+    async def dht_get(self, key: str, *, timeout: float, latest: bool = False) -> list[DhtRecord]:
+        """All live owned records under ``key``, sorted by (owner, subkey); [] if none.
+
+        ``latest=False`` stops at the first peer that has the key (fast);
+        ``latest=True`` asks the whole search beam and merges what it finds.
+        Raises DhtTimeout after ``timeout`` seconds.
+        """
+        dht = self._require_dht()
+        try:
+            async with asyncio.timeout(timeout):
+                found = await dht.get(key, latest=latest)
+        except TimeoutError as e:
+            raise DhtTimeout(f"DHT get of {key!r} did not finish within {timeout} s") from e
+        if found is None or not isinstance(found.value, dict):
+            return []
+        return records_from_dictionary({sk: (v.value, v.expiration_time) for sk, v in found.value.items()})
+
+    # ------------------------------------------------------------------ streams (bulk)
+
+    async def add_stream_handler(
+        self,
+        name: str,
+        handler: Handler,
+        *,
+        max_request_bytes: int,
+        timeout: float = DEFAULT_SERVE_TIMEOUT,
+        max_concurrent: int = DEFAULT_MAX_CONCURRENT,
+    ) -> None:
+        """Serve ``name``: read one request (<= ``max_request_bytes``), answer with ``handler``'s bytes.
+
+        One exchange (read request, handle, write response) gets ``timeout``
+        seconds; beyond ``max_concurrent`` exchanges at once, new callers are
+        told "busy" at once instead of queueing.
+        """
+        p2p = self._require_p2p()
+        _check_name(name)
+        if (_STREAM_PREFIX, name) in self._handler_names:
+            raise NetError(f"a stream handler named {name!r} is already registered")
+        slots = asyncio.Semaphore(max_concurrent)
+
+        async def serve(
+            stream_info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+        ) -> None:
+            remote = stream_info.peer_id.to_base58()
+            self._track_serving()
+            try:
+                if slots.locked():
+                    await write_error(writer, f"{_BUSY}: {max_concurrent} requests in progress")
+                    return
+                async with slots, asyncio.timeout(timeout):
+                    await self._serve_one(name, handler, remote, reader, writer, max_request_bytes)
+            except TimeoutError:
+                logger.debug("stream %s from %s: not done within %.1f s", name, remote, timeout)
+                with contextlib.suppress(OSError, TimeoutError):
+                    async with asyncio.timeout(1):
+                        await write_error(writer, f"{_TIMEOUT}: exchange took over {timeout} s")
+            except OSError as e:  # the caller went away mid-exchange
+                logger.debug("stream %s from %s: connection lost: %s", name, remote, e)
+            finally:
+                writer.close()
+                self._untrack_serving()
+
+        await p2p.add_binary_stream_handler(_STREAM_PREFIX + name, serve)
+        self._handler_names.add((_STREAM_PREFIX, name))
+
+    async def _serve_one(
+        self,
+        name: str,
+        handler: Handler,
+        remote: str,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        max_request_bytes: int,
+    ) -> None:
+        try:
+            request = await read_message(reader, max_request_bytes)
+        except MessageTooLarge as e:
+            await write_error(writer, f"{_TOO_LARGE}: requests to {name} are limited to {e.limit} bytes")
+            await _linger(reader)
+            return
+        except (FramingError, RemoteRefused) as e:
+            logger.debug("stream %s from %s: bad request framing: %s", name, remote, e)
+            return
+        try:
+            response = await handler(remote, request)
+        except RequestRefused as e:
+            await write_error(writer, f"{_REFUSED}: {e}")
+            return
+        except Exception:  # a bug in our handler: log it here, never show the peer our traceback
+            logger.exception("stream handler %s failed on a request from %s", name, remote)
+            await write_error(writer, f"{_FAILED}: handler failed")
+            return
+        await write_message(writer, response)
+
+    async def call_stream(
+        self,
+        peer_id: str,
+        name: str,
+        request: bytes,
+        *,
+        timeout: float,
+        max_response_bytes: int = DEFAULT_STREAM_MAX_BYTES,
+    ) -> bytes:
+        """Send ``request`` to ``peer_id``'s handler ``name`` over a new stream; return its response.
+
+        Raises PeerCallError: TIMEOUT after ``timeout`` seconds for the whole
+        exchange, UNREACHABLE if no stream opens, TOO_LARGE if either side's
+        limit is exceeded, REMOTE_ERROR if the handler refused or failed,
+        PROTOCOL if the peer broke the framing.
+        """
+        p2p = self._require_p2p()
+        _check_name(name)
+        target = _peer(peer_id, name)
+        writer: asyncio.StreamWriter | None = None
+        sending: asyncio.Task[None] | None = None
+        try:
+            async with asyncio.timeout(timeout):
+                try:
+                    _, reader, writer = await p2p.call_binary_stream_handler(target, _STREAM_PREFIX + name)
+                except (P2PDaemonError, OSError) as e:
+                    raise PeerCallError(CallFailure.UNREACHABLE, peer_id, name, str(e)) from e
+                # Send and receive at once: a peer that refuses early (too large) answers while we still send.
+                sending = asyncio.create_task(write_message(writer, request))
+                try:
+                    response = await read_message(reader, max_response_bytes)
+                except RemoteRefused as e:
+                    raise _refusal(peer_id, name, str(e)) from e
+                except MessageTooLarge as e:
+                    raise PeerCallError(
+                        CallFailure.TOO_LARGE, peer_id, name, f"response exceeds {e.limit} bytes"
+                    ) from e
+                except FramingError as e:
+                    detail = _send_failure(sending) or str(e)
+                    raise PeerCallError(CallFailure.PROTOCOL, peer_id, name, detail) from e
+                except OSError as e:
+                    raise PeerCallError(
+                        CallFailure.UNREACHABLE, peer_id, name, f"connection lost: {e}"
+                    ) from e
+                await sending  # the peer answered, so it read the whole request
+                return response
+        except TimeoutError as e:
+            raise PeerCallError(
+                CallFailure.TIMEOUT, peer_id, name, f"no complete answer within {timeout} s"
+            ) from e
+        finally:
+            if sending is not None and not sending.done():
+                sending.cancel()
+                with contextlib.suppress(asyncio.CancelledError, OSError):
+                    await sending
+            if writer is not None:
+                writer.close()
+
+    # ------------------------------------------------------------------ unary (small)
+
+    async def add_unary_handler(self, name: str, handler: Handler, *, timeout: float = 30.0) -> None:
+        """Serve small request/response calls ``name`` (both capped at ``unary_max_bytes``)."""
+        p2p = self._require_p2p()
+        _check_name(name)
+        assert self._config is not None
+        limit = self._config.unary_max_bytes
+        if (_UNARY_PREFIX, name) in self._handler_names:
+            raise NetError(f"a unary handler named {name!r} is already registered")
+
+        async def serve(request: bytes, remote_id: PeerID) -> bytes:
+            remote = remote_id.to_base58()
+            if len(request) > limit:
+                raise _UnaryError(f"{_TOO_LARGE}: unary requests are limited to {limit} bytes")
+            self._track_serving()
+            try:
+                async with asyncio.timeout(timeout):
+                    response = await handler(remote, request)
+            except RequestRefused as e:
+                raise _UnaryError(f"{_REFUSED}: {e}") from None
+            except TimeoutError:
+                raise _UnaryError(f"{_TIMEOUT}: handler took over {timeout} s") from None
+            except Exception:  # a bug in our handler: log it here, never show the peer our traceback
+                logger.exception("unary handler %s failed on a request from %s", name, remote)
+                raise _UnaryError(f"{_FAILED}: handler failed") from None
+            finally:
+                self._untrack_serving()
+            if len(response) > limit:
+                # hivemind would drop an oversize answer and leave the caller hanging: fail loudly instead.
+                logger.error(
+                    "unary handler %s returned %d bytes (limit %d); use a stream", name, len(response), limit
+                )
+                raise _UnaryError(f"{_FAILED}: response over the unary limit")
+            return response
+
+        # The public P2P API wraps unary calls in protobuf types; the client below it speaks bytes.
+        await p2p._client.add_unary_handler(_UNARY_PREFIX + name, serve)
+        self._handler_names.add((_UNARY_PREFIX, name))
+
+    async def call_unary(self, peer_id: str, name: str, request: bytes, *, timeout: float) -> bytes:
+        """Small request/response call (both sides capped at ``unary_max_bytes``); see ``call_stream``
+        for the PeerCallError reasons."""
+        p2p = self._require_p2p()
+        _check_name(name)
+        assert self._config is not None
+        limit = self._config.unary_max_bytes
+        if len(request) > limit:
+            raise PeerCallError(
+                CallFailure.TOO_LARGE, peer_id, name, f"request over the {limit}-byte unary limit"
+            )
+        target = _peer(peer_id, name)
+        try:
+            async with asyncio.timeout(timeout):
+                response: bytes = await p2p._client.call_unary_handler(target, _UNARY_PREFIX + name, request)
+        except TimeoutError as e:
+            raise PeerCallError(CallFailure.TIMEOUT, peer_id, name, f"no answer within {timeout} s") from e
+        except P2PHandlerError as e:
+            raise _refusal(peer_id, name, str(e)) from e
+        except (P2PDaemonError, OSError) as e:
+            raise PeerCallError(CallFailure.UNREACHABLE, peer_id, name, str(e)) from e
+        if len(response) > limit:
+            raise PeerCallError(CallFailure.TOO_LARGE, peer_id, name, f"response over the {limit}-byte limit")
+        return response
+
+    # ------------------------------------------------------------------ internals
+
+    async def _rejoin_loop(self) -> None:
+        """Re-dial the initial peers whenever the routing table runs empty (e.g. the only
+        peer we knew restarted), so a node never stays alone for good."""
+        assert self._config is not None and self._dht is not None
+        while True:
+            await asyncio.sleep(self._config.rejoin_interval)
+            if not self._dht.protocol.routing_table.uid_to_peer_id:
+                await self._dial_initial_peers()
+
+    async def _dial_initial_peers(self) -> None:
+        """Connect to each initial peer by its address and ping it into the routing table."""
+        assert self._config is not None and self._dht is not None and self._p2p is not None
+        p2p, dht, deadline = self._p2p, self._dht, self._config.dht_rpc_timeout * 2
+
+        async def dial(maddr: str) -> None:
+            parsed = Multiaddr(maddr)
+            peer = PeerID.from_base58(parsed["p2p"])
+            try:
+                async with asyncio.timeout(deadline):
+                    await p2p._client.connect(peer, [parsed.decapsulate(Multiaddr(f"/p2p/{peer}"))])
+                    if await dht.protocol.call_ping(peer) is None:
+                        logger.info("initial peer %s connected but did not answer the DHT ping", maddr)
+            except (TimeoutError, P2PDaemonError, OSError) as e:
+                logger.info("initial peer %s unreachable: %s", maddr, e or type(e).__name__)
+
+        await asyncio.gather(*(dial(maddr) for maddr in self._initial_peers))
+
+    def _track_serving(self) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._serving.add(task)
+
+    def _untrack_serving(self) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._serving.discard(task)
+
+    def _require_identity(self) -> Libp2pIdentity:
+        if self._identity is None:
+            raise NetError("the runtime has no identity yet: call start() first")
+        return self._identity
+
+    def _require_running(self) -> None:
+        if self._state != "running":
+            raise NetError(f"the runtime is {self._state}, not running")
+
+    def _require_p2p(self) -> P2P:
+        self._require_running()
+        assert self._p2p is not None
+        return self._p2p
+
+    def _require_dht(self) -> DHTNode:
+        self._require_running()
+        assert self._dht is not None
+        return self._dht
+
+
+def _no_initial_peer(peers: list[str], cause: BaseException) -> NetError:
+    return NetError(
+        f"none of the initial peers answered ({', '.join(peers)}): check that they run and that the "
+        f"addresses (with /p2p/ peer ids) are right ({cause})"
+    )
+
+
+def _check_name(name: str) -> None:
+    if not _NAME.match(name):
+        raise ValueError(f"handler name {name!r} must be 1-64 characters of A-Z a-z 0-9 _ . -")
+
+
+def _peer(peer_id: str, name: str) -> PeerID:
+    try:
+        return PeerID.from_base58(peer_id)
+    except ValueError as e:
+        raise PeerCallError(CallFailure.UNREACHABLE, peer_id, name, "not a libp2p peer id") from e
+
+
+def _refusal(peer_id: str, name: str, text: str) -> PeerCallError:
+    code = text.split(":", 1)[0].strip()
+    reason = CallFailure.TOO_LARGE if code == _TOO_LARGE else CallFailure.REMOTE_ERROR
+    return PeerCallError(reason, peer_id, name, text)
+
+
+async def _linger(reader: asyncio.StreamReader) -> None:
+    """After refusing a request mid-upload, read and drop what the caller still sends until it
+    hangs up (it does as soon as it reads our ERROR frame), for at most REFUSAL_LINGER seconds.
+
+    Closing with unread input makes the kernel reset the socket, and p2pd then resets the
+    libp2p stream: the caller would see "connection reset" instead of our ERROR frame.
+    """
+    with contextlib.suppress(TimeoutError, OSError):
+        async with asyncio.timeout(REFUSAL_LINGER):
+            while await reader.read(MAX_CHUNK):
+                pass
+
+
+def _send_failure(sending: asyncio.Task[None]) -> str | None:
+    if sending.done() and not sending.cancelled() and sending.exception() is not None:
+        return f"sending the request failed: {sending.exception()}"
+    return None
+
+
+def _prepare_socket_dir(identity_path: Path, *, ephemeral: bool) -> Path:
+    """A private directory for p2pd's two control sockets.
+
+    Unix socket paths are limited to ~108 bytes, so it lives under the temp dir,
+    named after the identity; the identity lock is held, so sockets found there
+    are stale leftovers of a killed run and are removed.
+    """
+    if ephemeral:
+        return Path(tempfile.mkdtemp(prefix="swarmnode-p2p-"))
+    digest = hashlib.sha256(str(identity_path.resolve()).encode()).hexdigest()[:16]
+    directory = Path(tempfile.gettempdir()) / f"swarmnode-p2p-{os.getuid()}-{digest}"
+    directory.mkdir(mode=0o700, exist_ok=True)
+    if directory.stat().st_uid != os.getuid() or directory.is_symlink():
+        raise ConfigError(f"{directory} belongs to another user; remove it or set TMPDIR")
+    _clean_socket_dir(directory, remove=False)
+    return directory
+
+
+def _clean_socket_dir(directory: Path, *, remove: bool) -> None:
+    for sock in directory.glob("p2p-*.sock"):
+        with contextlib.suppress(FileNotFoundError):
+            sock.unlink()
+    if remove:
+        with contextlib.suppress(OSError):
+            directory.rmdir()

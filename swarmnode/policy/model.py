@@ -1,0 +1,213 @@
+"""The policy: a Hugging Face causal LM plus its tokenizer, loaded and saved in HF format.
+
+Owns: loading any local HF causal LM directory (``AutoModelForCausalLM`` +
+``AutoTokenizer``, never the network), saving one atomically (safetensors via
+``save_pretrained``, temp dir, fsync, rename), building the built-in tiny model
+from the package config, and the prompt/completion encoding rule every engine uses.
+Must not: train, sample or know about tasks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
+from transformers.utils import logging as hf_logging
+
+from swarmnode.errors import ModelError
+from swarmnode.policy.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
+
+TINY_MODEL_ID = "swarmnode-tiny"
+#: Attribute saved into config.json so a reloaded policy keeps its model id.
+MODEL_ID_CONFIG_KEY = "swarmnode_model_id"
+
+# What from_pretrained/save_pretrained raise on a missing, partial or foreign directory.
+_LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, RuntimeError, AttributeError, json.JSONDecodeError)
+
+
+@dataclass
+class Policy:
+    """A causal LM, its tokenizer, a model id (names the weights' lineage) and a version counter."""
+
+    model: nn.Module
+    tokenizer: PreTrainedTokenizerBase
+    model_id: str
+    version: int = 0
+
+    @property
+    def bos_token_id(self) -> int | None:
+        value = self.tokenizer.bos_token_id
+        return int(value) if value is not None else None
+
+    @property
+    def eos_token_id(self) -> int:
+        value = self.tokenizer.eos_token_id
+        if value is None:
+            generation_config = getattr(self.model, "generation_config", None)
+            value = getattr(generation_config, "eos_token_id", None)
+            if isinstance(value, list):
+                value = value[0] if value else None
+        if value is None:
+            raise ModelError(f"policy {self.model_id!r} has no EOS token; its tokenizer must define eos_token")
+        return int(value)
+
+    @property
+    def pad_token_id(self) -> int:
+        value = self.tokenizer.pad_token_id
+        return int(value) if value is not None else self.eos_token_id
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def encode_prompt(self, text: str) -> list[int]:
+        """``[bos] + tokens`` when the tokenizer has a BOS token, else the tokens alone.
+
+        Special tokens are never added by the tokenizer itself, so HF tokenizers that
+        add BOS in a post-processor and ones that do not end up with the same rule.
+        """
+        ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+        bos = self.bos_token_id
+        if bos is not None:
+            ids.insert(0, bos)
+        if not ids:
+            raise ModelError(f"policy {self.model_id!r} encodes prompt {text!r} to no tokens")
+        return ids
+
+    def decode_completion(self, ids: list[int]) -> str:
+        """The text of a completion: everything before the first EOS, special tokens skipped."""
+        eos = self.eos_token_id
+        if eos in ids:
+            ids = ids[: ids.index(eos)]
+        return str(self.tokenizer.decode(ids, skip_special_tokens=True))
+
+
+def load_policy(path: str | os.PathLike[str], *, version: int = 0, dtype: torch.dtype = torch.float32) -> Policy:
+    """Load a local HF causal-LM directory (``local_files_only``); ``ModelError`` names the path on failure."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise ModelError(f"no model directory at {directory}: expected config.json, weights and tokenizer files")
+    try:
+        with _quiet_progress_bars():
+            tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)
+            model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True)
+    except _LOAD_ERRORS as exc:
+        raise ModelError(f"cannot load a causal LM + tokenizer from {directory}: {exc}") from exc
+    model.eval()
+    model_id = getattr(model.config, MODEL_ID_CONFIG_KEY, None) or directory.name
+    return Policy(model=model, tokenizer=tokenizer, model_id=str(model_id), version=version)
+
+
+@contextmanager
+def _quiet_progress_bars() -> Iterator[None]:
+    """Hide transformers' per-call shard progress bars (a node saves often; they are noise)."""
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _fsync_tree(directory: Path) -> None:
+    for root, _dirs, files in os.walk(directory):
+        for name in files:
+            fd = os.open(os.path.join(root, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        _fsync_dir(Path(root))
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_policy(
+    policy: Policy, path: str | os.PathLike[str], *, extra_files: Mapping[str, str] | None = None
+) -> None:
+    """Write ``policy`` to ``path`` atomically: safetensors weights, config, tokenizer.
+
+    The directory is written under a temporary name beside ``path``, fsynced and
+    renamed into place, so a reader sees either the old directory or the complete
+    new one. ``extra_files`` (name -> text) are written into the same directory
+    before the rename (e.g. warm-start metadata).
+    """
+    target = Path(path)
+    parent = target.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=parent))
+    except OSError as exc:
+        raise ModelError(f"cannot create a directory to save the policy at {target}: {exc}") from exc
+    try:
+        setattr(policy.model.config, MODEL_ID_CONFIG_KEY, policy.model_id)
+        with _quiet_progress_bars():
+            policy.model.save_pretrained(staging)  # type: ignore[operator]
+        policy.tokenizer.save_pretrained(staging)
+        for name, text in (extra_files or {}).items():
+            if Path(name).name != name:
+                raise ModelError(f"extra file name {name!r} must be a plain file name")
+            (staging / name).write_text(text, encoding="utf-8")
+        _fsync_tree(staging)
+        if target.exists():
+            # A non-empty directory cannot be renamed over; move the old one aside first.
+            retired = parent / f".{target.name}.old-{uuid.uuid4().hex[:8]}"
+            os.replace(target, retired)
+            os.replace(staging, target)
+            shutil.rmtree(retired, ignore_errors=True)
+        else:
+            os.replace(staging, target)
+        _fsync_dir(parent)
+    except _LOAD_ERRORS as exc:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise ModelError(f"cannot save the policy to {target}: {exc}") from exc
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def tiny_config_dict() -> dict[str, Any]:
+    """The packaged tiny model config (``swarmnode/policy/tiny/config.json``)."""
+    text = resources.files("swarmnode.policy").joinpath("tiny/config.json").read_text(encoding="utf-8")
+    value = json.loads(text)
+    if not isinstance(value, dict):
+        raise ModelError("swarmnode/policy/tiny/config.json must hold a JSON object")
+    return value
+
+
+def build_tiny_policy(seed: int) -> Policy:
+    """The built-in tiny Llama (about 1 M parameters) with random weights, deterministic in ``seed``."""
+    settings = tiny_config_dict()
+    model_type = settings.pop("model_type")
+    config = AutoConfig.for_model(model_type, **settings)
+    tokenizer = build_char_tokenizer(DEFAULT_ALPHABET)
+    if config.vocab_size != len(tokenizer):
+        raise ModelError(
+            f"tiny config vocab_size {config.vocab_size} != tokenizer size {len(tokenizer)}; "
+            "update swarmnode/policy/tiny/config.json together with DEFAULT_ALPHABET"
+        )
+    # fork_rng: building a policy must not move the caller's global RNG stream.
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.eval()
+    return Policy(model=model, tokenizer=tokenizer, model_id=TINY_MODEL_ID, version=0)

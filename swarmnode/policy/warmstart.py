@@ -1,0 +1,207 @@
+"""Reproducible supervised warm start of the built-in tiny model, cached under the node home.
+
+Owns: a short supervised pass on task demonstrations (``prompt`` -> ``answer``
+``<eos>``, loss on the answer and EOS tokens only; AdamW lr 1e-3, batch 128) so
+that RL starts well above zero accuracy and well below the ceiling. It stops by
+evaluation, not by step count (DESIGN.md "Learnability": the 2-digit half of
+chain_sum appears suddenly, so a fixed step count lands on either side of it):
+every ``eval_every`` steps it measures greedy accuracy on "hard" tasks (an
+operand of two or more digits) and stops once that reaches ``target_accuracy``,
+or at ``max_steps``. The result is saved atomically to
+``home/models/tiny-warm-<hash of every setting>/`` with ``warmstart.json``
+(settings, steps, time, accuracies); a second call with the same settings
+returns that directory at once.
+
+Determinism: the model init, the data stream and the optimizer are functions of
+``seed`` and the mixture, so the same settings give the same weights on the same
+machine and thread count (float summation order can differ across thread counts).
+Must not: run RL or touch the network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from swarmnode.errors import ModelError
+from swarmnode.policy.evaluate import evaluate_accuracy
+from swarmnode.policy.model import Policy, build_tiny_policy, load_policy, save_policy, tiny_config_dict
+from swarmnode.policy.tokenizer import DEFAULT_ALPHABET
+from swarmnode.rollout.torch_engine import TorchEngine
+from swarmnode.tasks import Task, TaskMixture
+
+#: Bump when the procedure changes in a way that changes its result (invalidates caches).
+WARM_START_FORMAT = 1
+INFO_FILE = "warmstart.json"
+_MULTI_DIGIT = re.compile(r"\d{2,}")
+
+
+@dataclass(frozen=True)
+class WarmStartSettings:
+    """Everything that decides the warm-started weights (hashed into the cache directory name)."""
+
+    lr: float = 1e-3
+    batch_size: int = 128
+    weight_decay: float = 0.01
+    max_steps: int = 1500
+    eval_every: int = 25
+    eval_tasks: int = 200
+    target_accuracy: float = 0.12  # greedy accuracy on hard tasks that ends the pass
+    heldout_tasks: int = 200
+
+
+def is_hard(task: Task) -> bool:
+    """A task whose prompt has an operand of two or more digits (the half that is learnt late)."""
+    return _MULTI_DIGIT.search(task.prompt.split("=", 1)[0]) is not None
+
+
+def _mixture_description(mixture: TaskMixture) -> dict[str, Any]:
+    return {
+        "seed": mixture.seed,
+        "specs": [
+            {"name": s.name, "config": s.config, "weight": s.weight, "prompt_format": s.prompt_format}
+            for s in mixture.specs
+        ],
+    }
+
+
+def _settings_description(mixture: TaskMixture, seed: int, settings: WarmStartSettings) -> dict[str, Any]:
+    return {
+        "format": WARM_START_FORMAT,
+        "model": tiny_config_dict(),
+        "alphabet": DEFAULT_ALPHABET,
+        "mixture": _mixture_description(mixture),
+        "seed": seed,
+        "settings": asdict(settings),
+    }
+
+
+def warm_start_dir(home: Path, mixture: TaskMixture, seed: int, settings: WarmStartSettings | None = None) -> Path:
+    """Where ``warm_start`` caches its result for these settings."""
+    description = _settings_description(mixture, seed, settings or WarmStartSettings())
+    digest = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:12]
+    return Path(home) / "models" / f"tiny-warm-{digest}"
+
+
+def read_warm_start_info(path: Path) -> dict[str, Any]:
+    """The ``warmstart.json`` written beside a warm-started model."""
+    try:
+        value = json.loads((Path(path) / INFO_FILE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelError(f"no readable warm-start record in {path}: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ModelError(f"warm-start record in {path} is not a JSON object")
+    return value
+
+
+def _encode_example(policy: Policy, task: Task) -> tuple[list[int], int]:
+    """(bos + prompt + answer + eos token ids, number of prompt tokens incl. bos)."""
+    prompt = policy.encode_prompt(task.prompt)
+    answer = policy.tokenizer(str(task.entry["answer"]), add_special_tokens=False)["input_ids"]
+    ids = [*prompt, *answer, policy.eos_token_id]
+    unk = policy.tokenizer.unk_token_id
+    if unk is not None and unk in ids:
+        raise ModelError(
+            f"task {task.id.key()} ({task.prompt!r} -> {task.entry['answer']!r}) has characters outside the "
+            f"tiny model's alphabet {DEFAULT_ALPHABET!r}; warm start needs a compact arithmetic mixture"
+        )
+    return ids, len(prompt)
+
+
+def _batch(policy: Policy, tasks: list[Task]) -> tuple[torch.Tensor, torch.Tensor]:
+    """Right-padded input ids and labels (-100 on prompt and padding: loss on answer + EOS only)."""
+    examples = [_encode_example(policy, task) for task in tasks]
+    width = max(len(ids) for ids, _ in examples)
+    input_ids = torch.full((len(examples), width), policy.pad_token_id, dtype=torch.long)
+    labels = torch.full((len(examples), width), -100, dtype=torch.long)
+    for row, (ids, prompt_len) in enumerate(examples):
+        input_ids[row, : len(ids)] = torch.tensor(ids)
+        labels[row, prompt_len : len(ids)] = torch.tensor(ids[prompt_len:])
+    return input_ids, labels
+
+
+def _eval_tasks(mixture: TaskMixture, seed: int, count: int) -> list[Task]:
+    """``count`` hard tasks from a stream of their own (all tasks if the mixture has no hard ones)."""
+    pool = mixture.sample(0, 4 * count, stream=f"warmstart-eval:{seed}")
+    hard = [task for task in pool if is_hard(task)]
+    return (hard or pool)[:count]
+
+
+def warm_start(
+    home: Path,
+    mixture: TaskMixture,
+    seed: int,
+    progress: Callable[[str], None] | None = None,
+    *,
+    settings: WarmStartSettings | None = None,
+) -> Path:
+    """Warm-start the tiny model on ``mixture`` (cached); returns the saved model directory."""
+    settings = settings or WarmStartSettings()
+    target = warm_start_dir(home, mixture, seed, settings)
+    if (target / INFO_FILE).is_file():
+        return target
+    say = progress or (lambda _message: None)
+    started = time.perf_counter()
+    policy = build_tiny_policy(seed)
+    model = policy.model
+    engine = TorchEngine(policy)
+    eval_set = _eval_tasks(mixture, seed, settings.eval_tasks)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=settings.lr, weight_decay=settings.weight_decay)
+    stream = f"warmstart:{seed}"
+    step, loss_value, hard_accuracy, stopped_by = 0, float("nan"), 0.0, "max_steps"
+    model.train()
+    while step < settings.max_steps:
+        input_ids, labels = _batch(policy, mixture.sample(step, settings.batch_size, stream=stream))
+        loss = model(input_ids=input_ids, labels=labels).loss  # type: ignore[operator]
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        step += 1
+        loss_value = float(loss.detach())
+        if step % settings.eval_every == 0 or step == settings.max_steps:
+            model.eval()
+            hard_accuracy = evaluate_accuracy(policy, eval_set, engine, greedy=True, max_new_tokens=8)
+            model.train()
+            say(f"warm start step {step}: loss {loss_value:.3f}, hard-task greedy accuracy {hard_accuracy:.1%}")
+            if hard_accuracy >= settings.target_accuracy:
+                stopped_by = "target"
+                break
+    model.eval()
+    train_seconds = time.perf_counter() - started
+    heldout = mixture.heldout(settings.heldout_tasks)
+    greedy = evaluate_accuracy(policy, heldout, engine, greedy=True)
+    sampled = evaluate_accuracy(
+        policy, heldout, engine, greedy=False, temperature=1.0, generator=torch.Generator().manual_seed(seed)
+    )
+    info = {
+        "settings": _settings_description(mixture, seed, settings),
+        "steps": step,
+        "stopped_by": stopped_by,
+        "train_seconds": round(train_seconds, 3),
+        "final_loss": loss_value,
+        "hard_greedy_accuracy": hard_accuracy,
+        "heldout": {"count": len(heldout), "greedy_accuracy": greedy, "sampled_t1_accuracy": sampled},
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "threads": torch.get_num_threads(),
+    }
+    save_policy(policy, target, extra_files={INFO_FILE: json.dumps(info, indent=2, sort_keys=True)})
+    say(
+        f"warm start done in {train_seconds:.1f} s ({step} steps, {stopped_by}): held-out accuracy "
+        f"greedy {greedy:.1%}, sampled T=1 {sampled:.1%}; saved to {target}"
+    )
+    return target
+
+
+def load_warm_started(
+    home: Path, mixture: TaskMixture, seed: int, progress: Callable[[str], None] | None = None
+) -> Policy:
+    """``warm_start`` then ``load_policy`` of its result."""
+    return load_policy(warm_start(home, mixture, seed, progress))

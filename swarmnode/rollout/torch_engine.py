@@ -1,0 +1,551 @@
+"""Fast batched sampling in plain torch over the weights of a Llama-family HF model.
+
+Owns: the ``torch`` rollout engine. It reads the HF modules' weights (never
+copies them into another model) and runs its own lean forward with a
+preallocated KV cache:
+
+* each distinct prompt is prefilled once, then its KV cache is expanded to the
+  ``n`` samples of its group (exact: the samples share the prompt; DESIGN.md
+  measured this as the main win over ``generate``);
+* decode runs one token per step for the whole batch with fused q/k/v and
+  gate/up projections, a static cache and per-sequence EOS stop;
+* positions count from each prompt's first real token, so left padding is
+  invisible to the result (log-probs match an unpadded full forward pass).
+
+Supported architectures: llama, mistral, qwen2, qwen3 (the decoder block shape
+of ``LlamaDecoderLayer``). Anything else raises ``EngineUnavailable`` pointing
+at the ``hf`` engine. Must not: train, score, or mutate the model.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from swarmnode.errors import EngineUnavailable
+from swarmnode.policy.model import Policy
+from swarmnode.rollout.types import (
+    Completion,
+    GenerationResult,
+    SamplingParams,
+    scaled_logits,
+    top_p_filter,
+)
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+#: Layer 0's q/k/v depend on the input token alone, so for a small vocabulary they
+#: are a lookup table (vocab x q/k/v width), computed once per weight version.
+LAYER0_TABLE_LIMIT = 4_000_000
+
+
+def _norm_eps(norm: nn.Module | None, default: float) -> float:
+    value = getattr(norm, "variance_epsilon", getattr(norm, "eps", default))
+    return float(value)
+
+
+def _pair_halves(head_dim: int) -> torch.Tensor:
+    """Order ``[0, D/2, 1, D/2+1, ...]``: HF's RoPE pairs dim i with i + D/2; complex RoPE wants neighbours.
+
+    Permuting q and k the same way inside every head leaves q.k unchanged, so the
+    cache can hold keys in this order and RoPE becomes one complex multiply.
+    """
+    half = head_dim // 2
+    return torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()
+
+
+@dataclass
+class _Layer:
+    """One decoder block, rearranged for the lean forward.
+
+    Weights are stored (in, out) for ``torch.mm``/``addmm``; the RMSNorm weights
+    are folded into the projection that follows them; q/k output rows are
+    permuted per head (``_pair_halves``); the attention scale is folded into q.
+    """
+
+    eps1: float
+    qkv: torch.Tensor
+    qkv_bias: torch.Tensor | None
+    q_norm: torch.Tensor | None  # qwen3: per-head RMSNorm of q and k before RoPE
+    k_norm: torch.Tensor | None
+    qk_eps: float
+    o: torch.Tensor
+    o_bias: torch.Tensor | None
+    eps2: float
+    gate_up: torch.Tensor
+    gate_up_bias: torch.Tensor | None
+    down: torch.Tensor
+    down_bias: torch.Tensor | None
+    act: Callable[[torch.Tensor], torch.Tensor]
+
+
+def _bias(linear: nn.Module) -> torch.Tensor | None:
+    bias = getattr(linear, "bias", None)
+    return bias.detach() if bias is not None else None
+
+
+def _cat_bias(*linears: nn.Module) -> torch.Tensor | None:
+    biases = [_bias(linear) for linear in linears]
+    if all(b is None for b in biases):
+        return None
+    return torch.cat(
+        [b if b is not None else linear.weight.new_zeros(linear.weight.shape[0]) for linear, b in zip(linears, biases, strict=True)]
+    )
+
+
+@dataclass
+class _Weights:
+    """A snapshot of the model's weights in the layout the lean forward uses."""
+
+    embed: torch.Tensor
+    layers: list[_Layer]
+    layer0_table: torch.Tensor | None
+    final_eps: float
+    lm_head: torch.Tensor  # (hidden, vocab), final norm folded in
+    lm_head_bias: torch.Tensor | None
+    rotary: nn.Module
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    sliding_window: int | None
+
+    @staticmethod
+    def check(model: nn.Module) -> None:
+        config = getattr(model, "config", None)
+        model_type = getattr(config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise EngineUnavailable(
+                f"the torch engine runs {', '.join(SUPPORTED_MODEL_TYPES)} models, not model_type "
+                f"{model_type!r}; choose the 'hf' engine for this model"
+            )
+        inner = getattr(model, "model", None)
+        for name in ("embed_tokens", "layers", "norm", "rotary_emb"):
+            if not hasattr(inner, name):
+                raise EngineUnavailable(f"model has no model.{name}; choose the 'hf' engine for this model")
+        if not hasattr(model, "lm_head"):
+            raise EngineUnavailable("model has no lm_head; choose the 'hf' engine for this model")
+        rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+        if isinstance(rope, dict) and rope.get("rope_type", "default") in ("dynamic", "longrope"):
+            # These rescale frequencies with the live sequence length; a precomputed
+            # table would silently differ from the HF forward.
+            raise EngineUnavailable("length-dependent RoPE scaling is not supported by the torch engine; use 'hf'")
+
+    @classmethod
+    def build(cls, model: nn.Module) -> _Weights:
+        cls.check(model)
+        config = model.config
+        inner = model.model
+        n_heads = int(config.num_attention_heads)
+        n_kv_heads = int(getattr(config, "num_key_value_heads", None) or n_heads)
+        head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // n_heads)
+        first_attn = inner.layers[0].self_attn
+        scaling = float(getattr(first_attn, "scaling", head_dim**-0.5))
+        pairs = _pair_halves(head_dim).to(inner.embed_tokens.weight.device)
+
+        def per_head(rows: torch.Tensor, heads: int) -> torch.Tensor:
+            return rows.view(heads, head_dim, *rows.shape[1:])[:, pairs].reshape(rows.shape)
+
+        layers = []
+        for block in inner.layers:
+            attn, mlp = block.self_attn, block.mlp
+            q_norm = getattr(attn, "q_norm", None)
+            k_norm = getattr(attn, "k_norm", None)
+            has_qk_norm = q_norm is not None and k_norm is not None
+            wq = per_head(attn.q_proj.weight.detach(), n_heads)
+            wk = per_head(attn.k_proj.weight.detach(), n_kv_heads)
+            bq, bk, bv = _bias(attn.q_proj), _bias(attn.k_proj), _bias(attn.v_proj)
+            bq = per_head(bq, n_heads) if bq is not None else None
+            bk = per_head(bk, n_kv_heads) if bk is not None else None
+            if not has_qk_norm:  # scale q before RoPE (linear), so scores need no scaling
+                wq = wq * scaling
+                bq = bq * scaling if bq is not None else None
+            w_qkv = torch.cat([wq, wk, attn.v_proj.weight.detach()]) * block.input_layernorm.weight.detach()
+            qkv_bias = None
+            if any(b is not None for b in (bq, bk, bv)):
+                zeros = w_qkv.new_zeros
+                qkv_bias = torch.cat(
+                    [
+                        bq if bq is not None else zeros(wq.shape[0]),
+                        bk if bk is not None else zeros(wk.shape[0]),
+                        bv if bv is not None else zeros(attn.v_proj.weight.shape[0]),
+                    ]
+                )
+            act = mlp.act_fn
+            post_norm = block.post_attention_layernorm.weight.detach()
+            layers.append(
+                _Layer(
+                    eps1=_norm_eps(block.input_layernorm, config.rms_norm_eps),
+                    qkv=w_qkv.t().contiguous(),
+                    qkv_bias=qkv_bias,
+                    q_norm=q_norm.weight.detach()[pairs] * scaling if has_qk_norm else None,
+                    k_norm=k_norm.weight.detach()[pairs] if has_qk_norm else None,
+                    qk_eps=_norm_eps(q_norm, config.rms_norm_eps) if has_qk_norm else 0.0,
+                    o=attn.o_proj.weight.detach().t().contiguous(),
+                    o_bias=_bias(attn.o_proj),
+                    eps2=_norm_eps(block.post_attention_layernorm, config.rms_norm_eps),
+                    gate_up=(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach() * post_norm)
+                    .t()
+                    .contiguous(),
+                    gate_up_bias=_cat_bias(mlp.gate_proj, mlp.up_proj),
+                    down=mlp.down_proj.weight.detach().t().contiguous(),
+                    down_bias=_bias(mlp.down_proj),
+                    act=F.silu if isinstance(act, nn.SiLU) else act,
+                )
+            )
+        embed = inner.embed_tokens.weight.detach()
+        table = None
+        first = layers[0]
+        if embed.shape[0] * first.qkv.shape[1] <= LAYER0_TABLE_LIMIT and first.q_norm is None:
+            table = _project(F.rms_norm(embed, (embed.shape[1],), None, first.eps1), first.qkv, first.qkv_bias)
+        window = getattr(config, "sliding_window", None)
+        if config.model_type == "qwen2" and not getattr(config, "use_sliding_window", False):
+            window = None
+        return cls(
+            embed=embed,
+            layers=layers,
+            layer0_table=table,
+            final_eps=_norm_eps(inner.norm, config.rms_norm_eps),
+            lm_head=(model.lm_head.weight.detach() * inner.norm.weight.detach()).t().contiguous(),
+            lm_head_bias=_bias(model.lm_head),
+            rotary=inner.rotary_emb,
+            n_heads=n_heads,
+            n_kv_heads=n_kv_heads,
+            head_dim=head_dim,
+            sliding_window=int(window) if window else None,
+        )
+
+
+def _project(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.mm(x, weight) if bias is None else torch.addmm(bias, x, weight)
+
+
+def _weights_key(model: nn.Module) -> tuple[int, ...]:
+    # In-place updates (optimizer steps, load_state_dict) bump a tensor's version
+    # counter, so this key changes exactly when a cached snapshot goes stale.
+    return (id(model), *(p._version for p in model.parameters()), *(id(p) for p in model.parameters()))
+
+
+class _Runner:
+    """One generate() call: the KV cache and the lean forward for prefill and decode.
+
+    Two cache layouts, same result:
+
+    * expanded: one cache (P*n, Hkv, Lp + new, D); the prompt K/V are copied to the
+      n rows of their group after prefill. Fewest ops per step: best for short prompts.
+    * grouped: the prompt K/V stay (P, Hkv, Lp, D), shared by the group's n samples,
+      and only generated tokens get per-row slots. The prompt part of attention is a
+      real matrix product over the group's n queries instead of n matrix-vector
+      products: best for long prompts.
+    """
+
+    def __init__(
+        self,
+        weights: _Weights,
+        prompts: int,
+        n: int,
+        prompt_len: int,
+        max_new: int,
+        grouped: bool,
+        device: torch.device,
+        dtype: torch.dtype,
+    ):
+        self.w = weights
+        self.prompts, self.n, self.prompt_len, self.grouped = prompts, n, prompt_len, grouped
+        self.dtype = dtype
+        batch = prompts * n
+        kv, head_dim = 2 * weights.n_kv_heads, weights.head_dim
+        # K and V of a layer share one tensor, (rows, 2 Hkv, slots, D): k heads then v heads,
+        # the order q/k/v come out of the fused projection, so a step stores both in one copy.
+        # torch.empty: every slot is written (prefill or the step itself) before any read.
+        slots = max_new if grouped else prompt_len + max_new
+        self.cache = [torch.empty((batch, kv, slots, head_dim), device=device, dtype=dtype) for _ in weights.layers]
+        self.prompt_cache = (
+            [torch.empty((prompts, kv, prompt_len, head_dim), device=device, dtype=dtype) for _ in weights.layers]
+            if grouped
+            else []
+        )
+        positions = torch.arange(prompt_len + max_new, device=device).unsqueeze(0)
+        cos, sin = weights.rotary(torch.zeros(1, device=device, dtype=dtype), positions)
+        half = weights.head_dim // 2
+        # RoPE as complex rotation of neighbouring pairs; float32 so the complex dtype exists.
+        self.rotation = torch.complex(cos[0, :, :half].float(), sin[0, :, :half].float())  # (positions, D/2)
+
+    def _rope_(self, x: torch.Tensor, rotation: torch.Tensor) -> None:
+        """Rotate ``x`` (..., heads, D) in place by ``rotation`` (..., 1, D/2), pairs (2i, 2i+1)."""
+        if x.dtype in (torch.float32, torch.float64):
+            torch.view_as_complex(x.unflatten(-1, (-1, 2))).mul_(rotation)
+        else:  # no complex type for bf16/fp16: rotate in float32 and write back
+            rotated = torch.view_as_complex(x.float().unflatten(-1, (-1, 2))) * rotation
+            x.copy_(torch.view_as_real(rotated).flatten(-2))
+
+    def _qkv(self, index: int, layer: _Layer, x: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """(rows, hidden) -> (rows, H + 2 Hkv, D): q/k normed (qwen3), not yet rotated."""
+        w = self.w
+        if index == 0 and w.layer0_table is not None:
+            qkv = w.layer0_table[tokens]
+        else:
+            qkv = _project(F.rms_norm(x, (x.shape[-1],), None, layer.eps1), layer.qkv, layer.qkv_bias)
+        qkv = qkv.view(qkv.shape[0], w.n_heads + 2 * w.n_kv_heads, w.head_dim)
+        if layer.q_norm is not None and layer.k_norm is not None:
+            q = F.rms_norm(qkv[:, : w.n_heads], (w.head_dim,), layer.q_norm, layer.qk_eps)
+            k = F.rms_norm(qkv[:, w.n_heads : w.n_heads + w.n_kv_heads], (w.head_dim,), layer.k_norm, layer.qk_eps)
+            qkv = torch.cat([q, k, qkv[:, w.n_heads + w.n_kv_heads :]], dim=1)
+        return qkv
+
+    def _block_tail(self, layer: _Layer, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Output projection + residual, then the MLP + residual; x and attn are (rows, features)."""
+        x = torch.addmm(x, attn, layer.o)
+        if layer.o_bias is not None:
+            x = x + layer.o_bias
+        h = F.rms_norm(x, (x.shape[-1],), None, layer.eps2)
+        gate_up = _project(h, layer.gate_up, layer.gate_up_bias)
+        width = gate_up.shape[-1] // 2
+        hidden = layer.act(gate_up[:, :width]) * gate_up[:, width:]
+        x = torch.addmm(x, hidden, layer.down)
+        if layer.down_bias is not None:
+            x = x + layer.down_bias
+        return x
+
+    def _logits(self, x: torch.Tensor) -> torch.Tensor:
+        h = F.rms_norm(x, (x.shape[-1],), None, self.w.final_eps)
+        return _project(h, self.w.lm_head, self.w.lm_head_bias).float()
+
+    def prefill(self, ids: torch.Tensor, pad: torch.Tensor) -> torch.Tensor:
+        """Run the left-padded prompts ``ids`` (P, Lp) once and cache their K/V.
+
+        Returns the next-token logits of each prompt (P, vocab).
+        """
+        w, n = self.w, self.n
+        prompts, length = ids.shape
+        heads, kv_heads = w.n_heads, w.n_kv_heads
+        slots = torch.arange(length, device=ids.device)
+        positions = (slots.unsqueeze(0) - pad.unsqueeze(1)).clamp(min=0)  # (P, Lp)
+        rotation = self.rotation[positions].unsqueeze(2)  # (P, Lp, 1, D/2)
+        real = slots.unsqueeze(0) >= pad.unsqueeze(1)  # (P, Lp): key is a prompt token
+        causal = slots.unsqueeze(1) >= slots.unsqueeze(0)  # (Lp, Lp)
+        # Each query always sees itself, so a pad query never has an all-masked row (NaN).
+        eye = torch.eye(length, dtype=torch.bool, device=ids.device)
+        mask = ((causal.unsqueeze(0) & real.unsqueeze(1)) | eye).unsqueeze(1)  # (P, 1, Lp, Lp)
+        if w.sliding_window is not None:
+            mask = mask & (slots.unsqueeze(1) - slots.unsqueeze(0) < w.sliding_window)
+        flat_ids = ids.reshape(-1)
+        x = F.embedding(flat_ids, w.embed)  # (P*Lp, hidden)
+        for index, layer in enumerate(w.layers):
+            qkv = self._qkv(index, layer, x, flat_ids).view(prompts, length, heads + 2 * kv_heads, w.head_dim)
+            self._rope_(qkv[:, :, : heads + kv_heads], rotation)
+            qkv = qkv.transpose(1, 2)  # (P, H + 2Hkv, Lp, D)
+            q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
+            if self.grouped:
+                self.prompt_cache[index].copy_(qkv[:, heads:])
+            else:  # expand the prompt's K/V to its n samples: one copy, no recomputation
+                cache = self.cache[index]
+                cache.view(prompts, n, *cache.shape[1:])[:, :, :, :length] = qkv[:, heads:].unsqueeze(1)
+            attn = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, scale=1.0, enable_gqa=kv_heads != heads
+            )  # (P, H, Lp, D); the scale is folded into q
+            x = self._block_tail(layer, x, attn.transpose(1, 2).reshape(prompts * length, -1))
+        return self._logits(x.view(prompts, length, -1)[:, -1])
+
+    def decode(
+        self, tokens: torch.Tensor, step: int, positions: torch.Tensor, pad_bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        """Feed generated token ``step`` (B,) for every row; returns next-token logits (B, vocab).
+
+        ``pad_bias`` is (B, 1, 1, Lp): -inf on left-pad keys, 0 elsewhere (None: no padding).
+        """
+        w = self.w
+        batch = tokens.shape[0]
+        heads, kv_heads, head_dim = w.n_heads, w.n_kv_heads, w.head_dim
+        group = heads // kv_heads
+        rotation = self.rotation[positions].unsqueeze(1)  # (B, 1, D/2)
+        slot = step if self.grouped else self.prompt_len + step
+        x = F.embedding(tokens, w.embed)  # (B, hidden)
+        for index, layer in enumerate(w.layers):
+            qkv = self._qkv(index, layer, x, tokens)  # (B, H + 2Hkv, D)
+            self._rope_(qkv[:, : heads + kv_heads], rotation)
+            cache = self.cache[index]
+            cache[:, :, slot] = qkv[:, heads:]
+            keys, values = cache[:, :kv_heads, : slot + 1], cache[:, kv_heads:, : slot + 1]
+            # GQA without repeating K/V: the q heads sharing a kv head are its query rows.
+            q = qkv[:, :heads].view(batch, kv_heads, group, head_dim)
+            scores = torch.matmul(q, keys.transpose(-1, -2)).float()  # (B, Hkv, g, S)
+            if self.grouped:
+                attn = self._grouped_attention(index, q, scores, values, pad_bias)
+            else:
+                if pad_bias is not None:
+                    scores[..., : self.prompt_len] += pad_bias
+                attn = torch.matmul(scores.softmax(dim=-1).to(self.dtype), values)  # (B, Hkv, g, D)
+            x = self._block_tail(layer, x, attn.reshape(batch, -1))
+        return self._logits(x)
+
+    def _grouped_attention(
+        self,
+        index: int,
+        q: torch.Tensor,
+        gen_scores: torch.Tensor,
+        gen_values: torch.Tensor,
+        pad_bias: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """Attention over the group's shared prompt keys plus the row's own generated keys."""
+        prompts, n, length = self.prompts, self.n, self.prompt_len
+        batch, kv_heads, group, head_dim = q.shape
+
+        def by_group(t: torch.Tensor) -> torch.Tensor:  # (B, Hkv, g, X) -> (P, Hkv, n*g, X)
+            return t.view(prompts, n, kv_heads, group, -1).transpose(1, 2).reshape(prompts, kv_heads, n * group, -1)
+
+        def by_row(t: torch.Tensor) -> torch.Tensor:  # (P, Hkv, n*g, X) -> (B, Hkv, g, X)
+            return t.view(prompts, kv_heads, n, group, -1).transpose(1, 2).reshape(batch, kv_heads, group, -1)
+
+        prompt_k, prompt_v = self.prompt_cache[index].split(kv_heads, dim=1)
+        prompt_scores = by_row(torch.matmul(by_group(q), prompt_k.transpose(-1, -2))).float()
+        if pad_bias is not None:
+            prompt_scores = prompt_scores + pad_bias
+        probs = torch.cat([prompt_scores, gen_scores], dim=-1).softmax(dim=-1).to(self.dtype)
+        from_prompt = by_row(torch.matmul(by_group(probs[..., :length]), prompt_v))
+        return from_prompt + torch.matmul(probs[..., length:], gen_values)
+
+
+def _sample(
+    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next tokens (B,) and their log-probs (B,) by the convention in ``rollout.types``."""
+    scaled = scaled_logits(logits, params)
+    logp = torch.log_softmax(scaled, dim=-1)
+    if params.greedy:
+        tokens = scaled.argmax(dim=-1)
+    else:
+        probs = top_p_filter(scaled, params.top_p).softmax(dim=-1) if params.top_p < 1.0 else logp.exp()
+        if generator is not None and generator.device != probs.device:
+            probs = probs.to(generator.device)
+        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1).to(logits.device)
+    return tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
+
+
+class TorchEngine:
+    """Plain-torch batched sampler with a KV cache; see the module docstring."""
+
+    name = "torch"
+    #: Prompts at least this long (tokens, incl. BOS) keep one shared K/V per group
+    #: (see ``_Runner``); shorter ones are expanded to every sample.
+    grouped_min_prompt = 24
+
+    def __init__(self, policy: Policy) -> None:
+        _Weights.check(policy.model)
+        self._policy = policy
+        self._weights: _Weights | None = None
+        self._weights_key: tuple[int, ...] = ()
+
+    @property
+    def policy(self) -> Policy:
+        return self._policy
+
+    def update_weights(self, policy: Policy) -> None:
+        """Sample from ``policy`` from now on (its weights are re-read on every generate call)."""
+        _Weights.check(policy.model)
+        self._policy = policy
+        self._weights = None
+
+    def _current_weights(self) -> _Weights:
+        """The rearranged weights, rebuilt whenever any parameter changed since the last call."""
+        model = self._policy.model
+        key = _weights_key(model)
+        if self._weights is None or key != self._weights_key:
+            self._weights = _Weights.build(model)
+            self._weights_key = key
+        return self._weights
+
+    def generate(
+        self,
+        prompts: list[str],
+        n: int,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+    ) -> GenerationResult:
+        if n < 1:
+            raise ValueError(f"samples per prompt must be >= 1, got {n}")
+        started = time.perf_counter()
+        policy = self._policy
+        prompt_ids = [policy.encode_prompt(text) for text in prompts]
+        if not prompt_ids:
+            return GenerationResult([], [], policy.version, 0, time.perf_counter() - started)
+        with torch.inference_mode():
+            tokens, logprobs = self._run(prompt_ids, n, params, generator)
+        eos = policy.eos_token_id
+        completions: list[list[Completion]] = []
+        generated = 0
+        for p in range(len(prompt_ids)):
+            group = []
+            for s in range(n):
+                row = tokens[p * n + s]
+                finished = eos in row
+                length = row.index(eos) + 1 if finished else len(row)
+                ids = row[:length]
+                group.append(
+                    Completion(
+                        token_ids=ids,
+                        logprobs=logprobs[p * n + s][:length],
+                        text=policy.decode_completion(ids),
+                        finished=finished,
+                    )
+                )
+                generated += length
+            completions.append(group)
+        return GenerationResult(
+            prompt_ids=prompt_ids,
+            completions=completions,
+            policy_version=policy.version,
+            tokens_generated=generated,
+            seconds=time.perf_counter() - started,
+        )
+
+    def _run(
+        self, prompt_ids: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator | None
+    ) -> tuple[list[list[int]], list[list[float]]]:
+        """Token ids and log-probs per row (row = prompt * n + sample), cut after the step all rows ended."""
+        policy = self._policy
+        weights = self._current_weights()
+        device, dtype = weights.embed.device, weights.embed.dtype
+        lengths = torch.tensor([len(ids) for ids in prompt_ids], device=device)
+        prompt_len = int(lengths.max())
+        total = prompt_len + params.max_new_tokens
+        if weights.sliding_window is not None and total > weights.sliding_window:
+            raise EngineUnavailable(
+                f"prompt + new tokens ({total}) exceed the model's sliding window "
+                f"({weights.sliding_window}); use the 'hf' engine"
+            )
+        pad_id = policy.pad_token_id
+        ids = torch.full((len(prompt_ids), prompt_len), pad_id, dtype=torch.long, device=device)
+        for row, prompt in enumerate(prompt_ids):
+            ids[row, prompt_len - len(prompt) :] = torch.tensor(prompt, dtype=torch.long)
+        pad = prompt_len - lengths  # (P,) left pads per prompt
+        batch = len(prompt_ids) * n
+        grouped = n > 1 and prompt_len >= self.grouped_min_prompt
+        runner = _Runner(weights, len(prompt_ids), n, prompt_len, params.max_new_tokens, grouped, device, dtype)
+        logits = runner.prefill(ids, pad).repeat_interleave(n, dim=0)
+        row_len = lengths.repeat_interleave(n)
+        # Keys in a row's left padding stay masked for the whole decode; no padding, no mask.
+        pad_bias: torch.Tensor | None = None
+        if bool((pad > 0).any()):
+            slots = torch.arange(prompt_len, device=device)
+            is_pad = (slots.unsqueeze(0) < pad.repeat_interleave(n).unsqueeze(1)).view(batch, 1, 1, prompt_len)
+            pad_bias = torch.zeros(is_pad.shape, device=device).masked_fill(is_pad, float("-inf"))
+        eos = policy.eos_token_id
+        finished = torch.zeros(batch, dtype=torch.bool, device=device)
+        out_tokens: list[torch.Tensor] = []
+        out_logprobs: list[torch.Tensor] = []
+        for step in range(params.max_new_tokens):
+            token, logp = _sample(logits, params, generator)
+            token = token.masked_fill(finished, pad_id)
+            out_tokens.append(token)
+            out_logprobs.append(logp)
+            finished = finished | (token == eos)
+            if step == params.max_new_tokens - 1 or bool(finished.all()):
+                break
+            logits = runner.decode(token, step, row_len + step, pad_bias)
+        token_rows = torch.stack(out_tokens, dim=1).tolist()
+        logprob_rows = torch.stack(out_logprobs, dim=1).float().tolist()
+        return token_rows, logprob_rows

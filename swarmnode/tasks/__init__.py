@@ -1,0 +1,23 @@
+"""Verifiable tasks: ids that regenerate a task, mixtures, and the local verifier.
+
+Owns: turning a ``TaskId`` back into the exact prompt and reasoning-gym entry,
+and scoring a completion against that regenerated entry. Must not trust any
+answer or reward carried with a rollout: scoring always re-derives the task.
+"""
+
+from swarmnode.tasks.ids import PROMPT_FORMATS, TaskId
+from swarmnode.tasks.mixture import DatasetSpec, TaskMixture, default_mixture, sapo_mixture
+from swarmnode.tasks.source import Task, extract_answer, regenerate, score_completion
+
+__all__ = [
+    "PROMPT_FORMATS",
+    "DatasetSpec",
+    "Task",
+    "TaskId",
+    "TaskMixture",
+    "default_mixture",
+    "extract_answer",
+    "regenerate",
+    "sapo_mixture",
+    "score_completion",
+]

@@ -1,0 +1,97 @@
+"""Regenerate tasks from their ids and score completions locally.
+
+Scoring uses reasoning-gym's own ``score_answer`` on the *regenerated* entry:
+the answer or reward a peer claims is never consulted (ALGORITHMS.md §8: the
+genrl bug where re-scoring used the sender's claimed answer).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any
+
+from swarmnode.errors import TaskError
+from swarmnode.tasks.ids import TaskId
+
+# A reasoning-gym dataset object is built for `size` entries; entries are a pure
+# function of (seed, index), so we build it once per (dataset, config, seed)
+# with a size large enough for any index we accept.
+MAX_TASK_INDEX = 1_000_000_000
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class Task:
+    """A regenerated task: its id, the prompt the model sees, and the entry to score against."""
+
+    id: TaskId
+    prompt: str
+    entry: dict[str, Any]
+
+
+@lru_cache(maxsize=256)
+def _dataset(name: str, config: str, seed: int) -> Any:
+    import reasoning_gym  # imported lazily: it pulls in many generators
+
+    kwargs = TaskId(name, config, seed, 0).config_dict()
+    if "seed" in kwargs or "size" in kwargs:
+        raise TaskError("task config must not set 'seed' or 'size': they are part of the task id")
+    try:
+        return reasoning_gym.create_dataset(name, seed=seed, size=MAX_TASK_INDEX, **kwargs)
+    except (KeyError, ValueError, TypeError, AssertionError) as exc:
+        raise TaskError(f"cannot build reasoning-gym dataset {name!r} with config {config}: {exc}") from exc
+
+
+def render_prompt(entry: dict[str, Any], prompt_format: str) -> str:
+    """Turn an entry into the model's prompt (see ``PROMPT_FORMATS``)."""
+    if prompt_format == "question":
+        return str(entry["question"])
+    expression = entry.get("metadata", {}).get("expression")
+    if not isinstance(expression, str):
+        raise TaskError("prompt_format 'compact' needs an arithmetic entry with metadata.expression")
+    return expression.replace(" ", "") + "="
+
+
+@lru_cache(maxsize=65536)
+def regenerate(task_id: TaskId) -> Task:
+    """Rebuild the task named by ``task_id``; raises ``TaskError`` if it cannot exist."""
+    if task_id.index >= MAX_TASK_INDEX:
+        raise TaskError(f"task index {task_id.index} is above the limit {MAX_TASK_INDEX - 1}")
+    dataset = _dataset(task_id.dataset, task_id.config, task_id.seed)
+    try:
+        entry = dataset[task_id.index]
+    except (IndexError, ValueError, KeyError) as exc:
+        raise TaskError(f"cannot generate {task_id.key()}: {exc}") from exc
+    return Task(id=task_id, prompt=render_prompt(entry, task_id.prompt_format), entry=entry)
+
+
+def extract_answer(completion: str) -> str:
+    """The answer a completion gives.
+
+    Rule: if the completion contains ``<answer>...</answer>``, the text inside the
+    first such tag; otherwise the whole completion. Either way surrounding
+    whitespace is stripped. (The tiny model answers ``58+26=`` with ``84`` then
+    EOS; instruction-tuned models are prompted to use the tag. Some answers are
+    multi-line, e.g. binary_matrix, so we never cut at a newline.)
+    """
+    match = _ANSWER_TAG.search(completion)
+    if match is not None:
+        return match.group(1).strip()
+    return completion.strip()
+
+
+def score_completion(task: Task, completion: str) -> float:
+    """Reward in [0, 1] from reasoning-gym's own verifier on the regenerated entry."""
+    import reasoning_gym
+
+    answer = extract_answer(completion)
+    scorer = reasoning_gym.get_score_answer_fn(task.id.dataset)
+    try:
+        reward = float(scorer(answer, task.entry))
+    except (ValueError, TypeError, KeyError, ArithmeticError):
+        # A verifier choking on hostile text scores it as wrong, never crashes us.
+        return 0.0
+    return min(max(reward, 0.0), 1.0)

@@ -1,0 +1,260 @@
+"""One node's training loop (solo, or fed with admitted external groups).
+
+A round: sample ``P`` prompts from the mixture (deterministic in seed and round),
+generate ``G`` completions each, score them with the local verifier, compute
+group advantages (ALGORITHMS.md §1), drop zero-advantage groups, and take ``k``
+optimizer steps with the configured loss. External groups (SAPO / HACPO) are
+mixed in by the caller through ``run_round(external=...)``.
+
+Rounds are numbered from 1: round n is the n-th update. Crash invariant (see
+``swarmnode.store``): round n is committed to the ledger first, then, on a
+checkpoint round, its checkpoint is written. On restart we resume from the
+newest verified checkpoint c and drop ledger rows after c; the checkpoint holds
+every RNG state, so redoing those rounds reproduces them exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from swarmnode.config import Config
+from swarmnode.learn import dapo_loss, group_advantages, grpo_loss, gspo_loss
+from swarmnode.policy import Policy
+from swarmnode.policy.evaluate import evaluate_accuracy
+from swarmnode.rollout import RolloutEngine, SamplingParams
+from swarmnode.store import CheckpointState, CheckpointStore, Ledger, RoundRecord
+from swarmnode.tasks import Task, TaskMixture, score_completion
+from swarmnode.train.batch import ScoredGroup, completion_logprobs, pad_right
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class RoundMetrics:
+    round: int
+    mean_reward: float
+    accuracy: float  # share of sampled completions with reward 1 this round
+    heldout_accuracy: float | None  # greedy accuracy on the held-out set, when evaluated
+    tokens_generated: int
+    tokens_per_second: float
+    loss: float
+    groups_used: int
+    external_used: int
+    seconds: float
+    policy_version: int
+
+
+class Trainer:
+    """Owns the policy's optimizer, the round counter and their persistence."""
+
+    def __init__(
+        self,
+        config: Config,
+        policy: Policy,
+        engine: RolloutEngine,
+        mixture: TaskMixture,
+        ledger: Ledger,
+        checkpoints: CheckpointStore,
+        *,
+        eval_every: int = 10,
+    ) -> None:
+        self.config = config
+        self.policy = policy
+        self.engine = engine
+        self.mixture = mixture
+        self.ledger = ledger
+        self.checkpoints = checkpoints
+        self.eval_every = eval_every
+        learn = config.learn
+        self.optimizer = torch.optim.AdamW(
+            policy.model.parameters(), lr=learn.lr, weight_decay=learn.weight_decay
+        )
+        self.generator = torch.Generator().manual_seed(config.node.seed)
+        self.reference = self._frozen_copy(policy.model) if learn.beta > 0 else None
+        self.heldout: list[Task] = mixture.heldout(config.tasks.heldout_size)
+        self.round = 0  # rounds completed
+
+    @staticmethod
+    def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+        reference = copy.deepcopy(model)
+        reference.requires_grad_(False)
+        return reference.eval()
+
+    # ---------------------------------------------------------------- persistence
+
+    def resume(self) -> bool:
+        """Load the newest verified checkpoint; returns False when starting fresh."""
+        state = self.checkpoints.load_latest()
+        if state is None:
+            return False
+        self.policy.model.load_state_dict(state.model_state)
+        self.optimizer.load_state_dict(state.optimizer_state)
+        self.generator.set_state(state.rng_state["generator"])
+        torch.set_rng_state(state.rng_state["torch"])
+        self.round = state.round
+        self.policy.version = state.policy_version
+        self.engine.update_weights(self.policy)
+        dropped = self.ledger.truncate_after(state.round)
+        if dropped:
+            log.info("redoing %d ledger round(s) after checkpoint round %d", dropped, state.round)
+        log.info(
+            "resumed from checkpoint: %d rounds done, policy version %d", self.round, self.policy.version
+        )
+        return True
+
+    def save_checkpoint(self) -> None:
+        self.checkpoints.save(
+            CheckpointState(
+                round=self.round,
+                policy_version=self.policy.version,
+                model_state={k: v.detach().clone() for k, v in self.policy.model.state_dict().items()},
+                optimizer_state=self.optimizer.state_dict(),
+                rng_state={"generator": self.generator.get_state(), "torch": torch.get_rng_state()},
+                extra={"model_id": self.policy.model_id},
+            )
+        )
+
+    # ---------------------------------------------------------------- one round
+
+    def sampling_params(self) -> SamplingParams:
+        r = self.config.rollout
+        return SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
+
+    def generate_groups(self, round_index: int) -> tuple[list[ScoredGroup], int, float]:
+        """Own groups for a round: (groups, tokens generated, generation seconds)."""
+        r = self.config.rollout
+        tasks = self.mixture.sample(round_index, r.prompts_per_round)
+        self.policy.model.eval()
+        result = self.engine.generate(
+            [t.prompt for t in tasks], r.group_size, self.sampling_params(), self.generator
+        )
+        groups = []
+        for task, prompt_ids, completions in zip(tasks, result.prompt_ids, result.completions, strict=True):
+            texts = [c.text for c in completions]
+            groups.append(
+                ScoredGroup(
+                    task=task,
+                    prompt_ids=list(prompt_ids),
+                    completion_ids=[list(c.token_ids) for c in completions],
+                    behaviour_logprobs=[list(c.logprobs) for c in completions],
+                    texts=texts,
+                    rewards=[score_completion(task, text) for text in texts],
+                    policy_version=result.policy_version,
+                )
+            )
+        return groups, result.tokens_generated, result.seconds
+
+    def _advantages(self, groups: Sequence[ScoredGroup]) -> torch.Tensor:
+        """Per-completion advantages, flattened in group order (groups may differ in size)."""
+        learn = self.config.learn
+        if learn.scale_rewards == "batch":
+            rewards = torch.tensor([r for g in groups for r in g.rewards])
+            centred = torch.cat([torch.tensor(g.rewards) - torch.tensor(g.rewards).mean() for g in groups])
+            return centred / (rewards.std() + 1e-6)
+        parts = [
+            group_advantages(torch.tensor([g.rewards]), scale=learn.scale_rewards).flatten() for g in groups
+        ]
+        return torch.cat(parts)
+
+    def update(self, groups: Sequence[ScoredGroup]) -> float:
+        """``k`` optimizer steps on ``groups``; returns the mean loss (nan when nothing to learn)."""
+        learn = self.config.learn
+        if learn.drop_zero_advantage:
+            groups = [g for g in groups if not g.all_equal()]
+        if not groups:
+            return float("nan")
+        prompts = [g.prompt_ids for g in groups for _ in range(g.size)]
+        completions = [c for g in groups for c in g.completion_ids]
+        old_logp = pad_right([lp for g in groups for lp in g.behaviour_logprobs], 0.0, torch.float32)
+        advantages = self._advantages(groups)
+        ref_logp = None
+        temperature = self.config.rollout.temperature
+        pad = self.policy.pad_token_id
+        if self.reference is not None:
+            with torch.no_grad():
+                ref_logp, _ = completion_logprobs(self.reference, prompts, completions, temperature, pad)
+        self.policy.model.train()
+        losses = []
+        for _ in range(learn.updates_per_round):
+            logp, mask = completion_logprobs(self.policy.model, prompts, completions, temperature, pad)
+            old = old_logp[:, : logp.shape[1]]
+            if learn.algorithm == "gspo":
+                loss, _ = gspo_loss(logp, old, advantages, mask)
+            elif learn.algorithm == "dapo":
+                loss, _ = dapo_loss(
+                    logp, old, advantages, mask, eps_low=learn.eps_low, eps_high=learn.eps_high
+                )
+            else:
+                loss, _ = grpo_loss(
+                    logp,
+                    old,
+                    advantages,
+                    mask,
+                    eps_low=learn.eps_low,
+                    eps_high=learn.eps_high,
+                    beta=learn.beta,
+                    ref_logp=ref_logp,
+                    agg=learn.aggregation,
+                )
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), learn.max_grad_norm)
+            self.optimizer.step()
+            losses.append(float(loss.detach()))
+        self.policy.model.eval()
+        return sum(losses) / len(losses)
+
+    def evaluate(self) -> float:
+        """Greedy accuracy on the held-out set."""
+        return evaluate_accuracy(self.policy, self.heldout, engine=self.engine)
+
+    def run_round(self, external: Sequence[ScoredGroup] = ()) -> RoundMetrics:
+        """Run round ``self.round + 1``: generate, update, commit to the ledger, maybe checkpoint."""
+        started = time.time()
+        t0 = time.perf_counter()
+        index = self.round + 1
+        own, tokens, gen_seconds = self.generate_groups(index)
+        loss = self.update([*own, *external])
+        self.policy.version += 1
+        self.engine.update_weights(self.policy)
+        self.round += 1
+        heldout = self.evaluate() if self.heldout and self.round % self.eval_every == 0 else None
+        rewards = [r for g in own for r in g.rewards]
+        metrics = RoundMetrics(
+            round=index,
+            mean_reward=sum(rewards) / len(rewards),
+            accuracy=sum(1 for r in rewards if r >= 1.0) / len(rewards),
+            heldout_accuracy=heldout,
+            tokens_generated=tokens,
+            tokens_per_second=tokens / gen_seconds if gen_seconds > 0 else 0.0,
+            loss=loss,
+            groups_used=sum(1 for g in own if not g.all_equal()),
+            external_used=sum(1 for g in external if not g.all_equal()),
+            seconds=time.perf_counter() - t0,
+            policy_version=self.policy.version,
+        )
+        extra = {"groups_used": float(metrics.groups_used), "external_used": float(metrics.external_used)}
+        if heldout is not None:
+            extra["heldout_accuracy"] = heldout
+        self.ledger.record_round(
+            RoundRecord(
+                round=index,
+                started_at=started,
+                seconds=metrics.seconds,
+                mean_reward=metrics.mean_reward,
+                accuracy=metrics.accuracy,
+                tokens_generated=tokens,
+                loss=loss,
+                policy_version=self.policy.version,
+                extra=extra,
+            )
+        )
+        if self.round % self.config.checkpoint.every_rounds == 0:
+            self.save_checkpoint()
+        return metrics

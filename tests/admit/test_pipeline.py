@@ -1,0 +1,387 @@
+"""Admission: the steps in order, named reasons as values, fair attribution, persisted bans."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from swarmnode.admit import (
+    Accepted,
+    AdmissionConfig,
+    AdmissionPipeline,
+    Rejected,
+    RejectReason,
+    ScoreRule,
+    task_families,
+)
+from swarmnode.errors import TaskError
+from swarmnode.identity import KeyAllowlist
+from swarmnode.store import Ledger
+from swarmnode.tasks import Task, TaskId, default_mixture
+from swarmnode.wire import vectors
+from swarmnode.wire.envelope import encode_envelope, seal, seal_payload, sign_manifest, to_ms
+from swarmnode.wire.kinds import Kind
+from swarmnode.wire.messages import (
+    Activate,
+    PeerRecord,
+    TensorEntry,
+    WeightManifestBody,
+)
+
+from .conftest import FAMILIES, T0, batch, envelope, heartbeat, identity, make_group
+
+ALICE, BOB, MALLORY = identity(1), identity(2), identity(3)
+
+
+def reason(verdict: Accepted | Rejected) -> str:
+    return "accepted" if isinstance(verdict, Accepted) else verdict.reason.value
+
+
+def test_a_valid_batch_is_accepted_with_rewards_from_the_local_verifier(pipeline: AdmissionPipeline) -> None:
+    good = make_group(1, ("84", "<answer>84</answer>", "85"))
+    verdict = pipeline.admit(envelope(batch(good), ALICE), T0)
+    assert isinstance(verdict, Accepted)
+    assert verdict.sender == ALICE.peer_id
+    (admitted,) = verdict.groups
+    assert admitted.rewards == (1.0, 1.0, 0.0)
+    assert admitted.task.prompt == "58+26=" and admitted.sender == ALICE.peer_id
+
+
+def test_claimed_rewards_are_never_read(config: AdmissionConfig) -> None:
+    seen: list[str] = []
+
+    def score(task: Task, text: str) -> float:
+        seen.append(text)
+        return 0.25
+
+    pipeline = AdmissionPipeline(config, now=T0, score=score)
+    lying = make_group(
+        1,
+        ("1", "2"),
+        completions=tuple(
+            replace(c, claimed_reward_informational=1.0) for c in make_group(1, ("1", "2")).completions
+        ),
+    )
+    verdict = pipeline.admit(envelope(batch(lying), ALICE), T0)
+    assert isinstance(verdict, Accepted)
+    assert verdict.groups[0].rewards == (0.25, 0.25)
+    assert seen == ["1", "2"]
+
+
+def test_a_whole_batch_is_refused_when_one_group_is_bad(pipeline: AdmissionPipeline) -> None:
+    bad = make_group(2, prompt="1+1=")
+    verdict = pipeline.admit(envelope(batch(make_group(1), bad), ALICE), T0)
+    assert isinstance(verdict, Rejected) and verdict.reason is RejectReason.PROMPT_MISMATCH
+    assert "groups[1]" in verdict.detail
+
+
+def test_signature_is_checked_before_freshness_and_payload(pipeline: AdmissionPipeline) -> None:
+    env = seal(ALICE, heartbeat(), to_ms(T0 - 10_000))
+    forged = encode_envelope(replace(env, signature=bytes(64)))
+    assert reason(pipeline.admit(forged, T0)) == "bad_signature"
+    garbage_payload = encode_envelope(
+        replace(seal_payload(ALICE, Kind.HEARTBEAT, b"\xff", 1), signature=bytes(64))
+    )
+    assert reason(pipeline.admit(garbage_payload, T0)) == "bad_signature"
+
+
+def test_replay_is_checked_before_freshness(pipeline: AdmissionPipeline) -> None:
+    data = envelope(heartbeat(), ALICE)
+    assert reason(pipeline.admit(data, T0)) == "accepted"
+    assert reason(pipeline.admit(data, T0 + 299)) == "replay"
+    assert reason(pipeline.admit(data, T0 + 301)) == "too_old", "digest expired with the freshness window"
+
+
+def test_a_forged_signature_is_charged_to_the_delivering_peer_not_the_claimed_sender(
+    pipeline: AdmissionPipeline,
+) -> None:
+    forged = encode_envelope(replace(seal(ALICE, heartbeat(), to_ms(T0)), signature=bytes(64)))
+    for _ in range(2):  # 5 points each: banned at -10
+        verdict = pipeline.admit(forged, T0, via="transport-mallory")
+        assert isinstance(verdict, Rejected) and verdict.reason is RejectReason.BAD_SIGNATURE
+        assert verdict.charged == "transport-mallory" and verdict.sender is None
+    assert pipeline.peers.score(ALICE.peer_id) is None, "no state at all for the claimed sender"
+    assert pipeline.banned_until("transport-mallory", T0) is not None
+    assert reason(pipeline.admit(forged, T0, via="transport-mallory")) == "banned"
+    assert reason(pipeline.admit(envelope(heartbeat(2), ALICE), T0)) == "accepted"
+
+
+def test_replays_by_a_third_party_never_lower_the_signers_score(pipeline: AdmissionPipeline) -> None:
+    data = envelope(batch(), ALICE)
+    assert reason(pipeline.admit(data, T0)) == "accepted"
+    score = pipeline.peers.score(ALICE.peer_id)
+    for _ in range(40):
+        verdict = pipeline.admit(data, T0 + 1, via="transport-mallory")
+        assert isinstance(verdict, Rejected)
+    assert pipeline.peers.score(ALICE.peer_id) == score
+    assert pipeline.banned_until(ALICE.peer_id, T0 + 1) is None
+    assert pipeline.banned_until("transport-mallory", T0 + 1) is not None
+    assert reason(pipeline.admit(envelope(heartbeat(), ALICE, T0 + 1), T0 + 1)) == "accepted"
+
+
+def test_unattributable_rejections_are_counted_but_charge_nobody_without_via(
+    pipeline: AdmissionPipeline,
+) -> None:
+    verdict = pipeline.admit(b"\xff" * 10, T0)
+    assert (
+        isinstance(verdict, Rejected) and verdict.reason is RejectReason.MALFORMED and verdict.charged is None
+    )
+    assert pipeline.counts() == {"malformed": 1}
+    assert len(pipeline.peers) == 0
+
+
+def test_a_banned_transport_peer_is_refused_before_its_bytes_are_decoded(pipeline: AdmissionPipeline) -> None:
+    pipeline.penalize("transport-x", RejectReason.PROMPT_MISMATCH, T0)
+    verdict = pipeline.admit(b"\xff" * 10, T0, via="transport-x")
+    assert isinstance(verdict, Rejected) and verdict.reason is RejectReason.BANNED
+
+
+def test_a_sender_at_the_threshold_is_banned_and_the_ban_is_persisted(
+    tmp_path: Path, config: AdmissionConfig
+) -> None:
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        pipeline = AdmissionPipeline(config, now=T0, ledger=ledger)
+        liar = envelope(batch(make_group(1, prompt="99+1=")), MALLORY)
+        verdict = pipeline.admit(liar, T0)
+        assert isinstance(verdict, Rejected) and verdict.reason is RejectReason.PROMPT_MISMATCH
+        assert verdict.charged == MALLORY.peer_id
+        until = T0 + config.score.ban_seconds
+        assert ledger.active_bans(T0) == {MALLORY.peer_id: until}
+        assert ledger.rejection_counts(MALLORY.peer_id) == {"prompt_mismatch": 1}
+        assert reason(pipeline.admit(envelope(heartbeat(), MALLORY), T0 + 1)) == "banned"
+    with Ledger(tmp_path / "ledger.db") as ledger:  # restart: the ban survives
+        restarted = AdmissionPipeline(config, now=T0 + 2, ledger=ledger)
+        assert reason(restarted.admit(envelope(heartbeat(3), MALLORY, T0 + 2), T0 + 2)) == "banned"
+        later = until + 1
+        assert reason(restarted.admit(envelope(heartbeat(4), MALLORY, later), later)) == "accepted"
+
+
+def test_small_penalties_add_up_to_a_ban() -> None:
+    pipeline = AdmissionPipeline(
+        AdmissionConfig(allowed_tasks=FAMILIES, score=ScoreRule(ban_threshold=-2.0, ban_seconds=60.0)), now=T0
+    )
+    for i in range(3):  # too old: charged to via at 0.5 each -> -1.5, not yet banned
+        pipeline.admit(envelope(heartbeat(i), ALICE, T0 - 1000), T0, via="slow-relay")
+    assert pipeline.banned_until("slow-relay", T0) is None
+    pipeline.admit(envelope(heartbeat(9), ALICE, T0 - 1000), T0, via="slow-relay")
+    assert pipeline.banned_until("slow-relay", T0) == T0 + 60.0
+
+
+def test_accepted_messages_slowly_restore_a_score(pipeline: AdmissionPipeline) -> None:
+    pipeline.admit(envelope(heartbeat(), ALICE, T0 + 100), T0)  # from the future: -1
+    assert pipeline.peers.score(ALICE.peer_id) == -1.0
+    for i in range(5):
+        pipeline.admit(envelope(heartbeat(10 + i), ALICE), T0)
+    assert pipeline.peers.score(ALICE.peer_id) == pytest.approx(0.0)
+
+
+def test_each_sender_has_its_own_rate_bucket() -> None:
+    pipeline = AdmissionPipeline(AdmissionConfig(score=ScoreRule(rate_per_s=1.0, burst=3.0)), now=T0)
+    got = [reason(pipeline.admit(envelope(heartbeat(i), ALICE), T0)) for i in range(4)]
+    assert got == ["accepted", "accepted", "accepted", "rate_limited"]
+    assert reason(pipeline.admit(envelope(heartbeat(1), BOB), T0)) == "accepted"
+    assert reason(pipeline.admit(envelope(heartbeat(5), ALICE, T0 + 1), T0 + 1)) == "accepted"
+
+
+def test_new_identities_are_capped_per_window_without_creating_state() -> None:
+    pipeline = AdmissionPipeline(AdmissionConfig(new_identities=3, new_identity_window_s=60.0), now=T0)
+    got = [reason(pipeline.admit(envelope(heartbeat(), identity(100 + i)), T0)) for i in range(4)]
+    assert got == ["accepted", "accepted", "accepted", "new_identity_limit"]
+    assert len(pipeline.peers) == 3
+    assert reason(pipeline.admit(envelope(heartbeat(2), identity(100)), T0)) == "accepted", (
+        "known peers unaffected"
+    )
+    assert reason(pipeline.admit(envelope(heartbeat(), identity(200), T0 + 20), T0 + 20)) == "accepted"
+
+
+def test_a_full_replay_cache_refuses_instead_of_forgetting() -> None:
+    pipeline = AdmissionPipeline(AdmissionConfig(replay_capacity=2, max_age_s=10.0), now=T0)
+    first = envelope(heartbeat(1), ALICE)
+    assert reason(pipeline.admit(first, T0)) == "accepted"
+    assert reason(pipeline.admit(envelope(heartbeat(2), ALICE), T0)) == "accepted"
+    verdict = pipeline.admit(envelope(heartbeat(3), ALICE), T0)
+    assert isinstance(verdict, Rejected) and verdict.reason is RejectReason.REPLAY_CACHE_FULL
+    assert verdict.charged is None
+    assert reason(pipeline.admit(first, T0 + 1)) == "replay", "nothing live was forgotten"
+    assert reason(pipeline.admit(envelope(heartbeat(3), ALICE, T0 + 10), T0 + 10)) == "accepted"
+
+
+def test_the_same_groups_in_a_new_envelope_are_a_duplicate_but_other_signers_may_send_them(
+    pipeline: AdmissionPipeline,
+) -> None:
+    group = make_group(1)
+    assert reason(pipeline.admit(envelope(batch(group), ALICE), T0)) == "accepted"
+    verdict = pipeline.admit(envelope(batch(group), ALICE, T0 + 1), T0 + 1)
+    assert isinstance(verdict, Rejected) and verdict.reason is RejectReason.DUPLICATE
+    assert verdict.charged == ALICE.peer_id
+    assert reason(pipeline.admit(envelope(batch(group), BOB), T0)) == "accepted"
+
+
+@pytest.mark.parametrize(
+    ("sent_at", "expected"),
+    [
+        (T0 - 300.0, "accepted"),
+        (T0 - 300.001, "too_old"),
+        (T0 + 30.0, "accepted"),
+        (T0 + 30.001, "from_future"),
+    ],
+)
+def test_freshness_window_edges(pipeline: AdmissionPipeline, sent_at: float, expected: str) -> None:
+    assert reason(pipeline.admit(envelope(heartbeat(), ALICE, sent_at), T0)) == expected
+
+
+@pytest.mark.parametrize(
+    ("version", "expected"), [(20, "accepted"), (12, "accepted"), (11, "stale_policy"), (21, "stale_policy")]
+)
+def test_policy_version_must_be_within_the_staleness_bound(
+    pipeline: AdmissionPipeline, version: int, expected: str
+) -> None:
+    pipeline.set_policy_version(vectors.MODEL_ID, 20)
+    assert reason(pipeline.admit(envelope(batch(make_group(policy_version=version)), ALICE), T0)) == expected
+
+
+def test_no_staleness_bound_applies_to_a_model_we_know_no_version_of(pipeline: AdmissionPipeline) -> None:
+    pipeline.set_policy_version("some-other-model", 1000)
+    assert reason(pipeline.admit(envelope(batch(make_group(policy_version=0)), ALICE), T0)) == "accepted"
+
+
+def test_tasks_outside_the_families_we_train_on_are_refused_before_regeneration(
+    config: AdmissionConfig,
+) -> None:
+    calls: list[TaskId] = []
+
+    def regenerate(tid: TaskId) -> Task:
+        calls.append(tid)
+        raise AssertionError("must not be called")
+
+    pipeline = AdmissionPipeline(config, now=T0, regenerate=regenerate)
+    hostile = make_group(1, task=TaskId("chain_sum", '{"max_digits":100000}', 0, 1, "compact"))
+    assert reason(pipeline.admit(envelope(batch(hostile), ALICE), T0)) == "task_not_allowed"
+    assert calls == []
+
+
+def test_task_families_come_from_the_mixture() -> None:
+    assert task_families(default_mixture(0)) == {vectors.ALLOWED_TASKS[0]}
+
+
+def test_a_task_that_cannot_be_regenerated_is_task_invalid() -> None:
+    pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=None), now=T0)
+    unknown = make_group(1, task=TaskId("no_such_generator", "{}", 0, 1, "question"))
+    assert reason(pipeline.admit(envelope(batch(unknown), ALICE), T0)) == "task_invalid"
+
+
+@pytest.mark.parametrize("prompt", ["58+26= ", " 58+26=", "58 + 26 =", "58+26=\n"])
+def test_the_prompt_must_match_the_regenerated_one_exactly(pipeline: AdmissionPipeline, prompt: str) -> None:
+    assert (
+        reason(pipeline.admit(envelope(batch(make_group(1, prompt=prompt)), ALICE), T0)) == "prompt_mismatch"
+    )
+
+
+def test_a_scorer_failure_is_a_rejection(config: AdmissionConfig) -> None:
+    def score(task: Task, text: str) -> float:
+        raise TaskError("verifier unavailable")
+
+    pipeline = AdmissionPipeline(config, now=T0, score=score)
+    assert reason(pipeline.admit(envelope(batch(), ALICE), T0)) == "scoring_failed"
+
+
+def test_a_private_swarm_refuses_keys_off_the_allowlist() -> None:
+    pipeline = AdmissionPipeline(
+        AdmissionConfig(allowlist=KeyAllowlist.from_keys([ALICE.public_key])), now=T0
+    )
+    assert reason(pipeline.admit(envelope(heartbeat(), ALICE), T0)) == "accepted"
+    verdict = pipeline.admit(envelope(heartbeat(), BOB), T0)
+    assert isinstance(verdict, Rejected) and verdict.reason is RejectReason.NOT_ALLOWLISTED
+    assert pipeline.peers.score(BOB.peer_id) is None
+
+
+def test_a_peer_record_must_name_its_signer(pipeline: AdmissionPipeline) -> None:
+    assert reason(pipeline.admit(envelope(PeerRecord(peer_id=ALICE.peer_id), ALICE), T0)) == "accepted"
+    assert reason(pipeline.admit(envelope(PeerRecord(peer_id=ALICE.peer_id), BOB), T0)) == "sender_mismatch"
+
+
+def test_manifests_need_a_valid_and_if_configured_trusted_publisher() -> None:
+    body = WeightManifestBody("m", 1, (TensorEntry("w", "U8", (10,), 0, 10),), 1024, (bytes(32),), 10)
+    manifest = sign_manifest(BOB, body)
+    open_pipeline = AdmissionPipeline(AdmissionConfig(), now=T0)
+    assert reason(open_pipeline.admit(envelope(manifest, ALICE), T0)) == "accepted"
+    strict = AdmissionPipeline(AdmissionConfig(trusted_publishers=frozenset({ALICE.public_key})), now=T0)
+    assert reason(strict.admit(envelope(manifest, ALICE), T0)) == "untrusted_publisher"
+    forged = replace(manifest, signature=ALICE.sign(b"something else"))
+    assert reason(open_pipeline.admit(envelope(forged, ALICE, T0 + 1), T0 + 1)) == "bad_manifest_signature"
+
+
+def test_control_messages_must_be_addressed_to_us() -> None:
+    pipeline = AdmissionPipeline(AdmissionConfig(local_peer_id=BOB.peer_id), now=T0)
+    assert reason(pipeline.admit(envelope(Activate(BOB.peer_id, "m", 1, 1.0, 60), ALICE), T0)) == "accepted"
+    wrong = pipeline.admit(envelope(Activate(MALLORY.peer_id, "m", 1, 1.0, 60), ALICE), T0, via="relay")
+    assert isinstance(wrong, Rejected) and wrong.reason is RejectReason.WRONG_RECIPIENT
+    assert wrong.charged == "relay"
+
+
+def test_signed_garbage_is_charged_to_its_signer(pipeline: AdmissionPipeline) -> None:
+    data = encode_envelope(seal_payload(ALICE, Kind.ROLLOUT_BATCH, b"\xff\xff", to_ms(T0)))
+    verdict = pipeline.admit(data, T0, via="relay")
+    assert isinstance(verdict, Rejected) and verdict.reason is RejectReason.INVALID_PAYLOAD
+    assert verdict.charged == ALICE.peer_id and verdict.sender == ALICE.peer_id
+
+
+def test_counters_count_every_verdict_by_reason(tmp_path: Path, config: AdmissionConfig) -> None:
+    with Ledger(tmp_path / "ledger.db") as ledger:
+        pipeline = AdmissionPipeline(config, now=T0, ledger=ledger)
+        pipeline.admit(envelope(batch(), ALICE), T0)
+        pipeline.admit(envelope(batch(), ALICE), T0)  # replay, no via: charged to nobody
+        pipeline.admit(b"", T0, via="relay")
+        pipeline.admit(envelope(heartbeat(), ALICE, T0 - 1000), T0, via="relay")
+        pipeline.admit(encode_envelope(seal_payload(BOB, Kind.ANNOUNCE, b"\x12\x01x", to_ms(T0))), T0)
+        assert pipeline.counts() == {
+            "accepted": 1,
+            "replay": 1,
+            "unsupported_version": 1,
+            "too_old": 1,
+            "invalid_payload": 1,
+        }
+        assert ledger.rejection_counts() == {"unsupported_version": 1, "too_old": 1, "invalid_payload": 1}
+        assert ledger.rejection_counts("relay") == {"unsupported_version": 1, "too_old": 1}
+
+
+def test_evicting_a_peer_from_the_table_never_lifts_its_ban() -> None:
+    pipeline = AdmissionPipeline(AdmissionConfig(max_tracked_peers=2), now=T0)
+    pipeline.penalize(MALLORY.peer_id, RejectReason.SENDER_MISMATCH, T0)
+    for i in range(5):
+        pipeline.admit(envelope(heartbeat(), identity(300 + i)), T0)
+    assert len(pipeline.peers) == 2
+    assert reason(pipeline.admit(envelope(heartbeat(), MALLORY), T0)) == "banned"
+
+
+def test_admission_reads_no_clock(pipeline: AdmissionPipeline, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = [envelope(batch(make_group(i)), ALICE) for i in range(3)] + [
+        b"junk",
+        envelope(heartbeat(), BOB, 0),
+    ]
+
+    def no_clock() -> float:
+        raise AssertionError("admission read the clock")
+
+    for name in ("time", "monotonic", "perf_counter", "time_ns", "monotonic_ns"):
+        monkeypatch.setattr(time, name, no_clock)
+    verdicts = [reason(pipeline.admit(d, T0)) for d in data]
+    monkeypatch.undo()
+    assert verdicts == ["accepted", "accepted", "accepted", "malformed", "too_old"]
+
+
+def test_config_must_price_every_reason() -> None:
+    with pytest.raises(ValueError, match="penalties"):
+        AdmissionConfig(penalties={RejectReason.BANNED: 0.0})
+
+
+def test_question_format_groups_of_an_allowed_family_are_accepted(pipeline: AdmissionPipeline) -> None:
+    task = vectors.vector_task(3, "question")
+    group = vectors.vector_group(task, [task.entry["answer"], "0"])
+    verdict = pipeline.admit(envelope(batch(group), ALICE), T0)
+    assert isinstance(verdict, Accepted)
+    assert verdict.groups[0].rewards == (1.0, 0.0)
+    assert verdict.groups[0].task.prompt.startswith("State the final answer")

@@ -1,0 +1,209 @@
+"""The ledger: a durable SQLite (WAL) record of rounds, bans and rejections that refuses foreign files."""
+
+from __future__ import annotations
+
+import math
+import sqlite3
+import threading
+from pathlib import Path
+
+import pytest
+
+from swarmnode.errors import SwarmError
+from swarmnode.store import Ledger, LedgerError, RoundRecord
+from swarmnode.store.ledger import APPLICATION_ID, SCHEMA_VERSION
+
+
+def record(round: int, **changes: object) -> RoundRecord:
+    fields: dict[str, object] = {
+        "round": round,
+        "started_at": 1_700_000_000.25 + round,
+        "seconds": 1.5,
+        "mean_reward": 0.1 * round,
+        "accuracy": 1 / 3,
+        "tokens_generated": 1000 + round,
+        "loss": -0.123456789012345,
+        "policy_version": round,
+        "extra": {"kl": 0.01, "clip_fraction": 0.2},
+    }
+    fields.update(changes)
+    return RoundRecord(**fields)  # type: ignore[arg-type]
+
+
+def raw(path: Path, sql: str) -> object:
+    conn = sqlite3.connect(path)
+    try:
+        return conn.execute(sql).fetchone()[0]
+    finally:
+        conn.close()
+
+
+def test_ledger_file_is_in_wal_mode_and_marked_with_schema_version(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    with Ledger(path):
+        pass
+    assert raw(path, "PRAGMA journal_mode") == "wal"
+    assert raw(path, "PRAGMA user_version") == SCHEMA_VERSION
+    assert raw(path, "PRAGMA application_id") == APPLICATION_ID
+
+
+def test_round_records_round_trip_exactly_after_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    written = [record(r) for r in (3, 1, 2)]
+    with Ledger(path) as ledger:
+        for rec in written:
+            ledger.record_round(rec)
+    with Ledger(path) as ledger:
+        assert ledger.rounds() == sorted(written, key=lambda r: r.round)
+        assert ledger.last_round() == 3
+
+
+def test_empty_ledger_has_no_last_round(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        assert ledger.last_round() is None
+        assert ledger.rounds() == []
+
+
+def test_recording_a_round_again_replaces_it(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        ledger.record_round(record(1, loss=5.0))
+        ledger.record_round(record(1, loss=2.0))
+        assert [r.loss for r in ledger.rounds()] == [2.0]
+
+
+def test_non_finite_metrics_are_kept_not_rejected(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        ledger.record_round(record(1, loss=math.nan, mean_reward=math.inf, extra={"kl": math.nan}))
+        (got,) = ledger.rounds()
+    assert math.isnan(got.loss)
+    assert got.mean_reward == math.inf
+    assert math.isnan(got.extra["kl"])
+
+
+def test_truncate_after_forgets_only_later_rounds(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        for r in range(1, 6):
+            ledger.record_round(record(r))
+        assert ledger.truncate_after(3) == 2
+        assert [r.round for r in ledger.rounds()] == [1, 2, 3]
+
+
+def test_bans_persist_across_reopen_and_expire(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    with Ledger(path) as ledger:
+        ledger.put_ban("peer-a", until=200.0, reason="bad signature")
+        ledger.put_ban("peer-b", until=100.0, reason="replay")
+    with Ledger(path) as ledger:
+        assert ledger.active_bans(now=50.0) == {"peer-a": 200.0, "peer-b": 100.0}
+        assert ledger.active_bans(now=100.0) == {"peer-a": 200.0}  # a ban ends at `until`
+        assert ledger.active_bans(now=250.0) == {}
+
+
+def test_putting_a_ban_again_replaces_its_end(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        ledger.put_ban("peer-a", until=200.0, reason="first")
+        ledger.put_ban("peer-a", until=500.0, reason="second")
+        assert ledger.active_bans(now=300.0) == {"peer-a": 500.0}
+
+
+def test_forget_expired_bans_deletes_only_ended_bans(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        ledger.put_ban("old", until=10.0, reason="x")
+        ledger.put_ban("current", until=1000.0, reason="x")
+        assert ledger.forget_expired_bans(now=10.0) == 1
+        assert ledger.active_bans(now=0.0) == {"current": 1000.0}
+
+
+def test_rejection_counters_count_per_reason_and_peer_and_persist(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    with Ledger(path) as ledger:
+        for _ in range(3):
+            ledger.count_rejection("peer-a", "bad_signature")
+        ledger.count_rejection("peer-b", "bad_signature")
+        ledger.count_rejection("peer-b", "stale")
+    with Ledger(path) as ledger:
+        assert ledger.rejection_counts() == {"bad_signature": 4, "stale": 1}
+        assert ledger.rejection_counts("peer-b") == {"bad_signature": 1, "stale": 1}
+        assert ledger.rejection_counts("peer-c") == {}
+        assert ledger.rejection_counts_by_peer() == {"peer-a": 3, "peer-b": 2}
+
+
+def test_ledger_can_be_written_from_several_threads(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+
+        def work(i: int) -> None:
+            for _ in range(25):
+                ledger.count_rejection(f"peer-{i}", "stale")
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert ledger.rejection_counts() == {"stale": 100}
+
+
+def test_file_that_is_not_sqlite_is_refused_with_its_path_and_left_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "notes.txt"
+    content = b"my precious notes, definitely not a database\n" * 100
+    path.write_bytes(content)
+    with pytest.raises(LedgerError, match="not a swarmnode ledger") as info:
+        Ledger(path)
+    assert str(path) in str(info.value)
+    assert isinstance(info.value, SwarmError)
+    assert path.read_bytes() == content
+
+
+def test_sqlite_file_of_another_application_is_refused_and_left_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "other.sqlite"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE contacts (name TEXT)")
+    conn.execute("INSERT INTO contacts VALUES ('ada')")
+    conn.commit()
+    conn.close()
+    content = path.read_bytes()
+    with pytest.raises(LedgerError, match="not a swarmnode ledger") as info:
+        Ledger(path)
+    assert str(path) in str(info.value)
+    assert path.read_bytes() == content
+
+
+def test_corrupt_ledger_is_refused_with_its_path_and_left_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    with Ledger(path) as ledger:
+        for r in range(1, 200):
+            ledger.record_round(record(r, extra={f"metric_{i}": float(i) for i in range(20)}))
+    page_size = int(raw(path, "PRAGMA page_size"))  # type: ignore[call-overload]
+    data = bytearray(path.read_bytes())
+    assert len(data) > 4 * page_size
+    # Scribble over the second page (the first b-tree page after the schema page).
+    data[page_size : page_size + 64] = b"\xa5" * 64
+    path.write_bytes(bytes(data))
+    with pytest.raises(LedgerError, match="corrupt") as info:
+        Ledger(path)
+    assert str(path) in str(info.value)
+    assert path.read_bytes() == bytes(data)
+
+
+def test_ledger_from_a_newer_swarmnode_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    Ledger(path).close()
+    conn = sqlite3.connect(path)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    conn.close()
+    with pytest.raises(LedgerError, match="newer"):
+        Ledger(path)
+
+
+def test_ledger_path_that_is_a_directory_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(LedgerError, match=str(tmp_path)):
+        Ledger(tmp_path)
+
+
+def test_empty_file_becomes_a_new_ledger(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    path.touch()
+    with Ledger(path) as ledger:
+        ledger.record_round(record(1))
+    with Ledger(path) as ledger:
+        assert ledger.last_round() == 1

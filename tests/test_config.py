@@ -1,0 +1,91 @@
+"""Config: TOML < environment < flags; every invalid value is named with what is allowed."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from swarmnode.config import Config, load_config, reference_markdown, render_commented_config
+from swarmnode.errors import ConfigError
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_defaults_need_no_file(tmp_path: Path) -> None:
+    config = load_config(tmp_path / "absent.toml", environ={})
+    assert config == Config()
+
+
+def test_precedence_file_then_env_then_flags(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "c.toml", "[learn]\nlr = 0.001\nupdates_per_round = 2\n[rollout]\ngroup_size = 4\n"
+    )
+    config = load_config(
+        path,
+        environ={"SWARMNODE_LEARN__LR": "0.002", "SWARMNODE_ROLLOUT__GROUP_SIZE": "6"},
+        overrides={"rollout.group_size": 12},
+    )
+    assert config.learn.lr == 0.002  # env beats file
+    assert config.learn.updates_per_round == 2  # file beats default
+    assert config.rollout.group_size == 12  # flag beats env
+
+
+def test_env_values_parse_as_toml_literals(tmp_path: Path) -> None:
+    config = load_config(
+        None,
+        environ={
+            "SWARMNODE_SWARM__INITIAL_PEERS": '["/ip4/127.0.0.1/tcp/1/p2p/Qm"]',
+            "SWARMNODE_SWARM__CLIENT_MODE": "true",
+            "SWARMNODE_NODE__NAME": "alice",
+            "UNRELATED": "1",
+        },
+    )
+    assert config.swarm.initial_peers == ["/ip4/127.0.0.1/tcp/1/p2p/Qm"]
+    assert config.swarm.client_mode is True
+    assert config.node.name == "alice"
+
+
+def test_an_invalid_value_names_the_key_the_value_and_what_is_allowed(tmp_path: Path) -> None:
+    path = write(tmp_path / "c.toml", '[learn]\nalgorithm = "ppo"\n')
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    message = str(info.value)
+    assert "learn.algorithm" in message and "'ppo'" in message
+    assert "grpo" in message and "gspo" in message
+    assert str(path) in message
+
+
+def test_out_of_range_values_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"rollout.group_size = 0.*greater than or equal to 1"):
+        load_config(None, environ={}, overrides={"rollout.group_size": 0})
+
+
+def test_an_unknown_key_is_an_error_not_silently_ignored() -> None:
+    with pytest.raises(ConfigError, match=r"unknown config key 'learn\.learning_rate'"):
+        load_config(None, environ={}, overrides={"learn.learning_rate": 1e-3})
+
+
+def test_broken_toml_names_the_file(tmp_path: Path) -> None:
+    path = write(tmp_path / "c.toml", "[learn\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(path, environ={})
+
+
+def test_the_commented_config_is_valid_toml_that_loads_back_to_the_defaults(tmp_path: Path) -> None:
+    text = render_commented_config()
+    assert "# AdamW learning rate." in text
+    tomllib.loads(text)
+    assert load_config(write(tmp_path / "c.toml", text), environ={}) == Config()
+
+
+def test_reference_lists_every_key() -> None:
+    table = reference_markdown()
+    for section, model in Config.model_fields.items():
+        assert model.annotation is not None
+        for key in model.annotation.model_fields:  # type: ignore[union-attr]
+            assert f"`{section}.{key}`" in table

@@ -1,0 +1,164 @@
+"""Envelopes: the signing rule over received bytes, size checks before parsing, envelope ids."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+
+import pytest
+
+from swarmnode.identity import NodeIdentity
+from swarmnode.wire import limits
+from swarmnode.wire import swarm_pb2 as pb
+from swarmnode.wire.envelope import (
+    Envelope,
+    decode_envelope,
+    encode_envelope,
+    seal,
+    seal_payload,
+    sign_manifest,
+    signed_message,
+    to_ms,
+    verify_manifest,
+)
+from swarmnode.wire.kinds import MAX_PAYLOAD_BYTES, Kind
+from swarmnode.wire.messages import Heartbeat, TensorEntry, WeightManifestBody
+from swarmnode.wire.reasons import WireError, WireReason
+
+ME = NodeIdentity.from_seed(b"\x07" * 32)
+BEAT = Heartbeat(round=1, model_id="tiny", policy_version=2, rollout_rate=1.5)
+
+
+def _field(number: int, wire_type: int, value: bytes | int) -> bytes:
+    def varint(n: int) -> bytes:
+        out = bytearray()
+        while True:
+            byte = n & 0x7F
+            n >>= 7
+            out.append(byte | (0x80 if n else 0))
+            if not n:
+                return bytes(out)
+
+    tag = varint(number << 3 | wire_type)
+    if wire_type == 0:
+        assert isinstance(value, int)
+        return tag + varint(value)
+    assert isinstance(value, bytes)
+    return tag + varint(len(value)) + value
+
+
+def test_signed_message_is_prefix_then_big_endian_sent_at_then_payload() -> None:
+    assert signed_message(Kind.HEARTBEAT, 0x0102030405060708, b"PAY") == (
+        b"swarmnode/v1/heartbeat\x00" + bytes([1, 2, 3, 4, 5, 6, 7, 8]) + b"PAY"
+    )
+
+
+def test_a_sealed_envelope_round_trips_and_verifies() -> None:
+    env = seal(ME, BEAT, to_ms(1000.25))
+    assert env.sent_at_ms == 1_000_250
+    decoded = decode_envelope(encode_envelope(env))
+    assert decoded == env
+    assert isinstance(decoded, Envelope) and decoded.verify()
+    assert decoded.sender_id == ME.peer_id
+
+
+def test_verification_uses_received_bytes_so_a_different_encoding_still_verifies() -> None:
+    env = seal(ME, BEAT, 5_000)
+    # Fields in reverse order, plus an unknown envelope field: another serializer's output.
+    data = b"".join(
+        [
+            _field(99, 2, b"relay-added"),
+            _field(6, 2, env.signature),
+            _field(5, 2, env.payload),
+            _field(4, 0, env.sent_at_ms),
+            _field(3, 2, env.sender_key),
+            _field(2, 0, int(env.kind)),
+            _field(1, 0, env.version),
+        ]
+    )
+    assert data != encode_envelope(env)
+    decoded = decode_envelope(data)
+    assert isinstance(decoded, Envelope) and decoded.verify()
+    assert decoded.envelope_id() == env.envelope_id(), "the id covers authenticated content only"
+
+
+def test_envelope_id_is_sha256_of_sender_key_and_signed_message() -> None:
+    env = seal(ME, BEAT, 5_000)
+    assert env.envelope_id() == hashlib.sha256(ME.public_key + env.signed_message()).digest()
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"kind": Kind.ANNOUNCE},
+        {"sent_at_ms": 5_001},
+        {"payload": b"\x08\x02"},
+        {"sender_key": NodeIdentity.from_seed(b"\x08" * 32).public_key},
+    ],
+)
+def test_changing_any_envelope_field_breaks_the_signature(change: dict[str, object]) -> None:
+    env = seal(ME, BEAT, 5_000)
+    assert not replace(env, **change).verify()  # type: ignore[arg-type]
+
+
+def test_version_is_covered_through_the_prefix_not_only_by_the_decoder() -> None:
+    # A v2 receiver would use "swarmnode/v2/..." prefixes: a v1 signature can never pass there.
+    env = seal(ME, BEAT, 5_000)
+    v2_message = b"swarmnode/v2/heartbeat\x00" + env.signed_message()[len(b"swarmnode/v1/heartbeat\x00") :]
+    from swarmnode.identity import verify_signature
+
+    assert not verify_signature(env.sender_key, env.signature, v2_message)
+
+
+def test_oversized_input_is_refused_before_parsing() -> None:
+    # Valid-looking protobuf would take long to parse; garbage proves no parse happened either way.
+    result = decode_envelope(b"\xff" * (limits.MAX_ENVELOPE_BYTES + 1))
+    assert isinstance(result, WireError) and result.reason is WireReason.TOO_LARGE
+
+
+def test_envelope_at_exactly_the_cap_is_parsed() -> None:
+    result = decode_envelope(b"\xff" * limits.MAX_ENVELOPE_BYTES)
+    assert isinstance(result, WireError) and result.reason is WireReason.MALFORMED
+
+
+@pytest.mark.parametrize(
+    ("fields", "reason"),
+    [
+        ({"version": 0}, WireReason.UNSUPPORTED_VERSION),
+        ({"version": 2}, WireReason.UNSUPPORTED_VERSION),
+        ({"kind": 0}, WireReason.UNKNOWN_KIND),
+        ({"kind": 10}, WireReason.UNKNOWN_KIND),
+        ({"sender_key": bytes(33)}, WireReason.MALFORMED),
+        ({"signature": bytes(65)}, WireReason.MALFORMED),
+        ({"payload": b"x" * (MAX_PAYLOAD_BYTES[Kind.HEARTBEAT] + 1)}, WireReason.TOO_LARGE),
+    ],
+)
+def test_envelope_header_rules(fields: dict[str, object], reason: WireReason) -> None:
+    base: dict[str, object] = {
+        "version": 1,
+        "kind": int(Kind.HEARTBEAT),
+        "sender_key": bytes(32),
+        "sent_at_ms": 1,
+        "payload": b"",
+        "signature": bytes(64),
+    }
+    data = pb.Envelope(**{**base, **fields}).SerializeToString()  # type: ignore[arg-type]
+    result = decode_envelope(data)
+    assert isinstance(result, WireError) and result.reason is reason
+
+
+def test_encode_refuses_an_envelope_over_the_cap() -> None:
+    env = seal_payload(ME, Kind.WEIGHT_MANIFEST, b"x" * limits.MAX_ENVELOPE_BYTES, 1)
+    with pytest.raises(ValueError, match="limit"):
+        encode_envelope(env)
+
+
+def test_manifest_publisher_signature_is_independent_of_the_relay() -> None:
+    publisher, relay = NodeIdentity.from_seed(b"\x01" * 32), NodeIdentity.from_seed(b"\x02" * 32)
+    body = WeightManifestBody("m", 1, (TensorEntry("w", "U8", (10,), 0, 10),), 1024, (bytes(32),), 10)
+    manifest = sign_manifest(publisher, body)
+    assert verify_manifest(manifest)
+    relayed = decode_envelope(encode_envelope(seal(relay, manifest, 1)))
+    assert isinstance(relayed, Envelope) and relayed.verify() and relayed.sender_key == relay.public_key
+    assert not verify_manifest(replace(manifest, body_bytes=manifest.body_bytes + b"\x00"))
+    assert not verify_manifest(replace(manifest, publisher_key=relay.public_key))
