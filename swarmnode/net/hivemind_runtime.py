@@ -423,12 +423,13 @@ class HivemindRuntime:
             raise DhtTimeout(f"DHT store of {key!r} did not finish within {timeout} s") from e
         return bool(stored)
 
-    async def dht_get(self, key: str, *, timeout: float, latest: bool = False) -> list[DhtRecord]:
+    async def dht_get(self, key: str, *, timeout: float, latest: bool = True) -> list[DhtRecord]:
         """All live owned records under ``key``, sorted by (owner, subkey); [] if none.
 
-        ``latest=False`` stops at the first peer that has the key (fast);
-        ``latest=True`` asks the whole search beam and merges what it finds.
-        Raises DhtTimeout after ``timeout`` seconds.
+        ``latest=True`` (default) asks the whole search beam and merges the subkeys
+        every replica holds: the complete set. ``latest=False`` stops at the first
+        peer that has the key (possibly this node's own partial copy): faster, but
+        it can miss other peers' subkeys. Raises DhtTimeout after ``timeout`` seconds.
         """
         dht = self._require_dht()
         try:
@@ -555,23 +556,27 @@ class HivemindRuntime:
                         CallFailure.TOO_LARGE, peer_id, name, f"response exceeds {e.limit} bytes"
                     ) from e
                 except FramingError as e:
-                    detail = _send_failure(sending) or str(e)
-                    raise PeerCallError(CallFailure.PROTOCOL, peer_id, name, detail) from e
+                    lost = _send_failure(sending)  # the stream broke while we were still sending
+                    if lost is not None:
+                        raise PeerCallError(CallFailure.UNREACHABLE, peer_id, name, lost) from e
+                    raise PeerCallError(CallFailure.PROTOCOL, peer_id, name, str(e)) from e
                 except OSError as e:
                     raise PeerCallError(
                         CallFailure.UNREACHABLE, peer_id, name, f"connection lost: {e}"
                     ) from e
-                await sending  # the peer answered, so it read the whole request
+                # A complete answer: the exchange succeeded, even if a (misbehaving) peer
+                # answered before reading all of the request.
                 return response
         except TimeoutError as e:
             raise PeerCallError(
                 CallFailure.TIMEOUT, peer_id, name, f"no complete answer within {timeout} s"
             ) from e
         finally:
-            if sending is not None and not sending.done():
-                sending.cancel()
-                with contextlib.suppress(asyncio.CancelledError, OSError):
-                    await sending
+            if sending is not None:
+                sending.cancel()  # no-op when already done
+                await asyncio.wait([sending])
+                if not sending.cancelled():
+                    sending.exception()  # mark it retrieved: its failure was reported above
             if writer is not None:
                 writer.close()
 

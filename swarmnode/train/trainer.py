@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +25,13 @@ from dataclasses import dataclass
 import torch
 
 from swarmnode.config import Config
-from swarmnode.learn import dapo_loss, group_advantages, grpo_loss, gspo_loss
+from swarmnode.learn import dapo_loss, group_advantages, grpo_loss, gspo_loss, select_groups
+from swarmnode.learn.hacpo import (
+    CapabilityTracker,
+    capability_advantages,
+    discrepancy_coefficients,
+    hacpo_loss,
+)
 from swarmnode.policy import Policy
 from swarmnode.policy.evaluate import evaluate_accuracy
 from swarmnode.rollout import RolloutEngine, SamplingParams
@@ -79,6 +86,10 @@ class Trainer:
         self.reference = self._frozen_copy(policy.model) if learn.beta > 0 else None
         self.heldout: list[Task] = mixture.heldout(config.tasks.heldout_size)
         self.round = 0  # rounds completed
+        self.node_id = "local"
+        # SAPO's uniform choice of groups; seeded so a resumed run picks the same ones.
+        self.mixing_rng = random.Random(config.node.seed)
+        self.capabilities = CapabilityTracker(window=5)
 
     @staticmethod
     def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -162,33 +173,107 @@ class Trainer:
         ]
         return torch.cat(parts)
 
-    def update(self, groups: Sequence[ScoredGroup]) -> float:
-        """``k`` optimizer steps on ``groups``; returns the mean loss (nan when nothing to learn)."""
-        learn = self.config.learn
-        if learn.drop_zero_advantage:
-            groups = [g for g in groups if not g.all_equal()]
+    def choose_groups(
+        self, own: Sequence[ScoredGroup], external: Sequence[ScoredGroup]
+    ) -> tuple[list[ScoredGroup], list[ScoredGroup]]:
+        """Which groups this round trains on (ALGORITHMS.md §2 for SAPO)."""
+        swarm = self.config.swarm
+        if swarm.mixing == "none" or not external:
+            keep = [g for g in own if not (self.config.learn.drop_zero_advantage and g.all_equal())]
+            if swarm.mixing == "sapo":  # no external groups yet: still at most I local groups
+                keep = self.mixing_rng.sample(keep, min(swarm.local_groups, len(keep)))
+            return keep, []
+        if swarm.mixing == "sapo":
+            local, ext = select_groups(
+                own, external, swarm.local_groups, swarm.external_groups, self.mixing_rng
+            )
+            return list(local), list(ext)
+        # HACPO: every own group, and up to J external groups with signal.
+        ext_ok = [g for g in external if not g.all_equal()]
+        ext = self.mixing_rng.sample(ext_ok, min(swarm.external_groups, len(ext_ok)))
+        return list(own), ext
+
+    def _old_logprobs(
+        self, groups: Sequence[ScoredGroup], prompts: list[list[int]], completions: list[list[int]]
+    ) -> torch.Tensor:
+        """Behaviour log-probs per token: the generator's for own groups; ours (before the update) for
+        external text, which SAPO re-tokenizes and scores under its own policy with no importance
+        correction toward the sender (ALGORITHMS.md §2 step 5)."""
+        rows: list[list[float]] = (
+            [lp for g in groups for lp in g.behaviour_logprobs]
+            if all(g.behaviour_logprobs for g in groups)
+            else []
+        )
+        if rows:
+            return pad_right(rows, 0.0, torch.float32)
+        with torch.no_grad():
+            ours, _ = completion_logprobs(
+                self.policy.model,
+                prompts,
+                completions,
+                self.config.rollout.temperature,
+                self.policy.pad_token_id,
+            )
+        own_rows = [lp for g in groups for lp in (g.behaviour_logprobs or [[] for _ in range(g.size)])]
+        for i, row in enumerate(own_rows):
+            if row:
+                ours[i, : len(row)] = torch.tensor(row[: ours.shape[1]], dtype=ours.dtype)
+        return ours
+
+    def update(
+        self, own: Sequence[ScoredGroup], external: Sequence[ScoredGroup] = ()
+    ) -> tuple[float, int, int]:
+        """``k`` optimizer steps; returns (mean loss or nan if nothing to learn, own used, external used)."""
+        local, ext = self.choose_groups(own, external)
+        groups = [*local, *ext]  # own samples first (HACPO's official ordering)
         if not groups:
-            return float("nan")
-        prompts = [g.prompt_ids for g in groups for _ in range(g.size)]
-        completions = [c for g in groups for c in g.completion_ids]
-        old_logp = pad_right([lp for g in groups for lp in g.behaviour_logprobs], 0.0, torch.float32)
-        advantages = self._advantages(groups)
-        ref_logp = None
+            return float("nan"), 0, 0
+        learn = self.config.learn
         temperature = self.config.rollout.temperature
         pad = self.policy.pad_token_id
+        prompts = [g.prompt_ids for g in groups for _ in range(g.size)]
+        completions = [c for g in groups for c in g.completion_ids]
+        old_logp = self._old_logprobs(groups, prompts, completions)
+        hacpo = self.config.swarm.mixing == "hacpo" and bool(ext)
+        if hacpo:
+            advantages, ratio, is_self, old_mean = self._hacpo_inputs(
+                local, ext, old_logp, prompts, completions
+            )
+        else:
+            advantages = self._advantages(groups)
+        ref_logp = None
         if self.reference is not None:
             with torch.no_grad():
                 ref_logp, _ = completion_logprobs(self.reference, prompts, completions, temperature, pad)
         self.policy.model.train()
         losses = []
-        for _ in range(learn.updates_per_round):
+        for step in range(learn.updates_per_round):
             logp, mask = completion_logprobs(self.policy.model, prompts, completions, temperature, pad)
             old = old_logp[:, : logp.shape[1]]
-            if learn.algorithm == "gspo":
-                loss, _ = gspo_loss(logp, old, advantages, mask)
+            if hacpo:
+                loss, _ = hacpo_loss(
+                    logp,
+                    mask,
+                    old_mean,
+                    advantages,
+                    ratio,
+                    is_self,
+                    update_index=step,
+                    beta=learn.beta,
+                    ref_logp=ref_logp,
+                )
+            elif learn.algorithm == "gspo":
+                loss, _ = gspo_loss(logp, old, advantages, mask, beta=learn.beta, ref_logp=ref_logp)
             elif learn.algorithm == "dapo":
                 loss, _ = dapo_loss(
-                    logp, old, advantages, mask, eps_low=learn.eps_low, eps_high=learn.eps_high
+                    logp,
+                    old,
+                    advantages,
+                    mask,
+                    eps_low=learn.eps_low,
+                    eps_high=learn.eps_high,
+                    beta=learn.beta,
+                    ref_logp=ref_logp,
                 )
             else:
                 loss, _ = grpo_loss(
@@ -208,24 +293,76 @@ class Trainer:
             self.optimizer.step()
             losses.append(float(loss.detach()))
         self.policy.model.eval()
-        return sum(losses) / len(losses)
+        return sum(losses) / len(losses), len(local), len(ext)
+
+    def _hacpo_inputs(
+        self,
+        local: Sequence[ScoredGroup],
+        ext: Sequence[ScoredGroup],
+        old_logp: torch.Tensor,
+        prompts: list[list[int]],
+        completions: list[list[int]],
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Capability-aware advantages over each prompt's joint group, discrepancy coefficients,
+        own-row flags and per-response old mean log-probs (ALGORITHMS.md §3)."""
+        if local:
+            own_mean = sum(r for g in local for r in g.rewards) / sum(g.size for g in local)
+            self.capabilities.update(self.node_id, own_mean)
+        for g in ext:
+            if g.source_reward_mean is not None:
+                self.capabilities.update(g.source, g.source_reward_mean)
+        groups = [*local, *ext]
+        sources = [g.source if g.source != "local" else self.node_id for g in groups for _ in range(g.size)]
+        advantages = torch.zeros(len(sources))
+        joint: dict[str, list[int]] = {}
+        offset = 0
+        for g in groups:
+            joint.setdefault(g.task.id.key(), []).extend(range(offset, offset + g.size))
+            offset += g.size
+        rewards = torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float32)
+        for rows in joint.values():
+            index = torch.tensor(rows)
+            advantages[index] = capability_advantages(
+                rewards[index], [sources[i] for i in rows], self.node_id, self.capabilities
+            )
+        ratio = discrepancy_coefficients(sources, self.node_id, self.capabilities)
+        is_self = torch.tensor([s == self.node_id for s in sources])
+        lengths = torch.tensor([max(len(c), 1) for c in completions], dtype=torch.float32)
+        own_mean_logp = old_logp.sum(-1) / lengths
+        source_mean = [m for g in groups for m in (g.source_mean_logprobs or [0.0] * g.size)]
+        old_mean = torch.where(is_self, own_mean_logp, torch.tensor(source_mean, dtype=torch.float32))
+        del prompts
+        return advantages, ratio, is_self, old_mean
 
     def evaluate(self) -> float:
         """Greedy accuracy on the held-out set."""
         return evaluate_accuracy(self.policy, self.heldout, engine=self.engine)
 
     def run_round(self, external: Sequence[ScoredGroup] = ()) -> RoundMetrics:
-        """Run round ``self.round + 1``: generate, update, commit to the ledger, maybe checkpoint."""
+        """Run round ``self.round + 1``: generate, then ``train_round``."""
         started = time.time()
+        own, tokens, gen_seconds = self.generate_groups(self.round + 1)
+        return self.train_round(own, external, tokens=tokens, gen_seconds=gen_seconds, started=started)
+
+    def train_round(
+        self,
+        own: Sequence[ScoredGroup],
+        external: Sequence[ScoredGroup] = (),
+        *,
+        tokens: int = 0,
+        gen_seconds: float = 0.0,
+        started: float | None = None,
+    ) -> RoundMetrics:
+        """Update on ``own`` (+ ``external``), commit the round to the ledger, maybe checkpoint."""
+        started = time.time() if started is None else started
         t0 = time.perf_counter()
         index = self.round + 1
-        own, tokens, gen_seconds = self.generate_groups(index)
-        loss = self.update([*own, *external])
+        loss, own_used, external_used = self.update(own, external)
         self.policy.version += 1
         self.engine.update_weights(self.policy)
-        self.round += 1
+        self.round = index
         heldout = self.evaluate() if self.heldout and self.round % self.eval_every == 0 else None
-        rewards = [r for g in own for r in g.rewards]
+        rewards = [r for g in own for r in g.rewards] or [0.0]
         metrics = RoundMetrics(
             round=index,
             mean_reward=sum(rewards) / len(rewards),
@@ -234,12 +371,12 @@ class Trainer:
             tokens_generated=tokens,
             tokens_per_second=tokens / gen_seconds if gen_seconds > 0 else 0.0,
             loss=loss,
-            groups_used=sum(1 for g in own if not g.all_equal()),
-            external_used=sum(1 for g in external if not g.all_equal()),
-            seconds=time.perf_counter() - t0,
+            groups_used=own_used,
+            external_used=external_used,
+            seconds=gen_seconds + time.perf_counter() - t0,
             policy_version=self.policy.version,
         )
-        extra = {"groups_used": float(metrics.groups_used), "external_used": float(metrics.external_used)}
+        extra = {"groups_used": float(own_used), "external_used": float(external_used)}
         if heldout is not None:
             extra["heldout_accuracy"] = heldout
         self.ledger.record_round(

@@ -204,24 +204,25 @@ def _task_from(msg: pb.TaskId) -> TaskId:
         raise _Invalid(WireReason.INVALID_PAYLOAD, f"task id: {exc}") from exc
 
 
+def _completion_from(c: pb.Completion) -> Completion:
+    return Completion(
+        text=_text(c.text, limits.MAX_COMPLETION_BYTES, "text"),
+        token_count=_int_range(c.token_count, "token_count", 0, limits.MAX_COMPLETION_TOKENS),
+        mean_logprob=_finite(c.mean_logprob, "mean_logprob", high=0.0),
+        claimed_reward_informational=_finite(c.claimed_reward_informational, "claimed_reward_informational"),
+    )
+
+
 def _group_from(msg: pb.RolloutGroup, where: str) -> RolloutGroup:
     _count(msg.completions, limits.MAX_COMPLETIONS_PER_GROUP, f"{where}.completions", minimum=1)
     if not msg.HasField("task"):
         raise _Invalid(WireReason.INVALID_PAYLOAD, f"{where}.task is missing")
     completions = []
     for i, c in enumerate(msg.completions):
-        completions.append(
-            Completion(
-                text=_text(c.text, limits.MAX_COMPLETION_BYTES, f"{where}.completions[{i}].text"),
-                token_count=_int_range(
-                    c.token_count, f"{where}.completions[{i}].token_count", 0, limits.MAX_COMPLETION_TOKENS
-                ),
-                mean_logprob=_finite(c.mean_logprob, f"{where}.completions[{i}].mean_logprob", high=0.0),
-                claimed_reward_informational=_finite(
-                    c.claimed_reward_informational, f"{where}.completions[{i}].claimed_reward_informational"
-                ),
-            )
-        )
+        try:
+            completions.append(_completion_from(c))
+        except _Invalid as invalid:  # add the location only on failure: the hot path builds no strings
+            raise _Invalid(invalid.reason, f"{where}.completions[{i}].{invalid.detail}") from None
     return RolloutGroup(
         task=_task_from(msg.task),
         prompt=_text(msg.prompt, limits.MAX_PROMPT_BYTES, f"{where}.prompt", required=True),

@@ -53,7 +53,8 @@ def test_one_input(data: bytes) -> None:
 
 
 def main() -> None:
-    regenerate(TaskId(*CONTEXT["allowed_tasks"][0][:2], 7, 0, "compact"))  # warm reasoning-gym before fuzzing
+    dataset, config, prompt_format = CONTEXT["allowed_tasks"][0]
+    regenerate(TaskId(dataset, config, 7, 0, prompt_format))  # import reasoning-gym before fuzzing
     atheris.Setup(sys.argv, test_one_input)
     atheris.Fuzz()
 

@@ -48,7 +48,8 @@ def loopback_config(
     tmp: Path | None, name: str, peers: list[str] | tuple[str, ...] = (), **kw: Any
 ) -> NetConfig:
     identity = tmp / name / "net" / "libp2p.key" if tmp is not None else None
-    return NetConfig(identity_path=identity, host_maddrs=LOOPBACK, initial_peers=tuple(peers), **kw)
+    kw.setdefault("host_maddrs", LOOPBACK)
+    return NetConfig(identity_path=identity, initial_peers=tuple(peers), **kw)
 
 
 class Swarm:

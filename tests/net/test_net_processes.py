@@ -64,6 +64,9 @@ def test_bootstrap_keeps_its_peer_id_across_restarts_and_serves_healthz_and_stat
     home = tmp_path / "bootstrap"
     first = spawn(BOOTSTRAP, home, *LISTEN)
     info = first.wait_ready()
+    printed = first.log.read_text()
+    assert f"bootstrap peer id: {info['peer_id']}" in printed
+    assert all(f"bootstrap multiaddr: {m}" in printed for m in info["maddrs"])
     status, body = http_get(info["http_url"] + "/healthz")
     assert (status, body) == (200, b"ok\n")
     status, body = http_get(info["http_url"] + "/status")

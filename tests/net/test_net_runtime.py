@@ -12,7 +12,9 @@ import hashlib
 import logging
 import os
 import socket
+import struct
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hivemind.dht.routing import DHTID
@@ -273,6 +275,55 @@ def test_unary_calls_are_capped_on_both_sides_instead_of_hanging(trio: Trio) -> 
     trio.run(scenario())
 
 
+def test_a_peer_that_breaks_the_framing_fails_the_call_without_flooding_the_caller(trio: Trio) -> None:
+    async def scenario() -> None:
+        a, b = trio.a, trio.b
+        assert a._p2p is not None
+
+        def raw_handler(reply: bytes) -> Any:
+            async def handle(info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                writer.write(reply)
+                await writer.drain()
+                writer.close()
+
+            return handle
+
+        # Bypass the runtime's framing: a malicious peer answers with whatever it likes.
+        await a._p2p.add_binary_stream_handler("swarmnode.stream.garbage", raw_handler(b"\x09garbage"))
+        huge = struct.pack(">BI", 0, 200 * 1024) + b"x" * 1000  # announces 200 KiB
+        await a._p2p.add_binary_stream_handler("swarmnode.stream.huge", raw_handler(huge))
+        with pytest.raises(PeerCallError) as caught:
+            await b.call_stream(a.peer_id, "garbage", b"", timeout=T)
+        assert caught.value.reason is CallFailure.PROTOCOL
+        with pytest.raises(PeerCallError) as caught:
+            await b.call_stream(a.peer_id, "huge", b"", timeout=T, max_response_bytes=100 * 1024)
+        assert caught.value.reason is CallFailure.TOO_LARGE
+
+    trio.run(scenario())
+
+
+def test_a_handler_at_its_concurrency_limit_turns_new_callers_away_as_busy(trio: Trio) -> None:
+    async def scenario() -> None:
+        a, b = trio.a, trio.b
+        entered, release = asyncio.Event(), asyncio.Event()
+
+        async def hold(peer: str, data: bytes) -> bytes:
+            entered.set()
+            await release.wait()
+            return b"done"
+
+        await a.add_stream_handler("one-at-a-time", hold, max_request_bytes=16, max_concurrent=1)
+        first = asyncio.create_task(b.call_stream(a.peer_id, "one-at-a-time", b"", timeout=T))
+        await asyncio.wait_for(entered.wait(), T)
+        with pytest.raises(PeerCallError, match="busy") as caught:
+            await b.call_stream(a.peer_id, "one-at-a-time", b"", timeout=T)
+        assert caught.value.reason is CallFailure.REMOTE_ERROR
+        release.set()
+        assert await first == b"done"
+
+    trio.run(scenario())
+
+
 # ---------------------------------------------------------------- start, identity, rejoin
 
 
@@ -320,9 +371,7 @@ def test_bad_addresses_are_config_errors_naming_the_setting() -> None:
 
 def test_a_node_started_before_its_bootstrap_joins_once_the_bootstrap_is_up(tmp_path: Path) -> None:
     async def scenario() -> None:
-        with socket.socket() as probe:  # a free loopback port for the bootstrap-to-be
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
+        port = _free_port()  # for the bootstrap-to-be
         boot_config = loopback_config(tmp_path, "boot")
         assert boot_config.identity_path is not None
         boot_id = load_or_create_identity(boot_config.identity_path).peer_id
@@ -342,3 +391,40 @@ def test_a_node_started_before_its_bootstrap_joins_once_the_bootstrap_is_up(tmp_
             await swarm.close()
 
     run(scenario())
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def test_peers_are_told_the_announced_addresses_only() -> None:
+    async def scenario() -> None:
+        announced, hidden = _free_port(), _free_port()
+        config = loopback_config(
+            None,
+            "x",
+            host_maddrs=(f"/ip4/127.0.0.1/tcp/{announced}", f"/ip4/127.0.0.1/tcp/{hidden}"),
+            announce_maddrs=(f"/ip4/127.0.0.1/tcp/{announced}",),
+        )
+        async with await HivemindRuntime.create(config) as runtime:
+            assert runtime.visible_maddrs == [f"/ip4/127.0.0.1/tcp/{announced}/p2p/{runtime.peer_id}"]
+
+    run(scenario())
+
+
+def test_a_client_mode_node_uses_the_dht_without_serving_it(trio: Trio) -> None:
+    async def scenario() -> None:
+        client = await HivemindRuntime.create(
+            loopback_config(None, "client", trio.boot.visible_maddrs, client_mode=True)
+        )
+        try:
+            assert await client.dht_store("from-client", b"s", b"v", client.dht_time() + 60, timeout=T)
+            records = await trio.a.dht_get("from-client", timeout=T)
+            assert [(r.owner, r.value) for r in records] == [(client.peer_id, b"v")]
+            assert client.peer_id not in trio.boot.dht_peer_ids()  # nobody routes DHT requests to it
+        finally:
+            await client.stop()
+
+    trio.run(scenario())

@@ -61,16 +61,24 @@ def test_torch_and_hf_engines_agree_on_greedy_output(sharp: Policy, prompts: lis
             assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
 
 
-def _pair_frequencies(policy: Policy, engine: type, params: SamplingParams, n: int) -> Counter[tuple[int, ...]]:
-    result = engine(policy).generate(["7+8="], n, params, torch.Generator().manual_seed(3))
-    return Counter(tuple(c.token_ids[:2]) for c in result.completions[0])
+def test_torch_and_hf_engines_sample_the_same_first_token_distribution(sharp: Policy) -> None:
+    params = SamplingParams(temperature=1.5, top_p=0.9, max_new_tokens=1)
+    counts = []
+    for engine in (TorchEngine(sharp), HFEngine(sharp)):
+        result = engine.generate(["7+8="], 4000, params, torch.Generator().manual_seed(3))
+        counts.append(Counter(c.token_ids[0] for c in result.completions[0]))
+    ours, reference = counts
+    distance = sum(abs(ours[k] - reference[k]) for k in set(ours) | set(reference)) / (2 * 4000)
+    assert distance < 0.06  # total variation between two 4000-sample estimates (noise ~0.03)
 
 
-def test_torch_and_hf_engines_sample_the_same_distribution(sharp: Policy) -> None:
-    """Same two-token prefix distribution (temperature and top-p applied) from both engines."""
-    params = SamplingParams(temperature=1.5, top_p=0.9, max_new_tokens=2)
-    ours = _pair_frequencies(sharp, TorchEngine, params, 3000)
-    reference = _pair_frequencies(sharp, HFEngine, params, 3000)
-    support = set(ours) | set(reference)
-    distance = sum(abs(ours[k] - reference[k]) for k in support) / (2 * 3000)
-    assert distance < 0.06  # total variation between two 3000-sample estimates of one law
+def test_torch_and_hf_engines_sample_sequences_of_the_same_likelihood(sharp: Policy) -> None:
+    """Whole sequences: the mean log-likelihood of samples (minus the entropy) agrees within noise."""
+    params = SamplingParams(temperature=1.2, top_p=0.95, max_new_tokens=6)
+    stats = []
+    for engine in (TorchEngine(sharp), HFEngine(sharp)):
+        result = engine.generate(["58+26=", "3-9="], 1000, params, torch.Generator().manual_seed(4))
+        totals = torch.tensor([sum(c.logprobs) for g in result.completions for c in g], dtype=torch.float64)
+        stats.append((float(totals.mean()), float(totals.std()) / len(totals) ** 0.5))
+    (mean_a, se_a), (mean_b, se_b) = stats
+    assert abs(mean_a - mean_b) < 4 * (se_a**2 + se_b**2) ** 0.5

@@ -1,0 +1,202 @@
+"""How many valid rollout groups admission handles per second on one core.
+
+Question: is admission ever the bottleneck? Target: >= 5,000 groups/s before
+re-scoring (issue 3). Re-scoring (reasoning-gym's verifier on every
+completion) is timed separately, then the full pipeline end to end.
+
+Setup: the default task mixture (2-term chain_sum, compact prompts), G
+completions per group, B groups per signed envelope, 16 senders; every
+envelope distinct and fresh, every task distinct (so task regeneration runs
+for real: its cache is cleared before each timed run). Rate limits are opened
+wide: this measures the checks, not the limiter's refusals.
+
+    python bench/admission.py                  # table
+    python bench/admission.py --json out.json  # and the same figures as JSON
+
+Run it alone: on a shared 2-core machine other work skews the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout
+
+from swarmnode.admit import AdmissionConfig, AdmissionPipeline, ScoreRule, task_families
+from swarmnode.identity import NodeIdentity
+from swarmnode.tasks import Task, default_mixture, regenerate, score_completion
+from swarmnode.wire.envelope import decode_envelope, encode_envelope, seal, to_ms
+from swarmnode.wire.messages import Completion, RolloutBatch, RolloutGroup
+
+TARGET_GROUPS_PER_S = 5_000
+NOW = 1_767_225_600.0
+
+
+@dataclass(frozen=True)
+class Workload:
+    envelopes: list[bytes]
+    groups: list[RolloutGroup]
+    completions: int
+
+
+def build(n_groups: int, per_batch: int, completions: int, seed: int) -> Workload:
+    mixture = default_mixture(seed)
+    tasks = mixture.sample(0, n_groups)
+    senders = [NodeIdentity.from_seed(i.to_bytes(32, "big")) for i in range(1, 17)]
+    groups = [
+        RolloutGroup(
+            task=t.id,
+            prompt=t.prompt,
+            completions=tuple(
+                Completion(
+                    text=t.entry["answer"] if j % 2 else str(j),
+                    token_count=3,
+                    mean_logprob=-0.7,
+                    claimed_reward_informational=float(j % 2),
+                )
+                for j in range(completions)
+            ),
+            model_id="swarmnode-tiny",
+            policy_version=3,
+            round=1,
+            batch_reward_mean=0.5,
+        )
+        for t in tasks
+    ]
+    envelopes = []
+    for i in range(0, n_groups, per_batch):
+        batch = RolloutBatch(groups=tuple(groups[i : i + per_batch]))
+        sender = senders[(i // per_batch) % len(senders)]
+        envelopes.append(encode_envelope(seal(sender, batch, to_ms(NOW) - i)))
+    return Workload(envelopes, groups, completions)
+
+
+def pipeline(score: Callable[[Task, str], float]) -> AdmissionPipeline:
+    config = AdmissionConfig(
+        allowed_tasks=task_families(default_mixture(0)),
+        score=ScoreRule(rate_per_s=1e9, burst=1e9),
+        new_identities=1_000_000,
+        replay_capacity=10_000_000,
+    )
+    return AdmissionPipeline(config, now=NOW, score=score)
+
+
+def no_score(task: Task, text: str) -> float:
+    return 0.0
+
+
+def time_admission(work: Workload, score: Callable[[Task, str], float]) -> float:
+    regenerate.cache_clear()  # every task is new to the receiver, as in a live swarm
+    receiver = pipeline(score)
+    start = time.perf_counter()
+    for data in work.envelopes:
+        verdict = receiver.admit(data, NOW)
+        if not verdict.accepted:
+            raise SystemExit(f"benchmark input was rejected: {verdict}")
+    return time.perf_counter() - start
+
+
+def time_rescoring(work: Workload) -> float:
+    tasks = [regenerate(g.task) for g in work.groups]
+    start = time.perf_counter()
+    for task, group in zip(tasks, work.groups, strict=True):
+        for c in group.completions:
+            score_completion(task, c.text)
+    return time.perf_counter() - start
+
+
+def time_signatures(work: Workload) -> float:
+    envelopes = [decode_envelope(d) for d in work.envelopes]
+    start = time.perf_counter()
+    for env in envelopes:
+        env.verify()  # type: ignore[union-attr]
+    return time.perf_counter() - start
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--groups", type=int, default=2048, help="groups per timed run")
+    parser.add_argument("--per-batch", type=int, nargs="+", default=[1, 8], help="groups per envelope (rows)")
+    parser.add_argument("--completions", type=int, default=8, help="completions per group (G)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs; the median is reported")
+    parser.add_argument("--no-pin", action="store_true", help="do not pin the process to one core")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args(argv)
+
+    pinned = None
+    if not args.no_pin and hasattr(os, "sched_setaffinity"):
+        pinned = min(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {pinned})
+    regenerate(default_mixture(0).sample(0, 1)[0].id)  # import reasoning-gym outside the timings
+
+    rows = []
+    for per_batch in args.per_batch:
+        work = build(args.groups, per_batch, args.completions, seed=per_batch)
+        admit_s = statistics.median(time_admission(work, no_score) for _ in range(args.repeats))
+        full_s = statistics.median(time_admission(work, score_completion) for _ in range(args.repeats))
+        rescore_s = statistics.median(time_rescoring(work) for _ in range(args.repeats))
+        verify_s = statistics.median(time_signatures(work) for _ in range(args.repeats))
+        n = len(work.groups)
+        rows.append(
+            {
+                "groups_per_envelope": per_batch,
+                "completions_per_group": args.completions,
+                "envelope_bytes_mean": statistics.mean(len(e) for e in work.envelopes),
+                "admission_before_rescoring_groups_per_s": n / admit_s,
+                "rescoring_only_groups_per_s": n / rescore_s,
+                "full_pipeline_groups_per_s": n / full_s,
+                "signature_verify_us_per_envelope": verify_s / len(work.envelopes) * 1e6,
+                "admission_us_per_group": admit_s / n * 1e6,
+                "rescoring_us_per_group": rescore_s / n * 1e6,
+            }
+        )
+
+    print(
+        f"admission benchmark: {platform.python_implementation()} {platform.python_version()}, "
+        f"{os.cpu_count()} cores on the machine, pinned to core {pinned if pinned is not None else 'none'}; "
+        f"{args.groups} groups x {args.completions} completions, median of {args.repeats} runs"
+    )
+    header = (
+        f"{'groups/envelope':>15} | {'admit (no rescore) groups/s':>27} | {'target':>6} | {'ratio':>5} | "
+        f"{'rescore-only groups/s':>21} | {'full groups/s':>13} | {'verify us/env':>13}"
+    )
+    print(header)
+    print("-" * len(header))
+    for r in rows:
+        admit = r["admission_before_rescoring_groups_per_s"]
+        print(
+            f"{r['groups_per_envelope']:>15} | {admit:>27,.0f} | {TARGET_GROUPS_PER_S:>6,} | "
+            f"{admit / TARGET_GROUPS_PER_S:>5.2f} | {r['rescoring_only_groups_per_s']:>21,.0f} | "
+            f"{r['full_pipeline_groups_per_s']:>13,.0f} | {r['signature_verify_us_per_envelope']:>13.1f}"
+        )
+    if args.json is not None:
+        args.json.write_text(
+            json.dumps(
+                {
+                    "benchmark": "admission",
+                    "target_groups_per_s": TARGET_GROUPS_PER_S,
+                    "cpu_count": os.cpu_count(),
+                    "pinned_core": pinned,
+                    "python": platform.python_version(),
+                    "groups": args.groups,
+                    "repeats": args.repeats,
+                    "rows": rows,
+                },
+                indent=2,
+            )
+            + "\n"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,171 @@
+"""Rollout throughput: our torch engine against transformers' ``generate`` on the same model.
+
+Question: how many new tokens per second does ``TorchEngine`` sample, beside
+``HFEngine`` (``model.generate``), on the same model, batch (prompts x samples),
+lengths and sampling settings? Prints a table (median of ``--runs`` runs, the
+engines interleaved run by run so both see the same background load) and, with
+``--json PATH``, writes the same figures there.
+
+Prompt formats: ``compact`` is what the tiny model trains on (``58+26=``, about 7
+tokens with BOS); ``question`` is reasoning-gym's full chain_sum question (about
+70 characters; DESIGN.md's reference setting). The tiny tokenizer has no letters,
+so a question's letters encode as <unk>: the token count and cost are what
+matter here, not the meaning. The default model is the tiny model at random init
+(rows run to ``--new-tokens`` unless they sample EOS); ``--model-dir`` benches a
+saved policy instead (e.g. a warm start, whose rows stop after a few tokens).
+
+Timing on a shared machine is fragile: run alone. The load average at start is
+printed so a noisy figure can be recognised.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from swarmnode.policy.model import Policy, build_tiny_policy, load_policy
+from swarmnode.rollout.hf_engine import HFEngine
+from swarmnode.rollout.torch_engine import TorchEngine
+from swarmnode.rollout.types import RolloutEngine, SamplingParams
+from swarmnode.tasks import DatasetSpec, TaskMixture
+
+CHAIN_SUM = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
+
+
+def _prompts(prompt_format: str, count: int, seed: int) -> list[str]:
+    mixture = TaskMixture([DatasetSpec("chain_sum", CHAIN_SUM, 1.0, prompt_format)], seed=seed)
+    return [task.prompt for task in mixture.sample(0, count, stream="bench")]
+
+
+def _policy(model_dir: Path | None) -> Policy:
+    policy = load_policy(model_dir) if model_dir is not None else build_tiny_policy(0)
+    # Question prompts run past the tiny config's 64 positions; RoPE has no table
+    # limit, this only silences transformers' length reminder (speed is the question).
+    policy.model.config.max_position_embeddings = max(policy.model.config.max_position_embeddings, 256)
+    return policy
+
+
+def _time_runs(
+    engines: list[RolloutEngine], prompts: list[str], n: int, params: SamplingParams, runs: int, warmup: int
+) -> dict[str, list[tuple[float, int]]]:
+    """(seconds, new tokens) per run per engine; engines alternate within each run."""
+    results: dict[str, list[tuple[float, int]]] = {engine.name: [] for engine in engines}
+    for run in range(warmup + runs):
+        for engine in engines:
+            generator = torch.Generator().manual_seed(run)
+            started = time.perf_counter()
+            result = engine.generate(prompts, n, params, generator)
+            seconds = time.perf_counter() - started
+            if run >= warmup:
+                results[engine.name].append((seconds, result.tokens_generated))
+    return results
+
+
+def _summary(runs: list[tuple[float, int]]) -> dict[str, Any]:
+    rates = [tokens / seconds for seconds, tokens in runs]
+    return {
+        "tokens_per_s": statistics.median(rates),
+        "tokens_per_s_runs": [round(rate, 1) for rate in rates],
+        "seconds_median": statistics.median(seconds for seconds, _ in runs),
+        "new_tokens_mean": statistics.mean(tokens for _, tokens in runs),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--prompts", type=int, default=8, help="distinct prompts per batch (GRPO groups)")
+    parser.add_argument("--samples", type=int, default=8, help="samples per prompt (group size)")
+    parser.add_argument("--new-tokens", type=int, default=16)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--formats", default="compact,question", help="comma list of: compact, question")
+    parser.add_argument("--runs", type=int, default=7, help="timed runs per engine (median reported)")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads")
+    parser.add_argument("--model-dir", type=Path, default=None, help="a saved policy (default: tiny, random init)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    args = parser.parse_args(argv)
+
+    torch.set_num_threads(args.threads)
+    load_at_start = os.getloadavg()[0]
+    policy = _policy(args.model_dir)
+    params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.new_tokens)
+    engines: list[RolloutEngine] = [TorchEngine(policy), HFEngine(policy)]
+    rows = []
+    for prompt_format in [f.strip() for f in args.formats.split(",") if f.strip()]:
+        prompts = _prompts(prompt_format, args.prompts, seed=0)
+        prompt_tokens = statistics.mean(len(policy.encode_prompt(p)) for p in prompts)
+        timings = _time_runs(engines, prompts, args.samples, params, args.runs, args.warmup)
+        ours, reference = _summary(timings["torch"]), _summary(timings["hf"])
+        rows.append(
+            {
+                "prompt_format": prompt_format,
+                "prompt_tokens_mean": round(prompt_tokens, 1),
+                "ours": ours,
+                "hf_generate": reference,
+                "ratio": ours["tokens_per_s"] / reference["tokens_per_s"],
+            }
+        )
+    report = {
+        "benchmark": "rollout engine: TorchEngine vs HF generate",
+        "settings": {
+            "model": str(args.model_dir) if args.model_dir else "tiny (random init, seed 0)",
+            "parameters": sum(p.numel() for p in policy.model.parameters()),
+            "batch": f"{args.prompts} prompts x {args.samples} samples",
+            "new_tokens": args.new_tokens,
+            "temperature": args.temperature,
+            "top_p": args.top_p,
+            "runs": args.runs,
+            "warmup": args.warmup,
+            "dtype": str(policy.model.dtype),
+        },
+        "machine": {
+            "cpu_count": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "processor": platform.processor() or platform.machine(),
+            "load_average_at_start": round(load_at_start, 2),
+        },
+        "results": rows,
+    }
+    _print_table(report)
+    if args.json is not None:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    return 0
+
+
+def _print_table(report: dict[str, Any]) -> None:
+    settings, machine = report["settings"], report["machine"]
+    print(f"{report['benchmark']}")
+    print(
+        f"model {settings['model']}, {settings['parameters']:,} params, {settings['dtype']}; batch "
+        f"{settings['batch']}; {settings['new_tokens']} new tokens; T={settings['temperature']} "
+        f"top_p={settings['top_p']}; median of {settings['runs']} runs"
+    )
+    print(
+        f"machine: {machine['cpu_count']} cores, {machine['torch_threads']} torch threads, torch "
+        f"{machine['torch']}; load average at start {machine['load_average_at_start']} (run alone)"
+    )
+    header = f"{'prompts':<10}{'prompt tok':>11}{'ours tok/s':>12}{'HF generate tok/s':>19}{'ratio':>8}"
+    print(header)
+    print("-" * len(header))
+    for row in report["results"]:
+        print(
+            f"{row['prompt_format']:<10}{row['prompt_tokens_mean']:>11.1f}{row['ours']['tokens_per_s']:>12,.0f}"
+            f"{row['hf_generate']['tokens_per_s']:>19,.0f}{row['ratio']:>7.2f}x"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())

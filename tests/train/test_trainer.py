@@ -1,0 +1,177 @@
+"""The training loop: rounds learn, checkpoints resume exactly, a corrupt checkpoint falls back."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from swarmnode.config import Config, load_config
+from swarmnode.policy import load_policy
+from swarmnode.rollout import make_engine
+from swarmnode.store import CheckpointStore, Ledger
+from swarmnode.tasks import default_mixture
+from swarmnode.train import ScoredGroup, Trainer, completion_logprobs
+
+
+def config(**overrides: object) -> Config:
+    base: dict[str, object] = {
+        "rollout.prompts_per_round": 8,
+        "rollout.group_size": 4,
+        "tasks.heldout_size": 16,
+        "checkpoint.every_rounds": 2,
+        "learn.lr": 1e-4,
+    }
+    base.update(overrides)
+    return load_config(None, environ={}, overrides=base)
+
+
+def make_trainer(model: Path, home: Path, cfg: Config, ledger: Ledger) -> Trainer:
+    policy = load_policy(model)
+    return Trainer(
+        cfg,
+        policy,
+        make_engine("torch", policy),
+        default_mixture(0),
+        ledger,
+        CheckpointStore(home / "ckpt"),
+        eval_every=1000,
+    )
+
+
+def weights(trainer: Trainer) -> dict[str, torch.Tensor]:
+    return {k: v.detach().clone() for k, v in trainer.policy.model.state_dict().items()}
+
+
+def test_completion_logprobs_match_the_engine_that_sampled_them(quick_model: Path) -> None:
+    policy = load_policy(quick_model)
+    engine = make_engine("torch", policy)
+    from swarmnode.rollout import SamplingParams
+
+    result = engine.generate(
+        ["12+7=", "5-9="], 3, SamplingParams(max_new_tokens=6), torch.Generator().manual_seed(1)
+    )
+    prompts = [p for p, group in zip(result.prompt_ids, result.completions, strict=True) for _ in group]
+    comps = [c.token_ids for group in result.completions for c in group]
+    values, mask = completion_logprobs(policy.model, prompts, comps)
+    for i, c in enumerate(c for group in result.completions for c in group):
+        assert mask[i].sum() == len(c.token_ids)
+        assert torch.allclose(values[i, : len(c.logprobs)], torch.tensor(c.logprobs), atol=1e-4)
+
+
+def test_a_round_updates_the_policy_and_commits_to_the_ledger(quick_model: Path, tmp_path: Path) -> None:
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        trainer = make_trainer(quick_model, tmp_path, config(), ledger)
+        before = weights(trainer)
+        metrics = [trainer.run_round() for _ in range(3)]
+        assert [m.round for m in metrics] == [1, 2, 3]
+        assert any(m.groups_used > 0 for m in metrics), "a warm model must have groups with signal"
+        assert any(not torch.equal(before[k], v) for k, v in weights(trainer).items())
+        assert [r.round for r in ledger.rounds()] == [1, 2, 3]
+        assert trainer.policy.version == 3
+
+
+def test_resume_from_a_checkpoint_reproduces_the_uninterrupted_run(quick_model: Path, tmp_path: Path) -> None:
+    cfg = config()
+    with Ledger(tmp_path / "a" / "ledger.sqlite") as ledger:
+        straight = make_trainer(quick_model, tmp_path / "a", cfg, ledger)
+        for _ in range(4):
+            straight.run_round()
+    (tmp_path / "b").mkdir()
+    with Ledger(tmp_path / "b" / "ledger.sqlite") as ledger:
+        first = make_trainer(quick_model, tmp_path / "b", cfg, ledger)
+        for _ in range(3):  # checkpoint at round 2, then round 3 is lost with the "crash"
+            first.run_round()
+    with Ledger(tmp_path / "b" / "ledger.sqlite") as ledger:
+        second = make_trainer(quick_model, tmp_path / "b", cfg, ledger)
+        assert second.resume()
+        assert second.round == 2 and ledger.last_round() == 2  # round 3 is redone
+        for _ in range(2):
+            second.run_round()
+        a, b = weights(straight), weights(second)
+        assert all(torch.equal(a[k], b[k]) for k in a)
+        assert [r.round for r in ledger.rounds()] == [1, 2, 3, 4]
+
+
+def test_a_corrupt_newest_checkpoint_falls_back_to_the_previous_one(
+    quick_model: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        trainer = make_trainer(quick_model, tmp_path, config(), ledger)
+        for _ in range(4):
+            trainer.run_round()
+    newest = CheckpointStore(tmp_path / "ckpt").paths()[-1]
+    weights_file = newest / "model.safetensors"
+    weights_file.write_bytes(weights_file.read_bytes()[:100])  # truncated
+    with Ledger(tmp_path / "ledger.sqlite") as ledger, caplog.at_level(logging.WARNING):
+        resumed = make_trainer(quick_model, tmp_path, config(), ledger)
+        assert resumed.resume()
+        assert resumed.round == 2
+    assert newest.name in caplog.text
+
+
+def test_external_groups_are_mixed_per_sapo(quick_model: Path, tmp_path: Path) -> None:
+    cfg = config(**{"swarm.mixing": "sapo", "swarm.local_groups": 2, "swarm.external_groups": 3})
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        trainer = make_trainer(quick_model, tmp_path, cfg, ledger)
+        own, _, _ = trainer.generate_groups(1)
+        external = [
+            ScoredGroup(
+                task=g.task,
+                prompt_ids=g.prompt_ids,
+                completion_ids=g.completion_ids,
+                behaviour_logprobs=[],
+                texts=g.texts,
+                rewards=[1.0, 0.0, 0.0, 0.0],
+                policy_version=0,
+                source="peer",
+            )
+            for g in own[:5]
+        ]
+        flat = [
+            ScoredGroup(
+                task=g.task,
+                prompt_ids=g.prompt_ids,
+                completion_ids=g.completion_ids,
+                behaviour_logprobs=[],
+                texts=g.texts,
+                rewards=[0.0] * 4,
+                policy_version=0,
+                source="peer",
+            )
+            for g in own[:5]
+        ]
+        local, ext = trainer.choose_groups(own, [*external, *flat])
+        assert len(ext) == 3 and all(not g.all_equal() for g in ext)  # zero-advantage groups never chosen
+        assert len(local) <= 2
+        metrics = trainer.train_round(own, [*external, *flat])
+        assert metrics.external_used == 3
+
+
+def test_hacpo_mixing_trains_on_external_groups(quick_model: Path, tmp_path: Path) -> None:
+    cfg = config(**{"swarm.mixing": "hacpo", "swarm.external_groups": 2})
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        trainer = make_trainer(quick_model, tmp_path, cfg, ledger)
+        own, _, _ = trainer.generate_groups(1)
+        external = [
+            ScoredGroup(
+                task=g.task,
+                prompt_ids=g.prompt_ids,
+                completion_ids=g.completion_ids,
+                behaviour_logprobs=[],
+                texts=g.texts,
+                rewards=[1.0, 1.0, 0.0, 0.0],
+                policy_version=0,
+                source="peer",
+                source_mean_logprobs=[-0.5] * 4,
+                source_reward_mean=0.6,
+            )
+            for g in own[:2]
+        ]
+        before = weights(trainer)
+        metrics = trainer.train_round(own, external)
+        assert metrics.external_used == 2
+        assert trainer.capabilities.capability("peer") == pytest.approx(0.6)
+        assert any(not torch.equal(before[k], v) for k, v in weights(trainer).items())
