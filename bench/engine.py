@@ -91,7 +91,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=7, help="timed runs per engine (median reported)")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads")
-    parser.add_argument("--model-dir", type=Path, default=None, help="a saved policy (default: tiny, random init)")
+    parser.add_argument(
+        "--model-dir", type=Path, default=None, help="a saved policy (default: tiny, random init)"
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = parser.parse_args(argv)
 

@@ -1,8 +1,11 @@
 """The ``swarmnode`` command.
 
     swarmnode init --home DIR             write a commented config and a fresh node key
-    swarmnode run --home DIR --solo       train alone (live progress, Ctrl-C stops cleanly)
-    swarmnode demo                        the README's main job
+    swarmnode run --home DIR [--solo]     join the swarm (or train alone); Ctrl-C stops cleanly
+    swarmnode swarm                       a local swarm on loopback: bootstrap + N nodes (main job)
+    swarmnode bootstrap --home DIR ...    a bootstrap peer for operators
+    swarmnode status --home DIR           a running node's status
+    swarmnode demo                        a short solo run on the tiny model
     swarmnode config show|reference       the effective config / the reference table
     swarmnode protocol check|vectors      wire-protocol tools
 
@@ -98,7 +101,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(config.node.log_level)
     home = NodeHome(Path(args.home))
     if not args.solo:
-        raise ConfigError("swarm mode is not available in this build yet: run with --solo to train alone")
+        from swarmnode.node import run_node
+
+        run_node(config, home, max_rounds=args.max_rounds)
+        return EXIT_OK
     from swarmnode.solo import run_solo
 
     run_solo(
@@ -131,6 +137,24 @@ def cmd_demo(args: argparse.Namespace) -> int:
     )
     print(f"per-round metrics: {home.root / 'summary.json'}")
     return EXIT_OK
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from swarmnode.status import print_status
+
+    return print_status(NodeHome(Path(args.home)), as_json=args.json)
+
+
+def cmd_swarm(args: argparse.Namespace) -> int:
+    from swarmnode.launch import LocalSwarm
+
+    return LocalSwarm(
+        Path(args.home),
+        nodes=args.nodes,
+        minutes=args.minutes,
+        mixing=args.mixing,
+        round_seconds=args.round_seconds,
+    ).run()
 
 
 def cmd_config(args: argparse.Namespace) -> int:
@@ -174,6 +198,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(handler=cmd_demo)
 
+    p = sub.add_parser(
+        "bootstrap",
+        help="run a DHT-only bootstrap peer (operators); `swarmnode bootstrap -h` for its flags",
+        add_help=False,
+    )
+    p.add_argument("bootstrap_args", nargs=argparse.REMAINDER)  # main() hands these on
+
+    p = sub.add_parser("status", help="print a running node's status (from its local API)")
+    p.add_argument("--home", required=True, help="the node's home directory")
+    p.add_argument("--json", action="store_true", help="print the raw JSON")
+    p.set_defaults(handler=cmd_status)
+
+    p = sub.add_parser("swarm", help="run a local swarm on loopback: a bootstrap peer and N nodes")
+    p.add_argument("--home", default="runs/swarm", help="directory for all homes (default runs/swarm)")
+    p.add_argument("--nodes", type=int, default=3, help="number of nodes (default 3)")
+    p.add_argument("--minutes", type=float, default=3.0, help="how long to run (default 3)")
+    p.add_argument("--mixing", choices=["none", "sapo", "hacpo"], default="sapo")
+    p.add_argument("--round-seconds", type=float, default=4.0, help="swarm round length (default 4)")
+    p.set_defaults(handler=cmd_swarm)
+
     p = sub.add_parser("config", help="show the effective config or the reference of every key")
     p.add_argument("action", choices=["show", "reference"])
     p.add_argument("--home", help="node home (for show)")
@@ -181,23 +225,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--set", action="append", metavar="KEY=VALUE")
     p.set_defaults(handler=cmd_config)
 
-    try:
-        from swarmnode.wire.cli_protocol import add_protocol_parser
-    except ImportError:  # only while the wire package is being built
-        pass
-    else:
-        add_protocol_parser(sub)
+    from swarmnode.wire.cli_protocol import add_protocol_parser
+
+    add_protocol_parser(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["bootstrap"]:  # its flags are the bootstrap module's own
+        from swarmnode.net.bootstrap import main as bootstrap_main
+
+        return bootstrap_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
-    handler: Handler = args.handler
+    handler: Handler = getattr(args, "handler", None) or args.func  # `protocol` leaves set `func`
     try:
         return handler(args)
     except ConfigError as exc:

@@ -37,7 +37,7 @@ class ScoreRule:
     ban_seconds: float = 3600.0
     accept_reward: float = 0.2
     max_score: float = 5.0
-    rate_per_s: float = 5.0  # envelopes per second per peer, sustained
+    rate_per_s: float = 5.0  # tokens per second per peer (an envelope costs 1 + payload/64 KiB)
     burst: float = 50.0
 
 

@@ -9,10 +9,12 @@ Steps, in order (protocol/SPEC.md "Admission"; ``reasons.STEPS`` names them):
 
 0. the transport peer (``via``) is not banned
 1. size: raw bytes <= ``MAX_ENVELOPE_BYTES``
-2. decode: the envelope parses; version, kind, key/signature lengths, payload cap
+2. decode: field scan, then the envelope parses; version, kind, key/signature
+   lengths, payload cap
 3. signature over the exact received bytes (``wire.envelope`` signing rule)
 4. sender: not banned, on the allowlist if there is one, a slot for a new
-   identity if we have never seen it, a token from its rate bucket
+   identity if we have never seen it, ``1 + payload bytes // 64 KiB`` tokens
+   from its rate bucket
 5. payload: decodes under the kind's schema and limits; per-kind checks
    (a peer record names its signer; a manifest's publisher signature holds;
    a control message is addressed to us)
@@ -92,16 +94,18 @@ class AdmissionConfig:
     new_identities: int = 64  # never-seen signers admitted per window ...
     new_identity_window_s: float = 60.0  # ... of this many seconds (token bucket)
     replay_capacity: int = 200_000  # digests remembered (~150 bytes each)
+    bytes_per_token: int = 64 * 1024  # an envelope costs 1 + payload bytes // this from its sender's bucket
     max_tracked_peers: int = 10_000
     score: ScoreRule = field(default_factory=ScoreRule)
     penalties: Mapping[RejectReason, float] = field(default_factory=lambda: dict(DEFAULT_PENALTIES))
-    #: Task families accepted; None accepts any task that regenerates. A node should set
-    #: it (``task_families(mixture)``): regenerating arbitrary generator configs sent by
-    #: strangers costs whatever those configs make it cost.
-    allowed_tasks: frozenset[TaskFamily] | None = None
     allowlist: KeyAllowlist | None = None  # private swarm: only these signers
     trusted_publishers: frozenset[bytes] | None = None  # weight manifest keys; None: any
     local_peer_id: str | None = None  # to check Activate/Deactivate recipients
+    #: Task families accepted (``task_families(mixture)``), or None for any task that
+    #: regenerates. No default on purpose: a node must choose. Regenerating generator
+    #: configs chosen by strangers costs what they make it cost (reasoning-gym's arc_1d
+    #: with size 10**6 takes ~3 s per task here), so None is for local tools only.
+    allowed_tasks: frozenset[TaskFamily] | None = field(kw_only=True)
 
     def __post_init__(self) -> None:
         missing = set(RejectReason) - set(self.penalties)
@@ -121,14 +125,14 @@ class AdmissionPipeline:
 
     def __init__(
         self,
-        config: AdmissionConfig | None = None,
+        config: AdmissionConfig,
         *,
         now: float,
         ledger: BanLedger | None = None,
         regenerate: Callable[[TaskId], Task] = _regenerate,
         score: Callable[[Task, str], float] = _score_completion,
     ) -> None:
-        self.config = config if config is not None else AdmissionConfig()
+        self.config = config
         self.peers = PeerBook(self.config.score, self.config.max_tracked_peers, ledger, now)
         self.replay = ReplayCache(self.config.replay_capacity)
         self.counters: Counter[str] = Counter()
@@ -288,7 +292,9 @@ class AdmissionPipeline:
                 signer=signer,
                 via=None,
             )
-        if not self.peers.state(signer, now).bucket.take(now):
+        # Large envelopes cost more tokens: parsing cost grows with size (~70 ms for 1 MiB of tiny fields).
+        cost = 1.0 + len(envelope.payload) // self.config.bytes_per_token
+        if not self.peers.state(signer, now).bucket.take(now, cost):
             return self._reject(
                 RejectReason.RATE_LIMITED, f"sender {signer} over its rate", now, signer=signer, via=None
             )

@@ -472,6 +472,7 @@ class HivemindRuntime:
             try:
                 if slots.locked():
                     await write_error(writer, f"{_BUSY}: {max_concurrent} requests in progress")
+                    await _linger(reader)
                     return
                 async with slots, asyncio.timeout(timeout):
                     await self._serve_one(name, handler, remote, reader, writer, max_request_bytes)
@@ -480,6 +481,7 @@ class HivemindRuntime:
                 with contextlib.suppress(OSError, TimeoutError):
                     async with asyncio.timeout(1):
                         await write_error(writer, f"{_TIMEOUT}: exchange took over {timeout} s")
+                await _linger(reader)
             except OSError as e:  # the caller went away mid-exchange
                 logger.debug("stream %s from %s: connection lost: %s", name, remote, e)
             finally:
@@ -730,8 +732,9 @@ def _refusal(peer_id: str, name: str, text: str) -> PeerCallError:
 
 
 async def _linger(reader: asyncio.StreamReader) -> None:
-    """After refusing a request mid-upload, read and drop what the caller still sends until it
-    hangs up (it does as soon as it reads our ERROR frame), for at most REFUSAL_LINGER seconds.
+    """After an ERROR frame sent before the whole request was read (too large, busy, timeout),
+    read and drop what the caller still sends until it hangs up (it does as soon as it reads
+    the ERROR frame), for at most REFUSAL_LINGER seconds.
 
     Closing with unread input makes the kernel reset the socket, and p2pd then resets the
     libp2p stream: the caller would see "connection reset" instead of our ERROR frame.

@@ -7,6 +7,7 @@ Must not: run RL updates (``swarmnode.learn``) or sample on its own
 (``swarmnode.rollout`` engines do that).
 """
 
+from swarmnode.policy.evaluate import evaluate_accuracy, task_scores
 from swarmnode.policy.model import (
     TINY_MODEL_ID,
     Policy,
@@ -16,7 +17,6 @@ from swarmnode.policy.model import (
     tiny_config_dict,
 )
 from swarmnode.policy.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
-from swarmnode.policy.evaluate import evaluate_accuracy, task_scores  # noqa: I001  (after model: import cycle)
 from swarmnode.policy.warmstart import (
     WarmStartSettings,
     is_hard,

@@ -56,7 +56,8 @@ def task_scores(
         chunk = tasks[start : start + EVAL_BATCH]
         result = engine.generate([task.prompt for task in chunk], 1, params, generator)
         scores.extend(
-            score_completion(task, group[0].text) for task, group in zip(chunk, result.completions, strict=True)
+            score_completion(task, group[0].text)
+            for task, group in zip(chunk, result.completions, strict=True)
         )
     return scores
 

@@ -60,7 +60,9 @@ class Policy:
             if isinstance(value, list):
                 value = value[0] if value else None
         if value is None:
-            raise ModelError(f"policy {self.model_id!r} has no EOS token; its tokenizer must define eos_token")
+            raise ModelError(
+                f"policy {self.model_id!r} has no EOS token; its tokenizer must define eos_token"
+            )
         return int(value)
 
     @property
@@ -94,11 +96,18 @@ class Policy:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
 
-def load_policy(path: str | os.PathLike[str], *, version: int = 0, dtype: torch.dtype = torch.float32) -> Policy:
-    """Load a local HF causal-LM directory (``local_files_only``); ``ModelError`` names the path on failure."""
+def load_policy(
+    path: str | os.PathLike[str], *, version: int = 0, dtype: torch.dtype = torch.float32
+) -> Policy:
+    """Load a local HF causal-LM directory (``local_files_only``).
+
+    Raises ``ModelError`` naming the path on any failure.
+    """
     directory = Path(path)
     if not directory.is_dir():
-        raise ModelError(f"no model directory at {directory}: expected config.json, weights and tokenizer files")
+        raise ModelError(
+            f"no model directory at {directory}: expected config.json, weights and tokenizer files"
+        )
     try:
         with _quiet_progress_bars():
             tokenizer = AutoTokenizer.from_pretrained(directory, local_files_only=True)

@@ -84,7 +84,9 @@ def _settings_description(mixture: TaskMixture, seed: int, settings: WarmStartSe
     }
 
 
-def warm_start_dir(home: Path, mixture: TaskMixture, seed: int, settings: WarmStartSettings | None = None) -> Path:
+def warm_start_dir(
+    home: Path, mixture: TaskMixture, seed: int, settings: WarmStartSettings | None = None
+) -> Path:
     """Where ``warm_start`` caches its result for these settings."""
     description = _settings_description(mixture, seed, settings or WarmStartSettings())
     digest = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:12]
@@ -170,7 +172,10 @@ def warm_start(
             model.eval()
             hard_accuracy = evaluate_accuracy(policy, eval_set, engine, greedy=True, max_new_tokens=8)
             model.train()
-            say(f"warm start step {step}: loss {loss_value:.3f}, hard-task greedy accuracy {hard_accuracy:.1%}")
+            say(
+                f"warm start step {step}: loss {loss_value:.3f}, "
+                f"hard-task greedy accuracy {hard_accuracy:.1%}"
+            )
             if hard_accuracy >= settings.target_accuracy:
                 stopped_by = "target"
                 break

@@ -103,7 +103,11 @@ class HFEngine:
                 finished = eos in row
                 length = row.index(eos) + 1 if finished else len(row)
                 ids = row[:length]
-                group.append(Completion(ids, logprob_rows[p * n + s][:length], policy.decode_completion(ids), finished))
+                group.append(
+                    Completion(ids, logprob_rows[p * n + s][:length], policy.decode_completion(ids), finished)
+                )
                 generated += length
             completions.append(group)
-        return GenerationResult(prompt_ids, completions, policy.version, generated, time.perf_counter() - started)
+        return GenerationResult(
+            prompt_ids, completions, policy.version, generated, time.perf_counter() - started
+        )

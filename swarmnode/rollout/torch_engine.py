@@ -1,16 +1,25 @@
 """Fast batched sampling in plain torch over the weights of a Llama-family HF model.
 
-Owns: the ``torch`` rollout engine. It reads the HF modules' weights (never
-copies them into another model) and runs its own lean forward with a
-preallocated KV cache:
+Owns: the ``torch`` rollout engine. Once per weight version it rearranges the
+HF model's weights for a lean forward (fused q/k/v and gate/up in (in, out)
+layout; RMSNorm weights and the attention scale folded into the projection
+after them; q/k rows permuted per head so RoPE is one complex multiply; layer
+0's q/k/v as a per-token table when the vocabulary is small) and samples with
+a preallocated KV cache:
 
-* each distinct prompt is prefilled once, then its KV cache is expanded to the
-  ``n`` samples of its group (exact: the samples share the prompt; DESIGN.md
-  measured this as the main win over ``generate``);
-* decode runs one token per step for the whole batch with fused q/k/v and
-  gate/up projections, a static cache and per-sequence EOS stop;
+* each distinct prompt is prefilled once (DESIGN.md: the main win over
+  ``generate``); its K/V are copied to the ``n`` samples of its group (short
+  prompts) or kept once per group and shared in attention (long prompts);
+* decode runs one token per step for the whole batch, per-sequence EOS stop,
+  and ends as soon as every row has finished;
 * positions count from each prompt's first real token, so left padding is
-  invisible to the result (log-probs match an unpadded full forward pass).
+  invisible to the result.
+
+Exactness: the same operations as the HF forward up to re-association (folded
+weights), so log-probs agree with a full forward pass to ~1e-6 in float32.
+Weight updates: in-place changes (optimizer steps, ``load_state_dict``) bump
+the parameters' version counters and the next ``generate`` rebuilds the
+layout; call ``update_weights`` after any other kind of replacement.
 
 Supported architectures: llama, mistral, qwen2, qwen3 (the decoder block shape
 of ``LlamaDecoderLayer``). Anything else raises ``EngineUnavailable`` pointing
@@ -22,6 +31,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -88,12 +98,15 @@ def _bias(linear: nn.Module) -> torch.Tensor | None:
     return bias.detach() if bias is not None else None
 
 
-def _cat_bias(*linears: nn.Module) -> torch.Tensor | None:
+def _cat_bias(*linears: Any) -> torch.Tensor | None:
     biases = [_bias(linear) for linear in linears]
     if all(b is None for b in biases):
         return None
     return torch.cat(
-        [b if b is not None else linear.weight.new_zeros(linear.weight.shape[0]) for linear, b in zip(linears, biases, strict=True)]
+        [
+            b if b is not None else linear.weight.new_zeros(linear.weight.shape[0])
+            for linear, b in zip(linears, biases, strict=True)
+        ]
     )
 
 
@@ -115,6 +128,7 @@ class _Weights:
 
     @staticmethod
     def check(model: nn.Module) -> None:
+        """Raise ``EngineUnavailable`` unless the lean forward reproduces this model exactly."""
         config = getattr(model, "config", None)
         model_type = getattr(config, "model_type", None)
         if model_type not in SUPPORTED_MODEL_TYPES:
@@ -132,11 +146,14 @@ class _Weights:
         if isinstance(rope, dict) and rope.get("rope_type", "default") in ("dynamic", "longrope"):
             # These rescale frequencies with the live sequence length; a precomputed
             # table would silently differ from the HF forward.
-            raise EngineUnavailable("length-dependent RoPE scaling is not supported by the torch engine; use 'hf'")
+            raise EngineUnavailable(
+                "length-dependent RoPE scaling is not supported by the torch engine; use 'hf'"
+            )
 
     @classmethod
-    def build(cls, model: nn.Module) -> _Weights:
-        cls.check(model)
+    def build(cls, module: nn.Module) -> _Weights:
+        cls.check(module)
+        model: Any = module  # HF modules: attribute types are only known at run time
         config = model.config
         inner = model.model
         n_heads = int(config.num_attention_heads)
@@ -152,8 +169,8 @@ class _Weights:
         layers = []
         for block in inner.layers:
             attn, mlp = block.self_attn, block.mlp
-            q_norm = getattr(attn, "q_norm", None)
-            k_norm = getattr(attn, "k_norm", None)
+            q_norm: Any = getattr(attn, "q_norm", None)
+            k_norm: Any = getattr(attn, "k_norm", None)
             has_qk_norm = q_norm is not None and k_norm is not None
             wq = per_head(attn.q_proj.weight.detach(), n_heads)
             wk = per_head(attn.k_proj.weight.detach(), n_kv_heads)
@@ -200,7 +217,9 @@ class _Weights:
         table = None
         first = layers[0]
         if embed.shape[0] * first.qkv.shape[1] <= LAYER0_TABLE_LIMIT and first.q_norm is None:
-            table = _project(F.rms_norm(embed, (embed.shape[1],), None, first.eps1), first.qkv, first.qkv_bias)
+            table = _project(
+                F.rms_norm(embed, (embed.shape[1],), None, first.eps1), first.qkv, first.qkv_bias
+            )
         window = getattr(config, "sliding_window", None)
         if config.model_type == "qwen2" and not getattr(config, "use_sliding_window", False):
             window = None
@@ -240,6 +259,11 @@ class _Runner:
       and only generated tokens get per-row slots. The prompt part of attention is a
       real matrix product over the group's n queries instead of n matrix-vector
       products: best for long prompts.
+
+    Decode attends over every slot of the cache, with an additive mask (-inf) on
+    left padding and on slots not generated yet: fixed-width, contiguous operands
+    are faster than growing slices, and CPU softmax is several times slower on
+    rows shorter than 16. Unwritten slots are zeros, so masked scores stay finite.
     """
 
     def __init__(
@@ -250,29 +274,45 @@ class _Runner:
         prompt_len: int,
         max_new: int,
         grouped: bool,
-        device: torch.device,
+        pad: torch.Tensor,
         dtype: torch.dtype,
     ):
+        device = pad.device
         self.w = weights
         self.prompts, self.n, self.prompt_len, self.grouped = prompts, n, prompt_len, grouped
         self.dtype = dtype
         batch = prompts * n
-        kv, head_dim = 2 * weights.n_kv_heads, weights.head_dim
-        # K and V of a layer share one tensor, (rows, 2 Hkv, slots, D): k heads then v heads,
-        # the order q/k/v come out of the fused projection, so a step stores both in one copy.
-        # torch.empty: every slot is written (prefill or the step itself) before any read.
+        kv_heads, head_dim = weights.n_kv_heads, weights.head_dim
+        # Separate K and V tensors (rows, Hkv, slots, D): a slice over slots then keeps
+        # (rows, Hkv) collapsible into one batch dimension, which batched matmul needs
+        # to avoid a copy (a shared K|V tensor made attention ~3x slower here).
         slots = max_new if grouped else prompt_len + max_new
-        self.cache = [torch.empty((batch, kv, slots, head_dim), device=device, dtype=dtype) for _ in weights.layers]
-        self.prompt_cache = (
-            [torch.empty((prompts, kv, prompt_len, head_dim), device=device, dtype=dtype) for _ in weights.layers]
-            if grouped
-            else []
+
+        def tensors(rows: int, length: int) -> list[torch.Tensor]:
+            shape = (rows, kv_heads, length, head_dim)
+            return [torch.zeros(shape, device=device, dtype=dtype) for _ in weights.layers]
+
+        self.k_cache, self.v_cache = tensors(batch, slots), tensors(batch, slots)
+        self.prompt_k, self.prompt_v = (
+            (tensors(prompts, prompt_len), tensors(prompts, prompt_len)) if grouped else ([], [])
         )
         positions = torch.arange(prompt_len + max_new, device=device).unsqueeze(0)
         cos, sin = weights.rotary(torch.zeros(1, device=device, dtype=dtype), positions)
         half = weights.head_dim // 2
         # RoPE as complex rotation of neighbouring pairs; float32 so the complex dtype exists.
         self.rotation = torch.complex(cos[0, :, :half].float(), sin[0, :, :half].float())  # (positions, D/2)
+        # Masks, as additive float biases. future[s]: -inf on the slots after step s's own.
+        inf = float("-inf")
+        offset = 0 if grouped else prompt_len
+        self.future = torch.full((max_new, slots), inf, device=device).triu(offset + 1)
+        self.pad_bias: torch.Tensor | None = None  # (B, 1, 1, Lp): -inf on each row's left padding
+        self.row_bias: torch.Tensor | None = None  # (B, 1, 1, slots): the same over the per-row cache
+        if bool((pad > 0).any()):
+            row_pad = pad.repeat_interleave(n).unsqueeze(1)
+            is_pad = torch.arange(prompt_len, device=device).unsqueeze(0) < row_pad
+            self.pad_bias = torch.zeros(is_pad.shape, device=device).masked_fill(is_pad, inf)[:, None, None]
+            if not grouped:
+                self.row_bias = F.pad(self.pad_bias, (0, max_new))
 
     def _rope_(self, x: torch.Tensor, rotation: torch.Tensor) -> None:
         """Rotate ``x`` (..., heads, D) in place by ``rotation`` (..., 1, D/2), pairs (2i, 2i+1)."""
@@ -292,7 +332,9 @@ class _Runner:
         qkv = qkv.view(qkv.shape[0], w.n_heads + 2 * w.n_kv_heads, w.head_dim)
         if layer.q_norm is not None and layer.k_norm is not None:
             q = F.rms_norm(qkv[:, : w.n_heads], (w.head_dim,), layer.q_norm, layer.qk_eps)
-            k = F.rms_norm(qkv[:, w.n_heads : w.n_heads + w.n_kv_heads], (w.head_dim,), layer.k_norm, layer.qk_eps)
+            k = F.rms_norm(
+                qkv[:, w.n_heads : w.n_heads + w.n_kv_heads], (w.head_dim,), layer.k_norm, layer.qk_eps
+            )
             qkv = torch.cat([q, k, qkv[:, w.n_heads + w.n_kv_heads :]], dim=1)
         return qkv
 
@@ -340,70 +382,66 @@ class _Runner:
             qkv = qkv.transpose(1, 2)  # (P, H + 2Hkv, Lp, D)
             q, k, v = qkv.split([heads, kv_heads, kv_heads], dim=1)
             if self.grouped:
-                self.prompt_cache[index].copy_(qkv[:, heads:])
-            else:  # expand the prompt's K/V to its n samples: one copy, no recomputation
-                cache = self.cache[index]
-                cache.view(prompts, n, *cache.shape[1:])[:, :, :, :length] = qkv[:, heads:].unsqueeze(1)
+                self.prompt_k[index].copy_(k)
+                self.prompt_v[index].copy_(v)
+            else:  # expand the prompt's K/V to its n samples: one copy each, no recomputation
+                for cache, value in ((self.k_cache[index], k), (self.v_cache[index], v)):
+                    cache.view(prompts, n, *cache.shape[1:])[:, :, :, :length] = value.unsqueeze(1)
             attn = F.scaled_dot_product_attention(
                 q, k, v, attn_mask=mask, scale=1.0, enable_gqa=kv_heads != heads
             )  # (P, H, Lp, D); the scale is folded into q
             x = self._block_tail(layer, x, attn.transpose(1, 2).reshape(prompts * length, -1))
         return self._logits(x.view(prompts, length, -1)[:, -1])
 
-    def decode(
-        self, tokens: torch.Tensor, step: int, positions: torch.Tensor, pad_bias: torch.Tensor | None
-    ) -> torch.Tensor:
-        """Feed generated token ``step`` (B,) for every row; returns next-token logits (B, vocab).
+    def _step_bias(self, step: int) -> torch.Tensor:
+        """(B or 1, 1, 1, slots): the additive mask over the per-row cache at decode ``step``."""
+        future = self.future[step].view(1, 1, 1, -1)
+        return future if self.row_bias is None else self.row_bias + future
 
-        ``pad_bias`` is (B, 1, 1, Lp): -inf on left-pad keys, 0 elsewhere (None: no padding).
-        """
+    def decode(self, tokens: torch.Tensor, step: int, positions: torch.Tensor) -> torch.Tensor:
+        """Feed generated token ``step`` (B,) of every row; returns next-token logits (B, vocab)."""
         w = self.w
         batch = tokens.shape[0]
         heads, kv_heads, head_dim = w.n_heads, w.n_kv_heads, w.head_dim
         group = heads // kv_heads
         rotation = self.rotation[positions].unsqueeze(1)  # (B, 1, D/2)
         slot = step if self.grouped else self.prompt_len + step
+        bias = self._step_bias(step)
         x = F.embedding(tokens, w.embed)  # (B, hidden)
         for index, layer in enumerate(w.layers):
             qkv = self._qkv(index, layer, x, tokens)  # (B, H + 2Hkv, D)
             self._rope_(qkv[:, : heads + kv_heads], rotation)
-            cache = self.cache[index]
-            cache[:, :, slot] = qkv[:, heads:]
-            keys, values = cache[:, :kv_heads, : slot + 1], cache[:, kv_heads:, : slot + 1]
+            k_cache, v_cache = self.k_cache[index], self.v_cache[index]
+            k_cache[:, :, slot] = qkv[:, heads : heads + kv_heads]
+            v_cache[:, :, slot] = qkv[:, heads + kv_heads :]
             # GQA without repeating K/V: the q heads sharing a kv head are its query rows.
             q = qkv[:, :heads].view(batch, kv_heads, group, head_dim)
-            scores = torch.matmul(q, keys.transpose(-1, -2)).float()  # (B, Hkv, g, S)
+            scores = torch.matmul(q, k_cache.transpose(-1, -2)).float() + bias  # (B, Hkv, g, slots)
             if self.grouped:
-                attn = self._grouped_attention(index, q, scores, values, pad_bias)
+                attn = self._grouped_attention(index, q, scores, v_cache)
             else:
-                if pad_bias is not None:
-                    scores[..., : self.prompt_len] += pad_bias
-                attn = torch.matmul(scores.softmax(dim=-1).to(self.dtype), values)  # (B, Hkv, g, D)
+                attn = torch.matmul(scores.softmax(dim=-1).to(self.dtype), v_cache)  # (B, Hkv, g, D)
             x = self._block_tail(layer, x, attn.reshape(batch, -1))
         return self._logits(x)
 
     def _grouped_attention(
-        self,
-        index: int,
-        q: torch.Tensor,
-        gen_scores: torch.Tensor,
-        gen_values: torch.Tensor,
-        pad_bias: torch.Tensor | None,
+        self, index: int, q: torch.Tensor, gen_scores: torch.Tensor, gen_values: torch.Tensor
     ) -> torch.Tensor:
         """Attention over the group's shared prompt keys plus the row's own generated keys."""
         prompts, n, length = self.prompts, self.n, self.prompt_len
-        batch, kv_heads, group, head_dim = q.shape
+        batch, kv_heads, group, _ = q.shape
 
         def by_group(t: torch.Tensor) -> torch.Tensor:  # (B, Hkv, g, X) -> (P, Hkv, n*g, X)
-            return t.view(prompts, n, kv_heads, group, -1).transpose(1, 2).reshape(prompts, kv_heads, n * group, -1)
+            grouped = t.view(prompts, n, kv_heads, group, -1).transpose(1, 2)
+            return grouped.reshape(prompts, kv_heads, n * group, -1)
 
         def by_row(t: torch.Tensor) -> torch.Tensor:  # (P, Hkv, n*g, X) -> (B, Hkv, g, X)
             return t.view(prompts, kv_heads, n, group, -1).transpose(1, 2).reshape(batch, kv_heads, group, -1)
 
-        prompt_k, prompt_v = self.prompt_cache[index].split(kv_heads, dim=1)
+        prompt_k, prompt_v = self.prompt_k[index], self.prompt_v[index]
         prompt_scores = by_row(torch.matmul(by_group(q), prompt_k.transpose(-1, -2))).float()
-        if pad_bias is not None:
-            prompt_scores = prompt_scores + pad_bias
+        if self.pad_bias is not None:
+            prompt_scores = prompt_scores + self.pad_bias
         probs = torch.cat([prompt_scores, gen_scores], dim=-1).softmax(dim=-1).to(self.dtype)
         from_prompt = by_row(torch.matmul(by_group(probs[..., :length]), prompt_v))
         return from_prompt + torch.matmul(probs[..., length:], gen_values)
@@ -412,16 +450,24 @@ class _Runner:
 def _sample(
     logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next tokens (B,) and their log-probs (B,) by the convention in ``rollout.types``."""
+    """Next tokens (B,) and their log-probs (B,) by the convention in ``rollout.types``.
+
+    Sampling is by inverse CDF: token = #{i : cdf_i < u * cdf_last} with u in (0, 1],
+    one uniform per row. A zero-probability token (outside the top-p nucleus) has
+    cdf_i == cdf_{i-1} and can never be chosen. On CPU this is several times
+    faster than ``torch.multinomial`` for a small batch.
+    """
     scaled = scaled_logits(logits, params)
     logp = torch.log_softmax(scaled, dim=-1)
     if params.greedy:
         tokens = scaled.argmax(dim=-1)
     else:
         probs = top_p_filter(scaled, params.top_p).softmax(dim=-1) if params.top_p < 1.0 else logp.exp()
-        if generator is not None and generator.device != probs.device:
-            probs = probs.to(generator.device)
-        tokens = torch.multinomial(probs, 1, generator=generator).squeeze(1).to(logits.device)
+        cdf = probs.cumsum(dim=-1)
+        device = generator.device if generator is not None else probs.device
+        uniform = 1.0 - torch.rand((probs.shape[0], 1), generator=generator, device=device)  # (0, 1]
+        threshold = uniform.to(probs.device) * cdf[:, -1:]
+        tokens = (cdf < threshold).sum(dim=-1)
     return tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
 
 
@@ -524,15 +570,9 @@ class TorchEngine:
         pad = prompt_len - lengths  # (P,) left pads per prompt
         batch = len(prompt_ids) * n
         grouped = n > 1 and prompt_len >= self.grouped_min_prompt
-        runner = _Runner(weights, len(prompt_ids), n, prompt_len, params.max_new_tokens, grouped, device, dtype)
+        runner = _Runner(weights, len(prompt_ids), n, prompt_len, params.max_new_tokens, grouped, pad, dtype)
         logits = runner.prefill(ids, pad).repeat_interleave(n, dim=0)
         row_len = lengths.repeat_interleave(n)
-        # Keys in a row's left padding stay masked for the whole decode; no padding, no mask.
-        pad_bias: torch.Tensor | None = None
-        if bool((pad > 0).any()):
-            slots = torch.arange(prompt_len, device=device)
-            is_pad = (slots.unsqueeze(0) < pad.repeat_interleave(n).unsqueeze(1)).view(batch, 1, 1, prompt_len)
-            pad_bias = torch.zeros(is_pad.shape, device=device).masked_fill(is_pad, float("-inf"))
         eos = policy.eos_token_id
         finished = torch.zeros(batch, dtype=torch.bool, device=device)
         out_tokens: list[torch.Tensor] = []
@@ -545,7 +585,7 @@ class TorchEngine:
             finished = finished | (token == eos)
             if step == params.max_new_tokens - 1 or bool(finished.all()):
                 break
-            logits = runner.decode(token, step, row_len + step, pad_bias)
+            logits = runner.decode(token, step, row_len + step)
         token_rows = torch.stack(out_tokens, dim=1).tolist()
         logprob_rows = torch.stack(out_logprobs, dim=1).float().tolist()
         return token_rows, logprob_rows

@@ -102,9 +102,7 @@ def top_p_filter(scaled: torch.Tensor, top_p: float) -> torch.Tensor:
     return scaled.masked_fill(remove, float("-inf"))
 
 
-def sequence_logprobs(
-    scores: torch.Tensor, tokens: torch.Tensor, params: SamplingParams
-) -> torch.Tensor:
+def sequence_logprobs(scores: torch.Tensor, tokens: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Log-probs of ``tokens`` (..., ) under ``scores`` (..., vocab) by the convention above."""
     logp = torch.log_softmax(scaled_logits(scores, params), dim=-1)
     return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)

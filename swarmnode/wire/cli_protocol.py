@@ -87,7 +87,8 @@ def _run_check(args: argparse.Namespace) -> int:
         now = float(ctx["now"])
     else:
         now = time.time() if args.now is None else float(args.now)
-        pipeline = AdmissionPipeline(AdmissionConfig(), now=now)
+        # A local tool on a file the user chose: any task family (a node restricts them).
+        pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=None), now=now)
     verdict = pipeline.admit(data, now)
     print(describe(verdict))
     return EXIT_ACCEPTED if verdict.accepted else EXIT_REJECTED

@@ -110,17 +110,69 @@ def encode_envelope(envelope: Envelope) -> bytes:
     return data
 
 
+def _varint(data: bytes, pos: int) -> tuple[int, int] | None:
+    """(value, next position) of the varint at ``pos``, or None if truncated or over 10 bytes."""
+    value = 0
+    for shift in range(0, 70, 7):
+        if pos >= len(data):
+            return None
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, pos
+    return None
+
+
+def _scan_fields(data: bytes, max_fields: int) -> str | None:
+    """Walk the top-level fields without parsing their contents; why they are unacceptable, if so."""
+    pos, count, end = 0, 0, len(data)
+    while pos < end:
+        count += 1
+        if count > max_fields:
+            return f"more than {max_fields} fields"
+        tag = _varint(data, pos)
+        if tag is None:
+            return "truncated field tag"
+        key, pos = tag
+        wire_type = key & 7
+        if key >> 3 == 0:
+            return "field number 0"
+        if wire_type == 0:
+            value = _varint(data, pos)
+            if value is None:
+                return "truncated varint"
+            pos = value[1]
+        elif wire_type == 1:
+            pos += 8
+        elif wire_type == 5:
+            pos += 4
+        elif wire_type == 2:
+            length = _varint(data, pos)
+            if length is None:
+                return "truncated length"
+            pos = length[1] + length[0]
+        else:
+            return f"wire type {wire_type} (groups are not allowed in an envelope)"
+    return None if pos == end else "truncated field"
+
+
 def decode_envelope(data: bytes) -> Envelope | WireError:
     """Bytes from a peer -> ``Envelope`` (signature not yet checked), or why not. Never raises.
 
-    Order: raw size first (nothing is parsed above the cap), then parse, then
-    version, kind, key and signature lengths, then the payload's per-kind cap.
-    The payload itself stays opaque bytes here.
+    Order: raw size first (nothing is parsed above the cap), then a scan of the
+    top-level fields (at most ``MAX_ENVELOPE_FIELDS``, no group encoding: a
+    megabyte of one-byte fields would otherwise cost the parser ~20 ms), then
+    parse, then version, kind, key and signature lengths, then the payload's
+    per-kind cap. The payload itself stays opaque bytes here.
     """
     if len(data) > limits.MAX_ENVELOPE_BYTES:
         return WireError(
             WireReason.TOO_LARGE, f"envelope is {len(data)} bytes; limit {limits.MAX_ENVELOPE_BYTES}"
         )
+    problem = _scan_fields(data, limits.MAX_ENVELOPE_FIELDS)
+    if problem is not None:
+        return WireError(WireReason.MALFORMED, f"not an Envelope: {problem}")
     msg = pb.Envelope()
     try:
         msg.ParseFromString(data)

@@ -20,6 +20,10 @@ MIB = 1024 * KIB
 #: Raw envelope bytes; checked before the envelope is parsed at all.
 MAX_ENVELOPE_BYTES = 2 * MIB
 
+#: Top-level fields in an envelope (six defined; a few unknown ones tolerated). Checked by a
+#: scan before parsing, as is the absence of group-encoded fields.
+MAX_ENVELOPE_FIELDS = 16
+
 PUBLIC_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
 DIGEST_BYTES = 32

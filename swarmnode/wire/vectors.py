@@ -381,6 +381,28 @@ def build() -> VectorSet:
         "63-byte signature",
         "malformed",
     )
+    hb_bytes = encode_envelope(_envelope(heartbeat))
+    # Unknown varint fields 20..39, value 0, three bytes each (two-byte tag, one-byte value).
+    unknown = b"".join(bytes([(n << 3) & 0x7F | 0x80, n >> 4, 0]) for n in range(20, 40))
+    vs.add(
+        "envelope_with_unknown_field",
+        hb_bytes + unknown[:3],
+        "valid heartbeat envelope plus one unknown top-level field (7 fields): ignored",
+        kind="heartbeat",
+        sender=sender.peer_id,
+    )
+    vs.add(
+        "envelope_with_17_fields",
+        hb_bytes + unknown[:33],
+        "valid heartbeat envelope plus 11 unknown fields (17 > 16): refused before parsing",
+        "malformed",
+    )
+    vs.add(
+        "envelope_with_group_field",
+        hb_bytes + b"\xa3\x01\xa4\x01",  # field 20 as an (empty) group: start 0xa3 0x01, end 0xa4 0x01
+        "valid heartbeat envelope plus a group-encoded field: refused before parsing",
+        "malformed",
+    )
     vs.add(
         "heartbeat_payload_over_cap",
         _signed_raw(

@@ -29,6 +29,7 @@ from swarmnode.wire.messages import (
     PeerRecord,
     TensorEntry,
     WeightManifestBody,
+    encode_payload,
 )
 
 from .conftest import FAMILIES, T0, batch, envelope, heartbeat, identity, make_group
@@ -179,7 +180,9 @@ def test_accepted_messages_slowly_restore_a_score(pipeline: AdmissionPipeline) -
 
 
 def test_each_sender_has_its_own_rate_bucket() -> None:
-    pipeline = AdmissionPipeline(AdmissionConfig(score=ScoreRule(rate_per_s=1.0, burst=3.0)), now=T0)
+    pipeline = AdmissionPipeline(
+        AdmissionConfig(allowed_tasks=FAMILIES, score=ScoreRule(rate_per_s=1.0, burst=3.0)), now=T0
+    )
     got = [reason(pipeline.admit(envelope(heartbeat(i), ALICE), T0)) for i in range(4)]
     assert got == ["accepted", "accepted", "accepted", "rate_limited"]
     assert reason(pipeline.admit(envelope(heartbeat(1), BOB), T0)) == "accepted"
@@ -187,7 +190,9 @@ def test_each_sender_has_its_own_rate_bucket() -> None:
 
 
 def test_new_identities_are_capped_per_window_without_creating_state() -> None:
-    pipeline = AdmissionPipeline(AdmissionConfig(new_identities=3, new_identity_window_s=60.0), now=T0)
+    pipeline = AdmissionPipeline(
+        AdmissionConfig(allowed_tasks=FAMILIES, new_identities=3, new_identity_window_s=60.0), now=T0
+    )
     got = [reason(pipeline.admit(envelope(heartbeat(), identity(100 + i)), T0)) for i in range(4)]
     assert got == ["accepted", "accepted", "accepted", "new_identity_limit"]
     assert len(pipeline.peers) == 3
@@ -198,7 +203,9 @@ def test_new_identities_are_capped_per_window_without_creating_state() -> None:
 
 
 def test_a_full_replay_cache_refuses_instead_of_forgetting() -> None:
-    pipeline = AdmissionPipeline(AdmissionConfig(replay_capacity=2, max_age_s=10.0), now=T0)
+    pipeline = AdmissionPipeline(
+        AdmissionConfig(allowed_tasks=FAMILIES, replay_capacity=2, max_age_s=10.0), now=T0
+    )
     first = envelope(heartbeat(1), ALICE)
     assert reason(pipeline.admit(first, T0)) == "accepted"
     assert reason(pipeline.admit(envelope(heartbeat(2), ALICE), T0)) == "accepted"
@@ -290,7 +297,7 @@ def test_a_scorer_failure_is_a_rejection(config: AdmissionConfig) -> None:
 
 def test_a_private_swarm_refuses_keys_off_the_allowlist() -> None:
     pipeline = AdmissionPipeline(
-        AdmissionConfig(allowlist=KeyAllowlist.from_keys([ALICE.public_key])), now=T0
+        AdmissionConfig(allowed_tasks=FAMILIES, allowlist=KeyAllowlist.from_keys([ALICE.public_key])), now=T0
     )
     assert reason(pipeline.admit(envelope(heartbeat(), ALICE), T0)) == "accepted"
     verdict = pipeline.admit(envelope(heartbeat(), BOB), T0)
@@ -306,16 +313,18 @@ def test_a_peer_record_must_name_its_signer(pipeline: AdmissionPipeline) -> None
 def test_manifests_need_a_valid_and_if_configured_trusted_publisher() -> None:
     body = WeightManifestBody("m", 1, (TensorEntry("w", "U8", (10,), 0, 10),), 1024, (bytes(32),), 10)
     manifest = sign_manifest(BOB, body)
-    open_pipeline = AdmissionPipeline(AdmissionConfig(), now=T0)
+    open_pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=FAMILIES), now=T0)
     assert reason(open_pipeline.admit(envelope(manifest, ALICE), T0)) == "accepted"
-    strict = AdmissionPipeline(AdmissionConfig(trusted_publishers=frozenset({ALICE.public_key})), now=T0)
+    strict = AdmissionPipeline(
+        AdmissionConfig(allowed_tasks=FAMILIES, trusted_publishers=frozenset({ALICE.public_key})), now=T0
+    )
     assert reason(strict.admit(envelope(manifest, ALICE), T0)) == "untrusted_publisher"
     forged = replace(manifest, signature=ALICE.sign(b"something else"))
     assert reason(open_pipeline.admit(envelope(forged, ALICE, T0 + 1), T0 + 1)) == "bad_manifest_signature"
 
 
 def test_control_messages_must_be_addressed_to_us() -> None:
-    pipeline = AdmissionPipeline(AdmissionConfig(local_peer_id=BOB.peer_id), now=T0)
+    pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=FAMILIES, local_peer_id=BOB.peer_id), now=T0)
     assert reason(pipeline.admit(envelope(Activate(BOB.peer_id, "m", 1, 1.0, 60), ALICE), T0)) == "accepted"
     wrong = pipeline.admit(envelope(Activate(MALLORY.peer_id, "m", 1, 1.0, 60), ALICE), T0, via="relay")
     assert isinstance(wrong, Rejected) and wrong.reason is RejectReason.WRONG_RECIPIENT
@@ -349,7 +358,7 @@ def test_counters_count_every_verdict_by_reason(tmp_path: Path, config: Admissio
 
 
 def test_evicting_a_peer_from_the_table_never_lifts_its_ban() -> None:
-    pipeline = AdmissionPipeline(AdmissionConfig(max_tracked_peers=2), now=T0)
+    pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=FAMILIES, max_tracked_peers=2), now=T0)
     pipeline.penalize(MALLORY.peer_id, RejectReason.SENDER_MISMATCH, T0)
     for i in range(5):
         pipeline.admit(envelope(heartbeat(), identity(300 + i)), T0)
@@ -375,7 +384,7 @@ def test_admission_reads_no_clock(pipeline: AdmissionPipeline, monkeypatch: pyte
 
 def test_config_must_price_every_reason() -> None:
     with pytest.raises(ValueError, match="penalties"):
-        AdmissionConfig(penalties={RejectReason.BANNED: 0.0})
+        AdmissionConfig(allowed_tasks=FAMILIES, penalties={RejectReason.BANNED: 0.0})
 
 
 def test_question_format_groups_of_an_allowed_family_are_accepted(pipeline: AdmissionPipeline) -> None:
@@ -385,3 +394,20 @@ def test_question_format_groups_of_an_allowed_family_are_accepted(pipeline: Admi
     assert isinstance(verdict, Accepted)
     assert verdict.groups[0].rewards == (1.0, 0.0)
     assert verdict.groups[0].task.prompt.startswith("State the final answer")
+
+
+def test_a_node_must_choose_which_task_families_it_accepts() -> None:
+    with pytest.raises(TypeError, match="allowed_tasks"):
+        AdmissionConfig()  # type: ignore[call-arg]
+
+
+def test_large_envelopes_cost_more_rate_tokens() -> None:
+    config = AdmissionConfig(
+        allowed_tasks=FAMILIES, score=ScoreRule(rate_per_s=1.0, burst=3.0), bytes_per_token=512
+    )
+    pipeline = AdmissionPipeline(config, now=T0)
+    big = batch(make_group(1, completions=make_group(1).completions * 32))
+    assert len(encode_payload(big)) // 512 == 2  # costs 1 + 2 tokens: the whole burst
+    assert reason(pipeline.admit(envelope(big, ALICE), T0)) == "accepted"
+    assert reason(pipeline.admit(envelope(heartbeat(), ALICE), T0)) == "rate_limited"
+    assert reason(pipeline.admit(envelope(heartbeat(), ALICE, T0 + 1), T0 + 1)) == "accepted"

@@ -16,7 +16,8 @@ import pytest
 
 from swarmnode.net import bootstrap
 from swarmnode.net.bootstrap import BootstrapInfo, run_bootstrap
-from tests.net.conftest import LOOPBACK, Swarm, alive, run, wait_gone
+
+from .support import LOOPBACK, Swarm, alive, run, wait_gone
 
 pytestmark = pytest.mark.network
 

@@ -25,7 +25,8 @@ from swarmnode.net.errors import CallFailure, NetError, PeerCallError
 from swarmnode.net.hivemind_runtime import HivemindRuntime, RequestRefused
 from swarmnode.net.libp2p_identity import load_or_create_identity
 from swarmnode.net.records import DEFAULT_MAX_VALUE_BYTES
-from tests.net.conftest import Swarm, Trio, alive, loopback_config, run
+
+from .support import Swarm, Trio, alive, loopback_config, run
 
 pytestmark = pytest.mark.network
 
@@ -282,6 +283,7 @@ def test_a_peer_that_breaks_the_framing_fails_the_call_without_flooding_the_call
 
         def raw_handler(reply: bytes) -> Any:
             async def handle(info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+                await reader.readexactly(5)  # the caller's empty request: one END frame
                 writer.write(reply)
                 await writer.drain()
                 writer.close()

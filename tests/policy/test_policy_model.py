@@ -10,7 +10,13 @@ import torch
 from transformers import AutoTokenizer
 
 from swarmnode.errors import ModelError
-from swarmnode.policy.model import TINY_MODEL_ID, build_tiny_policy, load_policy, save_policy, tiny_config_dict
+from swarmnode.policy.model import (
+    TINY_MODEL_ID,
+    build_tiny_policy,
+    load_policy,
+    save_policy,
+    tiny_config_dict,
+)
 from swarmnode.policy.tokenizer import build_char_tokenizer
 
 

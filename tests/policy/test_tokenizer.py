@@ -15,7 +15,12 @@ from swarmnode.policy.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
 
 def test_special_tokens_have_the_contract_ids() -> None:
     tokenizer = build_char_tokenizer()
-    assert (tokenizer.pad_token_id, tokenizer.bos_token_id, tokenizer.eos_token_id, tokenizer.unk_token_id) == (
+    assert (
+        tokenizer.pad_token_id,
+        tokenizer.bos_token_id,
+        tokenizer.eos_token_id,
+        tokenizer.unk_token_id,
+    ) == (
         0,
         1,
         2,
@@ -57,9 +62,17 @@ def test_saved_tokenizer_loads_with_autotokenizer_and_encodes_the_same(tmp_path:
     assert (tmp_path / "tokenizer.json").is_file()
     loaded = AutoTokenizer.from_pretrained(tmp_path, local_files_only=True)
     text = "(12 - 3) * 4 = 36."
-    assert loaded(text, add_special_tokens=False)["input_ids"] == tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert (
+        loaded(text, add_special_tokens=False)["input_ids"]
+        == tokenizer(text, add_special_tokens=False)["input_ids"]
+    )
     assert loaded.decode(loaded(text, add_special_tokens=False)["input_ids"]) == text
-    assert (loaded.pad_token_id, loaded.bos_token_id, loaded.eos_token_id, loaded.unk_token_id) == (0, 1, 2, 3)
+    assert (loaded.pad_token_id, loaded.bos_token_id, loaded.eos_token_id, loaded.unk_token_id) == (
+        0,
+        1,
+        2,
+        3,
+    )
 
 
 @pytest.mark.parametrize("alphabet", ["", "112", "<"])

@@ -23,7 +23,9 @@ from swarmnode.rollout.types import Completion, GenerationResult, SamplingParams
 from swarmnode.tasks import Task, default_mixture
 
 #: A few steps on tiny batches: exercises the whole procedure in seconds.
-QUICK = WarmStartSettings(batch_size=16, max_steps=4, eval_every=2, eval_tasks=16, heldout_tasks=16, target_accuracy=1.0)
+QUICK = WarmStartSettings(
+    batch_size=16, max_steps=4, eval_every=2, eval_tasks=16, heldout_tasks=16, target_accuracy=1.0
+)
 
 
 def test_warm_start_saves_a_loadable_model_with_its_record(tmp_path: Path) -> None:
@@ -51,7 +53,9 @@ def test_a_second_call_returns_the_cached_model_without_training(
     assert warm_start(tmp_path, default_mixture(0), 0, settings=QUICK) == first
 
 
-def test_same_seed_gives_identical_weights_and_another_seed_or_setting_another_directory(tmp_path: Path) -> None:
+def test_same_seed_gives_identical_weights_and_another_seed_or_setting_another_directory(
+    tmp_path: Path,
+) -> None:
     a = warm_start(tmp_path / "a", default_mixture(0), 0, settings=QUICK)
     b = warm_start(tmp_path / "b", default_mixture(0), 0, settings=QUICK)
     state_a, state_b = load_policy(a).model.state_dict(), load_policy(b).model.state_dict()

@@ -18,7 +18,10 @@ from .test_torch_engine import assert_logprobs_exact
 
 @pytest.mark.parametrize(
     "params",
-    [SamplingParams(temperature=1.0, max_new_tokens=10), SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=10)],
+    [
+        SamplingParams(temperature=1.0, max_new_tokens=10),
+        SamplingParams(temperature=0.6, top_p=0.8, max_new_tokens=10),
+    ],
     ids=["t1", "t0.6-top-p"],
 )
 def test_hf_logprobs_equal_a_full_forward_pass(tiny: Policy, params: SamplingParams) -> None:
@@ -27,7 +30,9 @@ def test_hf_logprobs_equal_a_full_forward_pass(tiny: Policy, params: SamplingPar
 
 
 def test_hf_rows_stop_at_their_own_eos(tiny: Policy) -> None:
-    result = HFEngine(tiny).generate(PROMPTS, 8, SamplingParams(max_new_tokens=16), torch.Generator().manual_seed(1))
+    result = HFEngine(tiny).generate(
+        PROMPTS, 8, SamplingParams(max_new_tokens=16), torch.Generator().manual_seed(1)
+    )
     eos = tiny.eos_token_id
     completions = [c for g in result.completions for c in g]
     assert any(c.finished for c in completions)
@@ -44,7 +49,9 @@ def test_hf_same_generator_seed_gives_the_same_output_without_moving_global_rng(
     a = engine.generate(PROMPTS, 2, SamplingParams(), torch.Generator().manual_seed(9))
     assert torch.equal(torch.rand(2), expected_next)
     b = engine.generate(PROMPTS, 2, SamplingParams(), torch.Generator().manual_seed(9))
-    assert [[c.token_ids for c in g] for g in a.completions] == [[c.token_ids for c in g] for g in b.completions]
+    assert [[c.token_ids for c in g] for g in a.completions] == [
+        [c.token_ids for c in g] for g in b.completions
+    ]
 
 
 @pytest.mark.parametrize("prompts", [PROMPTS, LONG_PROMPTS], ids=["compact", "long"])

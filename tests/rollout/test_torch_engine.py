@@ -18,7 +18,9 @@ from swarmnode.rollout.types import GenerationResult, SamplingParams
 from .conftest import LONG_PROMPTS, PROMPTS, peaked
 
 
-def full_forward_logprobs(policy: Policy, prompt_ids: list[int], completion: list[int], temperature: float) -> list[float]:
+def full_forward_logprobs(
+    policy: Policy, prompt_ids: list[int], completion: list[int], temperature: float
+) -> list[float]:
     """Reference: one unpadded forward over prompt + completion; log_softmax(logits / T) at each token."""
     ids = torch.tensor([prompt_ids + completion])
     with torch.no_grad():
@@ -102,13 +104,19 @@ def _eos_biased(seed: int, eos_logit: float) -> Policy:
 def test_generation_ends_once_every_row_has_finished() -> None:
     policy = _eos_biased(0, 50.0)
     result = TorchEngine(policy).generate(PROMPTS, 3, SamplingParams(temperature=1.0, max_new_tokens=16))
-    assert all(c.token_ids == [policy.eos_token_id] and c.finished and c.text == "" for g in result.completions for c in g)
+    assert all(
+        c.token_ids == [policy.eos_token_id] and c.finished and c.text == ""
+        for g in result.completions
+        for c in g
+    )
     assert result.tokens_generated == len(PROMPTS) * 3
 
 
 def test_rows_finishing_at_different_steps_keep_exact_logprobs() -> None:
     policy = _eos_biased(1, 2.5)  # EOS roughly one time in three: rows end at many different steps
-    result = TorchEngine(policy).generate(PROMPTS, 8, SamplingParams(max_new_tokens=10), torch.Generator().manual_seed(3))
+    result = TorchEngine(policy).generate(
+        PROMPTS, 8, SamplingParams(max_new_tokens=10), torch.Generator().manual_seed(3)
+    )
     lengths = {len(c.token_ids) for g in result.completions for c in g}
     assert len(lengths) >= 4
     assert_logprobs_exact(policy, result, 1.0)
@@ -243,7 +251,9 @@ def test_other_llama_family_models_get_exact_logprobs(model_type: str, extra: di
     policy = _tiny_of(model_type, **extra)
     engine = TorchEngine(policy)
     for prompts in (PROMPTS, LONG_PROMPTS):
-        result = engine.generate(prompts, 3, SamplingParams(temperature=0.8, max_new_tokens=6), torch.Generator().manual_seed(1))
+        result = engine.generate(
+            prompts, 3, SamplingParams(temperature=0.8, max_new_tokens=6), torch.Generator().manual_seed(1)
+        )
         assert_logprobs_exact(policy, result, 0.8)
 
 
@@ -266,7 +276,9 @@ def test_make_engine_knows_torch_hf_and_refuses_vllm_here_and_unknown_names(tiny
         make_engine("sglang", tiny)
 
 
-@pytest.mark.parametrize("bad", [{"temperature": -1.0}, {"top_p": 0.0}, {"top_p": 1.5}, {"max_new_tokens": 0}])
+@pytest.mark.parametrize(
+    "bad", [{"temperature": -1.0}, {"top_p": 0.0}, {"top_p": 1.5}, {"max_new_tokens": 0}]
+)
 def test_invalid_sampling_params_are_rejected(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         SamplingParams(**bad)  # type: ignore[arg-type]

@@ -1,0 +1,308 @@
+"""The gossip driver: performs the sans-IO ``GossipCore``'s actions over hivemind.
+
+Owns: the DHT keys of announcements, the pull stream's framing, running every
+pulled payload through admission, and the pool of admitted external groups.
+Must not: decide what to pull or serve (the core does) or judge a payload (the
+admission pipeline does).
+
+Wire details (protocol/SPEC.md "Gossip transport"):
+- announcement record: DHT key ``swarmnode/<swarm>/round/<r>``, subkey ``part<k>``,
+  value = an encoded ``Announce`` payload; records are owned (signed by the
+  writer's libp2p key), so no peer can overwrite another's.
+- pull: stream handler ``swarmnode.pull.v1``; request = concatenated 32-byte
+  envelope ids; response = for each item found, a 4-byte big-endian length and
+  the envelope bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import struct
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from swarmnode.admit import AdmissionPipeline, Rejected
+from swarmnode.core.events import PeerBanned
+from swarmnode.core.gossip import (
+    AdmissionResult,
+    Admit,
+    Announce,
+    Announced,
+    CancelPull,
+    GossipCore,
+    Publish,
+    Pull,
+    PullFailed,
+    PullRequest,
+    PullSucceeded,
+    ReadAnnouncements,
+    Retire,
+    Serve,
+)
+from swarmnode.metrics import Metrics
+from swarmnode.net.hivemind_runtime import HivemindRuntime
+from swarmnode.train.batch import ScoredGroup
+from swarmnode.wire import Announce as AnnounceMessage
+from swarmnode.wire import Kind, WireError, decode_envelope, decode_payload, encode_payload
+
+log = logging.getLogger(__name__)
+
+PULL_HANDLER = "swarmnode.pull.v1"
+DIGEST_BYTES = 32
+MAX_PULL_REQUEST = 64 * DIGEST_BYTES
+MAX_PULL_RESPONSE = 32 * 1024 * 1024
+DHT_TIMEOUT = 10.0
+
+
+def envelope_digest(data: bytes) -> bytes:
+    """The envelope id a payload must hash to (b"" when it is not an envelope at all)."""
+    envelope = decode_envelope(data)
+    return b"" if isinstance(envelope, WireError) else envelope.envelope_id()
+
+
+def announcement_key(swarm: str, round_index: int) -> str:
+    return f"swarmnode/{swarm}/round/{round_index}"
+
+
+def encode_items(items: Sequence[bytes]) -> bytes:
+    return b"".join(struct.pack(">I", len(item)) + item for item in items)
+
+
+def decode_items(data: bytes, max_items: int) -> list[bytes]:
+    """Inverse of ``encode_items``; raises ValueError on a broken frame."""
+    items: list[bytes] = []
+    offset = 0
+    while offset < len(data):
+        if len(items) >= max_items or offset + 4 > len(data):
+            raise ValueError("pull response: too many items or a cut length prefix")
+        (size,) = struct.unpack_from(">I", data, offset)
+        offset += 4
+        if offset + size > len(data):
+            raise ValueError("pull response: item longer than the response")
+        items.append(data[offset : offset + size])
+        offset += size
+    return items
+
+
+@dataclass
+class PoolEntry:
+    group: ScoredGroup
+    arrived_round: int
+
+
+class ExternalPool:
+    """Admitted external groups waiting to be trained on; bounded, oldest dropped first."""
+
+    def __init__(self, capacity: int = 512, keep_rounds: int = 2) -> None:
+        self._entries: deque[PoolEntry] = deque(maxlen=capacity)
+        self.keep_rounds = keep_rounds
+
+    def add(self, group: ScoredGroup, round_index: int) -> None:
+        self._entries.append(PoolEntry(group, round_index))
+
+    def take_all(self, current_round: int) -> list[ScoredGroup]:
+        """Every fresh group (arrived within ``keep_rounds``); each is handed out once."""
+        fresh = [e.group for e in self._entries if current_round - e.arrived_round <= self.keep_rounds]
+        self._entries.clear()
+        return fresh
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class GossipDriver:
+    """Runs one node's gossip over a started ``HivemindRuntime``."""
+
+    def __init__(
+        self,
+        core: GossipCore,
+        runtime: HivemindRuntime,
+        admission: AdmissionPipeline,
+        pool: ExternalPool,
+        convert: Callable[..., ScoredGroup],
+        metrics: Metrics,
+        swarm: str,
+    ) -> None:
+        self.core = core
+        self.runtime = runtime
+        self.admission = admission
+        self.pool = pool
+        self.convert = convert
+        self.metrics = metrics
+        self.swarm = swarm
+        self.own_payloads: dict[bytes, bytes] = {}
+        self._wake = asyncio.Event()
+        self._pending: list[object] = []
+        self._pulls: dict[int, asyncio.Task[None]] = {}
+        self._background: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------ entry points
+
+    async def start(self) -> None:
+        await self.runtime.add_stream_handler(
+            PULL_HANDLER, self._serve_pull, max_request_bytes=MAX_PULL_REQUEST, timeout=30.0
+        )
+
+    def publish(self, envelope_bytes: bytes) -> bytes:
+        digest = envelope_digest(envelope_bytes)
+        self.own_payloads[digest] = envelope_bytes
+        self._feed(Publish(digest, len(envelope_bytes)))
+        self.metrics.inc("groups_published_batches", "Rollout batches published")
+        return digest
+
+    async def run(self) -> None:
+        """The exchange job: wait for the next deadline or event, perform the resulting actions."""
+        try:
+            while True:
+                deadline = self.core.next_deadline()
+                timeout = None if deadline is None else max(0.0, deadline - time.time())
+                if not self._pending:
+                    self._wake.clear()
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+                    except TimeoutError:
+                        pass
+                now = time.time()
+                events, self._pending = self._pending, []
+                actions = self.core.handle_all(events, now) if events else []  # type: ignore[arg-type]
+                actions += self.core.poll(now)
+                for action in actions:
+                    self._perform(action)
+        finally:
+            for task in [*self._pulls.values(), *self._background]:
+                task.cancel()
+
+    # ------------------------------------------------------------------ internals
+
+    def _feed(self, event: object) -> None:
+        self._pending.append(event)
+        self._wake.set()
+
+    def _spawn(self, coro: object, name: str) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._report_crash)
+        return task
+
+    def _report_crash(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            # Each helper task handles its expected failures; anything else is a bug worth seeing.
+            log.error("gossip task %s crashed", task.get_name(), exc_info=task.exception())
+            self.metrics.inc("task_restarts", "Supervised job failures", job=f"gossip:{task.get_name()}")
+
+    def _perform(self, action: object) -> None:
+        if isinstance(action, Announce):
+            self._spawn(self._announce(action), "announce")
+        elif isinstance(action, ReadAnnouncements):
+            self._spawn(self._read(action), "read")
+        elif isinstance(action, Pull):
+            self._pulls[action.request_id] = self._spawn(self._pull(action), "pull")
+        elif isinstance(action, CancelPull):
+            task = self._pulls.pop(action.request_id, None)
+            if task is not None:
+                task.cancel()
+        elif isinstance(action, Admit):
+            self._admit(action)
+        elif isinstance(action, Retire):
+            self.own_payloads.pop(action.digest, None)
+        elif isinstance(action, Serve):
+            pass  # answered inline by _serve_pull
+        else:
+            log.warning("gossip driver: unknown action %r", action)
+
+    async def _announce(self, action: Announce) -> None:
+        value = encode_payload(AnnounceMessage(round=action.round, rollout_digests=tuple(action.digests)))
+        try:
+            await self.runtime.dht_store(
+                announcement_key(self.swarm, action.round),
+                f"part{action.part}".encode(),
+                value,
+                action.expires_at,
+                timeout=DHT_TIMEOUT,
+                await_all_replicas=False,
+            )
+        except (OSError, TimeoutError, ValueError) as exc:
+            log.info("announcement for round %d not stored: %s", action.round, exc)
+        except Exception as exc:  # noqa: BLE001 - hivemind raises its own types; a failed store is retried next round
+            log.warning("announcement for round %d failed: %r", action.round, exc)
+
+    async def _read(self, action: ReadAnnouncements) -> None:
+        for round_index in action.rounds:
+            try:
+                records = await self.runtime.dht_get(
+                    announcement_key(self.swarm, round_index), timeout=DHT_TIMEOUT
+                )
+            except Exception as exc:  # noqa: BLE001 - a failed read is retried at the next interval
+                log.info("reading announcements of round %d failed: %r", round_index, exc)
+                continue
+            events = []
+            for record in records:
+                if record.owner == self.runtime.peer_id:
+                    continue
+                message = decode_payload(Kind.ANNOUNCE, record.value)
+                if isinstance(message, WireError):
+                    self.metrics.inc("announcements_invalid", "Unreadable announcement records")
+                    log.debug("bad announcement from %s: %s", record.owner, message)
+                    continue
+                if isinstance(message, AnnounceMessage):
+                    events.append(Announced(record.owner, message.round, tuple(message.rollout_digests)))
+            for event in events:
+                self._feed(event)
+
+    async def _pull(self, action: Pull) -> None:
+        try:
+            response = await self.runtime.call_stream(
+                action.peer,
+                PULL_HANDLER,
+                b"".join(action.digests),
+                timeout=action.timeout,
+                max_response_bytes=MAX_PULL_RESPONSE,
+            )
+            payloads = decode_items(response, len(action.digests))
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any transport failure is reported to the core as such
+            self._pulls.pop(action.request_id, None)
+            self._feed(PullFailed(action.request_id, action.peer, type(exc).__name__))
+            return
+        self._pulls.pop(action.request_id, None)
+        items = tuple((envelope_digest(p), p) for p in payloads)
+        self.metrics.inc("groups_received_batches", "Rollout batches received from peers", len(items))
+        self._feed(PullSucceeded(action.request_id, action.peer, items))
+
+    def _admit(self, action: Admit) -> None:
+        now = time.time()
+        verdict = self.admission.admit(action.payload, now, via=action.peer)
+        if isinstance(verdict, Rejected):
+            self.metrics.inc(
+                "groups_rejected", "Rejected rollout batches by reason", reason=verdict.reason.value
+            )
+            self._feed(AdmissionResult(action.peer, action.digest, False, verdict.reason.value))
+            until = self.admission.banned_until(verdict.sender, now) if verdict.sender else None
+            if until is not None:
+                self.metrics.inc("bans", "Peers banned")
+                self._feed(PeerBanned(action.peer, until))
+            return
+        self._feed(AdmissionResult(action.peer, action.digest, True, "accepted"))
+        round_index = self.core.current_round(now)
+        for admitted in verdict.groups:
+            self.metrics.inc("groups_accepted", "External groups admitted")
+            self.pool.add(self.convert(admitted), round_index)
+
+    async def _serve_pull(self, peer_id: str, request: bytes) -> bytes:
+        if len(request) % DIGEST_BYTES:
+            raise ValueError("pull request is not a whole number of 32-byte digests")
+        digests = tuple(request[i : i + DIGEST_BYTES] for i in range(0, len(request), DIGEST_BYTES))
+        actions = self.core.handle(PullRequest(peer_id, digests), time.time())
+        served: list[bytes] = []
+        for action in actions:
+            if isinstance(action, Serve):
+                served = [self.own_payloads[d] for d in action.digests if d in self.own_payloads]
+            else:
+                self._perform(action)
+        self.metrics.inc("groups_served_batches", "Rollout batches served to peers", len(served))
+        return encode_items(served)

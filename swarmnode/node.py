@@ -1,0 +1,364 @@
+"""The node daemon: one asyncio TaskGroup running generate, exchange, train and serve.
+
+Each job is supervised (``swarmnode.supervise``). Torch work (generation,
+training, evaluation) runs in worker threads behind one lock, so the event loop
+keeps serving peers and the API while a step runs, and a slow peer never stalls
+generation: training takes whatever admitted external groups are in the pool
+when its turn comes.
+
+Rounds are wall-clock epochs (``swarm.round_seconds``): at the start of swarm
+round r a node generates its groups and publishes them; at ``TRAIN_AT`` of the
+round it trains on its own groups plus the external groups admitted so far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+from swarmnode import __version__
+from swarmnode.admit import AdmissionConfig, AdmissionPipeline, AdmittedGroup, task_families
+from swarmnode.api import ApiServer, build_app
+from swarmnode.config import Config
+from swarmnode.core.gossip import GossipConfig, GossipCore
+from swarmnode.core.rounds import round_at, round_start
+from swarmnode.exchange import ExternalPool, GossipDriver, envelope_digest
+from swarmnode.home import NodeHome
+from swarmnode.identity import NodeIdentity, load_or_create_identity
+from swarmnode.metrics import Metrics
+from swarmnode.net.config import NetConfig
+from swarmnode.net.hivemind_runtime import HivemindRuntime
+from swarmnode.policy import Policy
+from swarmnode.rollout import make_engine
+from swarmnode.solo import build_mixture, build_policy, configure_threads
+from swarmnode.store import CheckpointStore, Ledger
+from swarmnode.supervise import supervise
+from swarmnode.train import RoundMetrics, ScoredGroup, Trainer
+from swarmnode.wire import Completion, RolloutBatch, RolloutGroup, encode_envelope, seal, to_ms
+from swarmnode.wire.messages import TaskId as WireTaskId
+
+log = logging.getLogger(__name__)
+
+TRAIN_AT = 0.8  # fraction of a swarm round at which a node trains (leaves time for peers' groups)
+T = TypeVar("T")
+
+
+@dataclass
+class OwnRound:
+    swarm_round: int
+    groups: list[ScoredGroup]
+    tokens: int
+    seconds: float
+    started: float
+
+
+def rollout_batch(groups: list[ScoredGroup], model_id: str, version: int, swarm_round: int) -> RolloutBatch:
+    """Own groups as the wire's RolloutBatch (text, token counts, mean log-probs, claimed rewards)."""
+    rewards = [r for g in groups for r in g.rewards]
+    batch_mean = sum(rewards) / len(rewards) if rewards else 0.0
+    out = []
+    for g in groups:
+        t = g.task.id
+        completions = tuple(
+            Completion(
+                text=text,
+                token_count=len(ids),
+                mean_logprob=min(0.0, sum(lp) / len(lp)) if lp else 0.0,
+                claimed_reward_informational=reward,
+            )
+            for text, ids, lp, reward in zip(
+                g.texts, g.completion_ids, g.behaviour_logprobs, g.rewards, strict=True
+            )
+        )
+        out.append(
+            RolloutGroup(
+                task=WireTaskId(t.dataset, t.config, t.seed, t.index, t.prompt_format),
+                prompt=g.task.prompt,
+                completions=completions,
+                model_id=model_id,
+                policy_version=version,
+                round=swarm_round,
+                batch_reward_mean=batch_mean,
+            )
+        )
+    return RolloutBatch(groups=tuple(out))
+
+
+def to_scored(admitted: AdmittedGroup, policy: Policy, max_new_tokens: int) -> ScoredGroup:
+    """An admitted external group, re-tokenized with our tokenizer (SAPO §2 step 5)."""
+    eos = policy.eos_token_id
+    completion_ids = []
+    for c in admitted.group.completions:
+        ids = list(policy.tokenizer(c.text, add_special_tokens=False)["input_ids"])[: max_new_tokens - 1]
+        completion_ids.append([*ids, eos])
+    return ScoredGroup(
+        task=admitted.task,
+        prompt_ids=policy.encode_prompt(admitted.task.prompt),
+        completion_ids=completion_ids,
+        behaviour_logprobs=[],  # computed under our own policy at update time
+        texts=[c.text for c in admitted.group.completions],
+        rewards=list(admitted.rewards),
+        policy_version=admitted.group.policy_version,
+        source=admitted.sender,
+        source_mean_logprobs=[c.mean_logprob for c in admitted.group.completions],
+        source_reward_mean=admitted.group.batch_reward_mean,
+    )
+
+
+class SwarmNode:
+    def __init__(self, config: Config, home: NodeHome, *, max_rounds: int | None = None) -> None:
+        self.config = config
+        self.home = home.ensure()
+        self.max_rounds = max_rounds
+        self.metrics = Metrics()
+        self.torch_lock = threading.Lock()
+        self.started_at = time.time()
+        self.last: RoundMetrics | None = None
+        self.first_reward: float | None = None
+        self.heldout: float | None = None
+        self.rounds_done_here = 0
+        self.stop = asyncio.Event()
+        self.api_port: int | None = None
+
+    # ------------------------------------------------------------------ helpers
+
+    async def _torch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        def locked() -> T:
+            with self.torch_lock:
+                return fn(*args, **kwargs)
+
+        return await asyncio.to_thread(locked)
+
+    def status(self) -> dict[str, Any]:
+        last = self.last
+        return {
+            "name": self.config.node.name,
+            "version": __version__,
+            "peer_id": self.identity.peer_id,
+            "libp2p_peer_id": self.runtime.peer_id if self.runtime.is_running else None,
+            "maddrs": self.runtime.visible_maddrs if self.runtime.is_running else [],
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "swarm_round": round_at(time.time(), self.config.swarm.round_seconds),
+            "rounds": self.trainer.round,
+            "rounds_this_run": self.rounds_done_here,
+            "policy_version": self.trainer.policy.version,
+            "mixing": self.config.swarm.mixing,
+            "reward_first": self.first_reward,
+            "reward_last": last.mean_reward if last else None,
+            "accuracy_last": last.accuracy if last else None,
+            "heldout_accuracy": self.heldout,
+            "tokens_per_s": last.tokens_per_second if last else None,
+            "loss_last": None if last is None or math.isnan(last.loss) else last.loss,
+            "external_pool": len(self.pool),
+            "peers": self.runtime.dht_peer_count() if self.runtime.is_running else 0,
+            "gossip": self.core.stats.as_dict(),
+            "admission": dict(self.admission.counts()),
+            "metrics": self.metrics.snapshot(),
+        }
+
+    def _update_gauges(self, m: RoundMetrics) -> None:
+        g = self.metrics
+        g.inc("rounds", "Training rounds completed")
+        g.set("reward", "Mean reward of own completions, last round", m.mean_reward)
+        g.set("accuracy", "Share of own completions with reward 1, last round", m.accuracy)
+        g.set("tokens_per_second", "Generation throughput, last round", m.tokens_per_second)
+        g.set("policy_version", "Policy version", m.policy_version)
+        g.inc("groups_used", "Groups trained on", m.groups_used, source="own")
+        g.inc("groups_used", "Groups trained on", m.external_used, source="external")
+        if m.heldout_accuracy is not None:
+            g.set("heldout_accuracy", "Greedy accuracy on the held-out set", m.heldout_accuracy)
+        if self.runtime.is_running:
+            g.set("peers", "Peers in the DHT routing table", self.runtime.dht_peer_count())
+
+    # ------------------------------------------------------------------ set-up
+
+    def _build_torch_side(self) -> None:
+        configure_threads(self.config)
+        self.identity: NodeIdentity = load_or_create_identity(self.home.identity_key)
+        self.mixture = build_mixture(self.config)
+        policy = build_policy(self.config, self.home, self.mixture)
+        self.ledger = Ledger(self.home.ledger)
+        self.trainer = Trainer(
+            self.config,
+            policy,
+            make_engine(self.config.model.engine, policy),
+            self.mixture,
+            self.ledger,
+            CheckpointStore(self.home.checkpoints, self.config.checkpoint.keep),
+        )
+        self.trainer.node_id = self.identity.peer_id
+        self.trainer.resume()
+
+    def _net_config(self) -> NetConfig:
+        s = self.config.swarm
+        return NetConfig(
+            identity_path=self.home.p2p / "libp2p.key",
+            host_maddrs=tuple(s.host_maddrs),
+            announce_maddrs=tuple(s.announce_maddrs),
+            initial_peers=tuple(s.initial_peers),
+            peers_file=Path(s.peers_file) if s.peers_file else None,
+            client_mode=s.client_mode,
+        )
+
+    # ------------------------------------------------------------------ jobs
+
+    async def _generate(self) -> None:
+        rs = self.config.swarm.round_seconds
+        last_round = -1
+        while True:
+            now = time.time()
+            r = round_at(now, rs)
+            if r <= last_round:
+                await asyncio.sleep(max(0.01, round_start(last_round + 1, rs) - now))
+                continue
+            started = time.time()
+            groups, tokens, seconds = await self._torch(self.trainer.generate_groups, self.trainer.round + 1)
+            batch = rollout_batch(groups, self.trainer.policy.model_id, self.trainer.policy.version, r)
+            data = encode_envelope(seal(self.identity, batch, to_ms(time.time())))
+            self.driver.publish(data)
+            self.metrics.inc("groups_published", "Own groups published", len(groups))
+            await self.own_rounds.put(OwnRound(r, groups, tokens, seconds, started))
+            last_round = r
+
+    async def _train(self) -> None:
+        rs = self.config.swarm.round_seconds
+        while True:
+            own = await self.own_rounds.get()
+            train_at = round_start(own.swarm_round, rs) + TRAIN_AT * rs
+            await asyncio.sleep(max(0.0, train_at - time.time()))
+            now_round = round_at(time.time(), rs)
+            external = self.pool.take_all(now_round) if self.config.swarm.mixing != "none" else []
+            metrics = await self._torch(
+                self.trainer.train_round,
+                own.groups,
+                external,
+                tokens=own.tokens,
+                gen_seconds=own.seconds,
+                started=own.started,
+            )
+            self.admission.set_policy_version(self.trainer.policy.model_id, self.trainer.policy.version)
+            self.last = metrics
+            self.first_reward = metrics.mean_reward if self.first_reward is None else self.first_reward
+            if metrics.heldout_accuracy is not None:
+                self.heldout = metrics.heldout_accuracy
+            self.rounds_done_here += 1
+            self._update_gauges(metrics)
+            log.info(
+                "round %d: reward %.3f, external used %d, pool %d",
+                metrics.round,
+                metrics.mean_reward,
+                metrics.external_used,
+                len(self.pool),
+            )
+            if self.max_rounds is not None and self.rounds_done_here >= self.max_rounds:
+                self.stop.set()
+                return
+
+    async def _serve(self) -> None:
+        server = ApiServer(
+            build_app(self.metrics, self.status, lambda: self.runtime.is_running),
+            self.config.api.host,
+            self.config.api.port,
+        )
+        await server.start()
+        self.api_port = server.port
+        (self.home.root / "api.port").write_text(str(server.port))
+        log.info("API on http://%s:%d/", self.config.api.host, server.port)
+        try:
+            await asyncio.Event().wait()
+        finally:
+            await server.stop()
+
+    # ------------------------------------------------------------------ run
+
+    async def run(self) -> None:
+        await asyncio.to_thread(self._build_torch_side)
+        self.heldout = await self._torch(self.trainer.evaluate) if self.trainer.heldout else None
+        self.runtime = await HivemindRuntime.create(self._net_config())
+        try:
+            await self._run_jobs()
+        finally:
+            await self.runtime.stop()
+            # Wait for a step in flight (the lock), then keep its work.
+            await self._torch(self.trainer.save_checkpoint)
+            self.ledger.close()
+
+    async def _run_jobs(self) -> None:
+        s = self.config.swarm
+        self.pool = ExternalPool()
+        self.own_rounds: asyncio.Queue[OwnRound] = asyncio.Queue(maxsize=1)
+        self.admission = AdmissionPipeline(
+            AdmissionConfig(
+                allowed_tasks=task_families(self.mixture),
+                max_policy_lag=s.staleness_bound,
+                local_peer_id=self.identity.peer_id,
+            ),
+            now=time.time(),
+            ledger=self.ledger,
+        )
+        self.core = GossipCore(
+            GossipConfig(
+                round_seconds=s.round_seconds, read_interval=max(0.5, min(5.0, s.round_seconds / 4))
+            ),
+            self.runtime.peer_id,
+            digest_of=envelope_digest,
+        )
+        max_new = self.config.rollout.max_new_tokens
+        self.driver = GossipDriver(
+            self.core,
+            self.runtime,
+            self.admission,
+            self.pool,
+            lambda admitted: to_scored(admitted, self.trainer.policy, max_new),
+            self.metrics,
+            swarm="default",
+        )
+        await self.driver.start()
+        log.info(
+            "node %s (libp2p %s) listening on %s",
+            self.identity.peer_id,
+            self.runtime.peer_id,
+            ", ".join(self.runtime.visible_maddrs),
+        )
+        jobs = {
+            "generate": self._generate,
+            "train": self._train,
+            "exchange": self.driver.run,
+            "serve": self._serve,
+        }
+        async with asyncio.TaskGroup() as group:
+            tasks = [
+                group.create_task(supervise(name, job, self.metrics), name=name) for name, job in jobs.items()
+            ]
+
+            async def stop_when_asked() -> None:
+                await self.stop.wait()
+                for task in tasks:
+                    task.cancel()
+
+            group.create_task(stop_when_asked())
+
+
+def run_node(config: Config, home: NodeHome, *, max_rounds: int | None = None) -> None:
+    """Run a node until SIGINT/SIGTERM (or ``max_rounds``); then checkpoint and stop cleanly."""
+    import signal
+
+    node = SwarmNode(config, home, max_rounds=max_rounds)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, node.stop.set)
+        await node.run()
+
+    torch.set_grad_enabled(True)
+    asyncio.run(main())
