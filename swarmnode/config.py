@@ -45,6 +45,12 @@ class TasksConfig(Section):
         "default", description="'default': 2-term chain_sum (tiny model); 'sapo': SAPO's nine generators."
     )
     heldout_size: int = Field(200, ge=0, description="Held-out tasks for accuracy evaluation.")
+    seed: int = Field(
+        -1,
+        ge=-1,
+        description="Task stream seed; -1 = node.seed. The same value on every node makes peers "
+        "answer the same prompts each swarm round (HACPO's joint groups).",
+    )
 
 
 class RolloutConfig(Section):

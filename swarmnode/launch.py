@@ -146,6 +146,8 @@ class LocalSwarm:
                 "swarm.initial_peers": peers,
                 "swarm.round_seconds": self.round_seconds,
                 "checkpoint.every_rounds": 5,
+                # HACPO compares agents on the same prompts: share the task stream.
+                "tasks.seed": 0 if self.mixing == "hacpo" else -1,
             },
         )
         atomic_write_text(home.config_file, render_commented_config(config))

@@ -221,7 +221,9 @@ class SwarmNode:
                 await asyncio.sleep(max(0.01, round_start(last_round + 1, rs) - now))
                 continue
             started = time.time()
-            groups, tokens, seconds = await self._torch(self.trainer.generate_groups, self.trainer.round + 1)
+            # A shared task seed means "same prompts as the swarm this round": index tasks by swarm round.
+            task_round = r if self.config.tasks.seed >= 0 else self.trainer.round + 1
+            groups, tokens, seconds = await self._torch(self.trainer.generate_groups, task_round)
             batch = rollout_batch(groups, self.trainer.policy.model_id, self.trainer.policy.version, r)
             data = encode_envelope(seal(self.identity, batch, to_ms(time.time())))
             self.driver.publish(data)

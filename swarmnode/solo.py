@@ -33,9 +33,10 @@ log = logging.getLogger(__name__)
 
 
 def build_mixture(config: Config) -> TaskMixture:
+    seed = config.tasks.seed if config.tasks.seed >= 0 else config.node.seed
     if config.tasks.mixture == "sapo":
-        return sapo_mixture(config.node.seed)
-    return default_mixture(config.node.seed)
+        return sapo_mixture(seed)
+    return default_mixture(seed)
 
 
 def build_policy(config: Config, home: NodeHome, mixture: TaskMixture, say: TextIO = sys.stderr) -> Policy:

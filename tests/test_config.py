@@ -89,3 +89,12 @@ def test_reference_lists_every_key() -> None:
         assert model.annotation is not None
         for key in model.annotation.model_fields:  # type: ignore[union-attr]
             assert f"`{section}.{key}`" in table
+
+
+def test_readme_configuration_reference_is_up_to_date() -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    start, end = "<!-- config-reference:start -->", "<!-- config-reference:end -->"
+    section = readme[readme.index(start) + len(start) : readme.index(end)].strip()
+    assert section == reference_markdown().strip(), (
+        "README's configuration reference is stale: paste the output of `swarmnode config reference`"
+    )

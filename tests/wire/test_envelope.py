@@ -162,3 +162,24 @@ def test_manifest_publisher_signature_is_independent_of_the_relay() -> None:
     assert isinstance(relayed, Envelope) and relayed.verify() and relayed.sender_key == relay.public_key
     assert not verify_manifest(replace(manifest, body_bytes=manifest.body_bytes + b"\x00"))
     assert not verify_manifest(replace(manifest, publisher_key=relay.public_key))
+
+
+def test_an_envelope_of_many_tiny_fields_is_refused_by_the_scan_before_parsing() -> None:
+    result = decode_envelope(b"\x08\x01" * 1_000_000)  # 2 MB of `version = 1`: ~20 ms for the parser
+    assert isinstance(result, WireError) and result.reason is WireReason.MALFORMED
+    assert "more than 16 fields" in result.detail
+
+
+def test_group_encoded_fields_are_refused_in_an_envelope() -> None:
+    data = encode_envelope(seal(ME, BEAT, 5_000)) + b"\xa3\x01\xa4\x01"
+    result = decode_envelope(data)
+    assert (
+        isinstance(result, WireError) and result.reason is WireReason.MALFORMED and "group" in result.detail
+    )
+
+
+def test_up_to_16_fields_with_unknown_ones_are_tolerated() -> None:
+    env = seal(ME, BEAT, 5_000)
+    unknown = b"".join(bytes([(n << 3) & 0x7F | 0x80, n >> 4, 0]) for n in range(20, 30))
+    decoded = decode_envelope(encode_envelope(env) + unknown)
+    assert decoded == env
