@@ -43,6 +43,7 @@ from swarmnode.core.gossip import (
     Serve,
 )
 from swarmnode.metrics import Metrics
+from swarmnode.net.errors import NetError, PeerCallError
 from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.train.batch import ScoredGroup
 from swarmnode.wire import Announce as AnnounceMessage
@@ -225,10 +226,8 @@ class GossipDriver:
                 timeout=DHT_TIMEOUT,
                 await_all_replicas=False,
             )
-        except (OSError, TimeoutError, ValueError) as exc:
+        except (NetError, OSError, ValueError) as exc:  # the core re-announces; nothing is lost
             log.info("announcement for round %d not stored: %s", action.round, exc)
-        except Exception as exc:  # noqa: BLE001 - hivemind raises its own types; a failed store is retried next round
-            log.warning("announcement for round %d failed: %r", action.round, exc)
 
     async def _read(self, action: ReadAnnouncements) -> None:
         for round_index in action.rounds:
@@ -236,7 +235,7 @@ class GossipDriver:
                 records = await self.runtime.dht_get(
                     announcement_key(self.swarm, round_index), timeout=DHT_TIMEOUT
                 )
-            except Exception as exc:  # noqa: BLE001 - a failed read is retried at the next interval
+            except (NetError, OSError) as exc:  # retried at the next read interval
                 log.info("reading announcements of round %d failed: %r", round_index, exc)
                 continue
             events = []
@@ -263,11 +262,10 @@ class GossipDriver:
                 max_response_bytes=MAX_PULL_RESPONSE,
             )
             payloads = decode_items(response, len(action.digests))
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any transport failure is reported to the core as such
+        except (PeerCallError, NetError, ValueError, OSError) as exc:
             self._pulls.pop(action.request_id, None)
-            self._feed(PullFailed(action.request_id, action.peer, type(exc).__name__))
+            reason = exc.reason.value if isinstance(exc, PeerCallError) else type(exc).__name__
+            self._feed(PullFailed(action.request_id, action.peer, str(reason)))
             return
         self._pulls.pop(action.request_id, None)
         items = tuple((envelope_digest(p), p) for p in payloads)
@@ -276,7 +274,8 @@ class GossipDriver:
 
     def _admit(self, action: Admit) -> None:
         now = time.time()
-        verdict = self.admission.admit(action.payload, now, via=action.peer)
+        # Pulled by id, so solicited: the per-sender rate bucket is for unsolicited pushes.
+        verdict = self.admission.admit(action.payload, now, via=action.peer, solicited=True)
         if isinstance(verdict, Rejected):
             self.metrics.inc(
                 "groups_rejected", "Rejected rollout batches by reason", reason=verdict.reason.value

@@ -178,11 +178,14 @@ class AdmissionPipeline:
     def _wire(self, error: WireError, now: float, *, signer: str | None, via: str | None) -> Rejected:
         return self._reject(_WIRE_TO_REJECT[error.reason], error.detail, now, signer=signer, via=via)
 
-    def admit(self, data: bytes, now: float, *, via: str | None = None) -> Verdict:
+    def admit(self, data: bytes, now: float, *, via: str | None = None, solicited: bool = False) -> Verdict:
         """Run ``data`` (one envelope as received) through every step; see the module docstring.
 
         ``via``: the transport-level id of the peer that delivered the bytes, when
         the driver knows it; it is charged for failures the signer cannot be blamed for.
+        ``solicited``: the driver asked for these bytes (a pull by envelope id, a chunk
+        it requested) and paces those requests itself, so the sender's rate bucket is
+        not charged; every other check applies. Never set it on a peer's say-so.
         """
         # 0. transport peer
         if via is not None and (until := self.peers.banned(via, now)) is not None:
@@ -208,7 +211,7 @@ class AdmissionPipeline:
             )
         signer = envelope.sender_id
         # 4. sender
-        rejected = self._check_sender(envelope, signer, now)
+        rejected = self._check_sender(envelope, signer, now, solicited)
         if rejected is not None:
             return rejected
         # 5. payload
@@ -268,7 +271,7 @@ class AdmissionPipeline:
         self.peers.reward(signer, now)
         return Accepted(envelope=envelope, sender=signer, message=message, groups=groups)
 
-    def _check_sender(self, envelope: Envelope, signer: str, now: float) -> Rejected | None:
+    def _check_sender(self, envelope: Envelope, signer: str, now: float, solicited: bool) -> Rejected | None:
         until = self.peers.banned(signer, now)
         if until is not None:
             return self._reject(
@@ -294,7 +297,8 @@ class AdmissionPipeline:
             )
         # Large envelopes cost more tokens: parsing cost grows with size (~70 ms for 1 MiB of tiny fields).
         cost = 1.0 + len(envelope.payload) // self.config.bytes_per_token
-        if not self.peers.state(signer, now).bucket.take(now, cost):
+        state = self.peers.state(signer, now)
+        if not solicited and not state.bucket.take(now, cost):
             return self._reject(
                 RejectReason.RATE_LIMITED, f"sender {signer} over its rate", now, signer=signer, via=None
             )

@@ -24,8 +24,8 @@ DEFAULT_UNARY_MAX_BYTES = 1024 * 1024  # well under hivemind's 4 MiB persistent-
 
 
 def default_identity_path(home: Path) -> Path:
-    """Where a node or bootstrap home keeps its libp2p identity."""
-    return home / "net" / "libp2p.key"
+    """Where a node or bootstrap home keeps its libp2p identity (``swarmnode.home.Home.p2p``)."""
+    return home / "p2p" / "libp2p.key"
 
 
 @dataclass(frozen=True)

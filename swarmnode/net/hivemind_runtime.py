@@ -258,6 +258,7 @@ class HivemindRuntime:
             await self._dial_initial_peers()
         if self._initial_peers:
             self._rejoin_task = asyncio.create_task(self._rejoin_loop(), name="swarmnode-dht-rejoin")
+            self._rejoin_task.add_done_callback(_log_crash)
 
     async def stop(self) -> None:
         """Stop the DHT node and p2pd (SIGKILL after ``shutdown_timeout``); idempotent."""
@@ -271,8 +272,7 @@ class HivemindRuntime:
     async def _teardown(self, timeout: float) -> None:
         if self._rejoin_task is not None:
             self._rejoin_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._rejoin_task
+            await asyncio.wait([self._rejoin_task])  # a crash was already logged by _log_crash
         # hivemind does not cancel handlers still serving when it closes: we do, so no
         # handler outlives the runtime (and none is left pending when the loop closes).
         serving = [task for task in self._serving if task is not asyncio.current_task()]
@@ -704,6 +704,11 @@ class HivemindRuntime:
         self._require_running()
         assert self._dht is not None
         return self._dht
+
+
+def _log_crash(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("%s crashed", task.get_name(), exc_info=task.exception())
 
 
 def _no_initial_peer(peers: list[str], cause: BaseException) -> NetError:

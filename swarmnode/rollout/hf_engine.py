@@ -37,13 +37,25 @@ class HFEngine:
     def _generation_config(self, params: SamplingParams) -> GenerationConfig:
         policy = self._policy
         sampling: dict[str, object] = (
-            {"do_sample": False}
+            {"do_sample": False, "temperature": 1.0, "top_p": 1.0}
             if params.greedy
             else {"do_sample": True, "temperature": params.temperature, "top_p": params.top_p}
         )
+        if getattr(getattr(policy.model, "generation_config", None), "min_p", None) is not None:
+            sampling["min_p"] = 0.0  # only override when the model sets one (0.0 still adds a warper)
         return GenerationConfig(
             max_new_tokens=params.max_new_tokens,
-            top_k=None,  # the convention has no top-k; older defaults (50) must not leak in
+            min_new_tokens=0,
+            # generate() fills every unset (None) field from the model's own
+            # generation_config and then from global defaults (top_k=50!): spell out
+            # the neutral value of every logits processor so only T and top-p act.
+            top_k=0,
+            typical_p=1.0,
+            epsilon_cutoff=0.0,
+            eta_cutoff=0.0,
+            repetition_penalty=1.0,
+            no_repeat_ngram_size=0,
+            num_beams=1,
             eos_token_id=policy.eos_token_id,
             pad_token_id=policy.pad_token_id,
             bos_token_id=policy.bos_token_id,

@@ -411,3 +411,14 @@ def test_large_envelopes_cost_more_rate_tokens() -> None:
     assert reason(pipeline.admit(envelope(big, ALICE), T0)) == "accepted"
     assert reason(pipeline.admit(envelope(heartbeat(), ALICE), T0)) == "rate_limited"
     assert reason(pipeline.admit(envelope(heartbeat(), ALICE, T0 + 1), T0 + 1)) == "accepted"
+
+
+def test_solicited_responses_skip_the_rate_bucket_but_no_other_check() -> None:
+    config = AdmissionConfig(allowed_tasks=FAMILIES, score=ScoreRule(rate_per_s=0.001, burst=1.0))
+    pipeline = AdmissionPipeline(config, now=T0)
+    assert reason(pipeline.admit(envelope(heartbeat(0), ALICE), T0)) == "accepted"
+    assert reason(pipeline.admit(envelope(heartbeat(1), ALICE), T0)) == "rate_limited"
+    got = [reason(pipeline.admit(envelope(heartbeat(i), ALICE), T0, solicited=True)) for i in range(2, 12)]
+    assert got == ["accepted"] * 10
+    forged = encode_envelope(replace(seal(ALICE, heartbeat(99), to_ms(T0)), signature=bytes(64)))
+    assert reason(pipeline.admit(forged, T0, solicited=True)) == "bad_signature"

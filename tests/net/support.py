@@ -43,7 +43,7 @@ def run(coro: Coroutine[Any, Any, T], timeout: float = 120.0) -> T:
 def loopback_config(
     tmp: Path | None, name: str, peers: list[str] | tuple[str, ...] = (), **kw: Any
 ) -> NetConfig:
-    identity = tmp / name / "net" / "libp2p.key" if tmp is not None else None
+    identity = tmp / name / "p2p" / "libp2p.key" if tmp is not None else None
     kw.setdefault("host_maddrs", LOOPBACK)
     return NetConfig(identity_path=identity, initial_peers=tuple(peers), **kw)
 

@@ -153,7 +153,7 @@ def test_values_that_would_confuse_the_signature_validator_are_not_storable() ->
 
 
 def test_identity_is_created_private_and_reloads_with_the_same_peer_id(tmp_path: Path) -> None:
-    path = tmp_path / "home" / "net" / "libp2p.key"
+    path = tmp_path / "home" / "p2p" / "libp2p.key"
     created = load_or_create_identity(path)
     assert created.created
     assert path.stat().st_mode & 0o777 == 0o600

@@ -28,10 +28,19 @@ QUICK = WarmStartSettings(
 )
 
 
-def test_warm_start_saves_a_loadable_model_with_its_record(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def quick_home(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, list[str]]:
+    """One quick warm start shared by the tests below (home, progress messages)."""
+    home = tmp_path_factory.mktemp("home")
     messages: list[str] = []
-    path = warm_start(tmp_path, default_mixture(0), 0, messages.append, settings=QUICK)
-    assert path.parent == tmp_path / "models"
+    warm_start(home, default_mixture(0), 0, messages.append, settings=QUICK)
+    return home, messages
+
+
+def test_warm_start_saves_a_loadable_model_with_its_record(quick_home: tuple[Path, list[str]]) -> None:
+    home, messages = quick_home
+    path = warm_start_dir(home, default_mixture(0), 0, QUICK)
+    assert path.parent == home / "models"
     assert path.name.startswith("tiny-warm-")
     info = read_warm_start_info(path)
     assert info["steps"] == 4 and info["stopped_by"] == "max_steps"
@@ -42,22 +51,26 @@ def test_warm_start_saves_a_loadable_model_with_its_record(tmp_path: Path) -> No
 
 
 def test_a_second_call_returns_the_cached_model_without_training(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    quick_home: tuple[Path, list[str]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    first = warm_start(tmp_path, default_mixture(0), 0, settings=QUICK)
+    home, _ = quick_home
 
     def no_training(seed: int) -> Policy:
         raise AssertionError("a cached warm start must not train again")
 
     monkeypatch.setattr(warmstart_module, "build_tiny_policy", no_training)
-    assert warm_start(tmp_path, default_mixture(0), 0, settings=QUICK) == first
+    started = time.perf_counter()
+    path = warm_start(home, default_mixture(0), 0, settings=QUICK)
+    assert path == warm_start_dir(home, default_mixture(0), 0, QUICK)
+    assert time.perf_counter() - started < 5.0  # generous: it only checks for a file
 
 
-def test_same_seed_gives_identical_weights_and_another_seed_or_setting_another_directory(
-    tmp_path: Path,
+def test_same_seed_gives_identical_weights_and_other_settings_other_directories(
+    quick_home: tuple[Path, list[str]], tmp_path: Path
 ) -> None:
-    a = warm_start(tmp_path / "a", default_mixture(0), 0, settings=QUICK)
-    b = warm_start(tmp_path / "b", default_mixture(0), 0, settings=QUICK)
+    home, _ = quick_home
+    a = warm_start_dir(home, default_mixture(0), 0, QUICK)
+    b = warm_start(tmp_path, default_mixture(0), 0, settings=QUICK)
     state_a, state_b = load_policy(a).model.state_dict(), load_policy(b).model.state_dict()
     assert all(torch.equal(state_a[k], state_b[k]) for k in state_a)
     assert a.name == b.name

@@ -89,3 +89,17 @@ def test_torch_and_hf_engines_sample_sequences_of_the_same_likelihood(sharp: Pol
         stats.append((float(totals.mean()), float(totals.std()) / len(totals) ** 0.5))
     (mean_a, se_a), (mean_b, se_b) = stats
     assert abs(mean_a - mean_b) < 4 * (se_a**2 + se_b**2) ** 0.5
+
+
+def test_hf_engine_ignores_sampling_defaults_in_the_models_generation_config() -> None:
+    from swarmnode.policy.model import build_tiny_policy
+
+    policy = build_tiny_policy(0)
+    policy.model.generation_config.top_k = 1  # would make every sample the argmax
+    policy.model.generation_config.repetition_penalty = 5.0
+    policy.model.generation_config.temperature = 0.1
+    result = HFEngine(policy).generate(
+        ["7+8="], 400, SamplingParams(max_new_tokens=1), torch.Generator().manual_seed(0)
+    )
+    first_tokens = Counter(c.token_ids[0] for c in result.completions[0])
+    assert len(first_tokens) > 10  # near-uniform at random init, T=1: many distinct tokens
