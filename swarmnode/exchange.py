@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import struct
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
-from swarmnode.admit import AdmissionPipeline, Rejected
+from swarmnode.admit import AdmissionPipeline, Rejected, RejectReason
 from swarmnode.core.events import PeerBanned
 from swarmnode.core.gossip import (
     AdmissionResult,
@@ -47,7 +48,7 @@ from swarmnode.net.errors import NetError, PeerCallError
 from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.train.batch import ScoredGroup
 from swarmnode.wire import Announce as AnnounceMessage
-from swarmnode.wire import Kind, WireError, decode_envelope, decode_payload, encode_payload
+from swarmnode.wire import Kind, RolloutGroup, WireError, decode_envelope, decode_payload, encode_payload
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,8 @@ DIGEST_BYTES = 32
 MAX_PULL_REQUEST = 64 * DIGEST_BYTES
 MAX_PULL_RESPONSE = 32 * 1024 * 1024
 DHT_TIMEOUT = 10.0
+ANNOUNCE_ATTEMPTS = 4
+ANNOUNCE_RETRY_DELAY = 0.5  # seconds before the second attempt, doubled for each further one
 
 
 def envelope_digest(data: bytes) -> bytes:
@@ -86,6 +89,19 @@ def decode_items(data: bytes, max_items: int) -> list[bytes]:
         items.append(data[offset : offset + size])
         offset += size
     return items
+
+
+MAX_TALLIED_SENDERS = 256
+
+
+@dataclass
+class SenderTally:
+    """What one signer's admitted groups brought: rewards as we scored them and as it claimed."""
+
+    groups: int = 0
+    completions: int = 0
+    reward_sum: float = 0.0  # our verifier's rewards: the ones training uses
+    claimed_reward_sum: float = 0.0  # the sender's own claims: informational, never used
 
 
 @dataclass
@@ -139,6 +155,8 @@ class GossipDriver:
         self._pending: list[object] = []
         self._pulls: dict[int, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
+        self._senders: dict[str, SenderTally] = {}
+        self._announced: dict[tuple[int, int], float] = {}  # (round, part) -> expiry last stored
 
     # ------------------------------------------------------------------ entry points
 
@@ -148,7 +166,16 @@ class GossipDriver:
         )
 
     def publish(self, envelope_bytes: bytes) -> bytes:
-        digest = envelope_digest(envelope_bytes)
+        envelope = decode_envelope(envelope_bytes)
+        if isinstance(envelope, WireError):
+            raise ValueError(f"refusing to publish bytes that are not an envelope: {envelope.detail}")
+        digest = envelope.envelope_id()
+        # Our own envelope handed back to us by a peer is a replay. Admission only remembers
+        # what it admitted, so without this it would admit our own rollouts as a peer's once the
+        # core has forgotten the digest (measured: tests/swarm/test_adversary.py).
+        replay, now = self.admission.replay, time.time()
+        if replay.room(now, 1):
+            replay.add(digest, envelope.sent_at_ms / 1000.0 + self.admission.config.max_age_s)
         self.own_payloads[digest] = envelope_bytes
         self._feed(Publish(digest, len(envelope_bytes)))
         self.metrics.inc("groups_published_batches", "Rollout batches published")
@@ -216,18 +243,46 @@ class GossipDriver:
             log.warning("gossip driver: unknown action %r", action)
 
     async def _announce(self, action: Announce) -> None:
+        """Store the record, retrying a failed or refused store (the core never re-announces a
+        part on its own: a lost store would lose every item in it) until a newer ``Announce`` of
+        the same part takes over, the record would have expired, or the attempts run out."""
         value = encode_payload(AnnounceMessage(round=action.round, rollout_digests=tuple(action.digests)))
-        try:
-            await self.runtime.dht_store(
-                announcement_key(self.swarm, action.round),
-                f"part{action.part}".encode(),
-                value,
-                action.expires_at,
-                timeout=DHT_TIMEOUT,
-                await_all_replicas=False,
+        part = (action.round, action.part)
+        now = time.time()
+        for key in [k for k, expiry in self._announced.items() if expiry <= now]:
+            del self._announced[key]  # bounded: only parts whose records are still live
+        for attempt in range(ANNOUNCE_ATTEMPTS):
+            # hivemind keeps a subkey's record only if the new one expires strictly later, so
+            # each store of a part (a re-announcement with more digests, a retry) expires 1 ms
+            # after the previous one; otherwise the replicas would keep the first version.
+            expires_at = max(action.expires_at, self._announced.get(part, -math.inf) + 0.001)
+            if expires_at <= time.time():
+                return
+            self._announced[part] = expires_at
+            try:
+                if await self.runtime.dht_store(
+                    announcement_key(self.swarm, action.round),
+                    f"part{action.part}".encode(),
+                    value,
+                    expires_at,
+                    timeout=DHT_TIMEOUT,
+                    await_all_replicas=False,
+                ):
+                    return
+                failure = "no replica accepted it"
+            except (NetError, OSError) as exc:
+                failure = str(exc)
+            except ValueError as exc:  # not storable at all: retrying cannot help
+                log.warning("announcement for round %d not storable: %s", action.round, exc)
+                return
+            log.info(
+                "announcement for round %d not stored (attempt %d): %s", action.round, attempt + 1, failure
             )
-        except (NetError, OSError, ValueError) as exc:  # the core re-announces; nothing is lost
-            log.info("announcement for round %d not stored: %s", action.round, exc)
+            if attempt + 1 == ANNOUNCE_ATTEMPTS:
+                return
+            await asyncio.sleep(ANNOUNCE_RETRY_DELAY * 2**attempt)
+            if self._announced.get(part) != expires_at:
+                return  # a newer Announce of this part (a superset of these digests) took over
 
     async def _read(self, action: ReadAnnouncements) -> None:
         for round_index in action.rounds:
@@ -268,29 +323,66 @@ class GossipDriver:
             self._feed(PullFailed(action.request_id, action.peer, str(reason)))
             return
         self._pulls.pop(action.request_id, None)
-        items = tuple((envelope_digest(p), p) for p in payloads)
+        items = []
+        for payload in payloads:
+            digest = envelope_digest(payload)
+            if digest:
+                items.append((digest, payload))
+            else:
+                # Not an envelope (too large, malformed, ...), so no digest ties it to a request
+                # and the core would drop it unseen: admission still judges it, and charges the
+                # peer that sent it, as for any other bytes from a peer.
+                self._refuse_non_envelope(action.peer, payload)
         self.metrics.inc("groups_received_batches", "Rollout batches received from peers", len(items))
-        self._feed(PullSucceeded(action.request_id, action.peer, items))
+        self._feed(PullSucceeded(action.request_id, action.peer, tuple(items)))
 
     def _admit(self, action: Admit) -> None:
         now = time.time()
         # Pulled by id, so solicited: the per-sender rate bucket is for unsolicited pushes.
         verdict = self.admission.admit(action.payload, now, via=action.peer, solicited=True)
         if isinstance(verdict, Rejected):
-            self.metrics.inc(
-                "groups_rejected", "Rejected rollout batches by reason", reason=verdict.reason.value
-            )
             self._feed(AdmissionResult(action.peer, action.digest, False, verdict.reason.value))
-            until = self.admission.banned_until(verdict.sender, now) if verdict.sender else None
-            if until is not None:
-                self.metrics.inc("bans", "Peers banned")
-                self._feed(PeerBanned(action.peer, until))
+            self._rejected(action.peer, verdict, now)
             return
         self._feed(AdmissionResult(action.peer, action.digest, True, "accepted"))
         round_index = self.core.current_round(now)
         for admitted in verdict.groups:
             self.metrics.inc("groups_accepted", "External groups admitted")
-            self.pool.add(self.convert(admitted), round_index)
+            scored = self.convert(admitted)
+            self.pool.add(scored, round_index)
+            self._tally(admitted.sender, scored.rewards, admitted.group)
+
+    def _refuse_non_envelope(self, peer: str, payload: bytes) -> None:
+        now = time.time()
+        verdict = self.admission.admit(payload, now, via=peer, solicited=True)
+        if isinstance(verdict, Rejected):  # always: the bytes do not decode as an envelope
+            self._rejected(peer, verdict, now)
+
+    def _rejected(self, peer: str, verdict: Rejected, now: float) -> None:
+        self.metrics.inc("groups_rejected", "Rejected rollout batches by reason", reason=verdict.reason.value)
+        # The peer this rejection charged (signer or transport peer), else whom a BANNED verdict
+        # names; a ban on either stops the core pulling from the delivering peer.
+        suspect = verdict.charged or verdict.sender or peer
+        until = self.admission.banned_until(suspect, now)
+        if until is not None:
+            if verdict.reason is not RejectReason.BANNED:  # this rejection crossed the threshold
+                self.metrics.inc("bans", "Peers banned")
+            self._feed(PeerBanned(peer, until))
+
+    def _tally(self, sender: str, rewards: Sequence[float], group: RolloutGroup) -> None:
+        tally = self._senders.get(sender)
+        if tally is None:
+            if len(self._senders) >= MAX_TALLIED_SENDERS:
+                return  # bounded: later newcomers are only counted in the metrics
+            tally = self._senders[sender] = SenderTally()
+        tally.groups += 1
+        tally.completions += len(rewards)
+        tally.reward_sum += sum(rewards)
+        tally.claimed_reward_sum += sum(c.claimed_reward_informational for c in group.completions)
+
+    def sender_tallies(self) -> dict[str, dict[str, float]]:
+        """Per signer (Ed25519 peer id): admitted groups and their rewards, ours and claimed."""
+        return {sender: asdict(tally) for sender, tally in self._senders.items()}
 
     async def _serve_pull(self, peer_id: str, request: bytes) -> bytes:
         if len(request) % DIGEST_BYTES:

@@ -162,6 +162,7 @@ class SwarmNode:
             "peers": self.runtime.dht_peer_count() if self.runtime.is_running else 0,
             "gossip": self.core.stats.as_dict(),
             "admission": dict(self.admission.counts()),
+            "external_by_sender": self.driver.sender_tallies(),
             "metrics": self.metrics.snapshot(),
         }
 

@@ -16,7 +16,7 @@ import torch
 from transformers import GenerationConfig
 
 from swarmnode.policy.model import Policy
-from swarmnode.rollout.types import Completion, GenerationResult, SamplingParams, sequence_logprobs
+from swarmnode.rollout.types import GenerationResult, SamplingParams, group_completions, sequence_logprobs
 
 
 class HFEngine:
@@ -103,23 +103,7 @@ class HFEngine:
             new_tokens = output.sequences[:, width:]
             scores = torch.stack(output.logits, dim=1)  # (P*n, steps, vocab), raw logits
             logprobs = sequence_logprobs(scores, new_tokens, params)
-        token_rows = new_tokens.tolist()
-        logprob_rows = logprobs.tolist()
-        eos = policy.eos_token_id
-        completions: list[list[Completion]] = []
-        generated = 0
-        for p in range(len(prompt_ids)):
-            group = []
-            for s in range(n):
-                row = token_rows[p * n + s]
-                finished = eos in row
-                length = row.index(eos) + 1 if finished else len(row)
-                ids = row[:length]
-                group.append(
-                    Completion(ids, logprob_rows[p * n + s][:length], policy.decode_completion(ids), finished)
-                )
-                generated += length
-            completions.append(group)
+        completions, generated = group_completions(policy, new_tokens.tolist(), logprobs.tolist(), n)
         return GenerationResult(
             prompt_ids, completions, policy.version, generated, time.perf_counter() - started
         )

@@ -40,9 +40,9 @@ from torch import nn
 from swarmnode.errors import EngineUnavailable
 from swarmnode.policy.model import Policy
 from swarmnode.rollout.types import (
-    Completion,
     GenerationResult,
     SamplingParams,
+    group_completions,
     scaled_logits,
     top_p_filter,
 )
@@ -216,7 +216,7 @@ class _Weights:
         embed = inner.embed_tokens.weight.detach()
         table = None
         first = layers[0]
-        if embed.shape[0] * first.qkv.shape[1] <= LAYER0_TABLE_LIMIT and first.q_norm is None:
+        if embed.shape[0] * first.qkv.shape[1] <= LAYER0_TABLE_LIMIT:
             table = _project(
                 F.rms_norm(embed, (embed.shape[1],), None, first.eps1), first.qkv, first.qkv_bias
             )
@@ -472,7 +472,11 @@ def _sample(
 
 
 class TorchEngine:
-    """Plain-torch batched sampler with a KV cache; see the module docstring."""
+    """Plain-torch batched sampler with a KV cache; see the module docstring.
+
+    One engine serves one thread: do not change the weights from another thread
+    while ``generate`` runs (the trainer generates, then updates, in turn).
+    """
 
     name = "torch"
     #: Prompts at least this long (tokens, incl. BOS) keep one shared K/V per group
@@ -520,26 +524,7 @@ class TorchEngine:
             return GenerationResult([], [], policy.version, 0, time.perf_counter() - started)
         with torch.inference_mode():
             tokens, logprobs = self._run(prompt_ids, n, params, generator)
-        eos = policy.eos_token_id
-        completions: list[list[Completion]] = []
-        generated = 0
-        for p in range(len(prompt_ids)):
-            group = []
-            for s in range(n):
-                row = tokens[p * n + s]
-                finished = eos in row
-                length = row.index(eos) + 1 if finished else len(row)
-                ids = row[:length]
-                group.append(
-                    Completion(
-                        token_ids=ids,
-                        logprobs=logprobs[p * n + s][:length],
-                        text=policy.decode_completion(ids),
-                        finished=finished,
-                    )
-                )
-                generated += length
-            completions.append(group)
+        completions, generated = group_completions(policy, tokens, logprobs, n)
         return GenerationResult(
             prompt_ids=prompt_ids,
             completions=completions,

@@ -106,3 +106,26 @@ def sequence_logprobs(scores: torch.Tensor, tokens: torch.Tensor, params: Sampli
     """Log-probs of ``tokens`` (..., ) under ``scores`` (..., vocab) by the convention above."""
     logp = torch.log_softmax(scaled_logits(scores, params), dim=-1)
     return logp.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+
+
+def group_completions(
+    policy: Policy, token_rows: list[list[int]], logprob_rows: list[list[float]], n: int
+) -> tuple[list[list[Completion]], int]:
+    """Cut engine rows (row ``p*n + s`` = sample s of prompt p) into ``completions[p][s]``.
+
+    Each row is cut just after its first EOS (engines may pad after it); returns
+    the completions and the number of tokens kept.
+    """
+    eos = policy.eos_token_id
+    completions: list[list[Completion]] = []
+    generated = 0
+    for start in range(0, len(token_rows), n):
+        group = []
+        for row, logprobs in zip(token_rows[start : start + n], logprob_rows[start : start + n], strict=True):
+            finished = eos in row
+            length = row.index(eos) + 1 if finished else len(row)
+            ids = row[:length]
+            group.append(Completion(ids, logprobs[:length], policy.decode_completion(ids), finished))
+            generated += length
+        completions.append(group)
+    return completions, generated

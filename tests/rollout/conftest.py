@@ -20,14 +20,12 @@ def peaked(policy: Policy, scale: float = 6.0) -> Policy:
 @pytest.fixture(scope="module")
 def tiny() -> Policy:
     """The built-in tiny model at random init (near-uniform: long completions, EOS now and then)."""
-    torch.set_num_threads(1)
     return build_tiny_policy(0)
 
 
 @pytest.fixture(scope="module")
 def sharp() -> Policy:
     """A tiny model with peaked distributions (for greedy agreement between engines)."""
-    torch.set_num_threads(1)
     return peaked(build_tiny_policy(1))
 
 

@@ -257,6 +257,20 @@ def test_other_llama_family_models_get_exact_logprobs(model_type: str, extra: di
         assert_logprobs_exact(policy, result, 0.8)
 
 
+def test_a_bfloat16_model_runs_and_stays_close_to_its_full_forward_pass() -> None:
+    policy = build_tiny_policy(0)
+    policy.model.to(torch.bfloat16)
+    for prompts in (PROMPTS, LONG_PROMPTS):
+        result = TorchEngine(policy).generate(
+            prompts, 2, SamplingParams(max_new_tokens=6), torch.Generator().manual_seed(0)
+        )
+        for prompt_ids, group in zip(result.prompt_ids, result.completions, strict=True):
+            for completion in group:
+                expected = full_forward_logprobs(policy, prompt_ids, completion.token_ids, 1.0)
+                # bf16 rounds differently in a different op order: close, not exact.
+                assert completion.logprobs == pytest.approx(expected, abs=0.05)
+
+
 def test_an_unsupported_architecture_is_refused_with_a_pointer_to_hf() -> None:
     tokenizer = build_char_tokenizer()
     config = AutoConfig.for_model("gpt2", vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2)

@@ -161,6 +161,17 @@ def metric(status: dict[str, Any], name: str, label: str = "") -> float:
     return float(status.get("metrics", {}).get(name, {}).get(label, 0.0))
 
 
+def summary(status: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a /status that swarm tests look at, for failure messages."""
+    keys = ("rounds", "rounds_this_run", "policy_version", "admission", "external_by_sender", "peers")
+    gossip = status.get("gossip", {})
+    return {
+        **{k: status.get(k) for k in keys},
+        "gossip": {k: v for k, v in gossip.items() if v and k in ("items_corrupt", "bans", "pulls_failed", "rejected")},
+        "external_used": metric(status, "groups_used", "source=external"),
+    }
+
+
 def ledger_rounds(home: NodeHome) -> list[RoundRecord]:
     with Ledger(home.ledger) as ledger:
         return ledger.rounds()
@@ -230,6 +241,13 @@ class LocalSwarm:
         self.procs[name] = proc
         return proc
 
+    def start_process(self, name: str, args: list[str], home: Path, *, identity: Path) -> Proc:
+        """Another process of the test (e.g. an adversary) whose p2pd uses ``identity``."""
+        proc = spawn(name, args, home / "process.log")
+        self.procs[name] = proc
+        self.extra_identities.append(identity)
+        return proc
+
     def node_names(self) -> list[str]:
         return list(self.homes)
 
@@ -263,11 +281,19 @@ class LocalSwarm:
     def wait_statuses(
         self, accept: Callable[[dict[str, dict[str, Any]]], bool], what: str, timeout: float = START_TIMEOUT
     ) -> dict[str, dict[str, Any]]:
+        last: list[dict[str, dict[str, Any]]] = []
+
         def check() -> dict[str, dict[str, Any]] | None:
             statuses = self.statuses()
+            if statuses is not None:
+                last[:] = [statuses]
             return statuses if statuses is not None and accept(statuses) else None
 
-        return self.wait(check, what, timeout)
+        try:
+            return self.wait(check, what, timeout)
+        except AssertionError as exc:
+            seen = {n: summary(s) for n, s in last[0].items()} if last else "no status answered"
+            raise AssertionError(f"{exc}\nlast statuses: {json.dumps(seen, indent=1)}") from None
 
     # -- teardown --------------------------------------------------------------------------
 

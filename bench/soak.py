@@ -1,0 +1,150 @@
+"""Soak: bootstrap + N nodes (`swarmnode swarm`) for a while; resident memory and open files per node.
+
+Samples every node process (and its p2pd child) from /proc every --every seconds
+and prints start / end / max per node, so "memory stays bounded" is a figure,
+not a claim. Linux only (reads /proc).
+
+    python bench/soak.py --nodes 4 --minutes 30 [--json out.json]
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import base_parser, machine, print_table, write_json
+
+
+def find_node_pids(root: Path) -> dict[str, int]:
+    found: dict[str, int] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        words = [a.decode(errors="replace") for a in argv]
+        if "run" in words and "--home" in words:
+            home = Path(words[words.index("--home") + 1])
+            if home.parent.resolve() == root.resolve():
+                found[home.name] = int(entry.name)
+    return found
+
+
+def children(pid: int) -> list[int]:
+    try:
+        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
+    except OSError:
+        return []
+    return [int(x) for x in text.split()]
+
+
+def rss_mib(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def open_files(pid: int) -> int:
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return -1
+
+
+def sample(pids: dict[str, int]) -> dict[str, dict[str, float]]:
+    out = {}
+    for name, pid in pids.items():
+        kids = children(pid)
+        out[name] = {
+            "rss_mib": rss_mib(pid),
+            "children_rss_mib": sum(rss_mib(k) for k in kids),
+            "fds": open_files(pid),
+        }
+    return out
+
+
+def main() -> None:
+    parser = base_parser(__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--minutes", type=float, default=30.0)
+    parser.add_argument("--every", type=float, default=30.0, help="seconds between samples")
+    parser.add_argument("--home", default="runs/soak")
+    args = parser.parse_args()
+    root = Path(args.home)
+    swarm = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "swarmnode.cli",
+            "swarm",
+            "--home",
+            str(root),
+            "--nodes",
+            str(args.nodes),
+            "--minutes",
+            str(args.minutes),
+        ],
+        stdout=open(root.with_suffix(".log"), "wb") if root.parent.exists() else subprocess.DEVNULL,
+        stderr=subprocess.STDOUT,
+    )
+    samples: list[dict[str, Any]] = []
+    t0 = time.monotonic()
+    try:
+        pids: dict[str, int] = {}
+        while swarm.poll() is None:
+            pids = find_node_pids(root) or pids
+            if len(pids) == args.nodes:
+                samples.append({"t": round(time.monotonic() - t0, 1), "nodes": sample(pids)})
+                print(
+                    f"t={samples[-1]['t']:7.1f}s "
+                    + "  ".join(
+                        f"{n}: {v['rss_mib']:.0f}+{v['children_rss_mib']:.0f} MiB {v['fds']:.0f} fds"
+                        for n, v in sorted(samples[-1]["nodes"].items())
+                    ),
+                    flush=True,
+                )
+            time.sleep(args.every if len(pids) == args.nodes else 2.0)
+    except KeyboardInterrupt:
+        swarm.send_signal(signal.SIGINT)
+    swarm.wait(timeout=300)
+    if len(samples) < 2:
+        print("not enough samples (did the swarm start? see the .log beside --home)")
+        return
+    first, last = samples[0]["nodes"], samples[-1]["nodes"]
+    rows = []
+    for name in sorted(first):
+        peak = max(s["nodes"][name]["rss_mib"] for s in samples if name in s["nodes"])
+        rows.append(
+            [
+                name,
+                f"{first[name]['rss_mib']:.0f}",
+                f"{last[name]['rss_mib']:.0f}",
+                f"{peak:.0f}",
+                f"{first[name]['children_rss_mib']:.0f} -> {last[name]['children_rss_mib']:.0f}",
+                f"{first[name]['fds']:.0f} -> {last[name]['fds']:.0f}",
+            ]
+        )
+    print_table(
+        f"soak: {args.nodes} nodes for {samples[-1]['t'] / 60:.1f} min (first sample after start-up)",
+        ["node", "RSS start MiB", "RSS end MiB", "RSS max MiB", "p2pd RSS MiB", "open fds"],
+        rows,
+        [f"machine: {machine()['cores']} cores; every process of the swarm shares them"],
+    )
+    write_json(args.json, {"bench": "soak", "machine": machine(), "samples": samples})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,109 @@
+"""GossipDriver announcements over real hivemind peers on 127.0.0.1: what a peer can read.
+
+The driver, not the sans-IO core, makes an ``Announce`` stick: hivemind keeps a subkey's
+record only when a new one expires strictly later, and a lost store is never re-announced by
+the core. Both rules are checked here from the reading peer's side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import pytest
+
+from swarmnode.admit import AdmissionConfig, AdmissionPipeline
+from swarmnode.core.gossip import GossipConfig, GossipCore
+from swarmnode.exchange import ExternalPool, GossipDriver, announcement_key, envelope_digest
+from swarmnode.identity import NodeIdentity
+from swarmnode.metrics import Metrics
+from swarmnode.net.hivemind_runtime import DhtTimeout, HivemindRuntime
+from swarmnode.wire import Announce, Heartbeat, Kind, decode_payload, encode_envelope, seal, to_ms
+
+from .support import Trio
+
+pytestmark = pytest.mark.network
+
+T = 20.0  # per-call timeout: generous, the box has 2 shared cores
+DEADLINE = 60.0
+
+
+def unusable(*_: Any) -> Any:
+    raise AssertionError("nothing is admitted in these tests")
+
+
+def make_driver(runtime: HivemindRuntime, swarm: str) -> GossipDriver:
+    # One long round that began a moment ago: every publication of a test lands in round 0.
+    core = GossipCore(
+        GossipConfig(round_seconds=3600.0, epoch=time.time() - 10.0, announce_delay=0.0),
+        runtime.peer_id,
+        digest_of=envelope_digest,
+    )
+    admission = AdmissionPipeline(AdmissionConfig(allowed_tasks=frozenset()), now=time.time())
+    return GossipDriver(core, runtime, admission, ExternalPool(), unusable, Metrics(), swarm=swarm)
+
+
+def envelope(index: int) -> bytes:
+    message = Heartbeat(round=index, model_id="test", policy_version=index)
+    return encode_envelope(seal(NodeIdentity.generate(), message, to_ms(time.time())))
+
+
+async def announced(reader: HivemindRuntime, swarm: str) -> set[bytes]:
+    digests: set[bytes] = set()
+    for record in await reader.dht_get(announcement_key(swarm, 0), timeout=T, latest=True):
+        message = decode_payload(Kind.ANNOUNCE, record.value)
+        assert isinstance(message, Announce)
+        digests.update(message.rollout_digests)
+    return digests
+
+
+async def wait_until_announced(reader: HivemindRuntime, swarm: str, expected: set[bytes]) -> None:
+    deadline = time.monotonic() + DEADLINE
+    while (seen := await announced(reader, swarm)) != expected:
+        assert time.monotonic() < deadline, f"announced {len(seen)} of {len(expected)} digests"
+        await asyncio.sleep(0.1)
+
+
+def test_an_item_published_after_the_first_in_a_round_replaces_the_announcement(trio: Trio) -> None:
+    async def scenario() -> None:
+        driver = make_driver(trio.a, "reannounce")
+        job = asyncio.create_task(driver.run())
+        try:
+            first = driver.publish(envelope(1))
+            await wait_until_announced(trio.b, "reannounce", {first})
+            second = driver.publish(envelope(2))  # same round, same part: the record must grow
+            await wait_until_announced(trio.b, "reannounce", {first, second})
+        finally:
+            job.cancel()
+            await asyncio.wait([job])
+
+    trio.run(scenario())
+
+
+def test_an_announcement_whose_store_failed_is_stored_again(
+    trio: Trio, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = trio.a.dht_store
+    failures: list[str] = []
+
+    async def failing_once(*args: Any, **kwargs: Any) -> bool:
+        if not failures:
+            failures.append(args[0])
+            raise DhtTimeout("simulated: no replica answered in time")
+        return await store(*args, **kwargs)
+
+    monkeypatch.setattr(trio.a, "dht_store", failing_once)
+
+    async def scenario() -> None:
+        driver = make_driver(trio.a, "retry")
+        job = asyncio.create_task(driver.run())
+        try:
+            digest = driver.publish(envelope(1))
+            await wait_until_announced(trio.b, "retry", {digest})
+        finally:
+            job.cancel()
+            await asyncio.wait([job])
+        assert failures == [announcement_key("retry", 0)]
+
+    trio.run(scenario())
