@@ -248,7 +248,11 @@ class SwarmNode:
                 gen_seconds=own.seconds,
                 started=own.started,
             )
-            self.admission.set_policy_version(self.trainer.policy.model_id, self.trainer.policy.version)
+            # No admission.set_policy_version here: peers' groups carry *their* policy versions,
+            # counters of independent learners that share our base model's id, so comparing them
+            # with ours refused honest peers (stale_policy) as soon as one node was a round
+            # ahead or behind (measured after a restart: tests/swarm/test_node_restart.py).
+            # The staleness bound is for rollouts of our own policy (learner/worker mode).
             self.last = metrics
             self.first_reward = metrics.mean_reward if self.first_reward is None else self.first_reward
             if metrics.heldout_accuracy is not None:

@@ -138,7 +138,9 @@ class Adversary:
         self, signer: NodeIdentity, task: Task, prompt: str | None = None, sent_at: float | None = None
     ) -> tuple[bytes, dict[str, Any]]:
         group, claimed, local = _group(task, task.prompt if prompt is None else prompt, self._now_round())
-        envelope = seal(signer, RolloutBatch(groups=(group,)), to_ms(time.time() if sent_at is None else sent_at))
+        envelope = seal(
+            signer, RolloutBatch(groups=(group,)), to_ms(time.time() if sent_at is None else sent_at)
+        )
         detail = {"task": task.id.key(), "texts": [c.text for c in group.completions]}
         return encode_envelope(envelope), {**detail, "claimed": claimed, "local": local}
 
@@ -154,7 +156,12 @@ class Adversary:
         assert isinstance(envelope, Envelope)
         signature = bytes([envelope.signature[0] ^ 0xFF]) + envelope.signature[1:]
         forged = Envelope(
-            envelope.version, envelope.kind, envelope.sender_key, envelope.sent_at_ms, envelope.payload, signature
+            envelope.version,
+            envelope.kind,
+            envelope.sender_key,
+            envelope.sent_at_ms,
+            envelope.payload,
+            signature,
         )
         return encode_envelope(forged)
 
@@ -165,7 +172,9 @@ class Adversary:
         while time.time() < deadline:
             current = self._now_round()
             for round_index in (current, current - 1):
-                records = await self.runtime.dht_get(announcement_key(SWARM, round_index), timeout=CALL_TIMEOUT)
+                records = await self.runtime.dht_get(
+                    announcement_key(SWARM, round_index), timeout=CALL_TIMEOUT
+                )
                 for record in records:
                     if record.owner == self.runtime.peer_id:
                         continue
@@ -217,7 +226,6 @@ class Adversary:
         self.captured = honest
         data, detail = self._seal_group(self.main, self.tasks[0])
         self.phase1_bytes = data
-        self.phase1_detail = detail
         item = self._add("inflated_phase1", data, "accepted", detail)
         r = await self.announce([item])
         return {"time": time.time(), "round": r, "captured": captured, "item": _describe(item)}

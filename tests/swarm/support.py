@@ -18,7 +18,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -134,7 +134,7 @@ def wait_until(
     timeout: float,
     what: str,
     *,
-    procs: list[Proc] = (),  # type: ignore[assignment]
+    procs: Sequence[Proc] = (),
     interval: float = POLL,
 ) -> T:
     """Poll ``check`` until it returns something other than None/False; fail naming ``what``.
@@ -148,8 +148,9 @@ def wait_until(
             return value
         for proc in procs:
             if not proc.alive():
+                code = proc.popen.returncode
                 raise AssertionError(
-                    f"{proc.name} exited with {proc.popen.returncode} while waiting for {what}:\n{proc.tail()}"
+                    f"{proc.name} exited with {code} while waiting for {what}:\n{proc.tail()}"
                 )
         if time.monotonic() > deadline:
             tails = "\n".join(f"--- {p.name}\n{p.tail(1500)}" for p in procs)
@@ -167,7 +168,11 @@ def summary(status: dict[str, Any]) -> dict[str, Any]:
     gossip = status.get("gossip", {})
     return {
         **{k: status.get(k) for k in keys},
-        "gossip": {k: v for k, v in gossip.items() if v and k in ("items_corrupt", "bans", "pulls_failed", "rejected")},
+        "gossip": {
+            k: v
+            for k, v in gossip.items()
+            if v and k in ("items_corrupt", "bans", "pulls_failed", "rejected")
+        },
         "external_used": metric(status, "groups_used", "source=external"),
     }
 
@@ -199,7 +204,17 @@ class LocalSwarm:
         ready = home / "ready.json"
         proc = spawn(
             "bootstrap",
-            ["-m", "swarmnode.cli", "bootstrap", "--home", str(home), "--listen", LISTEN, "--ready-file", str(ready)],
+            [
+                "-m",
+                "swarmnode.cli",
+                "bootstrap",
+                "--home",
+                str(home),
+                "--listen",
+                LISTEN,
+                "--ready-file",
+                str(ready),
+            ],
             home / "process.log",
         )
         self.procs["bootstrap"] = proc
@@ -237,7 +252,9 @@ class LocalSwarm:
     def start_node(self, name: str) -> Proc:
         home = self.homes[name]
         (home.root / "api.port").unlink(missing_ok=True)
-        proc = spawn(name, ["-m", "swarmnode.cli", "run", "--home", str(home.root)], home.root / "process.log")
+        proc = spawn(
+            name, ["-m", "swarmnode.cli", "run", "--home", str(home.root)], home.root / "process.log"
+        )
         self.procs[name] = proc
         return proc
 

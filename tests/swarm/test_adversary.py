@@ -158,7 +158,11 @@ def test_poisoned_and_forged_groups_are_rejected_the_offender_is_banned_and_hone
             bans = ledger.active_bans(time.time())
             assert main in bans and adversary["libp2p_peer_id"] in bans, (name, bans)
             assert set(bans) == {main, adversary["libp2p_peer_id"]}  # no honest peer was banned
-            assert ledger.rejection_counts(main) == {"duplicate": 1, "invalid_payload": 1, "prompt_mismatch": 1}
+            assert ledger.rejection_counts(main) == {
+                "duplicate": 1,
+                "invalid_payload": 1,
+                "prompt_mismatch": 1,
+            }
             assert ledger.rejection_counts(adversary["libp2p_peer_id"]) == {
                 "malformed": 1,
                 "too_large": 1,
@@ -174,4 +178,8 @@ def test_poisoned_and_forged_groups_are_rejected_the_offender_is_banned_and_hone
                 },
                 "rejections": {k: v for k, v in after[name]["admission"].items() if k != "accepted"},
             }
-    print(json.dumps({"origin_of_replayed_envelope": origin, "attack_s": attack_done - phase2["time"], **report}))
+    print(
+        json.dumps(
+            {"origin_of_replayed_envelope": origin, "attack_s": attack_done - phase2["time"], **report}
+        )
+    )

@@ -48,8 +48,10 @@ def test_a_sigkilled_node_restarts_with_its_identities_resumes_its_checkpoint_an
     up = swarm.wait_statuses(lambda s: True, "every node's API")
     ids = {n: up[n]["peer_id"] for n in NODES}
     before = swarm.wait_statuses(
-        lambda s: s[VICTIM]["rounds"] >= 4
-        and all(groups_from(s[n], ids[o]) > 0 for n in NODES for o in NODES if o != n),
+        lambda s: (
+            s[VICTIM]["rounds"] >= 4
+            and all(groups_from(s[n], ids[o]) > 0 for n in NODES for o in NODES if o != n)
+        ),
         "a swarm in which every node admitted the others' groups",
     )
     victim = before[VICTIM]
@@ -89,10 +91,12 @@ def test_a_sigkilled_node_restarts_with_its_identities_resumes_its_checkpoint_an
     assert back[VICTIM]["libp2p_peer_id"] == victim["libp2p_peer_id"]
     assert len(p2pd_pids(identity)) == 1
     rejoined = swarm.wait_statuses(
-        lambda s: s[VICTIM]["rounds"] > committed[-1].round + 1  # past the round it was killed in
-        and all(groups_from(s[VICTIM], ids[o]) > 0 for o in others)
-        and metric(s[VICTIM], "groups_used", "source=external") > 0
-        and all(groups_from(s[o], ids[VICTIM]) > groups_from(back[o], ids[VICTIM]) for o in others),
+        lambda s: (
+            s[VICTIM]["rounds"] > committed[-1].round + 1  # past the round it was killed in
+            and all(groups_from(s[VICTIM], ids[o]) > 0 for o in others)
+            and metric(s[VICTIM], "groups_used", "source=external") > 0
+            and all(groups_from(s[o], ids[VICTIM]) > groups_from(back[o], ids[VICTIM]) for o in others)
+        ),
         "the restarted node to rejoin the swarm",
         timeout=120,
     )
