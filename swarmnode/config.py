@@ -96,7 +96,12 @@ class SwarmConfig(Section):
     round_seconds: float = Field(
         30.0, gt=0.0, description="Swarm round length; rounds are wall-clock epochs."
     )
-    staleness_bound: int = Field(8, ge=0, description="Max policy-version lag of an accepted rollout.")
+    staleness_bound: int = Field(
+        8,
+        ge=0,
+        description="Max policy-version lag of an accepted rollout (learner/worker mode; SAPO peers' "
+        "versions are independent counters, so it does not apply between them).",
+    )
 
 
 class ApiConfig(Section):

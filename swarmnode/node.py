@@ -212,6 +212,14 @@ class SwarmNode:
 
     # ------------------------------------------------------------------ jobs
 
+    def _generate_for(self, swarm_round: int) -> tuple[list[ScoredGroup], int, float]:
+        """Own groups for a swarm round. Tasks and sampling noise are keyed by the swarm round
+        (which only moves forward), so a round redone after a restart yields new rollouts rather
+        than byte-identical ones that peers would refuse as duplicates; with a shared
+        ``tasks.seed`` every node also answers the same prompts that round (HACPO)."""
+        self.trainer.generator.manual_seed(hash((self.config.node.seed, swarm_round)) & 0x7FFF_FFFF_FFFF)
+        return self.trainer.generate_groups(swarm_round)
+
     async def _generate(self) -> None:
         rs = self.config.swarm.round_seconds
         last_round = -1
@@ -222,9 +230,7 @@ class SwarmNode:
                 await asyncio.sleep(max(0.01, round_start(last_round + 1, rs) - now))
                 continue
             started = time.time()
-            # A shared task seed means "same prompts as the swarm this round": index tasks by swarm round.
-            task_round = r if self.config.tasks.seed >= 0 else self.trainer.round + 1
-            groups, tokens, seconds = await self._torch(self.trainer.generate_groups, task_round)
+            groups, tokens, seconds = await self._torch(self._generate_for, r)
             batch = rollout_batch(groups, self.trainer.policy.model_id, self.trainer.policy.version, r)
             data = encode_envelope(seal(self.identity, batch, to_ms(time.time())))
             self.driver.publish(data)

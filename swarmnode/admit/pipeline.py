@@ -211,6 +211,12 @@ class AdmissionPipeline:
             )
         signer = envelope.sender_id
         # 4. sender
+        if self.config.local_peer_id is not None and signer == self.config.local_peer_id:
+            # Our own envelope handed back (also one sent before a restart): a replay by whoever
+            # delivered it, never "rollouts from a peer".
+            return self._reject(
+                RejectReason.REPLAY, "envelope signed by this node itself", now, signer=None, via=via
+            )
         rejected = self._check_sender(envelope, signer, now, solicited)
         if rejected is not None:
             return rejected

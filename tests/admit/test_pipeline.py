@@ -422,3 +422,12 @@ def test_solicited_responses_skip_the_rate_bucket_but_no_other_check() -> None:
     assert got == ["accepted"] * 10
     forged = encode_envelope(replace(seal(ALICE, heartbeat(99), to_ms(T0)), signature=bytes(64)))
     assert reason(pipeline.admit(forged, T0, solicited=True)) == "bad_signature"
+
+
+def test_our_own_envelope_handed_back_is_a_replay_charged_to_the_deliverer() -> None:
+    pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=FAMILIES, local_peer_id=ALICE.peer_id), now=T0)
+    verdict = pipeline.admit(envelope(batch(), ALICE), T0, via="mallory-transport")
+    assert isinstance(verdict, Rejected)
+    assert verdict.reason is RejectReason.REPLAY
+    assert verdict.charged == "mallory-transport"
+    assert isinstance(pipeline.admit(envelope(batch(), BOB), T0, via="bob-transport"), Accepted)
