@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -77,11 +78,38 @@ def service_env(
     return {**base, **out}
 
 
+@dataclass
+class Deployment:
+    """The localized compose set-up: shared environment, mapped volumes, started services."""
+
+    root: Path
+    base: dict[str, str]
+    localize: Localizer
+    boot_home: Path
+    models: Path
+    started: list[Service]
+
+    def start(self, name: str, env: dict[str, str]) -> Service:
+        service = Service(compose()["services"][name]["command"], env, self.root / f"{name}.log")
+        self.started.append(service)
+        return service
+
+    def start_bootstrap(self) -> tuple[Service, dict[str, str], int]:
+        port = free_port()
+        env = service_env("bootstrap", self.localize, port, str(self.boot_home), self.base)
+        env["SWARMNODE_BOOTSTRAP_HTTP_PORT"] = str(free_port())
+        return self.start("bootstrap", env), env, port
+
+
 @pytest.fixture
-def started(tmp_path: Path) -> Iterator[list[Service]]:
-    services: list[Service] = []
-    yield services
-    for service in reversed(services):
+def deployment(tmp_path: Path) -> Iterator[Deployment]:
+    localize = Localizer(tmp_path)
+    boot_home, models = tmp_path / "bootstrap-home", tmp_path / "models"
+    localize.mount("/bootstrap", boot_home)  # nodes see the bootstrap's home here (read-only in compose)
+    localize.mount(dockerfile_env("Dockerfile")["SWARMNODE_MODELS"], models)
+    deployment = Deployment(tmp_path, base_env(shim_bin(tmp_path / "bin")), localize, boot_home, models, [])
+    yield deployment
+    for service in reversed(deployment.started):
         service.kill()
 
 
@@ -92,44 +120,46 @@ def seed_warm_start_cache(models: Path) -> Path:
     return target
 
 
-def test_compose_roles_run_outside_docker_and_pass_their_own_health_checks(
-    tmp_path: Path, started: list[Service]
+def bootstrap_healthy(deployment: Deployment) -> tuple[Service, dict[str, str], int]:
+    boot, env, port = deployment.start_bootstrap()
+    check = compose()["services"]["bootstrap"]["healthcheck"]["test"]
+    assert check[:2] == ["CMD", "swarmnode-healthcheck"]
+    wait_until(lambda: healthcheck(check[2], env) == 0, 90, boot, "bootstrap health check")
+    return boot, env, port
+
+
+def test_the_bootstrap_service_passes_its_health_check_and_publishes_a_peers_file_nodes_read(
+    deployment: Deployment,
 ) -> None:
-    base = base_env(shim_bin(tmp_path / "bin"))
-    image_env = dockerfile_env("Dockerfile")
-    localize = Localizer(tmp_path)
-    boot_home, models = tmp_path / "bootstrap-home", tmp_path / "models"
-    localize.mount("/bootstrap", boot_home)  # nodes see the bootstrap's home here (read-only in compose)
-    localize.mount(image_env["SWARMNODE_MODELS"], models)
-    services = compose()["services"]
+    boot, env, port = bootstrap_healthy(deployment)
 
-    # prepare-model: the shared base model, linked as MODELS/current.
-    target = seed_warm_start_cache(models)
-    env = service_env("prepare-model", localize, 0, str(tmp_path / "prepare-home"), base)
-    prepare = Service(services["prepare-model"]["command"], env, tmp_path / "prepare.log")
-    started.append(prepare)
+    peers = read_peers_file(deployment.boot_home / "peers.txt")
+    assert len(peers) == 1 and peers[0].startswith(f"/ip4/127.0.0.1/tcp/{port}/p2p/")
+    status = http_json(f"http://127.0.0.1:{env['SWARMNODE_BOOTSTRAP_HTTP_PORT']}/status")
+    assert status["maddrs"] == peers
+    assert boot.stop() == 0, boot.tail()  # `docker stop`: SIGTERM through tini, clean exit
+    assert healthcheck("bootstrap", env) == 1
+
+
+@pytest.mark.slow  # three interpreters importing torch: ~30 s on 2 busy cores
+def test_prepare_model_bootstrap_and_a_node_run_as_compose_starts_them(deployment: Deployment) -> None:
+    # prepare-model (the shared base model, linked as MODELS/current) and bootstrap start
+    # together, as compose starts them; the nodes wait for both.
+    target = seed_warm_start_cache(deployment.models)
+    env = service_env(
+        "prepare-model", deployment.localize, 0, str(deployment.root / "prepare"), deployment.base
+    )
+    prepare = deployment.start("prepare-model", env)
+    boot, _, _ = bootstrap_healthy(deployment)
     assert prepare.proc.wait(120) == 0, prepare.tail()
-    assert (models / "current").resolve() == target.resolve()
+    assert (deployment.models / "current").resolve() == target.resolve()
 
-    # bootstrap
-    boot_port = free_port()
-    env = service_env("bootstrap", localize, boot_port, str(boot_home), base)
-    env["SWARMNODE_BOOTSTRAP_HTTP_PORT"] = str(free_port())
-    boot = Service(services["bootstrap"]["command"], env, tmp_path / "bootstrap.log")
-    started.append(boot)
-    boot_check = services["bootstrap"]["healthcheck"]["test"]
-    assert boot_check[:2] == ["CMD", "swarmnode-healthcheck"]
-    wait_until(lambda: healthcheck(boot_check[2], env) == 0, 90, boot, "bootstrap health check")
-    peers = read_peers_file(boot_home / "peers.txt")
-    assert len(peers) == 1 and peers[0].startswith(f"/ip4/127.0.0.1/tcp/{boot_port}/p2p/")
-
-    # node-1, with the image's health check
-    node_home = tmp_path / "node-1-home"
-    env = service_env("node-1", localize, free_port(), str(node_home), base)
-    assert env["SWARMNODE_SWARM__PEERS_FILE"] == str(boot_home / "peers.txt")
-    assert env["SWARMNODE_MODEL__PATH"] == str(models / "current")
-    node = Service(services["node-1"]["command"], env, tmp_path / "node-1.log")
-    started.append(node)
+    # node-1, judged by the image's health check
+    node_home = deployment.root / "node-1-home"
+    env = service_env("node-1", deployment.localize, free_port(), str(node_home), deployment.base)
+    assert env["SWARMNODE_SWARM__PEERS_FILE"] == str(deployment.boot_home / "peers.txt")
+    assert env["SWARMNODE_MODEL__PATH"] == str(deployment.models / "current")
+    node = deployment.start("node-1", env)
     wait_until(lambda: healthcheck("node", env) == 0, 180, node, "node health check")
     assert (node_home / "swarmnode.toml").is_file() and (node_home / "identity.key").is_file()
     status = http_json(f"http://127.0.0.1:{env['SWARMNODE_API__PORT']}/status")

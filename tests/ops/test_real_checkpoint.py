@@ -161,9 +161,11 @@ def test_the_checkpoint_has_the_qwen2_5_instruct_files_with_the_template_in_toke
 
 def test_load_policy_reads_the_local_qwen2_checkpoint_offline(qwen_dir: Path, offline: None) -> None:
     from safetensors.torch import load_file
+    from transformers import Qwen2ForCausalLM
 
     policy = load_policy(qwen_dir)
 
+    assert isinstance(policy.model, Qwen2ForCausalLM)
     assert policy.model.config.model_type == "qwen2"
     assert type(policy.tokenizer).__name__ == "Qwen2Tokenizer"
     assert policy.tokenizer.convert_ids_to_tokens(policy.eos_token_id) == "<|im_end|>"
@@ -178,11 +180,13 @@ def test_load_policy_reads_the_local_qwen2_checkpoint_offline(qwen_dir: Path, of
 
 def test_the_chat_template_from_tokenizer_config_renders_chatml(qwen_dir: Path, offline: None) -> None:
     policy = load_policy(qwen_dir)
-    text = policy.tokenizer.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True)
+    text = str(policy.tokenizer.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True))
     assert text == RENDERED
     ids = policy.encode_prompt(text)
     # Special tokens in the rendered text are single tokens, not spelled out byte by byte.
-    assert ids.count(policy.tokenizer.convert_tokens_to_ids("<|im_start|>")) == 3
+    start = policy.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert isinstance(start, int)
+    assert ids.count(start) == 3
     assert policy.tokenizer.decode(ids) == RENDERED
 
 
@@ -190,7 +194,7 @@ def test_the_torch_engine_samples_from_the_qwen2_checkpoint_with_exact_logprobs(
     qwen_dir: Path, offline: None
 ) -> None:
     policy = load_policy(qwen_dir)
-    prompt = policy.tokenizer.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True)
+    prompt = str(policy.tokenizer.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True))
     params = SamplingParams(temperature=0.7, max_new_tokens=6)
 
     result = TorchEngine(policy).generate([prompt], 3, params, torch.Generator().manual_seed(0))
