@@ -120,6 +120,8 @@ def main() -> None:
     except KeyboardInterrupt:
         swarm.send_signal(signal.SIGINT)
     swarm.wait(timeout=300)
+    # Before p2pd is up a node is still importing: start-up, not steady state.
+    samples = [s for s in samples if all(v["children_rss_mib"] > 0 for v in s["nodes"].values())]
     if len(samples) < 2:
         print("not enough samples (did the swarm start? see the .log beside --home)")
         return

@@ -8,10 +8,6 @@ Must not: score completions or train.
 
 from __future__ import annotations
 
-import importlib.util
-
-import torch
-
 from swarmnode.errors import EngineUnavailable
 from swarmnode.policy.model import Policy
 from swarmnode.rollout.hf_engine import HFEngine
@@ -37,15 +33,9 @@ def make_engine(name: str, policy: Policy) -> RolloutEngine:
 
 
 def _make_vllm_engine(policy: Policy) -> RolloutEngine:
-    # find_spec, not import: importing vllm is slow and pulls CUDA libraries.
-    if importlib.util.find_spec("vllm") is None:
-        raise EngineUnavailable(
-            "engine 'vllm' needs the vllm package and a CUDA GPU: install with "
-            "pip install 'swarmnode[vllm]' on a GPU machine, or choose engine 'torch'"
-        )
-    if not torch.cuda.is_available():
-        raise EngineUnavailable("engine 'vllm' needs a CUDA GPU and none is visible; choose engine 'torch'")
-    raise EngineUnavailable("engine 'vllm' is not implemented in this version yet; choose engine 'torch'")
+    from swarmnode.rollout.vllm_engine import VLLMEngine  # lazy: vllm is imported only when chosen
+
+    return VLLMEngine(policy)  # EngineUnavailable without vllm or a CUDA GPU
 
 
 __all__ = [

@@ -7,10 +7,11 @@ log-probs, and loading new weights into the running engine in place after each
 learner step or received broadcast version, without restarting it.
 Must not: score, train, or touch the network.
 
-Written against vLLM 0.22 (the V1 engine; API checked in its documentation:
-``LLM(logprobs_mode=..., generation_config=...)``, ``LLM.collective_rpc`` with a
-callable, ``LLM.reset_prefix_cache``, ``SamplingParams(logprobs=0)``,
-``TokensPrompt``). ``bench/vllm_smoke.py`` checks a given install on a GPU.
+Written against vLLM 0.22 (the V1 engine), the API checked in its documentation:
+``LLM(logprobs_mode=, generation_config=, skip_tokenizer_init=)``, ``LLM.collective_rpc``
+with a callable, ``LLM.reset_prefix_cache``, ``SamplingParams(logprobs=0)``, token-id
+prompts. Not yet run on a GPU (PyPI had vLLM 0.33 at the time): ``bench/vllm_smoke.py``
+checks an install there.
 
 Log-prob convention (``rollout.types``): ``log_softmax(logits / T)`` of the sampled
 token, before top-p truncation. The engine starts vLLM with
@@ -173,7 +174,9 @@ class VLLMEngine:
         try:
             return vllm.LLM(
                 model=str(self._model_dir),
-                tokenizer=str(self._model_dir),
+                # Prompts arrive as token ids and completions are decoded by the policy's
+                # tokenizer: vLLM needs none (EOS comes from stop_token_ids).
+                skip_tokenizer_init=True,
                 dtype=dtype or str(param_dtype).removeprefix("torch."),
                 gpu_memory_utilization=gpu_memory_utilization,
                 enforce_eager=enforce_eager,

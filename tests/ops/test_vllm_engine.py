@@ -138,6 +138,18 @@ def test_choosing_vllm_without_vllm_or_a_gpu_raises_engine_unavailable_naming_th
     assert "torch" in str(from_factory.value)
 
 
+def test_with_vllm_installed_but_no_cuda_gpu_the_error_says_the_gpu_is_missing(
+    policy: Policy, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real_find_spec(name, *a)
+    )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(EngineUnavailable, match="needs a CUDA GPU and torch sees none"):
+        VLLMEngine(policy)
+
+
 @pytest.mark.skipif(HAS_VLLM_GPU, reason="vllm and a GPU are present here")
 def test_the_smoke_script_says_it_did_not_run_and_exits_2_without_vllm(
     capsys: pytest.CaptureFixture[str],
