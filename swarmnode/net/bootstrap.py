@@ -30,6 +30,7 @@ from typing import Any
 from aiohttp import web
 
 from swarmnode.errors import SwarmError
+from swarmnode.metrics import Metrics
 from swarmnode.net.config import NetConfig, default_identity_path
 from swarmnode.net.hivemind_runtime import HivemindRuntime
 
@@ -110,9 +111,20 @@ def _make_app(runtime: HivemindRuntime) -> web.Application:
     async def status(_: web.Request) -> web.Response:
         return web.json_response(await bootstrap_status(runtime))
 
+    async def metrics(_: web.Request) -> web.Response:
+        doc = await bootstrap_status(runtime)
+        registry = Metrics()
+        registry.set("dht_peers", "Peers in the DHT routing table", doc["dht_peers"])
+        if doc["connected_peers"] is not None:
+            registry.set("connected_peers", "Open libp2p connections", doc["connected_peers"])
+        registry.set("uptime_seconds", "Seconds since the bootstrap peer started", doc["uptime_s"])
+        registry.set("up", "1 while the bootstrap peer runs", 1.0 if runtime.is_running else 0.0)
+        return web.Response(text=registry.render(), content_type="text/plain", charset="utf-8")
+
     app = web.Application()
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/status", status)
+    app.router.add_get("/metrics", metrics)
     return app
 
 

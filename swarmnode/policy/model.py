@@ -96,6 +96,28 @@ class Policy:
         return str(self.tokenizer.decode(ids, skip_special_tokens=True))
 
 
+def resolve_model_path(spec: str | os.PathLike[str]) -> Path:
+    """Where a model spec points: a directory as is; a Hugging Face cache repo folder
+    (``models--org--name``, with ``refs/main``) -> its current snapshot; ``org/name`` that is
+    not a local path -> its snapshot in the local HF cache (offline: never downloads)."""
+    path = Path(spec).expanduser()
+    ref = path / "refs" / "main"
+    if ref.is_file():
+        return path / "snapshots" / ref.read_text().strip()
+    if path.exists() or str(spec).count("/") != 1 or str(spec).startswith((".", "/", "~")):
+        return path
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(str(spec), local_files_only=True))
+    except LocalEntryNotFoundError as exc:
+        raise ModelError(
+            f"model {spec!r} is neither a local directory nor in the Hugging Face cache; "
+            "download it first (e.g. `huggingface-cli download " + str(spec) + "`) or give a path"
+        ) from exc
+
+
 def load_policy(
     path: str | os.PathLike[str], *, version: int = 0, dtype: torch.dtype = torch.float32
 ) -> Policy:
@@ -103,7 +125,7 @@ def load_policy(
 
     Raises ``ModelError`` naming the path on any failure.
     """
-    directory = Path(path)
+    directory = resolve_model_path(path)
     if not directory.is_dir():
         raise ModelError(
             f"no model directory at {directory}: expected config.json, weights and tokenizer files"

@@ -77,6 +77,9 @@ def test_bootstrap_keeps_its_peer_id_across_restarts_and_serves_healthz_and_stat
     assert document["maddrs"] == info["maddrs"]
     assert all(m.endswith("/p2p/" + info["peer_id"]) for m in document["maddrs"])
     assert {"dht_peers", "connected_peers", "uptime_s"} <= document.keys()
+    status, body = http_get(info["http_url"] + "/metrics")
+    assert status == 200
+    assert b"swarmnode_up 1" in body and b"# TYPE swarmnode_dht_peers gauge" in body
     peers_file = (home / "peers.txt").read_text().splitlines()
     assert [line for line in peers_file if not line.startswith("#")] == info["maddrs"]
 

@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from swarmnode.errors import ModelError
-from swarmnode.policy.model import load_policy
+from swarmnode.policy.model import load_policy, resolve_model_path
 from swarmnode.rollout.torch_engine import TorchEngine
 from swarmnode.rollout.types import SamplingParams, sequence_logprobs
 
@@ -210,8 +210,8 @@ def test_the_torch_engine_samples_from_the_qwen2_checkpoint_with_exact_logprobs(
         assert torch.allclose(torch.tensor(completion.logprobs), expected, atol=1e-4)
 
 
-def test_a_hub_cache_snapshot_loads_offline_by_path_and_by_repo_id(
-    qwen_dir: Path, tmp_path: Path, offline: None
+def test_a_hub_cache_snapshot_loads_offline_by_path_by_repo_folder_and_by_repo_id(
+    qwen_dir: Path, tmp_path: Path, offline: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from huggingface_hub import snapshot_download
 
@@ -219,20 +219,26 @@ def test_a_hub_cache_snapshot_loads_offline_by_path_and_by_repo_id(
     snapshot = hf_cache_copy(qwen_dir, cache)
 
     by_path = load_policy(snapshot)
-    # What a repo id needs today: resolve it in the cache first (load_policy takes directories).
+    by_repo_folder = load_policy(cache / ("models--" + REPO_ID.replace("/", "--")))  # refs/main -> snapshot
     resolved = Path(snapshot_download(REPO_ID, cache_dir=cache, local_files_only=True))
-    by_repo_id = load_policy(resolved)
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(cache))
+    by_repo_id = load_policy(REPO_ID)
 
     assert resolved == snapshot
+    assert resolve_model_path(REPO_ID) == snapshot
     assert os.path.islink(snapshot / "model.safetensors")
     for name, tensor in by_path.model.state_dict().items():
         assert torch.equal(tensor, by_repo_id.model.state_dict()[name])
+        assert torch.equal(tensor, by_repo_folder.model.state_dict()[name])
     assert (
         by_path.tokenizer.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True)
         == RENDERED
     )
 
 
-def test_a_repo_id_is_not_a_model_directory_for_load_policy(offline: None) -> None:
-    with pytest.raises(ModelError, match="no model directory"):
+def test_a_repo_id_missing_from_the_cache_is_a_clear_error_never_a_download(
+    offline: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("huggingface_hub.constants.HF_HUB_CACHE", str(tmp_path / "empty-cache"))
+    with pytest.raises(ModelError, match="download it first"):
         load_policy(REPO_ID)
