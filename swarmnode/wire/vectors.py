@@ -46,6 +46,7 @@ from swarmnode.wire.messages import (
     TensorEntry,
     WeightManifest,
     WeightManifestBody,
+    _group_to,
     encode_payload,
 )
 
@@ -147,30 +148,8 @@ def _envelope(
 
 
 def _raw_group(group: RolloutGroup) -> pb.RolloutGroup:
-    """A group as protobuf, so vectors can carry values our own encoder refuses to produce."""
-    return pb.RolloutGroup(
-        task=pb.TaskId(
-            dataset=group.task.dataset,
-            config=group.task.config,
-            seed=group.task.seed,
-            index=group.task.index,
-            prompt_format=group.task.prompt_format,
-        ),
-        prompt=group.prompt,
-        completions=[
-            pb.Completion(
-                text=c.text,
-                token_count=c.token_count,
-                mean_logprob=c.mean_logprob,
-                claimed_reward_informational=c.claimed_reward_informational,
-            )
-            for c in group.completions
-        ],
-        model_id=group.model_id,
-        policy_version=group.policy_version,
-        round=group.round,
-        batch_reward_mean=group.batch_reward_mean,
-    )
+    """A group as protobuf (no validation), so vectors can carry values our encoder refuses."""
+    return _group_to(group)
 
 
 def _signed_raw(kind: Kind, payload: bytes, *, signer: str = "sender", sent_at_ms: int = SENT_AT_MS) -> bytes:

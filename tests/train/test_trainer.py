@@ -41,6 +41,21 @@ def make_trainer(model: Path, home: Path, cfg: Config, ledger: Ledger) -> Traine
     )
 
 
+def relabelled(group: ScoredGroup, rewards: list[float], **extra: object) -> ScoredGroup:
+    """``group``'s text as if a peer had sent it with these (locally scored) rewards."""
+    return ScoredGroup(
+        task=group.task,
+        prompt_ids=group.prompt_ids,
+        completion_ids=group.completion_ids,
+        behaviour_logprobs=[],
+        texts=group.texts,
+        rewards=rewards,
+        policy_version=0,
+        source="peer",
+        **extra,  # type: ignore[arg-type]
+    )
+
+
 def weights(trainer: Trainer) -> dict[str, torch.Tensor]:
     return {k: v.detach().clone() for k, v in trainer.policy.model.state_dict().items()}
 
@@ -117,32 +132,8 @@ def test_external_groups_are_mixed_per_sapo(quick_model: Path, tmp_path: Path) -
     with Ledger(tmp_path / "ledger.sqlite") as ledger:
         trainer = make_trainer(quick_model, tmp_path, cfg, ledger)
         own, _, _ = trainer.generate_groups(1)
-        external = [
-            ScoredGroup(
-                task=g.task,
-                prompt_ids=g.prompt_ids,
-                completion_ids=g.completion_ids,
-                behaviour_logprobs=[],
-                texts=g.texts,
-                rewards=[1.0, 0.0, 0.0, 0.0],
-                policy_version=0,
-                source="peer",
-            )
-            for g in own[:5]
-        ]
-        flat = [
-            ScoredGroup(
-                task=g.task,
-                prompt_ids=g.prompt_ids,
-                completion_ids=g.completion_ids,
-                behaviour_logprobs=[],
-                texts=g.texts,
-                rewards=[0.0] * 4,
-                policy_version=0,
-                source="peer",
-            )
-            for g in own[:5]
-        ]
+        external = [relabelled(g, [1.0, 0.0, 0.0, 0.0]) for g in own[:5]]
+        flat = [relabelled(g, [0.0] * 4) for g in own[:5]]
         local, ext = trainer.choose_groups(own, [*external, *flat])
         assert len(ext) == 3 and all(not g.all_equal() for g in ext)  # zero-advantage groups never chosen
         assert len(local) <= 2
@@ -156,18 +147,7 @@ def test_hacpo_mixing_trains_on_external_groups(quick_model: Path, tmp_path: Pat
         trainer = make_trainer(quick_model, tmp_path, cfg, ledger)
         own, _, _ = trainer.generate_groups(1)
         external = [
-            ScoredGroup(
-                task=g.task,
-                prompt_ids=g.prompt_ids,
-                completion_ids=g.completion_ids,
-                behaviour_logprobs=[],
-                texts=g.texts,
-                rewards=[1.0, 1.0, 0.0, 0.0],
-                policy_version=0,
-                source="peer",
-                source_mean_logprobs=[-0.5] * 4,
-                source_reward_mean=0.6,
-            )
+            relabelled(g, [1.0, 1.0, 0.0, 0.0], source_mean_logprobs=[-0.5] * 4, source_reward_mean=0.6)
             for g in own[:2]
         ]
         before = weights(trainer)
