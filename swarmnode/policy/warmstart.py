@@ -81,6 +81,8 @@ def _settings_description(mixture: TaskMixture, seed: int, settings: WarmStartSe
         "mixture": _mixture_description(mixture),
         "seed": seed,
         "settings": asdict(settings),
+        # Float reductions (and so the weights and the stopping step) depend on the thread count.
+        "torch_threads": torch.get_num_threads(),
     }
 
 
