@@ -21,6 +21,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -245,6 +246,12 @@ class Trainer:
         if self.reference is not None:
             with torch.no_grad():
                 ref_logp, _ = completion_logprobs(self.reference, prompts, completions, temperature, pad)
+        clip: dict[str, Any] = {
+            "eps_low": learn.eps_low,
+            "eps_high": learn.eps_high,
+            "beta": learn.beta,
+            "ref_logp": ref_logp,
+        }
         self.policy.model.train()
         losses = []
         for step in range(learn.updates_per_round):
@@ -265,28 +272,9 @@ class Trainer:
             elif learn.algorithm == "gspo":
                 loss, _ = gspo_loss(logp, old, advantages, mask, beta=learn.beta, ref_logp=ref_logp)
             elif learn.algorithm == "dapo":
-                loss, _ = dapo_loss(
-                    logp,
-                    old,
-                    advantages,
-                    mask,
-                    eps_low=learn.eps_low,
-                    eps_high=learn.eps_high,
-                    beta=learn.beta,
-                    ref_logp=ref_logp,
-                )
+                loss, _ = dapo_loss(logp, old, advantages, mask, **clip)
             else:
-                loss, _ = grpo_loss(
-                    logp,
-                    old,
-                    advantages,
-                    mask,
-                    eps_low=learn.eps_low,
-                    eps_high=learn.eps_high,
-                    beta=learn.beta,
-                    ref_logp=ref_logp,
-                    agg=learn.aggregation,
-                )
+                loss, _ = grpo_loss(logp, old, advantages, mask, **clip, agg=learn.aggregation)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), learn.max_grad_norm)
