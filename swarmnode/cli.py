@@ -98,12 +98,15 @@ def cmd_init(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     config = _config_from_args(args)
-    logging.getLogger().setLevel(config.node.log_level)
+    if not getattr(args, "verbose", False):
+        logging.getLogger().setLevel(config.node.log_level)
     home = NodeHome(Path(args.home))
     if not args.solo:
         from swarmnode.node import run_node
 
-        run_node(config, home, max_rounds=args.max_rounds)
+        if args.summary_json:
+            raise ConfigError("--summary-json is for --solo runs; a swarm node's metrics are at /metrics")
+        run_node(config, home, max_rounds=args.max_rounds, max_seconds=args.max_seconds)
         return EXIT_OK
     from swarmnode.solo import run_solo
 
@@ -192,7 +195,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--summary-json", help="write per-round metrics here when the run ends")
     p.set_defaults(handler=cmd_run)
 
-    p = sub.add_parser("demo", help="the main job: a short run on the built-in tiny model")
+    p = sub.add_parser("demo", help="a short solo run on the built-in tiny model")
     p.add_argument("--home", default="runs/demo", help="home directory (default runs/demo)")
     p.add_argument("--minutes", type=float, default=3.0, help="how long to train (default 3)")
     p.add_argument("--seed", type=int, default=0)
@@ -233,10 +236,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["bootstrap"]:  # its flags are the bootstrap module's own
-        from swarmnode.net.bootstrap import main as bootstrap_main
+    if "bootstrap" in argv:  # its flags are the bootstrap module's own (global flags may precede it)
+        at = argv.index("bootstrap")
+        if all(a.startswith("-") for a in argv[:at]):
+            from swarmnode.net.bootstrap import main as bootstrap_main
 
-        return bootstrap_main(argv[1:])
+            return bootstrap_main(argv[at + 1 :])
     parser = build_parser()
     args = parser.parse_args(argv)
     logging.basicConfig(

@@ -21,7 +21,8 @@ ENV_PREFIX = "SWARMNODE_"
 
 
 class Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    # coerce_numbers_to_str: `--set node.name=1` or SWARMNODE_NODE__NAME=1 is the name "1".
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, coerce_numbers_to_str=True)
 
 
 class NodeConfig(Section):
@@ -84,8 +85,10 @@ class CheckpointConfig(Section):
 
 class SwarmConfig(Section):
     mixing: Literal["none", "sapo", "hacpo"] = Field("none", description="How external groups are used.")
-    local_groups: int = Field(4, ge=0, description="I: own groups per update (SAPO).")
-    external_groups: int = Field(4, ge=0, description="J: external groups per update (SAPO).")
+    local_groups: int = Field(
+        4, ge=0, description="I: own groups per update (SAPO; HACPO uses every own group)."
+    )
+    external_groups: int = Field(4, ge=0, description="J: external groups per update (SAPO and HACPO).")
     initial_peers: list[str] = Field(default_factory=list, description="Bootstrap multiaddrs.")
     peers_file: str = Field("", description="File with one bootstrap multiaddr per line.")
     host_maddrs: list[str] = Field(

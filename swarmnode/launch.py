@@ -8,7 +8,6 @@ to HOME/summary.json). Every node starts from the same warm-started tiny model
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -21,6 +20,7 @@ from typing import IO, Any
 from swarmnode.config import load_config, render_commented_config
 from swarmnode.errors import SwarmError
 from swarmnode.home import NodeHome
+from swarmnode.net.child_guard import die_with_parent
 from swarmnode.status import fetch_status
 from swarmnode.store.atomic import atomic_write_text
 
@@ -89,6 +89,7 @@ class LocalSwarm:
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,  # Ctrl-C reaches us; we stop the children in order
+            preexec_fn=die_with_parent(),  # and if we die anyway, they get SIGTERM
         )
         self.procs[name] = proc
         return proc
@@ -155,6 +156,14 @@ class LocalSwarm:
         return home
 
     def _stop_all(self) -> None:
+        # Finish the shutdown even if Ctrl-C is pressed again meanwhile.
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+        try:
+            self._stop_children()
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _stop_children(self) -> None:
         nodes = [(n, p) for n, p in self.procs.items() if n != "bootstrap"]
         for _, proc in nodes:
             if proc.poll() is None:
@@ -190,6 +199,11 @@ class LocalSwarm:
         return out
 
     def run(self) -> int:
+        def interrupt(signum: int, frame: object) -> None:
+            raise KeyboardInterrupt  # SIGTERM / SIGHUP stop the swarm like Ctrl-C does
+
+        signal.signal(signal.SIGTERM, interrupt)
+        signal.signal(signal.SIGHUP, interrupt)
         self.root.mkdir(parents=True, exist_ok=True)
         model = self._prepare_model()
         homes: list[NodeHome] = []
@@ -230,9 +244,13 @@ class LocalSwarm:
             interrupted = True
             print("\nstopping the swarm...", flush=True)
         finally:
-            final = self._poll(homes) if homes else []
-            statuses = [f or s for f, s in zip(final, statuses or final, strict=False)] or final
-            self._stop_all()
+            try:
+                final = self._poll(homes) if homes else []
+                statuses = [f or s for f, s in zip(final, statuses or final, strict=False)] or final
+            except KeyboardInterrupt:
+                pass  # a second Ctrl-C: skip the last poll, still stop everything below
+            finally:
+                self._stop_all()
         summary = {
             "nodes": [
                 {
@@ -250,8 +268,11 @@ class LocalSwarm:
             ],
             "interrupted": interrupted,
         }
-        with contextlib.suppress(OSError):
+        where = str(self.root / "summary.json")
+        try:
             atomic_write_text(self.root / "summary.json", json.dumps(summary, indent=1))
-        print("\nsummary (also in " + str(self.root / "summary.json") + "):")
+        except OSError as exc:
+            where = f"not written: {exc}"
+        print(f"\nsummary ({where}):")
         print(_table([_row(s, f"node-{i}") for i, s in enumerate(statuses)]))
         return 0

@@ -41,7 +41,7 @@ from swarmnode.policy import Policy
 from swarmnode.rollout import make_engine
 from swarmnode.solo import build_mixture, build_policy, configure_threads
 from swarmnode.store import CheckpointStore, Ledger
-from swarmnode.supervise import supervise
+from swarmnode.supervise import JobFailed, supervise
 from swarmnode.train import RoundMetrics, ScoredGroup, Trainer
 from swarmnode.wire import Completion, RolloutBatch, RolloutGroup, encode_envelope, seal, to_ms
 from swarmnode.wire.messages import TaskId as WireTaskId
@@ -296,13 +296,18 @@ class SwarmNode:
     async def run(self) -> None:
         await asyncio.to_thread(self._build_torch_side)
         self.heldout = await self._torch(self.trainer.evaluate) if self.trainer.heldout else None
-        self.runtime = await HivemindRuntime.create(self._net_config())
         try:
-            await self._run_jobs()
+            if self.stop.is_set():  # asked to stop during start-up
+                return
+            self.runtime = await HivemindRuntime.create(self._net_config())
+            try:
+                if not self.stop.is_set():
+                    await self._run_jobs()
+            finally:
+                await self.runtime.stop()
         finally:
-            await self.runtime.stop()
-            # Wait for a step in flight (the lock), then keep its work.
-            await self._torch(self.trainer.save_checkpoint)
+            # Wait for a step in flight (the lock); keep the work only if no round was cut short.
+            await self._torch(self.trainer.save_checkpoint_if_consistent)
             self.ledger.close()
 
     async def _run_jobs(self) -> None:
@@ -348,29 +353,48 @@ class SwarmNode:
             "exchange": self.driver.run,
             "serve": self._serve,
         }
-        async with asyncio.TaskGroup() as group:
-            tasks = [
-                group.create_task(supervise(name, job, self.metrics), name=name) for name, job in jobs.items()
-            ]
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [
+                    group.create_task(supervise(name, job, self.metrics), name=name)
+                    for name, job in jobs.items()
+                ]
 
-            async def stop_when_asked() -> None:
-                await self.stop.wait()
-                for task in tasks:
-                    task.cancel()
+                async def stop_when_asked() -> None:
+                    await self.stop.wait()
+                    for task in tasks:
+                        task.cancel()
 
-            group.create_task(stop_when_asked())
+                group.create_task(stop_when_asked())
+        except* JobFailed as failed:
+            # One job failed persistently: report it as itself (the CLI prints its message).
+            raise failed.exceptions[0] from None
 
 
-def run_node(config: Config, home: NodeHome, *, max_rounds: int | None = None) -> None:
-    """Run a node until SIGINT/SIGTERM (or ``max_rounds``); then checkpoint and stop cleanly."""
+def run_node(
+    config: Config, home: NodeHome, *, max_rounds: int | None = None, max_seconds: float | None = None
+) -> None:
+    """Run a node until SIGINT/SIGTERM (or ``max_rounds`` / ``max_seconds``); then stop cleanly.
+
+    A first signal stops after the round in progress; a second one aborts at once (the last
+    checkpoint stays the resume point)."""
     import signal
 
     node = SwarmNode(config, home, max_rounds=max_rounds)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
+        current = asyncio.current_task()
+
+        def on_signal() -> None:
+            if node.stop.is_set() and current is not None:
+                current.cancel()
+            node.stop.set()
+
         for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, node.stop.set)
+            loop.add_signal_handler(sig, on_signal)
+        if max_seconds is not None:
+            loop.call_later(max_seconds, node.stop.set)
         await node.run()
 
     torch.set_grad_enabled(True)

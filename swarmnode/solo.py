@@ -139,9 +139,10 @@ def run_solo(
                 rounds.append(metrics)
                 print(progress_line(metrics, metrics.heldout_accuracy), file=out, flush=True)
         finally:
-            # Whatever stopped us (limit, Ctrl-C, an error), the work done is kept.
+            # Whatever stopped us (limit, Ctrl-C, an error), the committed work is kept; a round
+            # cut short is not (it is redone from the last checkpoint).
             if rounds:
-                trainer.save_checkpoint()
+                trainer.save_checkpoint_if_consistent()
         end_heldout = trainer.evaluate() if trainer.heldout else None
         print(
             f"done: {len(rounds)} rounds in {time.monotonic() - t0:.1f} s; held-out accuracy "

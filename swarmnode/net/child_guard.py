@@ -52,16 +52,27 @@ def p2pd_binary() -> Path:
     return Path(str(files("hivemind.hivemind_cli").joinpath("p2pd"))).resolve()
 
 
-def _make_preexec(libc: ctypes.CDLL, parent_pid: int) -> Callable[[], None]:
+def _make_preexec(libc: ctypes.CDLL, parent_pid: int, sig: int = signal.SIGKILL) -> Callable[[], None]:
     def preexec() -> None:
         # Runs in the child between fork and exec: only async-signal-safe work here.
-        if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
+        if libc.prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0) != 0:
             raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
         if os.getppid() != parent_pid:
             # The parent died between fork and prctl: the signal will never come.
             os._exit(1)
 
     return preexec
+
+
+def die_with_parent(sig: int = signal.SIGTERM) -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes a child get ``sig`` when this process dies (Linux; else None).
+
+    ``swarmnode swarm`` starts its nodes with it, so killing the launcher in any way
+    (SIGKILL included) stops every node it started, each cleanly on SIGTERM.
+    """
+    if not _death_signal_supported():
+        return None
+    return _make_preexec(ctypes.CDLL(None, use_errno=True), os.getpid(), sig)
 
 
 def install_p2pd_death_signal() -> bool:

@@ -91,6 +91,8 @@ class Trainer:
         # SAPO's uniform choice of groups; seeded so a resumed run picks the same ones.
         self.mixing_rng = random.Random(config.node.seed)
         self.capabilities = CapabilityTracker(window=5)
+        self.saved_round = -1  # round of the newest checkpoint this trainer wrote or loaded
+        self._in_round = False
 
     @staticmethod
     def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
@@ -104,12 +106,20 @@ class Trainer:
         """Load the newest verified checkpoint; returns False when starting fresh."""
         state = self.checkpoints.load_latest()
         if state is None:
+            # Rows of a run that died before its first checkpoint are redone from scratch.
+            self.ledger.truncate_after(0)
             return False
         self.policy.model.load_state_dict(state.model_state)
         self.optimizer.load_state_dict(state.optimizer_state)
         self.generator.set_state(state.rng_state["generator"])
         torch.set_rng_state(state.rng_state["torch"])
+        if "mixing" in state.rng_state:
+            version, internal, gauss = state.rng_state["mixing"]
+            self.mixing_rng.setstate((version, tuple(internal), gauss))
+        if "capabilities" in state.extra:
+            self.capabilities.load_state_dict(state.extra["capabilities"])
         self.round = state.round
+        self.saved_round = state.round
         self.policy.version = state.policy_version
         self.engine.update_weights(self.policy)
         dropped = self.ledger.truncate_after(state.round)
@@ -120,17 +130,38 @@ class Trainer:
         )
         return True
 
+    def consistent(self) -> bool:
+        """True between rounds: every completed round is in the ledger and no update is half done.
+        Only then may a checkpoint be written at shutdown (the crash rule in ``swarmnode.store``)."""
+        return not self._in_round and (self.ledger.last_round() or 0) == self.round
+
+    def save_checkpoint_if_consistent(self) -> bool:
+        """The shutdown save: skipped mid-round (the previous checkpoint stays the resume point)
+        and when this round's checkpoint is already on disk."""
+        if not self.consistent():
+            log.warning("stopped inside round %d: resuming from the last checkpoint", self.round + 1)
+            return False
+        if self.saved_round != self.round:
+            self.save_checkpoint()
+        return True
+
     def save_checkpoint(self) -> None:
+        version, internal, gauss = self.mixing_rng.getstate()
         self.checkpoints.save(
             CheckpointState(
                 round=self.round,
                 policy_version=self.policy.version,
                 model_state={k: v.detach().clone() for k, v in self.policy.model.state_dict().items()},
                 optimizer_state=self.optimizer.state_dict(),
-                rng_state={"generator": self.generator.get_state(), "torch": torch.get_rng_state()},
-                extra={"model_id": self.policy.model_id},
+                rng_state={
+                    "generator": self.generator.get_state(),
+                    "torch": torch.get_rng_state(),
+                    "mixing": [version, list(internal), gauss],
+                },
+                extra={"model_id": self.policy.model_id, "capabilities": self.capabilities.state_dict()},
             )
         )
+        self.saved_round = self.round
 
     # ---------------------------------------------------------------- one round
 
@@ -189,10 +220,25 @@ class Trainer:
                 own, external, swarm.local_groups, swarm.external_groups, self.mixing_rng
             )
             return list(local), list(ext)
-        # HACPO: every own group, and up to J external groups with signal.
-        ext_ok = [g for g in external if not g.all_equal()]
+        # HACPO: every own group, and up to J external groups whose *joint* group (with ours on the
+        # same prompt) can have signal: a peer's all-correct group beside our all-wrong one is
+        # exactly the cross-agent signal HACPO uses.
+        own_keys = {g.task.id.key() for g in own}
+        ext_ok = [g for g in external if not g.all_equal() or g.task.id.key() in own_keys]
         ext = self.mixing_rng.sample(ext_ok, min(swarm.external_groups, len(ext_ok)))
         return list(own), ext
+
+    def update_capabilities(self, own: Sequence[ScoredGroup], external: Sequence[ScoredGroup]) -> None:
+        """One capability sample per agent per step (ALGORITHMS.md §3.1), each the mean of rewards
+        *our* verifier gave that agent's groups this step: a peer's claimed batch mean is never used."""
+        by_source: dict[str, list[float]] = {}
+        for g in external:
+            by_source.setdefault(g.source, []).extend(g.rewards)
+        if own:
+            by_source[self.node_id] = [r for g in own for r in g.rewards]
+        for source, rewards in by_source.items():
+            if rewards:
+                self.capabilities.update(source, sum(rewards) / len(rewards))
 
     def _old_logprobs(
         self, groups: Sequence[ScoredGroup], prompts: list[list[int]], completions: list[list[int]]
@@ -225,6 +271,8 @@ class Trainer:
         self, own: Sequence[ScoredGroup], external: Sequence[ScoredGroup] = ()
     ) -> tuple[float, int, int]:
         """``k`` optimizer steps; returns (mean loss or nan if nothing to learn, own used, external used)."""
+        if self.config.swarm.mixing == "hacpo":
+            self.update_capabilities(own, external)
         local, ext = self.choose_groups(own, external)
         groups = [*local, *ext]  # own samples first (HACPO's official ordering)
         if not groups:
@@ -293,12 +341,6 @@ class Trainer:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """Capability-aware advantages over each prompt's joint group, discrepancy coefficients,
         own-row flags and per-response old mean log-probs (ALGORITHMS.md §3)."""
-        if local:
-            own_mean = sum(r for g in local for r in g.rewards) / sum(g.size for g in local)
-            self.capabilities.update(self.node_id, own_mean)
-        for g in ext:
-            if g.source_reward_mean is not None:
-                self.capabilities.update(g.source, g.source_reward_mean)
         groups = [*local, *ext]
         sources = [g.source if g.source != "local" else self.node_id for g in groups for _ in range(g.size)]
         advantages = torch.zeros(len(sources))
@@ -345,6 +387,7 @@ class Trainer:
         started = time.time() if started is None else started
         t0 = time.perf_counter()
         index = self.round + 1
+        self._in_round = True
         loss, own_used, external_used = self.update(own, external)
         self.policy.version += 1
         self.engine.update_weights(self.policy)
@@ -380,6 +423,7 @@ class Trainer:
                 extra=extra,
             )
         )
+        self._in_round = False
         if self.round % self.config.checkpoint.every_rounds == 0:
             self.save_checkpoint()
         return metrics
