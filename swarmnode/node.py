@@ -40,7 +40,7 @@ from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.policy import Policy
 from swarmnode.rollout import make_engine
 from swarmnode.solo import build_mixture, build_policy, configure_threads
-from swarmnode.store import CheckpointStore, Ledger
+from swarmnode.store import CheckpointStore, Ledger, atomic_write_text
 from swarmnode.supervise import JobFailed, supervise
 from swarmnode.train import RoundMetrics, ScoredGroup, Trainer
 from swarmnode.wire import Completion, RolloutBatch, RolloutGroup, encode_envelope, seal, to_ms
@@ -284,11 +284,13 @@ class SwarmNode:
         )
         await server.start()
         self.api_port = server.port
-        (self.home.root / "api.port").write_text(str(server.port))
+        port_file = self.home.root / "api.port"
+        atomic_write_text(port_file, str(server.port))  # `swarmnode status` reads it
         log.info("API on http://%s:%d/", self.config.api.host, server.port)
         try:
             await asyncio.Event().wait()
         finally:
+            port_file.unlink(missing_ok=True)  # no stale port once the node is gone
             await server.stop()
 
     # ------------------------------------------------------------------ run
