@@ -16,7 +16,13 @@ import torch
 from transformers import GenerationConfig
 
 from swarmnode.policy.model import Policy
-from swarmnode.rollout.types import GenerationResult, SamplingParams, group_completions, sequence_logprobs
+from swarmnode.rollout.types import (
+    GenerationResult,
+    SamplingParams,
+    encode_prompts,
+    group_completions,
+    sequence_logprobs,
+)
 
 
 class HFEngine:
@@ -71,11 +77,9 @@ class HFEngine:
         params: SamplingParams,
         generator: torch.Generator | None = None,
     ) -> GenerationResult:
-        if n < 1:
-            raise ValueError(f"samples per prompt must be >= 1, got {n}")
         started = time.perf_counter()
         policy = self._policy
-        prompt_ids = [policy.encode_prompt(text) for text in prompts]
+        prompt_ids = encode_prompts(policy, prompts, n)
         if not prompt_ids:
             return GenerationResult([], [], policy.version, 0, time.perf_counter() - started)
         device = policy.device

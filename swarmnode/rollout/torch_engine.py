@@ -42,6 +42,7 @@ from swarmnode.policy.model import Policy
 from swarmnode.rollout.types import (
     GenerationResult,
     SamplingParams,
+    encode_prompts,
     group_completions,
     scaled_logits,
     top_p_filter,
@@ -515,11 +516,9 @@ class TorchEngine:
         params: SamplingParams,
         generator: torch.Generator | None = None,
     ) -> GenerationResult:
-        if n < 1:
-            raise ValueError(f"samples per prompt must be >= 1, got {n}")
         started = time.perf_counter()
         policy = self._policy
-        prompt_ids = [policy.encode_prompt(text) for text in prompts]
+        prompt_ids = encode_prompts(policy, prompts, n)
         if not prompt_ids:
             return GenerationResult([], [], policy.version, 0, time.perf_counter() - started)
         with torch.inference_mode():

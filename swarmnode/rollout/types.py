@@ -64,6 +64,13 @@ class GenerationResult:
     seconds: float
 
 
+def encode_prompts(policy: Policy, prompts: list[str], n: int) -> list[list[int]]:
+    """The checks and prompt encoding every engine's ``generate`` starts with."""
+    if n < 1:
+        raise ValueError(f"samples per prompt must be >= 1, got {n}")
+    return [policy.encode_prompt(text) for text in prompts]
+
+
 class RolloutEngine(Protocol):
     """Samples ``n`` completions per prompt from the current policy."""
 

@@ -48,7 +48,13 @@ from torch import nn
 
 from swarmnode.errors import EngineUnavailable
 from swarmnode.policy.model import Policy, save_policy
-from swarmnode.rollout.types import GenerationResult, SamplingParams, group_completions, sequence_logprobs
+from swarmnode.rollout.types import (
+    GenerationResult,
+    SamplingParams,
+    encode_prompts,
+    group_completions,
+    sequence_logprobs,
+)
 
 log = logging.getLogger(__name__)
 
@@ -234,13 +240,11 @@ class VLLMEngine:
         params: SamplingParams,
         generator: torch.Generator | None = None,
     ) -> GenerationResult:
-        if n < 1:
-            raise ValueError(f"samples per prompt must be >= 1, got {n}")
         started = time.perf_counter()
         if _weights_key(self._policy.model) != self._weights_key:
             self.update_weights(self._policy)  # changed in place since the last push
         policy = self._policy
-        prompt_ids = [policy.encode_prompt(text) for text in prompts]
+        prompt_ids = encode_prompts(policy, prompts, n)
         if not prompt_ids:
             return GenerationResult([], [], policy.version, 0, time.perf_counter() - started)
         # One seed per call from the caller's generator, one per prompt from it: reproducible runs.
