@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +65,32 @@ def open_files(pid: int) -> int:
         return -1
 
 
-def sample(pids: dict[str, int]) -> dict[str, dict[str, float]]:
+def node_counters(home: Path) -> dict[str, float]:
+    """Task restarts, published groups and rounds from the node's own /metrics (NaN if unreachable)."""
+    wanted = {
+        "swarmnode_task_restarts": "restarts",
+        "swarmnode_groups_published": "groups_published",
+        "swarmnode_rounds": "rounds",
+    }
+    out = {v: float("nan") for v in wanted.values()}
+    try:
+        port = int((home / "api.port").read_text())
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as reply:
+            text = reply.read().decode()
+    except (OSError, ValueError):
+        return out
+    for v in wanted.values():
+        out[v] = 0.0
+    for line in text.splitlines():
+        if line.startswith("#") or not line.strip():
+            continue
+        name = line.split("{", 1)[0].split(" ", 1)[0]
+        if name in wanted:
+            out[wanted[name]] += float(line.rsplit(" ", 1)[1])
+    return out
+
+
+def sample(pids: dict[str, int], root: Path) -> dict[str, dict[str, float]]:
     out = {}
     for name, pid in pids.items():
         kids = children(pid)
@@ -72,6 +98,7 @@ def sample(pids: dict[str, int]) -> dict[str, dict[str, float]]:
             "rss_mib": rss_mib(pid),
             "children_rss_mib": sum(rss_mib(k) for k in kids),
             "fds": open_files(pid),
+            **node_counters(root / name),
         }
     return out
 
@@ -107,11 +134,12 @@ def main() -> None:
         while swarm.poll() is None:
             pids = find_node_pids(root) or pids
             if len(pids) == args.nodes:
-                samples.append({"t": round(time.monotonic() - t0, 1), "nodes": sample(pids)})
+                samples.append({"t": round(time.monotonic() - t0, 1), "nodes": sample(pids, root)})
                 print(
                     f"t={samples[-1]['t']:7.1f}s "
                     + "  ".join(
-                        f"{n}: {v['rss_mib']:.0f}+{v['children_rss_mib']:.0f} MiB {v['fds']:.0f} fds"
+                        f"{n}: {v['rss_mib']:.0f}+{v['children_rss_mib']:.0f} MiB {v['fds']:.0f} fds "
+                        f"{v['groups_published']:.0f} groups {v['restarts']:.0f} restarts"
                         for n, v in sorted(samples[-1]["nodes"].items())
                     ),
                     flush=True,
@@ -127,6 +155,15 @@ def main() -> None:
         return
     first, last = samples[0]["nodes"], samples[-1]["nodes"]
     rows = []
+    # Rollout rate per node in the first and the last quarter of the run: "stable" is a figure.
+    quarter = max(1, len(samples) // 4)
+
+    def rate(name: str, part: list[dict[str, Any]]) -> float:
+        a, b = part[0], part[-1]
+        dt = b["t"] - a["t"]
+        grown = b["nodes"][name]["groups_published"] - a["nodes"][name]["groups_published"]
+        return grown / dt if dt else 0.0
+
     for name in sorted(first):
         peak = max(s["nodes"][name]["rss_mib"] for s in samples if name in s["nodes"])
         rows.append(
@@ -137,11 +174,22 @@ def main() -> None:
                 f"{peak:.0f}",
                 f"{first[name]['children_rss_mib']:.0f} -> {last[name]['children_rss_mib']:.0f}",
                 f"{first[name]['fds']:.0f} -> {last[name]['fds']:.0f}",
+                f"{rate(name, samples[: quarter + 1]):.2f} -> {rate(name, samples[-quarter - 1 :]):.2f}",
+                f"{last[name]['restarts']:.0f}",
             ]
         )
     print_table(
         f"soak: {args.nodes} nodes for {samples[-1]['t'] / 60:.1f} min (first sample after start-up)",
-        ["node", "RSS start MiB", "RSS end MiB", "RSS max MiB", "p2pd RSS MiB", "open fds"],
+        [
+            "node",
+            "RSS start MiB",
+            "RSS end MiB",
+            "RSS max MiB",
+            "p2pd RSS MiB",
+            "open fds",
+            "groups/s first -> last quarter",
+            "task restarts",
+        ],
         rows,
         [f"machine: {machine()['cores']} cores; every process of the swarm shares them"],
     )
