@@ -68,9 +68,9 @@ def open_files(pid: int) -> int:
 def node_counters(home: Path) -> dict[str, float]:
     """Task restarts, published groups and rounds from the node's own /metrics (NaN if unreachable)."""
     wanted = {
-        "swarmnode_task_restarts": "restarts",
-        "swarmnode_groups_published": "groups_published",
-        "swarmnode_rounds": "rounds",
+        "swarmnode_task_restarts_total": "restarts",
+        "swarmnode_groups_published_total": "groups_published",
+        "swarmnode_rounds_total": "rounds",
     }
     out = {v: float("nan") for v in wanted.values()}
     try:
