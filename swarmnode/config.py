@@ -27,6 +27,11 @@ class Section(BaseModel):
 
 class NodeConfig(Section):
     name: str = Field("node", description="Human-readable name shown in logs and /status.")
+    role: Literal["trainer", "learner", "worker"] = Field(
+        "trainer",
+        description="trainer: swarm member (gossip + train); learner: trains on recruited workers' "
+        "rollouts; worker: generates for worker.learner.",
+    )
     seed: int = Field(0, ge=0, description="Seed for task sampling, model init and generation.")
     threads: int = Field(0, ge=0, description="torch CPU threads; 0 = all cores.")
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = Field("INFO", description="Log verbosity.")
@@ -76,6 +81,12 @@ class LearnConfig(Section):
     scale_rewards: Literal["group", "batch", "none"] = Field("group", description="Advantage std scaling.")
     drop_zero_advantage: bool = Field(True, description="Skip groups whose rewards are all equal.")
     max_grad_norm: float = Field(1.0, gt=0.0, description="Gradient clipping norm.")
+    stale_loss: Literal["m2po", "same"] = Field(
+        "m2po",
+        description="Loss for a step with own groups older than the policy (learner with workers): "
+        "M2PO (ALGORITHMS.md §4), or the same loss as fresh data.",
+    )
+    m2po_tau: float = Field(0.04, gt=0.0, description="M2PO second-moment threshold tau.")
 
 
 class CheckpointConfig(Section):
@@ -107,6 +118,57 @@ class SwarmConfig(Section):
     )
 
 
+class LearnerConfig(Section):
+    groups_per_step: int = Field(
+        8, ge=1, le=4096, description="B: worker groups per learner step (role learner)."
+    )
+    margin: float = Field(
+        0.2, ge=0.0, le=10.0, description="Activate workers until R >= (1 + margin) * B / T."
+    )
+    activation: Literal["planner", "all"] = Field(
+        "planner", description="planner: cheapest set that keeps the learner busy; all: every worker."
+    )
+    max_wait_seconds: float = Field(
+        120.0, gt=0.0, description="A step waits at most this long for B groups, then trains on what it has."
+    )
+    spot_check_rate: float = Field(
+        0.25, ge=0.0, le=1.0, description="Share of worker batches whose log-probs are re-computed."
+    )
+    spot_check_tokens: int = Field(16, ge=1, le=4096, description="Tokens re-computed per spot check.")
+    spot_check_tolerance: float = Field(
+        1e-3, gt=0.0, description="Max |reported - recomputed| log-prob for a token to pass."
+    )
+    spot_check_strikes: int = Field(
+        1, ge=1, le=100, description="Failed spot checks before a worker is deactivated."
+    )
+    chunk_bytes: int = Field(
+        4 * 1024 * 1024, ge=64 * 1024, description="Weight broadcast chunk size in bytes."
+    )
+    lease_seconds: int = Field(60, ge=1, le=86400, description="An activation lapses unless renewed.")
+    recruit_seconds: float = Field(5.0, gt=0.0, description="How often worker offers are re-read.")
+
+
+class WorkerConfig(Section):
+    learner: str = Field("", description="Peer id of the learner to work for (role worker).")
+    price: float = Field(1.0, ge=0.0, description="Asked price per 1,000 completions.")
+    slowdown: float = Field(
+        1.0,
+        ge=1.0,
+        le=1000.0,
+        description="Simulated slower hardware: each batch takes this many times its real time.",
+    )
+    hardware: str = Field("", description="Hardware advertised to learners; empty = detected (cpu:N).")
+
+
+class DataPlaneConfig(Section):
+    host: str = Field("127.0.0.1", description="Direct TCP data plane bind address.")
+    port: int = Field(0, ge=0, le=65535, description="Data plane port; 0 = pick a free one.")
+    advertise: str = Field("", description="host:port peers dial; empty = the bound address.")
+    upload_rate: float = Field(
+        0.0, ge=0.0, description="Upload cap in bytes/s shared by all uploads; 0 = unlimited."
+    )
+
+
 class ApiConfig(Section):
     host: str = Field("127.0.0.1", description="Local HTTP API bind address.")
     port: int = Field(0, ge=0, le=65535, description="Local HTTP API port; 0 = pick a free one.")
@@ -118,6 +180,9 @@ class Config(Section):
     tasks: TasksConfig = Field(default_factory=TasksConfig)  # type: ignore[arg-type]
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)  # type: ignore[arg-type]
     learn: LearnConfig = Field(default_factory=LearnConfig)  # type: ignore[arg-type]
+    learner: LearnerConfig = Field(default_factory=LearnerConfig)  # type: ignore[arg-type]
+    worker: WorkerConfig = Field(default_factory=WorkerConfig)  # type: ignore[arg-type]
+    dataplane: DataPlaneConfig = Field(default_factory=DataPlaneConfig)  # type: ignore[arg-type]
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)  # type: ignore[arg-type]
     swarm: SwarmConfig = Field(default_factory=SwarmConfig)  # type: ignore[arg-type]
     api: ApiConfig = Field(default_factory=ApiConfig)  # type: ignore[arg-type]

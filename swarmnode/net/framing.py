@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import enum
 import struct
+from collections.abc import Awaitable, Callable
 
 MAX_CHUNK = 256 * 1024
 MAX_ERROR = 4096
@@ -51,13 +52,25 @@ class RemoteRefused(Exception):
     """The sender put an ERROR frame instead of a message; the text is its reason."""
 
 
-async def write_message(writer: asyncio.StreamWriter, data: bytes, *, chunk_size: int = MAX_CHUNK) -> None:
-    """Write ``data`` as DATA frames of at most ``chunk_size`` bytes, then END."""
+async def write_message(
+    writer: asyncio.StreamWriter,
+    data: bytes,
+    *,
+    chunk_size: int = MAX_CHUNK,
+    pace: Callable[[int], Awaitable[None]] | None = None,
+) -> None:
+    """Write ``data`` as DATA frames of at most ``chunk_size`` bytes, then END.
+
+    ``pace(n)``, if given, is awaited before each frame of ``n`` payload bytes (an upload
+    rate limiter: the data plane's token bucket).
+    """
     if not 0 < chunk_size <= MAX_CHUNK:
         raise ValueError(f"chunk_size must be in 1..{MAX_CHUNK}")
     view = memoryview(data)
     for offset in range(0, len(view), chunk_size):
         piece = view[offset : offset + chunk_size]
+        if pace is not None:
+            await pace(len(piece))
         writer.write(_HEADER.pack(FrameKind.DATA, len(piece)))
         writer.write(piece)
         # drain() after each chunk bounds our own send buffer to about one chunk.

@@ -23,6 +23,8 @@ class Kind(IntEnum):
     ACTIVATE = 7
     DEACTIVATE = 8
     HEARTBEAT = 9
+    CHUNK_HAVE = 10
+    REFUSAL = 11
 
     @property
     def label(self) -> str:
@@ -60,4 +62,6 @@ MAX_PAYLOAD_BYTES: dict[Kind, int] = {
     Kind.ACTIVATE: 1 * limits.KIB,
     Kind.DEACTIVATE: 1 * limits.KIB,
     Kind.HEARTBEAT: 1 * limits.KIB,
+    Kind.CHUNK_HAVE: 40 * limits.KIB,  # 16,384 packed indices of <= 3 bytes, and the digest
+    Kind.REFUSAL: 1 * limits.KIB,
 }

@@ -161,6 +161,9 @@ class Completion:
     #: The sender's own reward for this completion. Informational only: admission
     #: never reads it (ALGORITHMS.md §8), rewards come from local re-scoring.
     claimed_reward_informational: float = 0.0
+    #: Worker -> learner only: token ids and per-token log-probs (both empty in gossip).
+    token_ids: tuple[int, ...] = ()
+    token_logprobs: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,11 +208,23 @@ def _task_from(msg: pb.TaskId) -> TaskId:
 
 
 def _completion_from(c: pb.Completion) -> Completion:
+    token_count = _int_range(c.token_count, "token_count", 0, limits.MAX_COMPLETION_TOKENS)
+    if c.token_ids or c.token_logprobs:
+        if len(c.token_ids) != token_count or len(c.token_logprobs) != token_count:
+            raise _Invalid(
+                WireReason.INVALID_PAYLOAD,
+                f"token_ids ({len(c.token_ids)}) and token_logprobs ({len(c.token_logprobs)}) "
+                f"must both have token_count={token_count} entries",
+            )
+        if not all(math.isfinite(v) and v <= 0.0 for v in c.token_logprobs):
+            raise _Invalid(WireReason.INVALID_PAYLOAD, "token_logprobs must be finite and <= 0")
     return Completion(
         text=_text(c.text, limits.MAX_COMPLETION_BYTES, "text"),
-        token_count=_int_range(c.token_count, "token_count", 0, limits.MAX_COMPLETION_TOKENS),
+        token_count=token_count,
         mean_logprob=_finite(c.mean_logprob, "mean_logprob", high=0.0),
         claimed_reward_informational=_finite(c.claimed_reward_informational, "claimed_reward_informational"),
+        token_ids=tuple(c.token_ids),
+        token_logprobs=tuple(c.token_logprobs),
     )
 
 
@@ -255,6 +270,8 @@ def _group_to(g: RolloutGroup) -> pb.RolloutGroup:
                 token_count=c.token_count,
                 mean_logprob=c.mean_logprob,
                 claimed_reward_informational=c.claimed_reward_informational,
+                token_ids=list(c.token_ids),
+                token_logprobs=list(c.token_logprobs),
             )
             for c in g.completions
         ],
@@ -469,6 +486,35 @@ def _chunk_data_from(msg: pb.ChunkData) -> ChunkData:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class ChunkHave:
+    manifest_digest: bytes
+    chunk_indices: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    reason: str
+    detail: str = ""
+
+
+def _chunk_have_from(msg: pb.ChunkHave) -> ChunkHave:
+    _count(msg.chunk_indices, limits.MAX_CHUNKS, "chunk_indices")
+    indices = tuple(msg.chunk_indices)
+    if any(i >= limits.MAX_CHUNKS for i in indices):
+        raise _Invalid(WireReason.LIMIT_EXCEEDED, f"chunk_indices must be < {limits.MAX_CHUNKS}")
+    if len(set(indices)) != len(indices):
+        raise _Invalid(WireReason.INVALID_PAYLOAD, "chunk_indices has duplicates")
+    return ChunkHave(manifest_digest=_digest(msg.manifest_digest, "manifest_digest"), chunk_indices=indices)
+
+
+def _refusal_from(msg: pb.Refusal) -> Refusal:
+    return Refusal(
+        reason=_text(msg.reason, limits.MAX_REFUSAL_REASON_BYTES, "reason", required=True),
+        detail=_text(msg.detail, limits.MAX_REASON_BYTES, "detail"),
+    )
+
+
 # --------------------------------------------------------------------------- control
 
 
@@ -536,6 +582,8 @@ Message: TypeAlias = (
     | Activate
     | Deactivate
     | Heartbeat
+    | ChunkHave
+    | Refusal
 )
 
 
@@ -595,6 +643,16 @@ _CODECS: dict[Kind, _Codec] = {
         Heartbeat,
     ),
 }
+
+_CODECS[Kind.CHUNK_HAVE] = _Codec(
+    pb.ChunkHave,
+    _chunk_have_from,
+    lambda m: pb.ChunkHave(manifest_digest=m.manifest_digest, chunk_indices=list(m.chunk_indices)),
+    ChunkHave,
+)
+_CODECS[Kind.REFUSAL] = _Codec(
+    pb.Refusal, _refusal_from, lambda m: pb.Refusal(reason=m.reason, detail=m.detail), Refusal
+)
 
 _KIND_OF: dict[type, Kind] = {codec.message_type: kind for kind, codec in _CODECS.items()}
 

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aswarmnode/wire/swarm.proto\x12\x0cswarmnode.v1\"\x89\x01\n\x08\x45nvelope\x12\x0f\n\x07version\x18\x01 \x01(\r\x12 \n\x04kind\x18\x02 \x01(\x0e\x32\x12.swarmnode.v1.Kind\x12\x12\n\nsender_key\x18\x03 \x01(\x0c\x12\x12\n\nsent_at_ms\x18\x04 \x01(\x04\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\x12\x11\n\tsignature\x18\x06 \x01(\x0c\"_\n\x0c\x43\x61pabilities\x12\x14\n\x0crollout_rate\x18\x01 \x01(\x01\x12\r\n\x05price\x18\x02 \x01(\x01\x12\x10\n\x08hardware\x18\x03 \x01(\t\x12\x18\n\x10software_version\x18\x04 \x01(\t\"\xc5\x01\n\nPeerRecord\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x16\n\x0elibp2p_peer_id\x18\x02 \x01(\t\x12\x11\n\taddresses\x18\x03 \x03(\t\x12!\n\x05roles\x18\x04 \x03(\x0e\x32\x12.swarmnode.v1.Role\x12\x14\n\x0cmodel_family\x18\x05 \x01(\t\x12\x10\n\x08model_id\x18\x06 \x01(\t\x12\x30\n\x0c\x63\x61pabilities\x18\x07 \x01(\x0b\x32\x1a.swarmnode.v1.Capabilities\"]\n\x06TaskId\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0e\n\x06\x63onfig\x18\x02 \x01(\t\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\r\n\x05index\x18\x04 \x01(\x04\x12\x15\n\rprompt_format\x18\x05 \x01(\t\"k\n\nCompletion\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x13\n\x0btoken_count\x18\x02 \x01(\r\x12\x14\n\x0cmean_logprob\x18\x03 \x01(\x01\x12$\n\x1c\x63laimed_reward_informational\x18\x04 \x01(\x01\"\xc5\x01\n\x0cRolloutGroup\x12\"\n\x04task\x18\x01 \x01(\x0b\x32\x14.swarmnode.v1.TaskId\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12-\n\x0b\x63ompletions\x18\x03 \x03(\x0b\x32\x18.swarmnode.v1.Completion\x12\x10\n\x08model_id\x18\x04 \x01(\t\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x04\x12\r\n\x05round\x18\x06 \x01(\x04\x12\x19\n\x11\x62\x61tch_reward_mean\x18\x07 \x01(\x01\":\n\x0cRolloutBatch\x12*\n\x06groups\x18\x01 \x03(\x0b\x32\x1a.swarmnode.v1.RolloutGroup\"L\n\x08\x41nnounce\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x17\n\x0frollout_digests\x18\x02 \x03(\x0c\x12\x18\n\x10manifest_digests\x18\x03 \x03(\x0c\"Y\n\x0bTensorEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x04\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06nbytes\x18\x05 \x01(\x04\"\xa2\x01\n\x12WeightManifestBody\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12*\n\x07tensors\x18\x03 \x03(\x0b\x32\x19.swarmnode.v1.TensorEntry\x12\x12\n\nchunk_size\x18\x04 \x01(\x04\x12\x14\n\x0c\x63hunk_hashes\x18\x05 \x03(\x0c\x12\x13\n\x0btotal_bytes\x18\x06 \x01(\x04\"H\n\x0eWeightManifest\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x15\n\rpublisher_key\x18\x02 \x01(\x0c\x12\x11\n\tsignature\x18\x03 \x01(\x0c\"\\\n\x0c\x43hunkRequest\x12\x17\n\x0fmanifest_digest\x18\x01 \x01(\x0c\x12\x13\n\x0b\x63hunk_index\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0e\n\x06length\x18\x04 \x01(\r\"W\n\tChunkData\x12\x17\n\x0fmanifest_digest\x18\x01 \x01(\x0c\x12\x13\n\x0b\x63hunk_index\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"x\n\x08\x41\x63tivate\x12\x16\n\x0eworker_peer_id\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x04\x12\x13\n\x0btarget_rate\x18\x04 \x01(\x01\x12\x15\n\rlease_seconds\x18\x05 \x01(\r\"4\n\nDeactivate\x12\x16\n\x0eworker_peer_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"Z\n\tHeartbeat\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x04\x12\x14\n\x0crollout_rate\x18\x04 \x01(\x01*\xe0\x01\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10KIND_PEER_RECORD\x10\x01\x12\x16\n\x12KIND_ROLLOUT_BATCH\x10\x02\x12\x11\n\rKIND_ANNOUNCE\x10\x03\x12\x18\n\x14KIND_WEIGHT_MANIFEST\x10\x04\x12\x16\n\x12KIND_CHUNK_REQUEST\x10\x05\x12\x13\n\x0fKIND_CHUNK_DATA\x10\x06\x12\x11\n\rKIND_ACTIVATE\x10\x07\x12\x13\n\x0fKIND_DEACTIVATE\x10\x08\x12\x12\n\x0eKIND_HEARTBEAT\x10\t*e\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x10\n\x0cROLE_TRAINER\x10\x01\x12\x10\n\x0cROLE_LEARNER\x10\x02\x12\x0f\n\x0bROLE_WORKER\x10\x03\x12\x12\n\x0eROLE_BOOTSTRAP\x10\x04\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1aswarmnode/wire/swarm.proto\x12\x0cswarmnode.v1\"\x89\x01\n\x08\x45nvelope\x12\x0f\n\x07version\x18\x01 \x01(\r\x12 \n\x04kind\x18\x02 \x01(\x0e\x32\x12.swarmnode.v1.Kind\x12\x12\n\nsender_key\x18\x03 \x01(\x0c\x12\x12\n\nsent_at_ms\x18\x04 \x01(\x04\x12\x0f\n\x07payload\x18\x05 \x01(\x0c\x12\x11\n\tsignature\x18\x06 \x01(\x0c\"_\n\x0c\x43\x61pabilities\x12\x14\n\x0crollout_rate\x18\x01 \x01(\x01\x12\r\n\x05price\x18\x02 \x01(\x01\x12\x10\n\x08hardware\x18\x03 \x01(\t\x12\x18\n\x10software_version\x18\x04 \x01(\t\"\xc5\x01\n\nPeerRecord\x12\x0f\n\x07peer_id\x18\x01 \x01(\t\x12\x16\n\x0elibp2p_peer_id\x18\x02 \x01(\t\x12\x11\n\taddresses\x18\x03 \x03(\t\x12!\n\x05roles\x18\x04 \x03(\x0e\x32\x12.swarmnode.v1.Role\x12\x14\n\x0cmodel_family\x18\x05 \x01(\t\x12\x10\n\x08model_id\x18\x06 \x01(\t\x12\x30\n\x0c\x63\x61pabilities\x18\x07 \x01(\x0b\x32\x1a.swarmnode.v1.Capabilities\"]\n\x06TaskId\x12\x0f\n\x07\x64\x61taset\x18\x01 \x01(\t\x12\x0e\n\x06\x63onfig\x18\x02 \x01(\t\x12\x0c\n\x04seed\x18\x03 \x01(\x04\x12\r\n\x05index\x18\x04 \x01(\x04\x12\x15\n\rprompt_format\x18\x05 \x01(\t\"\x96\x01\n\nCompletion\x12\x0c\n\x04text\x18\x01 \x01(\t\x12\x13\n\x0btoken_count\x18\x02 \x01(\r\x12\x14\n\x0cmean_logprob\x18\x03 \x01(\x01\x12$\n\x1c\x63laimed_reward_informational\x18\x04 \x01(\x01\x12\x11\n\ttoken_ids\x18\x05 \x03(\r\x12\x16\n\x0etoken_logprobs\x18\x06 \x03(\x02\"\xc5\x01\n\x0cRolloutGroup\x12\"\n\x04task\x18\x01 \x01(\x0b\x32\x14.swarmnode.v1.TaskId\x12\x0e\n\x06prompt\x18\x02 \x01(\t\x12-\n\x0b\x63ompletions\x18\x03 \x03(\x0b\x32\x18.swarmnode.v1.Completion\x12\x10\n\x08model_id\x18\x04 \x01(\t\x12\x16\n\x0epolicy_version\x18\x05 \x01(\x04\x12\r\n\x05round\x18\x06 \x01(\x04\x12\x19\n\x11\x62\x61tch_reward_mean\x18\x07 \x01(\x01\":\n\x0cRolloutBatch\x12*\n\x06groups\x18\x01 \x03(\x0b\x32\x1a.swarmnode.v1.RolloutGroup\"L\n\x08\x41nnounce\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x17\n\x0frollout_digests\x18\x02 \x03(\x0c\x12\x18\n\x10manifest_digests\x18\x03 \x03(\x0c\"Y\n\x0bTensorEntry\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\r\n\x05\x64type\x18\x02 \x01(\t\x12\r\n\x05shape\x18\x03 \x03(\x04\x12\x0e\n\x06offset\x18\x04 \x01(\x04\x12\x0e\n\x06nbytes\x18\x05 \x01(\x04\"\xa2\x01\n\x12WeightManifestBody\x12\x10\n\x08model_id\x18\x01 \x01(\t\x12\x0f\n\x07version\x18\x02 \x01(\x04\x12*\n\x07tensors\x18\x03 \x03(\x0b\x32\x19.swarmnode.v1.TensorEntry\x12\x12\n\nchunk_size\x18\x04 \x01(\x04\x12\x14\n\x0c\x63hunk_hashes\x18\x05 \x03(\x0c\x12\x13\n\x0btotal_bytes\x18\x06 \x01(\x04\"H\n\x0eWeightManifest\x12\x0c\n\x04\x62ody\x18\x01 \x01(\x0c\x12\x15\n\rpublisher_key\x18\x02 \x01(\x0c\x12\x11\n\tsignature\x18\x03 \x01(\x0c\"\\\n\x0c\x43hunkRequest\x12\x17\n\x0fmanifest_digest\x18\x01 \x01(\x0c\x12\x13\n\x0b\x63hunk_index\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0e\n\x06length\x18\x04 \x01(\r\"W\n\tChunkData\x12\x17\n\x0fmanifest_digest\x18\x01 \x01(\x0c\x12\x13\n\x0b\x63hunk_index\x18\x02 \x01(\r\x12\x0e\n\x06offset\x18\x03 \x01(\x04\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"x\n\x08\x41\x63tivate\x12\x16\n\x0eworker_peer_id\x18\x01 \x01(\t\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x04\x12\x13\n\x0btarget_rate\x18\x04 \x01(\x01\x12\x15\n\rlease_seconds\x18\x05 \x01(\r\"4\n\nDeactivate\x12\x16\n\x0eworker_peer_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"Z\n\tHeartbeat\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x10\n\x08model_id\x18\x02 \x01(\t\x12\x16\n\x0epolicy_version\x18\x03 \x01(\x04\x12\x14\n\x0crollout_rate\x18\x04 \x01(\x01\";\n\tChunkHave\x12\x17\n\x0fmanifest_digest\x18\x01 \x01(\x0c\x12\x15\n\rchunk_indices\x18\x02 \x03(\r\")\n\x07Refusal\x12\x0e\n\x06reason\x18\x01 \x01(\t\x12\x0e\n\x06\x64\x65tail\x18\x02 \x01(\t*\x87\x02\n\x04Kind\x12\x14\n\x10KIND_UNSPECIFIED\x10\x00\x12\x14\n\x10KIND_PEER_RECORD\x10\x01\x12\x16\n\x12KIND_ROLLOUT_BATCH\x10\x02\x12\x11\n\rKIND_ANNOUNCE\x10\x03\x12\x18\n\x14KIND_WEIGHT_MANIFEST\x10\x04\x12\x16\n\x12KIND_CHUNK_REQUEST\x10\x05\x12\x13\n\x0fKIND_CHUNK_DATA\x10\x06\x12\x11\n\rKIND_ACTIVATE\x10\x07\x12\x13\n\x0fKIND_DEACTIVATE\x10\x08\x12\x12\n\x0eKIND_HEARTBEAT\x10\t\x12\x13\n\x0fKIND_CHUNK_HAVE\x10\n\x12\x10\n\x0cKIND_REFUSAL\x10\x0b*e\n\x04Role\x12\x14\n\x10ROLE_UNSPECIFIED\x10\x00\x12\x10\n\x0cROLE_TRAINER\x10\x01\x12\x10\n\x0cROLE_LEARNER\x10\x02\x12\x0f\n\x0bROLE_WORKER\x10\x03\x12\x12\n\x0eROLE_BOOTSTRAP\x10\x04\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'swarmnode.wire.swarm_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_KIND']._serialized_start=1805
-  _globals['_KIND']._serialized_end=2029
-  _globals['_ROLE']._serialized_start=2031
-  _globals['_ROLE']._serialized_end=2132
+  _globals['_KIND']._serialized_start=1953
+  _globals['_KIND']._serialized_end=2216
+  _globals['_ROLE']._serialized_start=2218
+  _globals['_ROLE']._serialized_end=2319
   _globals['_ENVELOPE']._serialized_start=45
   _globals['_ENVELOPE']._serialized_end=182
   _globals['_CAPABILITIES']._serialized_start=184
@@ -43,28 +43,32 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_PEERRECORD']._serialized_end=479
   _globals['_TASKID']._serialized_start=481
   _globals['_TASKID']._serialized_end=574
-  _globals['_COMPLETION']._serialized_start=576
-  _globals['_COMPLETION']._serialized_end=683
-  _globals['_ROLLOUTGROUP']._serialized_start=686
-  _globals['_ROLLOUTGROUP']._serialized_end=883
-  _globals['_ROLLOUTBATCH']._serialized_start=885
-  _globals['_ROLLOUTBATCH']._serialized_end=943
-  _globals['_ANNOUNCE']._serialized_start=945
-  _globals['_ANNOUNCE']._serialized_end=1021
-  _globals['_TENSORENTRY']._serialized_start=1023
-  _globals['_TENSORENTRY']._serialized_end=1112
-  _globals['_WEIGHTMANIFESTBODY']._serialized_start=1115
-  _globals['_WEIGHTMANIFESTBODY']._serialized_end=1277
-  _globals['_WEIGHTMANIFEST']._serialized_start=1279
-  _globals['_WEIGHTMANIFEST']._serialized_end=1351
-  _globals['_CHUNKREQUEST']._serialized_start=1353
-  _globals['_CHUNKREQUEST']._serialized_end=1445
-  _globals['_CHUNKDATA']._serialized_start=1447
-  _globals['_CHUNKDATA']._serialized_end=1534
-  _globals['_ACTIVATE']._serialized_start=1536
-  _globals['_ACTIVATE']._serialized_end=1656
-  _globals['_DEACTIVATE']._serialized_start=1658
-  _globals['_DEACTIVATE']._serialized_end=1710
-  _globals['_HEARTBEAT']._serialized_start=1712
-  _globals['_HEARTBEAT']._serialized_end=1802
+  _globals['_COMPLETION']._serialized_start=577
+  _globals['_COMPLETION']._serialized_end=727
+  _globals['_ROLLOUTGROUP']._serialized_start=730
+  _globals['_ROLLOUTGROUP']._serialized_end=927
+  _globals['_ROLLOUTBATCH']._serialized_start=929
+  _globals['_ROLLOUTBATCH']._serialized_end=987
+  _globals['_ANNOUNCE']._serialized_start=989
+  _globals['_ANNOUNCE']._serialized_end=1065
+  _globals['_TENSORENTRY']._serialized_start=1067
+  _globals['_TENSORENTRY']._serialized_end=1156
+  _globals['_WEIGHTMANIFESTBODY']._serialized_start=1159
+  _globals['_WEIGHTMANIFESTBODY']._serialized_end=1321
+  _globals['_WEIGHTMANIFEST']._serialized_start=1323
+  _globals['_WEIGHTMANIFEST']._serialized_end=1395
+  _globals['_CHUNKREQUEST']._serialized_start=1397
+  _globals['_CHUNKREQUEST']._serialized_end=1489
+  _globals['_CHUNKDATA']._serialized_start=1491
+  _globals['_CHUNKDATA']._serialized_end=1578
+  _globals['_ACTIVATE']._serialized_start=1580
+  _globals['_ACTIVATE']._serialized_end=1700
+  _globals['_DEACTIVATE']._serialized_start=1702
+  _globals['_DEACTIVATE']._serialized_end=1754
+  _globals['_HEARTBEAT']._serialized_start=1756
+  _globals['_HEARTBEAT']._serialized_end=1846
+  _globals['_CHUNKHAVE']._serialized_start=1848
+  _globals['_CHUNKHAVE']._serialized_end=1907
+  _globals['_REFUSAL']._serialized_start=1909
+  _globals['_REFUSAL']._serialized_end=1950
 # @@protoc_insertion_point(module_scope)

@@ -19,6 +19,8 @@ class Kind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     KIND_ACTIVATE: _ClassVar[Kind]
     KIND_DEACTIVATE: _ClassVar[Kind]
     KIND_HEARTBEAT: _ClassVar[Kind]
+    KIND_CHUNK_HAVE: _ClassVar[Kind]
+    KIND_REFUSAL: _ClassVar[Kind]
 
 class Role(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -37,6 +39,8 @@ KIND_CHUNK_DATA: Kind
 KIND_ACTIVATE: Kind
 KIND_DEACTIVATE: Kind
 KIND_HEARTBEAT: Kind
+KIND_CHUNK_HAVE: Kind
+KIND_REFUSAL: Kind
 ROLE_UNSPECIFIED: Role
 ROLE_TRAINER: Role
 ROLE_LEARNER: Role
@@ -104,16 +108,20 @@ class TaskId(_message.Message):
     def __init__(self, dataset: _Optional[str] = ..., config: _Optional[str] = ..., seed: _Optional[int] = ..., index: _Optional[int] = ..., prompt_format: _Optional[str] = ...) -> None: ...
 
 class Completion(_message.Message):
-    __slots__ = ("text", "token_count", "mean_logprob", "claimed_reward_informational")
+    __slots__ = ("text", "token_count", "mean_logprob", "claimed_reward_informational", "token_ids", "token_logprobs")
     TEXT_FIELD_NUMBER: _ClassVar[int]
     TOKEN_COUNT_FIELD_NUMBER: _ClassVar[int]
     MEAN_LOGPROB_FIELD_NUMBER: _ClassVar[int]
     CLAIMED_REWARD_INFORMATIONAL_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_IDS_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_LOGPROBS_FIELD_NUMBER: _ClassVar[int]
     text: str
     token_count: int
     mean_logprob: float
     claimed_reward_informational: float
-    def __init__(self, text: _Optional[str] = ..., token_count: _Optional[int] = ..., mean_logprob: _Optional[float] = ..., claimed_reward_informational: _Optional[float] = ...) -> None: ...
+    token_ids: _containers.RepeatedScalarFieldContainer[int]
+    token_logprobs: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, text: _Optional[str] = ..., token_count: _Optional[int] = ..., mean_logprob: _Optional[float] = ..., claimed_reward_informational: _Optional[float] = ..., token_ids: _Optional[_Iterable[int]] = ..., token_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class RolloutGroup(_message.Message):
     __slots__ = ("task", "prompt", "completions", "model_id", "policy_version", "round", "batch_reward_mean")
@@ -246,3 +254,19 @@ class Heartbeat(_message.Message):
     policy_version: int
     rollout_rate: float
     def __init__(self, round: _Optional[int] = ..., model_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., rollout_rate: _Optional[float] = ...) -> None: ...
+
+class ChunkHave(_message.Message):
+    __slots__ = ("manifest_digest", "chunk_indices")
+    MANIFEST_DIGEST_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_INDICES_FIELD_NUMBER: _ClassVar[int]
+    manifest_digest: bytes
+    chunk_indices: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, manifest_digest: _Optional[bytes] = ..., chunk_indices: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Refusal(_message.Message):
+    __slots__ = ("reason", "detail")
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    detail: str
+    def __init__(self, reason: _Optional[str] = ..., detail: _Optional[str] = ...) -> None: ...

@@ -35,12 +35,14 @@ from swarmnode.wire.messages import (
     Announce,
     Capabilities,
     ChunkData,
+    ChunkHave,
     ChunkRequest,
     Completion,
     Deactivate,
     Heartbeat,
     Message,
     PeerRecord,
+    Refusal,
     RolloutBatch,
     RolloutGroup,
     TensorEntry,
@@ -283,6 +285,20 @@ def build() -> VectorSet:
         encode_envelope(_envelope(ChunkData(digest, 1, 0, (bytes(range(256)) * 12)[1024:2048]))),
         "serves chunk 1",
         kind="chunk_data",
+        sender=sender.peer_id,
+    )
+    vs.add(
+        "chunk_have",
+        encode_envelope(_envelope(ChunkHave(digest, (0, 1, 5)))),
+        "announces verified chunks 0, 1 and 5 of the manifest",
+        kind="chunk_have",
+        sender=sender.peer_id,
+    )
+    vs.add(
+        "refusal",
+        encode_envelope(_envelope(Refusal("busy", "upload slots full"))),
+        "refuses a request: busy",
+        kind="refusal",
         sender=sender.peer_id,
     )
     worker = KEYS["worker"].peer_id

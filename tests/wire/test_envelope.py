@@ -127,7 +127,7 @@ def test_envelope_at_exactly_the_cap_is_parsed() -> None:
         ({"version": 0}, WireReason.UNSUPPORTED_VERSION),
         ({"version": 2}, WireReason.UNSUPPORTED_VERSION),
         ({"kind": 0}, WireReason.UNKNOWN_KIND),
-        ({"kind": 10}, WireReason.UNKNOWN_KIND),
+        ({"kind": 42}, WireReason.UNKNOWN_KIND),
         ({"sender_key": bytes(33)}, WireReason.MALFORMED),
         ({"signature": bytes(65)}, WireReason.MALFORMED),
         ({"payload": b"x" * (MAX_PAYLOAD_BYTES[Kind.HEARTBEAT] + 1)}, WireReason.TOO_LARGE),

@@ -55,6 +55,8 @@ def test_vectors_cover_both_verdicts_and_every_kind() -> None:
         "weight_manifest",
         "chunk_request",
         "chunk_data",
+        "chunk_have",
+        "refusal",
         "activate",
         "deactivate",
         "heartbeat",

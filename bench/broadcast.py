@@ -1,0 +1,222 @@
+"""Weight broadcast: M bytes to N receivers, real processes on loopback, each upload capped at B.
+
+Question: how close does the pipelined swarm broadcast come to the chain bound
+``(k + N - 1) * c / B``, and how much faster is it than a star (every receiver fetches from the
+publisher only, same code, ``BroadcastConfig(publisher_only=True)``) whose bound is ``N * M / B``?
+
+Every peer (publisher and receivers) is its own process with its own DataPlane, whose token
+bucket caps its upload at B bytes/s; the clock starts when all are ready and stops when the
+last receiver holds the whole verified blob.
+
+    python bench/broadcast.py --peers 8                       # N=8, swarm and star
+    python bench/broadcast.py --peers 2,4,8,16 --modes swarm --repeats 1 --json out.json
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import base_parser, machine, median, print_table, write_json
+from swarmnode.broadcast import BroadcastNode, build_manifest
+from swarmnode.core.broadcast import BroadcastConfig
+from swarmnode.identity import NodeIdentity
+from swarmnode.net.dataplane import DataPlane
+from swarmnode.wire.envelope import Envelope, decode_envelope, encode_envelope
+from swarmnode.wire.messages import TensorEntry
+
+MIB = 1024 * 1024
+
+
+def _seed(i: int) -> bytes:
+    return hashlib.sha256(f"bench broadcast peer {i}".encode()).digest()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+# --------------------------------------------------------------------------- one peer (child)
+
+
+async def _child(a: dict[str, Any]) -> None:
+    identity = NodeIdentity.from_seed(bytes.fromhex(a["seed"]))
+    dp = DataPlane(identity, port=a["port"], upload_rate=a["rate"])
+    config = BroadcastConfig(publisher_only=a["mode"] == "star", request_timeout=120.0, queue_timeout=100.0)
+    node = BroadcastNode(identity, dp, config)
+    await dp.start()
+    await node.start()
+    for peer_id, address in json.loads(Path(a["peers"]).read_text()):
+        node.add_peer(peer_id, address)
+    envelope = decode_envelope(Path(a["manifest"]).read_bytes())
+    assert isinstance(envelope, Envelope)
+    if a["blob"]:
+        node.publish_prepared(Path(a["blob"]).read_bytes(), envelope)
+    Path(a["out"] + ".ready").write_text("ready")
+    go = Path(a["go"])
+    while not go.exists():
+        await asyncio.sleep(0.002)
+    if not a["blob"]:
+        blob = await node.receive(envelope, timeout=a["timeout"])
+        done = time.time()
+        Path(a["out"]).write_text(json.dumps({"done": done, "sha256": hashlib.sha256(blob).hexdigest()}))
+    await asyncio.Event().wait()  # keep relaying until the parent stops us
+
+
+# --------------------------------------------------------------------------- one run (parent)
+
+
+def run_once(n: int, mode: str, size: int, chunk: int, rate: float, timeout: float) -> float:
+    with tempfile.TemporaryDirectory(prefix="bench-broadcast-") as tmp_dir:
+        tmp = Path(tmp_dir)
+        blob = os.urandom(size)
+        publisher = NodeIdentity.from_seed(_seed(0))
+        _, envelope = build_manifest(
+            publisher, "bench", 1, blob, (TensorEntry("w", "U8", (size,), 0, size),), chunk
+        )
+        (tmp / "blob").write_bytes(blob)
+        (tmp / "manifest").write_bytes(encode_envelope(envelope))
+        ports = [_free_port() for _ in range(n + 1)]
+        peers = [[NodeIdentity.from_seed(_seed(i)).peer_id, f"127.0.0.1:{p}"] for i, p in enumerate(ports)]
+        (tmp / "peers.json").write_text(json.dumps(peers))
+        procs = []
+        try:
+            for i in range(n + 1):
+                args = {
+                    "seed": _seed(i).hex(),
+                    "port": ports[i],
+                    "rate": rate,
+                    "mode": mode,
+                    "peers": str(tmp / "peers.json"),
+                    "manifest": str(tmp / "manifest"),
+                    "blob": str(tmp / "blob") if i == 0 else "",
+                    "out": str(tmp / f"out{i}"),
+                    "go": str(tmp / "go"),
+                    "timeout": timeout,
+                }
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, __file__, "--child", json.dumps(args)],
+                        start_new_session=True,
+                    )
+                )
+            deadline = time.monotonic() + 120
+            while not all((tmp / f"out{i}.ready").exists() for i in range(n + 1)):
+                if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                    raise RuntimeError("a peer process did not start")
+                time.sleep(0.01)
+            t0 = time.time()
+            (tmp / "go").write_text("go")
+            deadline = time.monotonic() + timeout
+            outs = [tmp / f"out{i}" for i in range(1, n + 1)]
+            while not all(o.exists() for o in outs):
+                if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                    raise RuntimeError(f"{mode} broadcast to {n} did not finish in {timeout:g} s")
+                time.sleep(0.01)
+            expected = hashlib.sha256(blob).hexdigest()
+            results = [json.loads(o.read_text()) for o in outs]
+            if any(r["sha256"] != expected for r in results):
+                raise RuntimeError("a receiver assembled different bytes")
+            return max(r["done"] for r in results) - t0
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    os.killpg(p.pid, signal.SIGTERM)
+            for p in procs:
+                try:
+                    p.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    os.killpg(p.pid, signal.SIGKILL)
+                    p.wait(timeout=10)
+
+
+def main() -> None:
+    parser = base_parser(__doc__.split("\n\n")[0])
+    parser.add_argument("--peers", default="8", help="receiver counts N, comma-separated (e.g. 2,4,8,16)")
+    parser.add_argument("--modes", default="swarm,star", help="swarm, star or both")
+    parser.add_argument("--mib", type=float, default=16.0, help="M: blob size in MiB")
+    parser.add_argument("--chunk-kib", type=int, default=1024, help="c: chunk size in KiB")
+    parser.add_argument(
+        "--rate-mb", type=float, default=4.0, help="B: each peer's upload cap in MB/s (1e6 bytes)"
+    )
+    parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument("--child", help=argparse_hidden())
+    parser.set_defaults(repeats=1)
+    args = parser.parse_args()
+    if args.child:
+        signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+        asyncio.run(_child(json.loads(args.child)))
+        return
+    size = int(args.mib * MIB)
+    chunk = args.chunk_kib * 1024
+    rate = args.rate_mb * 1e6
+    k = -(-size // chunk)
+    rows: list[list[Any]] = []
+    figures: list[dict[str, Any]] = []
+    for n in [int(x) for x in args.peers.split(",")]:
+        chain = (k + n - 1) * chunk / rate
+        star = n * size / rate
+        measured: dict[str, float] = {}
+        for mode in [m.strip() for m in args.modes.split(",") if m.strip()]:
+            times = [run_once(n, mode, size, chunk, rate, args.timeout) for _ in range(args.repeats)]
+            measured[mode] = median(times)
+            figures.append(
+                {
+                    "n": n,
+                    "mode": mode,
+                    "seconds": times,
+                    "median": measured[mode],
+                    "chain_bound": chain,
+                    "star_bound": star,
+                    "fluid_bound": size / rate,
+                }
+            )
+            rows.append(
+                [
+                    n,
+                    mode,
+                    f"{measured[mode]:.2f}",
+                    f"{chain:.2f}",
+                    f"{measured[mode] / chain:.2f}",
+                    f"{star:.2f}",
+                    f"{star / measured[mode]:.2f}",
+                ]
+            )
+        if "swarm" in measured and "star" in measured:
+            rows.append([n, "star/swarm", f"{measured['star'] / measured['swarm']:.2f}x", "", "", "", ""])
+    print_table(
+        f"weight broadcast: M={args.mib:g} MiB, c={args.chunk_kib} KiB (k={k}), "
+        f"B={args.rate_mb:g} MB/s per peer",
+        ["N", "mode", "seconds", "chain_bound", "vs_chain", "star_bound", "star_bound/measured"],
+        rows,
+        [
+            f"machine: {machine()['cores']} cores; repeats={args.repeats} (median)",
+            "chain bound (k+N-1)c/B; star bound N*M/B; "
+            "every peer a process, upload capped by its token bucket",
+        ],
+    )
+    write_json(args.json, {"settings": vars(args) | {"k": k}, "machine": machine(), "results": figures})
+
+
+def argparse_hidden() -> str:
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,925 @@
+"""Cost-aware activation of rollout workers (ECHO-2 rule, ALGORITHMS.md §5) as a sans-IO core.
+
+Owns
+    ``plan(offers, need)``: the pure planning rule. ``ActivationCore``: one learner's view of the
+    workers that offered to generate for it, what it measured about them and about itself, which
+    of them are active, their leases, and when to re-plan. Every map is bounded, every timer is
+    explicit, and it never reads a clock.
+
+Must not
+    Send messages, sign, read a clock, or judge rollouts (the staleness gate and the spot-checker
+    do; a worker they condemn reaches this core as ``PeerBanned``).
+
+Units (everywhere in this module)
+    time and durations: seconds (one clock for every ``now``: wall-clock in the node, virtual in
+    the simulator); rates: completions per second; price: the swarm's unit per 1,000 completions,
+    as advertised in ``Capabilities.price`` on the wire; versions: learner policy versions;
+    B: completions per learner step.
+
+The rule (``plan``)
+    A worker qualifies when its rate is positive and ``D + T_gen_tail <= S * T`` (an unknown tail
+    counts as 0: nobody is excluded on a guess; the measured side catches a slow worker). Qualifying
+    workers are sorted by ``price / rate`` (cheapest per completion first; ties: faster first, then
+    peer id, so the plan is deterministic) and activated until ``R = sum(rate) >= (1 + margin) * B / T``.
+    If every qualifying worker together falls short, all of them are activated, ``feasible`` is
+    False and ``reason`` says by how much.
+
+Driving ``ActivationCore``
+    ``handle(event, now)`` and ``poll(now)`` return actions; the driver performs all of them, in
+    order. ``next_deadline()`` is when to call ``poll`` at the latest (``None``: only when an event
+    arrives; a value in the past: now). If ``now`` goes backwards the core holds its last value.
+
+    =========================  =============================================================
+    event                      meaning
+    =========================  =============================================================
+    ``WorkerJoined(offer)``    a worker offers (or re-advertises: same peer, new figures);
+                               re-plan on a new worker or a material change (price, tail
+                               latency, or rate beyond ``drift_fraction`` while unmeasured)
+    ``WorkerLeft(peer)``       gone (record expired, disconnected); re-plan if it mattered;
+                               no ``Deactivate`` is sent to a peer that left
+    ``StepMeasured``           one learner step took ``step_seconds`` of compute after
+                               ``wait_seconds`` waiting for rollouts; refines T (EWMA) and
+                               measured utilization; re-plan when T leaves the
+                               ``drift_fraction`` band around the T of the current plan
+    ``DisseminationMeasured``  a weight broadcast took D s (EWMA); re-plan when that changes
+                               which workers meet the latency constraint
+    ``RolloutsReceived``       ``count`` completions arrived from an active worker
+    ``RateMeasured``           the driver measured an active worker's rate itself
+                               (takes precedence over the count window for that worker)
+    ``PeerBanned``             (core.events) the peer may not be active until ``until``
+    ``WorkerMisbehaved``       the same, with the reason the worker is told (e.g. a failed
+                               spot check); ``until`` may be ``math.inf`` (for this run)
+    =========================  =============================================================
+
+    ================  ======================================================================
+    action            driver does
+    ================  ======================================================================
+    ``Activate``      send the wire ``Activate`` (adding model id and policy version):
+                      generate at ``target_rate`` for ``lease_seconds``; ``renewal=True``
+                      extends a running lease with unchanged figures
+    ``Deactivate``    send the wire ``Deactivate(peer, reason)``
+    ``PlanChanged``   a re-plan happened: publish ``plan`` in /status and /metrics
+    ================  ======================================================================
+
+    Within one call, activations come before deactivations, so capacity never dips in between.
+    ``Activate``/``Deactivate`` are emitted only for changes (a worker entering or leaving the
+    active set, or its target rate changing after a drift); leases are renewed ``renew_before``
+    seconds before they lapse.
+
+Measured rates and drift
+    An active worker's output is measured from its first delivery after activation (that first
+    delivery only marks the start: generation and weight download come before it), over the last
+    ``rate_window`` seconds, once a full window has passed. A worker that delivers nothing within
+    ``first_rollout_timeout`` of activation measures 0. A worker drifts when its measured rate is
+    more than ``drift_fraction`` away from the rate the plan counts on; a drift that lasts
+    ``drift_hold`` seconds is adopted (the plan now counts on the measured rate) and the core
+    re-plans. With ``drift_hold >= rate_window`` (the default) a step change in a worker's output
+    is adopted once, at its settled value, not at the intermediate values the window passes through.
+    Hysteresis: after adoption the band is centred on the new rate, so a rate wobbling
+    around a band edge re-plans once, not on every sample; step time is smoothed and banded the
+    same way. A measured rate, once adopted, outranks the worker's own advertisement until the worker
+    leaves and joins again (so a worker measured at 0 stays out of the plan until then).
+
+Measured utilization
+    Share of learner wall time spent stepping: ``sum(step) / sum(step + waited)`` over the
+    ``StepMeasured`` events of the last ``utilization_window`` seconds (None before the first).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, replace
+from typing import Protocol
+
+from swarmnode.core.events import PeerBanned, PeerId
+from swarmnode.errors import ConfigError
+
+_EPS = 1e-9  # relative slack for float comparisons against hand-computed thresholds
+MAX_LEASE_SECONDS = 86_400  # the wire's bound on Activate.lease_seconds
+
+
+def _positive(prefix: str, name: str, value: float) -> None:
+    if isinstance(value, bool) or not (isinstance(value, int | float) and value > 0 and math.isfinite(value)):
+        raise ConfigError(f"{prefix}.{name} must be a positive finite number, got {value!r}")
+
+
+def _non_negative(prefix: str, name: str, value: float) -> None:
+    if isinstance(value, bool) or not (
+        isinstance(value, int | float) and value >= 0 and math.isfinite(value)
+    ):
+        raise ConfigError(f"{prefix}.{name} must be a finite number >= 0, got {value!r}")
+
+
+def _integer(prefix: str, name: str, value: int, low: int, high: int | None = None) -> None:
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        bound = f">= {low}" if high is None else f"in {low}..{high}"
+        raise ConfigError(f"{prefix}.{name} must be an integer {bound}, got {value!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# The pure rule.
+
+
+class _HasCapabilities(Protocol):
+    @property
+    def rollout_rate(self) -> float: ...
+    @property
+    def price(self) -> float: ...
+    @property
+    def hardware(self) -> str: ...
+
+
+@dataclass(frozen=True)
+class WorkerOffer:
+    """What a worker offers: its rate (completions/s), price (per 1,000 completions), hardware text,
+    and its generation tail latency in seconds when known (time from receiving a version to
+    delivering its slowest group generated with it; None: unknown)."""
+
+    peer: PeerId
+    rate: float
+    price: float
+    hardware: str = ""
+    gen_tail_latency: float | None = None
+
+    @classmethod
+    def from_capabilities(
+        cls, peer: PeerId, capabilities: _HasCapabilities, gen_tail_latency: float | None = None
+    ) -> WorkerOffer:
+        """From a ``PeerRecord.capabilities`` (``swarmnode.wire.Capabilities``), already validated."""
+        return cls(
+            peer, capabilities.rollout_rate, capabilities.price, capabilities.hardware, gen_tail_latency
+        )
+
+    @property
+    def price_per_completion_rate(self) -> float:
+        """``c_i / r_i``: the sort key (price per 1,000 completions per completion/s)."""
+        return self.price / self.rate if self.rate > 0 else math.inf
+
+
+@dataclass(frozen=True)
+class Need:
+    """What the learner needs: step time T (s), rollouts per step B (completions), dissemination
+    time D (s, one weight broadcast), staleness bound S (versions) and the capacity margin."""
+
+    step_time: float
+    batch: int
+    dissemination: float
+    staleness: int
+    margin: float = 0.1
+
+    def __post_init__(self) -> None:
+        _positive("need", "step_time", self.step_time)
+        _integer("need", "batch", self.batch, 1)
+        _non_negative("need", "dissemination", self.dissemination)
+        _integer("need", "staleness", self.staleness, 0)
+        _non_negative("need", "margin", self.margin)
+
+    @property
+    def required_rate(self) -> float:
+        """``(1 + margin) * B / T`` completions per second."""
+        return (1.0 + self.margin) * self.batch / self.step_time
+
+    @property
+    def latency_budget(self) -> float:
+        """``S * T`` seconds: how late, after a version is published, a group of it may arrive."""
+        return self.staleness * self.step_time
+
+
+@dataclass(frozen=True)
+class Exclusion:
+    """A worker the plan could not use, and why (human text, also the ``Deactivate`` reason)."""
+
+    peer: PeerId
+    reason: str
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The outcome of ``plan``; every figure is derived from ``workers`` and ``need``.
+
+    ``workers``: the active set, in activation order (cheapest per completion first).
+    ``predicted_rate``: R = sum of their rates. ``required_rate``: (1 + margin) * B / T.
+    ``predicted_utilization``: min(1, R * T / B), the learner's predicted busy share.
+    ``cost_per_step``: sum over active workers of ``price / 1000 * rate * T``: the price of what the
+    active workers produce during one learner step (they produce R * T >= B completions; the
+    surplus of the margin is paid for too).
+    ``feasible``: R reaches the required rate; otherwise ``reason`` says why not.
+    ``excluded``: workers that do not qualify, with reasons (never in ``workers``).
+    """
+
+    workers: tuple[WorkerOffer, ...]
+    need: Need
+    predicted_rate: float
+    required_rate: float
+    predicted_utilization: float
+    cost_per_step: float
+    feasible: bool
+    reason: str = ""
+    excluded: tuple[Exclusion, ...] = ()
+
+    @property
+    def active(self) -> tuple[PeerId, ...]:
+        return tuple(w.peer for w in self.workers)
+
+    def rate_of(self, peer: PeerId) -> float | None:
+        """The rate the plan counts on from ``peer`` (None: not active)."""
+        return next((w.rate for w in self.workers if w.peer == peer), None)
+
+    def as_dict(self) -> dict[str, object]:
+        """Plain data for /status and /metrics."""
+        return {
+            "active": list(self.active),
+            "target_rates": {w.peer: w.rate for w in self.workers},
+            "predicted_rate": self.predicted_rate,
+            "required_rate": self.required_rate,
+            "predicted_utilization": self.predicted_utilization,
+            "cost_per_step": self.cost_per_step,
+            "feasible": self.feasible,
+            "reason": self.reason,
+            "excluded": {e.peer: e.reason for e in self.excluded},
+            "need": asdict(self.need),
+        }
+
+
+def exclusion_reason(offer: WorkerOffer, need: Need) -> str | None:
+    """Why ``offer`` cannot be used for ``need`` (None: it qualifies)."""
+    rate, price, tail = offer.rate, offer.price, offer.gen_tail_latency
+    if not (math.isfinite(rate) and rate >= 0 and math.isfinite(price) and price >= 0):
+        return f"invalid offer: rate {rate!r}, price {price!r}"
+    if tail is not None and not (math.isfinite(tail) and tail >= 0):
+        return f"invalid offer: generation tail latency {tail!r}"
+    if rate == 0:
+        return "no rollout rate (0 completions/s)"
+    latency = need.dissemination + (tail or 0.0)
+    budget = need.latency_budget
+    if latency > budget * (1 + _EPS) + _EPS:
+        tail_text = "unknown, taken as 0" if tail is None else f"{tail:.4g} s"
+        return (
+            f"too slow for the staleness bound: D + T_gen_tail = {need.dissemination:.4g} s + {tail_text} "
+            f"= {latency:.4g} s > S * T = {need.staleness} * {need.step_time:.4g} s = {budget:.4g} s"
+        )
+    return None
+
+
+def _order(offer: WorkerOffer) -> tuple[float, float, PeerId]:
+    return (offer.price_per_completion_rate, -offer.rate, offer.peer)
+
+
+def plan(offers: Iterable[WorkerOffer], need: Need, *, all_on: bool = False) -> Plan:
+    """The ECHO-2 activation rule (module docstring). Raises ValueError on a repeated peer id.
+
+    ``all_on=True`` is the baseline the rule is measured against: every qualifying worker is
+    active (same order, same figures), whatever the need.
+    """
+    qualified: list[WorkerOffer] = []
+    excluded: list[Exclusion] = []
+    seen: set[PeerId] = set()
+    for offer in offers:
+        if offer.peer in seen:
+            raise ValueError(f"two offers from peer {offer.peer!r}")
+        seen.add(offer.peer)
+        reason = exclusion_reason(offer, need)
+        if reason is None:
+            qualified.append(offer)
+        else:
+            excluded.append(Exclusion(offer.peer, reason))
+    qualified.sort(key=_order)
+
+    required = need.required_rate
+    active: list[WorkerOffer] = []
+    rate = 0.0
+    for offer in qualified:
+        if rate >= required * (1 - _EPS) and not all_on:
+            break
+        active.append(offer)
+        rate += offer.rate
+    feasible = bool(active) and rate >= required * (1 - _EPS)
+    utilization = min(1.0, rate * need.step_time / need.batch)
+    cost = sum(w.price / 1000.0 * w.rate * need.step_time for w in active)
+    reason = ""
+    if not qualified:
+        reason = (
+            "no worker qualifies: no offers"
+            if not excluded
+            else f"no worker qualifies: all {len(excluded)} offers are excluded (see excluded)"
+        )
+    elif not feasible:
+        reason = (
+            f"not enough capacity: all {len(active)} qualifying workers together give {rate:.4g} "
+            f"completions/s, the need is {required:.4g}/s ((1 + {need.margin:g}) * B {need.batch} / "
+            f"T {need.step_time:.4g} s); every qualifying worker is active, predicted utilization "
+            f"{utilization:.0%}"
+        )
+    return Plan(
+        workers=tuple(active),
+        need=need,
+        predicted_rate=rate,
+        required_rate=required,
+        predicted_utilization=utilization,
+        cost_per_step=cost,
+        feasible=feasible,
+        reason=reason,
+        excluded=tuple(excluded),
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The stateful core: configuration.
+
+
+@dataclass(frozen=True)
+class ActivationConfig:
+    """Every knob of ``ActivationCore``; see the module docstring for units."""
+
+    batch: int  # B, completions per learner step
+    staleness: int  # S, versions
+    step_time: float  # initial estimate of T (s), used until the first StepMeasured
+    dissemination: float = 0.0  # initial estimate of D (s), used until the first DisseminationMeasured
+    margin: float = 0.1
+    lease_seconds: int = 60
+    renew_before: float = 20.0  # renew a lease this long before it lapses; < lease_seconds
+    # Re-plan when a measured rate (or T) leaves this band around the planned one ...
+    drift_fraction: float = 0.25
+    # ... and stays out this long (>= rate_window: a step change is adopted once, settled). T is smoothed
+    # instead and re-plans as soon as it leaves the band.
+    drift_hold: float = 30.0
+    check_interval: float = 5.0  # how often poll re-checks measured rates while workers are active
+    rate_window: float = 30.0  # measured rate = completions in the last window / window
+    first_rollout_timeout: float = 120.0  # an active worker silent this long after activation measures 0
+    smoothing: float = 0.3  # EWMA weight of the newest step time / dissemination time
+    utilization_window: float = 120.0
+    max_workers: int = 4096
+    max_samples_per_worker: int = 256  # rate-window samples kept per worker (older ones are merged)
+    policy: str = "planner"  # "planner": the ECHO-2 rule; "all": every qualifying worker (the baseline)
+
+    def __post_init__(self) -> None:
+        p = "activation"
+        _integer(p, "batch", self.batch, 1)
+        _integer(p, "staleness", self.staleness, 0)
+        _positive(p, "step_time", self.step_time)
+        _non_negative(p, "dissemination", self.dissemination)
+        _non_negative(p, "margin", self.margin)
+        _integer(p, "lease_seconds", self.lease_seconds, 1, MAX_LEASE_SECONDS)
+        _positive(p, "renew_before", self.renew_before)
+        if self.renew_before >= self.lease_seconds:
+            raise ConfigError(
+                f"activation.renew_before ({self.renew_before}) must be less than activation.lease_seconds "
+                f"({self.lease_seconds}), or every lease would be renewed as soon as it is granted"
+            )
+        _positive(p, "drift_fraction", self.drift_fraction)
+        _non_negative(p, "drift_hold", self.drift_hold)
+        _positive(p, "check_interval", self.check_interval)
+        _positive(p, "rate_window", self.rate_window)
+        _positive(p, "first_rollout_timeout", self.first_rollout_timeout)
+        _positive(p, "smoothing", self.smoothing)
+        if self.smoothing > 1:
+            raise ConfigError(f"activation.smoothing must be in (0, 1], got {self.smoothing!r}")
+        _positive(p, "utilization_window", self.utilization_window)
+        _integer(p, "max_workers", self.max_workers, 1)
+        _integer(p, "max_samples_per_worker", self.max_samples_per_worker, 2)
+        if self.policy not in ("planner", "all"):
+            raise ConfigError(f"activation.policy must be 'planner' or 'all', got {self.policy!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Events (PeerBanned lives in core.events).
+
+
+@dataclass(frozen=True)
+class WorkerJoined:
+    """A worker offers to generate (first time, or a re-advertisement with new figures)."""
+
+    offer: WorkerOffer
+
+
+@dataclass(frozen=True)
+class WorkerLeft:
+    """The worker is gone (record expired, connection lost, it said goodbye)."""
+
+    peer: PeerId
+
+
+@dataclass(frozen=True)
+class StepMeasured:
+    """One learner step: ``step_seconds`` of compute, after ``wait_seconds`` waiting for rollouts."""
+
+    step_seconds: float
+    wait_seconds: float = 0.0
+
+
+@dataclass(frozen=True)
+class DisseminationMeasured:
+    """One weight version reached the workers ``seconds`` after it was published."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class RolloutsReceived:
+    """``count`` completions (e.g. one group of G) arrived from ``peer`` (at the call's ``now``)."""
+
+    peer: PeerId
+    count: int
+
+
+@dataclass(frozen=True)
+class RateMeasured:
+    """The driver measured ``peer``'s delivery rate itself (completions/s)."""
+
+    peer: PeerId
+    rate: float
+
+
+@dataclass(frozen=True)
+class WorkerMisbehaved:
+    """Exclude ``peer`` until ``until`` (``math.inf``: for this run) and tell it ``reason``."""
+
+    peer: PeerId
+    reason: str
+    until: float = math.inf
+
+
+ActivationEvent = (
+    WorkerJoined
+    | WorkerLeft
+    | StepMeasured
+    | DisseminationMeasured
+    | RolloutsReceived
+    | RateMeasured
+    | PeerBanned
+    | WorkerMisbehaved
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Actions.
+
+
+@dataclass(frozen=True)
+class Activate:
+    """Ask ``peer`` to generate at ``target_rate`` completions/s for ``lease_seconds``."""
+
+    peer: PeerId
+    target_rate: float
+    lease_seconds: int
+    renewal: bool = False  # True: the same figures as the running lease, only extended
+
+
+@dataclass(frozen=True)
+class Deactivate:
+    """Tell ``peer`` to stop generating for us."""
+
+    peer: PeerId
+    reason: str
+
+
+@dataclass(frozen=True)
+class PlanChanged:
+    """A re-plan happened (``cause`` in words); ``plan`` is what /status should show now."""
+
+    plan: Plan
+    cause: str
+
+
+ActivationAction = Activate | Deactivate | PlanChanged
+
+
+# ---------------------------------------------------------------------------------------------
+# Observability.
+
+
+@dataclass
+class ActivationStats:
+    """Monotonic counters, for metrics and tests."""
+
+    joins: int = 0
+    leaves: int = 0
+    workers_refused: int = 0  # joins beyond max_workers
+    replans: int = 0
+    drift_replans: int = 0
+    activations: int = 0
+    rate_changes: int = 0
+    renewals: int = 0
+    deactivations: int = 0
+    steps: int = 0
+    rollouts_received: int = 0
+    rollouts_unsolicited: int = 0  # from a worker that is not active (late or uninvited)
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class WorkerStatus:
+    peer: PeerId
+    active: bool
+    planned_rate: float  # the rate the planner counts on (advertised, or measured once adopted)
+    measured_rate: float | None  # None: not measurable yet (inactive or window not full)
+    price: float
+    hardware: str
+    lease_expires_at: float | None
+    banned_until: float | None
+
+
+@dataclass(frozen=True)
+class ActivationStatus:
+    plan: Plan
+    step_time: float
+    dissemination: float
+    measured_utilization: float | None
+    workers: tuple[WorkerStatus, ...]
+    stats: dict[str, int]
+
+
+# ---------------------------------------------------------------------------------------------
+# Internal state.
+
+
+@dataclass
+class _Worker:
+    offer: WorkerOffer
+    planned_rate: float  # offer.rate until a measurement is adopted
+    measured_adopted: bool = False
+    active: bool = False
+    target_rate: float = 0.0
+    lease_expires_at: float = -math.inf
+    activated_at: float = -math.inf
+    measure_from: float | None = None  # first delivery after activation
+    samples: deque[tuple[float, int]] = field(default_factory=deque)
+    reported_rate: float | None = None  # last RateMeasured since activation
+    drift_since: float | None = None
+
+
+class ActivationCore:
+    """One learner's worker activation: see the module docstring."""
+
+    def __init__(self, config: ActivationConfig) -> None:
+        self.config = config
+        self.stats = ActivationStats()
+        self._now = -math.inf
+        self._workers: dict[PeerId, _Worker] = {}
+        self._bans: dict[PeerId, float] = {}  # peer -> excluded until
+        self._ban_reasons: dict[PeerId, str] = {}
+        self._step_time = config.step_time
+        self._dissemination = config.dissemination
+        self._step_measured = False
+        self._dissemination_measured = False
+        self._steps: deque[tuple[float, float, float]] = deque()  # (at, seconds, waited)
+        self._next_check_at: float | None = None
+        self._plan = plan([], self._need())
+
+    # -- public surface -----------------------------------------------------------------------
+
+    @property
+    def plan(self) -> Plan:
+        """The current plan (what the active set was last computed from)."""
+        return self._plan
+
+    @property
+    def step_time(self) -> float:
+        return self._step_time
+
+    @property
+    def dissemination(self) -> float:
+        return self._dissemination
+
+    def active(self) -> tuple[PeerId, ...]:
+        return tuple(peer for peer, w in self._workers.items() if w.active)
+
+    def measured_utilization(self, now: float) -> float | None:
+        """``sum(step) / sum(step + waited)`` over the last ``utilization_window`` seconds."""
+        now = self._clock(now)
+        self._prune_steps(now)
+        if not self._steps:
+            return None
+        busy = sum(s for _, s, _ in self._steps)
+        return busy / (busy + sum(w for _, _, w in self._steps))
+
+    def measured_rate(self, peer: PeerId, now: float) -> float | None:
+        worker = self._workers.get(peer)
+        return None if worker is None else self._measured_rate(worker, self._clock(now))
+
+    def status(self, now: float) -> ActivationStatus:
+        now = self._clock(now)
+        workers = tuple(
+            WorkerStatus(
+                peer=peer,
+                active=w.active,
+                planned_rate=w.planned_rate,
+                measured_rate=self._measured_rate(w, now),
+                price=w.offer.price,
+                hardware=w.offer.hardware,
+                lease_expires_at=w.lease_expires_at if w.active else None,
+                banned_until=self._banned_until(peer, now),
+            )
+            for peer, w in sorted(self._workers.items())
+        )
+        return ActivationStatus(
+            plan=self._plan,
+            step_time=self._step_time,
+            dissemination=self._dissemination,
+            measured_utilization=self.measured_utilization(now),
+            workers=workers,
+            stats=self.stats.as_dict(),
+        )
+
+    def handle(self, event: ActivationEvent, now: float) -> list[ActivationAction]:
+        now = self._clock(now)
+        match event:
+            case WorkerJoined():
+                return self._on_joined(event.offer, now)
+            case WorkerLeft():
+                return self._on_left(event.peer, now)
+            case StepMeasured():
+                return self._on_step(event, now)
+            case DisseminationMeasured():
+                return self._on_dissemination(event.seconds, now)
+            case RolloutsReceived():
+                return self._on_rollouts(event, now)
+            case RateMeasured():
+                return self._on_rate(event, now)
+            case PeerBanned():
+                return self._on_banned(event.peer, event.until, "banned", now)
+            case WorkerMisbehaved():
+                return self._on_banned(event.peer, event.until, event.reason, now)
+        raise TypeError(f"not an activation event: {event!r}")
+
+    def handle_all(self, events: Iterable[ActivationEvent], now: float) -> list[ActivationAction]:
+        actions: list[ActivationAction] = []
+        for event in events:
+            actions += self.handle(event, now)
+        return actions
+
+    def poll(self, now: float) -> list[ActivationAction]:
+        """Timers: lifted bans, silent or drifting workers, lease renewals."""
+        now = self._clock(now)
+        actions: list[ActivationAction] = []
+        lifted = [peer for peer, until in self._bans.items() if until <= now]
+        for peer in lifted:
+            del self._bans[peer]
+            self._ban_reasons.pop(peer, None)
+        if any(peer in self._workers for peer in lifted):
+            actions += self._replan(now, "ban lifted: " + ", ".join(p for p in lifted if p in self._workers))
+        actions += self._check_drift(now)
+        actions += self._renew(now)
+        self._next_check_at = now + self.config.check_interval if self.active() else None
+        return actions
+
+    def next_deadline(self) -> float | None:
+        """When ``poll`` must run at the latest (None: only when an event arrives)."""
+        deadlines = [until for until in self._bans.values() if math.isfinite(until)]
+        if self._next_check_at is not None:
+            deadlines.append(self._next_check_at)
+        for w in self._workers.values():
+            if not w.active:
+                continue
+            deadlines.append(w.lease_expires_at - self.config.renew_before)
+            if w.drift_since is not None:
+                deadlines.append(w.drift_since + self.config.drift_hold)
+        return min(deadlines, default=None)
+
+    # -- events ---------------------------------------------------------------------------------
+
+    def _on_joined(self, offer: WorkerOffer, now: float) -> list[ActivationAction]:
+        worker = self._workers.get(offer.peer)
+        if worker is None:
+            if len(self._workers) >= self.config.max_workers:
+                self.stats.workers_refused += 1
+                return []
+            self.stats.joins += 1
+            self._workers[offer.peer] = _Worker(offer=offer, planned_rate=offer.rate)
+            return self._replan(now, f"worker joined: {offer.peer}")
+        old = worker.offer
+        worker.offer = offer
+        material = old.price != offer.price or old.gen_tail_latency != offer.gen_tail_latency
+        if not worker.measured_adopted and self._outside_band(offer.rate, worker.planned_rate):
+            worker.planned_rate = offer.rate
+            material = True
+        if not material:
+            return []
+        return self._replan(now, f"worker re-advertised: {offer.peer}")
+
+    def _on_left(self, peer: PeerId, now: float) -> list[ActivationAction]:
+        worker = self._workers.pop(peer, None)
+        if worker is None:
+            return []
+        self.stats.leaves += 1
+        mattered = worker.active or any(e.peer == peer for e in self._plan.excluded)
+        return self._replan(now, f"worker left: {peer}") if mattered else []
+
+    def _on_step(self, event: StepMeasured, now: float) -> list[ActivationAction]:
+        seconds, waited = event.step_seconds, event.wait_seconds
+        if not (math.isfinite(seconds) and seconds > 0):
+            return []  # a driver bug, not a reason to poison T; nothing to learn from it
+        waited = waited if math.isfinite(waited) and waited > 0 else 0.0
+        self.stats.steps += 1
+        self._steps.append((now, seconds, waited))
+        self._prune_steps(now)
+        if self._step_measured:
+            a = self.config.smoothing
+            self._step_time = a * seconds + (1 - a) * self._step_time
+        else:  # the configured value was a guess: the first measurement replaces it
+            self._step_time = seconds
+            self._step_measured = True
+        if self._outside_band(self._step_time, self._plan.need.step_time):
+            return self._replan(
+                now, f"step time {self._step_time:.4g} s (planned {self._plan.need.step_time:.4g} s)"
+            )
+        return []
+
+    def _on_dissemination(self, seconds: float, now: float) -> list[ActivationAction]:
+        if not (math.isfinite(seconds) and seconds >= 0):
+            return []
+        if self._dissemination_measured:
+            a = self.config.smoothing
+            self._dissemination = a * seconds + (1 - a) * self._dissemination
+        else:
+            self._dissemination = seconds
+            self._dissemination_measured = True
+        # D only enters the latency constraint: re-plan when it changes who qualifies.
+        old, new = self._plan.need, self._need()
+        changed = any(
+            (exclusion_reason(o, old) is None) != (exclusion_reason(o, new) is None) for o in self._offers()
+        )
+        return self._replan(now, f"dissemination time {self._dissemination:.4g} s") if changed else []
+
+    def _on_rollouts(self, event: RolloutsReceived, now: float) -> list[ActivationAction]:
+        worker = self._workers.get(event.peer)
+        if event.count <= 0:
+            return []
+        if worker is None or not worker.active:
+            self.stats.rollouts_unsolicited += event.count
+            return []
+        self.stats.rollouts_received += event.count
+        if worker.measure_from is None:
+            worker.measure_from = now  # the first delivery marks the start of steady output
+        else:
+            self._record(worker, now, event.count)
+        return self._check_drift(now, event.peer)
+
+    def _on_rate(self, event: RateMeasured, now: float) -> list[ActivationAction]:
+        worker = self._workers.get(event.peer)
+        if worker is None or not worker.active or not (math.isfinite(event.rate) and event.rate >= 0):
+            return []
+        worker.reported_rate = event.rate
+        return self._check_drift(now, event.peer)
+
+    def _on_banned(self, peer: PeerId, until: float, reason: str, now: float) -> list[ActivationAction]:
+        if not until > now:
+            return []
+        if until >= self._bans.get(peer, -math.inf):
+            self._bans[peer] = until
+            self._ban_reasons[peer] = reason
+        if len(self._bans) > self.config.max_workers:  # the soonest to end goes first
+            victim = min(self._bans, key=self._bans.__getitem__)
+            del self._bans[victim]
+            self._ban_reasons.pop(victim, None)
+        worker = self._workers.get(peer)
+        if worker is None or not worker.active:
+            return []
+        return self._replan(now, f"worker {reason}: {peer}")
+
+    # -- planning -------------------------------------------------------------------------------
+
+    def _need(self) -> Need:
+        c = self.config
+        return Need(self._step_time, c.batch, self._dissemination, c.staleness, c.margin)
+
+    def _offers(self) -> list[WorkerOffer]:
+        return [replace(w.offer, rate=w.planned_rate) for w in self._workers.values()]
+
+    def _replan(self, now: float, cause: str) -> list[ActivationAction]:
+        eligible: list[WorkerOffer] = []
+        banned: list[Exclusion] = []
+        for offer in self._offers():
+            until = self._banned_until(offer.peer, now)
+            if until is None:
+                eligible.append(offer)
+            else:
+                reason = self._ban_reasons.get(offer.peer, "banned")
+                banned.append(Exclusion(offer.peer, f"{reason} (excluded until {until:.6g})"))
+        new = plan(eligible, self._need(), all_on=self.config.policy == "all")
+        new = replace(new, excluded=new.excluded + tuple(banned))
+        self._plan = new
+        self.stats.replans += 1
+        lease = self.config.lease_seconds
+        activations: list[ActivationAction] = []
+        for offer in new.workers:
+            worker = self._workers[offer.peer]
+            if not worker.active:
+                worker.active = True
+                worker.activated_at = now
+                worker.measure_from = None
+                worker.samples.clear()
+                worker.reported_rate = None
+                self.stats.activations += 1
+            elif math.isclose(worker.target_rate, offer.rate, rel_tol=_EPS):
+                continue
+            else:
+                self.stats.rate_changes += 1
+            worker.target_rate = offer.rate
+            worker.lease_expires_at = now + lease
+            worker.drift_since = None
+            activations.append(Activate(offer.peer, offer.rate, lease))
+        deactivations: list[ActivationAction] = []
+        chosen = set(new.active)
+        reasons = {e.peer: e.reason for e in new.excluded}
+        for peer, worker in self._workers.items():
+            if worker.active and peer not in chosen:
+                worker.active = False
+                worker.drift_since = None
+                self.stats.deactivations += 1
+                reason = reasons.get(peer, "not needed: cheaper workers cover the need")
+                deactivations.append(Deactivate(peer, reason))
+        if self.active() and self._next_check_at is None:
+            self._next_check_at = now + self.config.check_interval
+        return [*activations, *deactivations, PlanChanged(new, cause)]
+
+    # -- measurement ----------------------------------------------------------------------------
+
+    def _outside_band(self, value: float, reference: float) -> bool:
+        return abs(value - reference) > self.config.drift_fraction * reference * (1 + _EPS)
+
+    def _record(self, worker: _Worker, now: float, count: int) -> None:
+        samples = worker.samples
+        if samples and samples[-1][0] == now:
+            samples[-1] = (now, samples[-1][1] + count)
+        else:
+            samples.append((now, count))
+        self._prune_samples(worker, now)
+        while len(samples) > self.config.max_samples_per_worker:
+            # Merge the two oldest into the later one: the count stays, its time moves a little later.
+            _, first = samples.popleft()
+            t, second = samples.popleft()
+            samples.appendleft((t, first + second))
+
+    def _prune_samples(self, worker: _Worker, now: float) -> None:
+        horizon = now - self.config.rate_window
+        while worker.samples and worker.samples[0][0] <= horizon:
+            worker.samples.popleft()
+
+    def _measured_rate(self, worker: _Worker, now: float) -> float | None:
+        if not worker.active:
+            return None
+        if worker.reported_rate is not None:
+            return worker.reported_rate
+        window = self.config.rate_window
+        if worker.measure_from is None:
+            return 0.0 if now - worker.activated_at >= self.config.first_rollout_timeout else None
+        if now - worker.measure_from < window:
+            return None
+        self._prune_samples(worker, now)
+        return sum(count for _, count in worker.samples) / window
+
+    def _check_drift(self, now: float, only: PeerId | None = None) -> list[ActivationAction]:
+        """Adopt drifts that lasted ``drift_hold`` (of every active worker, or of ``only``) and re-plan."""
+        adopted: list[str] = []
+        for peer, worker in self._workers.items():
+            if not worker.active or (only is not None and peer != only):
+                continue
+            measured = self._measured_rate(worker, now)
+            if measured is None or not self._outside_band(measured, worker.planned_rate):
+                worker.drift_since = None
+                continue
+            if worker.drift_since is None:
+                worker.drift_since = now
+            if now - worker.drift_since >= self.config.drift_hold:
+                adopted.append(f"{peer} measured {measured:.4g}/s, planned {worker.planned_rate:.4g}/s")
+                worker.planned_rate = measured
+                worker.measured_adopted = True
+                worker.drift_since = None
+        if not adopted:
+            return []
+        self.stats.drift_replans += 1
+        return self._replan(now, "rate drift: " + "; ".join(adopted))
+
+    def _renew(self, now: float) -> list[ActivationAction]:
+        actions: list[ActivationAction] = []
+        lease = self.config.lease_seconds
+        for peer, worker in self._workers.items():
+            if worker.active and now >= worker.lease_expires_at - self.config.renew_before:
+                worker.lease_expires_at = now + lease
+                self.stats.renewals += 1
+                actions.append(Activate(peer, worker.target_rate, lease, renewal=True))
+        return actions
+
+    def _prune_steps(self, now: float) -> None:
+        horizon = now - self.config.utilization_window
+        while self._steps and self._steps[0][0] <= horizon:
+            self._steps.popleft()
+
+    def _banned_until(self, peer: PeerId, now: float) -> float | None:
+        until = self._bans.get(peer)
+        return until if until is not None and until > now else None
+
+    def _clock(self, now: float) -> float:
+        if now > self._now:
+            self._now = now
+        return self._now

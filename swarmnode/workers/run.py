@@ -1,0 +1,65 @@
+"""``swarmnode run --role learner|worker``: build the role, run it until a signal, stop cleanly.
+
+A first SIGINT/SIGTERM stops after the step (learner) or batch (worker) in progress; a
+second aborts at once (the learner's last checkpoint stays its resume point).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+
+import torch
+
+from swarmnode.config import Config
+from swarmnode.home import NodeHome
+from swarmnode.net.config import NetConfig
+from swarmnode.net.hivemind_runtime import HivemindRuntime
+
+
+def net_config(config: Config, home: NodeHome) -> NetConfig:
+    s = config.swarm
+    return NetConfig(
+        identity_path=home.p2p / "libp2p.key",
+        host_maddrs=tuple(s.host_maddrs),
+        announce_maddrs=tuple(s.announce_maddrs),
+        initial_peers=tuple(s.initial_peers),
+        peers_file=Path(s.peers_file) if s.peers_file else None,
+        client_mode=s.client_mode,
+    )
+
+
+def run_role(
+    config: Config, home: NodeHome, *, max_steps: int | None = None, max_seconds: float | None = None
+) -> None:
+    from swarmnode.workers.learner import LearnerNode
+    from swarmnode.workers.worker import WorkerNode
+
+    home = home.ensure()
+    node: LearnerNode | WorkerNode
+    if config.node.role == "learner":
+        node = LearnerNode(config, home, max_steps=max_steps)
+    else:
+        node = WorkerNode(config, home, max_batches=max_steps)
+
+    async def runtime() -> HivemindRuntime:
+        return await HivemindRuntime.create(net_config(config, home))
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        current = asyncio.current_task()
+
+        def on_signal() -> None:
+            if node.stop.is_set() and current is not None:
+                current.cancel()
+            node.stop.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal)
+        if max_seconds is not None:
+            loop.call_later(max_seconds, node.stop.set)
+        await node.run(runtime)
+
+    torch.set_grad_enabled(True)
+    asyncio.run(main())

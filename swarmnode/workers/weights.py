@@ -1,0 +1,223 @@
+"""Policy versions from the learner to its workers over the pipelined weight broadcast.
+
+Owns: when the learner publishes a version and to whom it sends the signed manifest, which
+versions stay served, and (worker side) receiving a version from any peer that has it and
+swapping it into the model atomically, between batches.
+Must not: choose chunks or sources (``core.broadcast`` does), or move bytes itself
+(``swarmnode.broadcast.BroadcastNode`` over the data plane does).
+
+Flow: after each step the learner publishes version v (blob + manifest signed by the learner)
+and sends the manifest envelope to every active worker. A worker that gets a manifest signed
+by its learner for a version newer than its own fetches the chunks from the learner and the
+other workers (each worker serves a chunk as soon as it verified it) and, once every chunk
+is verified, loads the state_dict under the model lock, so a batch is never generated with a
+half-swapped model. Every worker learns the other workers' data-plane addresses from their
+records under the learner's workers key (``workers.records``).
+
+The learner keeps its last ``keep`` versions published (S + 1: a worker still fetching an
+older version can finish it); memory is ``keep`` x the model's bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from typing import Any
+
+import torch
+
+from swarmnode.broadcast import BroadcastError, BroadcastNode, Published, blob_to_state_dict, open_manifest
+from swarmnode.core.broadcast import Blame, BroadcastConfig
+from swarmnode.identity import NodeIdentity, peer_id_from_key
+from swarmnode.metrics import Metrics
+from swarmnode.net.dataplane import DataPlane, DataPlaneError, Refuse
+from swarmnode.policy import Policy
+from swarmnode.rollout import RolloutEngine
+from swarmnode.wire import Envelope, Kind, PeerRecord, WeightManifest
+from swarmnode.wire.messages import Message
+
+log = logging.getLogger(__name__)
+MANIFEST_TIMEOUT = 10.0
+RECEIVE_TIMEOUT = 300.0
+
+
+class WeightPublisher:
+    """The learner's side: publish each version, tell the active workers."""
+
+    def __init__(
+        self,
+        identity: NodeIdentity,
+        dataplane: DataPlane,
+        model_id: str,
+        chunk_bytes: int,
+        *,
+        keep: int,
+        metrics: Metrics,
+        on_blame: Any = None,
+    ) -> None:
+        self.node = BroadcastNode(identity, dataplane, BroadcastConfig(), on_blame=on_blame)
+        self.model_id = model_id
+        self.chunk_bytes = chunk_bytes
+        self.keep = max(1, keep)
+        self.metrics = metrics
+        self.published: collections.OrderedDict[int, Published] = collections.OrderedDict()
+        self.dataplane = dataplane
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        await self.node.start()
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await self.node.close()
+
+    @property
+    def latest(self) -> Published | None:
+        return next(reversed(self.published.values())) if self.published else None
+
+    def publish(self, version: int, model: torch.nn.Module) -> Published:
+        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
+        published = self.node.publish_state_dict(state, self.model_id, version, self.chunk_bytes)
+        self.published[version] = published
+        while len(self.published) > self.keep:
+            _, old = self.published.popitem(last=False)
+            self.node.retire(old.digest)
+        self.metrics.set("published_version", "Latest policy version published", version)
+        return published
+
+    def set_peers(self, addresses: dict[str, str]) -> None:
+        """The workers' data-plane addresses (the broadcast's other peers)."""
+        for peer, address in addresses.items():
+            self.node.add_peer(peer, address)
+
+    def tell(self, worker: PeerRecord) -> None:
+        """Send the latest manifest to ``worker`` (in the background; a failure is logged)."""
+        latest = self.latest
+        if latest is None:
+            return
+        task = asyncio.get_running_loop().create_task(
+            self._send(worker, latest.manifest_envelope), name=f"manifest to {worker.peer_id}"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, worker: PeerRecord, envelope: Envelope) -> None:
+        try:
+            await self.dataplane.request_peer(
+                worker.addresses,
+                worker.libp2p_peer_id or None,
+                None,
+                envelope=envelope,
+                timeout=MANIFEST_TIMEOUT,
+                expect_peer=worker.peer_id,
+            )
+        except DataPlaneError as e:
+            log.warning("manifest to worker %s failed: %s", worker.peer_id, e)
+            self.metrics.inc("manifest_failures", "Manifests a worker did not take")
+
+
+class WeightReceiver:
+    """The worker's side: take manifests from the learner, fetch, swap in between batches."""
+
+    def __init__(
+        self,
+        identity: NodeIdentity,
+        dataplane: DataPlane,
+        policy: Policy,
+        engine: RolloutEngine,
+        metrics: Metrics,
+        *,
+        learner_id: str,
+    ) -> None:
+        self.node = BroadcastNode(identity, dataplane, BroadcastConfig(), on_blame=self._blamed)
+        self.policy = policy
+        self.engine = engine
+        self.metrics = metrics
+        self.learner_id = learner_id
+        self.model_lock = asyncio.Lock()
+        self.receiving: dict[int, asyncio.Task[None]] = {}
+        self.applied: collections.OrderedDict[int, bytes] = collections.OrderedDict()  # version -> digest
+        self.last_seconds: float | None = None
+        self.blamed: collections.Counter[str] = collections.Counter()
+        dataplane.register(Kind.WEIGHT_MANIFEST, self._on_manifest)
+
+    def _blamed(self, blame: Blame) -> None:
+        self.blamed[blame.peer] += 1
+        self.metrics.inc("chunks_blamed", "Invalid weight chunks received (sender blamed)")
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "version": self.policy.version,
+            "receiving": sorted(self.receiving),
+            "last_receive_s": self.last_seconds,
+            "blamed": dict(self.blamed),
+            "stats": vars(self.node.stats),
+        }
+
+    def set_peers(self, addresses: dict[str, str]) -> None:
+        for peer, address in addresses.items():
+            self.node.add_peer(peer, address)
+
+    async def _on_manifest(self, sender: str, envelope: Envelope, message: Message) -> None:
+        if sender != self.learner_id or not isinstance(message, WeightManifest):
+            raise Refuse("not_learner", "manifests are taken from this worker's learner only")
+        try:
+            manifest = open_manifest(envelope)
+        except BroadcastError as e:
+            raise Refuse("bad_manifest", str(e)) from None
+        if peer_id_from_key(manifest.publisher_key) != self.learner_id:
+            raise Refuse("not_learner", "manifest not published by this worker's learner")
+        version = manifest.body.version
+        if version > self.policy.version and version not in self.receiving:
+            task = asyncio.get_running_loop().create_task(
+                self._receive(version, envelope), name=f"weights v{version}"
+            )
+            self.receiving[version] = task
+            task.add_done_callback(self._received)
+        return None
+
+    def _received(self, task: asyncio.Task[None]) -> None:
+        for version, t in list(self.receiving.items()):
+            if t is task:
+                del self.receiving[version]
+        if not task.cancelled() and task.exception() is not None:
+            self.metrics.inc("weights_failed", "Weight versions not received")
+            log.error("receiving weights failed", exc_info=task.exception())
+
+    async def _receive(self, version: int, envelope: Envelope) -> None:
+        t0 = time.monotonic()
+        try:
+            blob = await self.node.receive(envelope, timeout=RECEIVE_TIMEOUT)
+        except BroadcastError as e:
+            log.warning("weights v%d not received: %s", version, e)
+            self.metrics.inc("weights_failed", "Weight versions not received")
+            return
+        manifest = open_manifest(envelope)
+        state = await asyncio.to_thread(blob_to_state_dict, blob, manifest.body.tensors)
+        async with self.model_lock:
+            if version <= self.policy.version:
+                return  # a newer one was applied meanwhile
+            self.policy.model.load_state_dict(state)
+            self.policy.version = version
+            self.engine.update_weights(self.policy)
+        self.last_seconds = time.monotonic() - t0
+        self.applied[version] = envelope.envelope_id()
+        while len(self.applied) > 2:  # keep serving the newest two (peers may still fetch them)
+            _, digest = self.applied.popitem(last=False)
+            self.node.retire(digest)
+        self.metrics.set("policy_version", "Policy version the worker generates with", version)
+        self.metrics.set(
+            "weights_receive_seconds", "Seconds the last version took to arrive", self.last_seconds
+        )
+        log.info("weights v%d applied after %.2f s", version, self.last_seconds)
+
+    async def start(self) -> None:
+        await self.node.start()
+
+    async def close(self) -> None:
+        for task in list(self.receiving.values()):
+            task.cancel()
+        await self.node.close()

@@ -1,0 +1,138 @@
+"""A learner and rollout workers as real processes on 127.0.0.1 (bootstrap, DHT, TCP data plane).
+
+Specifications (issue "learner and workers"):
+- with the planner's set, the learner is busy at least 80% of the time, the workers it pays for cost
+  less than with every worker on, and no group older than S versions is trained on;
+- a worker that misreports its log-probs fails a spot check and is deactivated.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from swarmnode.identity import load_or_create_identity
+
+from tests.swarm.support import LocalSwarm
+
+pytestmark = pytest.mark.network
+
+# (name, slowdown, price per 1,000 completions): four kinds of hardware, all on these two cores.
+WORKERS = [
+    ("w-fast-cheap", 1.0, 1.0),
+    ("w-fast-dear", 1.0, 6.0),
+    ("w-slow-cheap", 3.0, 1.5),
+    ("w-slowest", 6.0, 2.0),
+]
+STALENESS = 2
+
+
+def start(swarm: LocalSwarm, activation: str, workers: list[tuple[str, float, float]], **learner: Any) -> str:
+    swarm.start_bootstrap()
+    home = swarm.write_node_config(
+        "learner",
+        0,
+        **{
+            "node.role": "learner",
+            "learner.activation": activation,
+            "learner.groups_per_step": 4,
+            "learner.recruit_seconds": 1.0,
+            "learner.spot_check_rate": 0.2,
+            "learner.margin": 0.2,
+            "swarm.staleness_bound": STALENESS,
+            **learner,
+        },
+    )
+    learner_id = load_or_create_identity(home.identity_key).peer_id
+    for i, (name, slowdown, price) in enumerate(workers):
+        swarm.write_node_config(
+            name,
+            10 + i,
+            **{
+                "node.role": "worker",
+                "worker.learner": learner_id,
+                "worker.slowdown": slowdown,
+                "worker.price": price,
+            },
+        )
+    for name in ["learner", *[w[0] for w in workers]]:
+        swarm.start_node(name)
+    return learner_id
+
+
+def learner_status(swarm: LocalSwarm) -> dict[str, Any] | None:
+    return swarm.status("learner")
+
+
+def run_until_steps(swarm: LocalSwarm, steps: int) -> dict[str, Any]:
+    return swarm.wait(
+        lambda: (s := learner_status(swarm)) is not None and s["steps_this_run"] >= steps and s,
+        f"the learner to take {steps} steps",
+        timeout=600,
+    )
+
+
+@pytest.mark.slow
+def test_planner_keeps_the_learner_busy_for_less_than_all_workers_on(processes: Any) -> None:
+    results = {}
+    for activation in ("planner", "all"):
+        swarm = processes(activation)
+        start(swarm, activation, WORKERS)
+        run_until_steps(swarm, 5)  # the plan settles on measured rates
+        first = learner_status(swarm)
+        assert first is not None
+        final = run_until_steps(swarm, first["steps_this_run"] + 15)
+        results[activation] = (first, final)
+        swarm.close()
+    planner_first, planner = results["planner"]
+    all_first, all_on = results["all"]
+
+    def cost_per_step(first: dict[str, Any], final: dict[str, Any]) -> float:
+        return (final["cost_paid"] - first["cost_paid"]) / (final["steps_this_run"] - first["steps_this_run"])
+
+    assert planner["measured_utilization_window"] >= 0.8, planner
+    assert len(planner["plan"]["active"]) < len(WORKERS), planner["plan"]
+    assert cost_per_step(planner_first, planner) < cost_per_step(all_first, all_on)
+    for status in (planner, all_on):
+        lags = {int(k) for k in status["staleness"]["trained_by_lag"]}
+        assert lags and max(lags) <= STALENESS, status["staleness"]
+
+
+def test_a_worker_that_misreports_logprobs_is_caught_and_deactivated(processes: Any) -> None:
+    swarm = processes("liar")
+    start(
+        swarm,
+        "all",
+        [("w-honest", 1.0, 1.0)],
+        **{"learner.spot_check_rate": 1.0, "learner.spot_check_strikes": 1},
+    )
+    liar = swarm.write_node_config(
+        "w-liar",
+        20,
+        **{
+            "node.role": "worker",
+            "worker.learner": load_or_create_identity(swarm.homes["learner"].identity_key).peer_id,
+        },
+    )
+    liar_id = load_or_create_identity(liar.identity_key).peer_id
+    swarm.start_process(
+        "w-liar",
+        [str(Path(__file__).parent / "liar.py"), str(liar.root)],
+        liar.root,
+        identity=liar.p2p / "libp2p.key",
+    )
+    status = swarm.wait(
+        lambda: (
+            (s := learner_status(swarm)) is not None
+            and s["spot_checks"]["fails"] >= 1
+            and liar_id not in s["plan"]["active"]
+            and s["steps_this_run"] >= 2
+            and s
+        ),
+        "the liar to be caught while the honest worker keeps the learner going",
+        timeout=600,
+    )
+    assert status["spot_checks"]["passes"] >= 1  # the honest worker passes its checks
+    assert liar_id not in status["completions_by_worker"]  # nothing of the liar's was trained on
