@@ -8,6 +8,7 @@
     swarmnode demo                        a short solo run on the tiny model
     swarmnode config show|reference       the effective config / the reference table
     swarmnode protocol check|vectors      wire-protocol tools
+    swarmnode simulate SCENARIO.toml      run a simulation scenario (see simulations/README.md)
 
 Exit codes: 0 ok, 1 a runtime error, 2 a usage or configuration error.
 """
@@ -57,6 +58,10 @@ def _config_from_args(args: argparse.Namespace) -> Config:
         overrides["node.seed"] = args.seed
     if getattr(args, "engine", None):
         overrides["model.engine"] = args.engine
+    if getattr(args, "role", None):
+        overrides["node.role"] = args.role
+    if getattr(args, "learner", None):
+        overrides["worker.learner"] = args.learner
     return load_config(path, overrides=overrides)
 
 
@@ -101,12 +106,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not getattr(args, "verbose", False):
         logging.getLogger().setLevel(config.node.log_level)
     home = NodeHome(Path(args.home))
+    if args.solo and config.node.role != "trainer":
+        raise ConfigError(f"--solo trains alone; node.role={config.node.role!r} needs the network")
     if not args.solo:
-        from swarmnode.node import run_node
-
         if args.summary_json:
             raise ConfigError("--summary-json is for --solo runs; a swarm node's metrics are at /metrics")
-        run_node(config, home, max_rounds=args.max_rounds, max_seconds=args.max_seconds)
+        if config.node.role == "trainer":
+            from swarmnode.node import run_node
+
+            run_node(config, home, max_rounds=args.max_rounds, max_seconds=args.max_seconds)
+        else:
+            from swarmnode.workers.run import run_role
+
+            run_role(config, home, max_steps=args.max_rounds, max_seconds=args.max_seconds)
         return EXIT_OK
     from swarmnode.solo import run_solo
 
@@ -190,7 +202,14 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_flags(p)
     p.add_argument("--solo", action="store_true", help="train alone, no network")
     p.add_argument("--engine", choices=["torch", "hf", "vllm"], help="rollout engine")
-    p.add_argument("--max-rounds", type=int, help="stop after N rounds")
+    p.add_argument(
+        "--role",
+        choices=["trainer", "learner", "worker"],
+        help="trainer (default): swarm member; learner: trains on recruited workers' rollouts; "
+        "worker: generates for --learner",
+    )
+    p.add_argument("--learner", metavar="PEER_ID", help="the learner a worker works for (worker.learner)")
+    p.add_argument("--max-rounds", type=int, help="stop after N rounds (a learner: N steps)")
     p.add_argument("--max-seconds", type=float, help="stop after S seconds")
     p.add_argument("--summary-json", help="write per-round metrics here when the run ends")
     p.set_defaults(handler=cmd_run)
@@ -231,6 +250,10 @@ def build_parser() -> argparse.ArgumentParser:
     from swarmnode.wire.cli_protocol import add_protocol_parser
 
     add_protocol_parser(sub)
+
+    from swarmnode.sim.cli import add_simulate_parser
+
+    add_simulate_parser(sub)
     return parser
 
 

@@ -1,0 +1,403 @@
+"""Gossip in the simulator: the node's real ``GossipCore`` on every simulated node.
+
+Owns
+    A simulated driver per node (the counterpart of ``swarmnode.exchange.GossipDriver``): it
+    performs the core's actions over the modelled network and a modelled DHT, and feeds the
+    results back as events. Also the round workload (who publishes which items when: producing
+    a rollout is a modelled cost of ``1 / rollout_rate`` seconds), modelled admission (a forged
+    item is always rejected, an honest one accepted, after ``admission_ms``; a signer charged
+    with ``ban_after`` rejections is banned, as ``swarmnode.admit`` does) and the figures:
+    per-delivery latency, per-item coverage, the cores' summed counters.
+
+Model
+    * Items carry no bytes: an item's payload is its 16-byte digest (``digest_of`` is the
+      identity, so the core's own corrupt-payload check runs); its modelled size (``item_bytes``)
+      is what the network carries. A corrupt node serves a payload that does not match.
+    * DHT: an ``Announce`` takes effect ``dht_delay_ms`` after it is issued; a read returns every
+      live record of the rounds asked, as of ``dht_delay_ms`` after it was issued. No DHT node
+      churn is modelled (records survive their writer, as hivemind's replicas do).
+    * Pull: the request is a control message; the server's core answers it at once (``Serve``),
+      the answer is a bulk transfer of the served items' sizes; a slow sender waits
+      ``slow_delay_ms`` first and has a thin uplink.
+
+Must not
+    Decide what to pull, serve or retry (the core does) or keep payload bytes.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, fields
+from typing import Any
+
+from swarmnode.core.events import Digest, PeerBanned
+from swarmnode.core.gossip import (
+    AdmissionResult,
+    Admit,
+    Announce,
+    Announced,
+    GossipConfig,
+    GossipCore,
+    GossipEvent,
+    Publish,
+    Pull,
+    PullFailed,
+    PullRequest,
+    PullSucceeded,
+    ReadAnnouncements,
+    Serve,
+)
+from swarmnode.core.rounds import round_start
+from swarmnode.errors import ConfigError
+from swarmnode.sim.scenario import GossipSpec, ScenarioError
+from swarmnode.sim.world import CORRUPT, FORGER, HONEST, SLOW, SimNode, World
+
+REQUEST_OVERHEAD = 64  # bytes of a pull response's framing
+
+
+def _identity(payload: bytes) -> Digest:
+    return payload
+
+
+def gossip_config(spec: GossipSpec) -> GossipConfig:
+    known = {f.name for f in fields(GossipConfig)}
+    for key in spec.core:
+        if key not in known:
+            raise ScenarioError(f"scenario key gossip.core.{key}: unknown key (see GossipConfig)")
+    if "round_seconds" in spec.core:
+        raise ScenarioError("scenario key gossip.core.round_seconds: set gossip.round_seconds instead")
+    try:
+        return GossipConfig(**{"round_seconds": spec.round_seconds, **spec.core})
+    except ConfigError as exc:
+        raise ScenarioError(f"scenario key gossip.core: {exc}") from exc
+    except TypeError as exc:
+        raise ScenarioError(f"scenario key gossip.core: {exc}") from exc
+
+
+@dataclass
+class Item:
+    digest: Digest
+    publisher: str
+    role: str
+    round: int
+    published_at: float
+    size: int
+    accepted_by: int = 0
+
+
+class GossipPeer:
+    """One node's simulated gossip driver (one life of it: a restart makes a new one)."""
+
+    def __init__(self, layer: GossipLayer, node: SimNode) -> None:
+        self.layer = layer
+        self.node = node
+        self.sim = layer.sim
+        self.core = GossipCore(layer.config, node.name, digest_of=_identity)
+        self.active = True
+        self._poll_at = math.inf
+
+    # -- core plumbing --------------------------------------------------------------------------
+
+    def feed(self, events: list[GossipEvent]) -> None:
+        if not self.active:
+            return
+        self._perform(self.core.handle_all(events, self.sim.now))
+        self._reschedule()
+
+    def _poll(self, at: float) -> None:
+        if not self.active or at != self._poll_at:
+            return  # superseded by an earlier timer, or this life ended
+        self._poll_at = math.inf
+        self._perform(self.core.poll(self.sim.now))
+        self._reschedule()
+
+    def _reschedule(self) -> None:
+        deadline = self.core.next_deadline()
+        if deadline is None:
+            return
+        deadline = max(deadline, self.sim.now)
+        if deadline < self._poll_at:
+            self._poll_at = deadline
+            self.sim.at(deadline, self._poll, deadline)
+
+    def _perform(self, actions: list[Any]) -> None:
+        layer = self.layer
+        admitted: list[Admit] = []
+        for action in actions:
+            if isinstance(action, Pull):
+                self._pull(action)
+            elif isinstance(action, Admit):
+                if layer.instant_admission:
+                    admitted.append(action)  # judged below, in this same instant
+                else:
+                    delay = layer.spec.admission_ms.sample(layer.rng) / 1000
+                    self.sim.after(delay, self._admitted, action)
+            elif isinstance(action, ReadAnnouncements):
+                self.sim.after(layer.dht_delay(), self._read_done, action.rounds)
+            elif isinstance(action, Announce):
+                self.sim.after(layer.dht_delay(), layer.dht_store, self.node.name, action)
+            # CancelPull: a late answer is ignored by the core; Retire: no payload is kept here;
+            # Serve: answered inline by _on_pull_request.
+        if admitted:
+            self.sim.after(0.0, self._admitted_all, admitted)
+
+    # -- actions --------------------------------------------------------------------------------
+
+    def _read_done(self, rounds: tuple[int, ...]) -> None:
+        if self.active:
+            self.feed(self.layer.dht_read(rounds, self.node.name, self.sim.now))
+
+    def _pull(self, action: Pull) -> None:
+        server = self.layer.peers.get(action.peer)
+        net = self.layer.world.network
+        if server is None:  # unknown or down: a connection error after one round trip
+            target = self.layer.world.node(action.peer).host
+            self.sim.after(
+                2 * net.latency(self.node.host, target),
+                self.feed,
+                [PullFailed(action.request_id, action.peer, "unreachable")],
+            )
+            return
+        net.send(
+            self.node.host, server.node.host, server._on_pull_request, self, action.request_id, action.digests
+        )
+
+    def _on_pull_request(self, client: GossipPeer, request_id: int, digests: tuple[Digest, ...]) -> None:
+        if not self.active:
+            return
+        served: tuple[Digest, ...] = ()
+        actions = self.core.handle(PullRequest(client.node.name, digests), self.sim.now)
+        rest = []
+        for action in actions:
+            if isinstance(action, Serve):
+                served = action.digests
+            else:
+                rest.append(action)
+        self._perform(rest)
+        self._reschedule()
+        items = self.layer.items
+        corrupt = self.node.role == CORRUPT
+        payloads = tuple((d, d[:-1] + bytes([d[-1] ^ 0xFF]) if corrupt else d) for d in served)
+        nbytes = REQUEST_OVERHEAD + sum(items[d].size for d in served if d in items)
+        delay = self.layer.slow_delay if self.node.role == SLOW else 0.0
+        if delay:
+            self.sim.after(delay, self._respond, client, request_id, payloads, nbytes)
+        else:
+            self._respond(client, request_id, payloads, nbytes)
+
+    def _respond(
+        self, client: GossipPeer, request_id: int, payloads: tuple[tuple[Digest, bytes], ...], nbytes: int
+    ) -> None:
+        if self.active:
+            self.layer.world.network.transfer(
+                self.node.host, client.node.host, nbytes, client._on_pull_response, request_id,
+                self.node.name,
+                payloads,
+            )  # fmt: skip
+
+    def _on_pull_response(
+        self, request_id: int, server: str, payloads: tuple[tuple[Digest, bytes], ...]
+    ) -> None:
+        self.feed([PullSucceeded(request_id, server, payloads)])
+
+    def _admitted(self, action: Admit) -> None:
+        if self.active:
+            self.feed(self._verdict(action))
+
+    def _admitted_all(self, actions: list[Admit]) -> None:
+        if self.active:
+            self.feed([event for action in actions for event in self._verdict(action)])
+
+    def _verdict(self, action: Admit) -> list[GossipEvent]:
+        layer = self.layer
+        item = layer.items.get(action.digest)
+        accepted = item is not None and item.role != FORGER
+        events: list[GossipEvent] = [
+            AdmissionResult(action.peer, action.digest, accepted, "accepted" if accepted else "forged")
+        ]
+        if accepted and item is not None:
+            layer.record_accept(self.node, item)
+        else:
+            signer = item.publisher if item is not None else action.peer
+            charged = layer.charge(self.node.name, signer)
+            if charged >= layer.spec.ban_after:
+                events.append(PeerBanned(action.peer, self.sim.now + layer.spec.ban_seconds))
+        return events
+
+    def publish(self, item: Item) -> None:
+        self.feed([Publish(item.digest, item.size)])
+
+
+class GossipLayer:
+    """Gossip on every node of a ``World``, plus the per-round workload and the figures."""
+
+    def __init__(self, world: World, spec: GossipSpec) -> None:
+        self.world = world
+        self.spec = spec
+        self.sim = world.sim
+        self.rng = world.rng
+        self.config = gossip_config(spec)
+        self.peers: dict[str, GossipPeer] = {}
+        self.items: dict[Digest, Item] = {}
+        self.dht: dict[int, dict[tuple[str, int], tuple[tuple[Digest, ...], float]]] = {}
+        self.latencies: list[float] = []  # honest items, per accepting honest node
+        self.slow_latencies: list[float] = []  # items of slow senders
+        self.forged_accepted = 0
+        self.slow_delay = world.scenario.adversaries.slow_delay_ms / 1000
+        # admission_ms = 0: verdicts of one response go back in one batch, one calendar entry.
+        self.instant_admission = spec.admission_ms.is_constant() and spec.admission_ms.median() == 0
+        self._charges: dict[tuple[str, str], int] = {}
+        self._item_counter = 0
+        self._retired_cores: list[dict[str, int]] = []
+
+    # -- world hooks ----------------------------------------------------------------------------
+
+    def on_start(self) -> None:
+        for node in self.world.nodes:
+            self.on_join(node)
+        self.sim.process(self._workload)
+
+    def on_join(self, node: SimNode) -> None:
+        peer = GossipPeer(self, node)
+        self.peers[node.name] = peer
+        peer.feed([])  # first poll: the first read
+
+    def on_down(self, node: SimNode, graceful: bool) -> None:
+        peer = self.peers.pop(node.name, None)
+        if peer is not None:
+            peer.active = False
+            self._retired_cores.append(peer.core.stats.as_dict())
+
+    # -- DHT model ------------------------------------------------------------------------------
+
+    def dht_delay(self) -> float:
+        return self.world.scenario.network.dht_delay_ms.sample(self.rng) / 1000
+
+    def dht_store(self, owner: str, action: Announce) -> None:
+        self.dht.setdefault(action.round, {})[(owner, action.part)] = (action.digests, action.expires_at)
+
+    def dht_read(self, rounds: tuple[int, ...], reader: str, now: float) -> list[GossipEvent]:
+        events: list[GossipEvent] = []
+        for r in rounds:
+            for (owner, _), (digests, expires_at) in self.dht.get(r, {}).items():
+                if owner != reader and expires_at > now:
+                    events.append(Announced(owner, r, digests))
+        return events
+
+    def charge(self, judge: str, signer: str) -> int:
+        key = (judge, signer)
+        self._charges[key] = self._charges.get(key, 0) + 1
+        return self._charges[key]
+
+    # -- workload -------------------------------------------------------------------------------
+
+    async def _workload(self) -> None:
+        spec, cfg = self.spec, self.config
+        for r in range(spec.rounds):
+            start = round_start(r, cfg.round_seconds, cfg.epoch)
+            await self.sim.sleep_until(start)
+            self._prune_dht(r)
+            honest = [n for n in self.world.alive_nodes() if n.role == HONEST]
+            publishers = self.rng.sample(honest, min(spec.publishers, len(honest)))
+            publishers += [n for n in self.world.alive_nodes() if n.role != HONEST]
+            for node in publishers:
+                for j in range(spec.items_per_round):
+                    # Producing a rollout is a modelled cost: 1/rate seconds each, back to back.
+                    self.sim.at(start + (j + 1) / node.rollout_rate, self._publish, node, r)
+        # One more round for the last items to travel, then the figures are final.
+        await self.sim.sleep_until(round_start(spec.rounds + 1, cfg.round_seconds, cfg.epoch))
+        self.world.layer_done(self)
+
+    def _publish(self, node: SimNode, r: int) -> None:
+        peer = self.peers.get(node.name)
+        if peer is None or peer.node is not node or not node.alive:
+            return
+        self._item_counter += 1
+        digest = self._item_counter.to_bytes(8, "big") + node.index.to_bytes(8, "big")
+        item = Item(digest, node.name, node.role, r, self.sim.now, self.spec.item_bytes)
+        self.items[digest] = item
+        peer.publish(item)
+
+    def _prune_dht(self, current: int) -> None:
+        for r in [r for r in self.dht if r < current - self.config.keep_rounds - 2]:
+            del self.dht[r]
+
+    def record_accept(self, node: SimNode, item: Item) -> None:
+        if item.role == FORGER:
+            self.forged_accepted += 1
+            return
+        if not node.honest:
+            return
+        latency = self.sim.now - item.published_at
+        if item.role == HONEST:
+            item.accepted_by += 1
+            self.latencies.append(latency)
+        elif item.role == SLOW:
+            self.slow_latencies.append(latency)
+
+    # -- figures --------------------------------------------------------------------------------
+
+    def results(self) -> dict[str, Any]:
+        spec = self.spec
+        end = self.sim.now
+        last_counted = spec.rounds - spec.settle_rounds
+        honest_items = [i for i in self.items.values() if i.role == HONEST and i.round < last_counted]
+        coverages = []
+        full = 0
+        for item in honest_items:
+            eligible = sum(
+                1
+                for n in self.world.nodes
+                if n.honest and n.alive and n.joined_at <= item.published_at and n.name != item.publisher
+            )
+            if eligible:
+                c = min(1.0, item.accepted_by / eligible)
+                coverages.append(c)
+                full += item.accepted_by >= eligible
+        stats: dict[str, int] = {}
+        for d in [*self._retired_cores, *(p.core.stats.as_dict() for p in self.peers.values())]:
+            for k, v in d.items():
+                stats[k] = stats.get(k, 0) + v
+        lat = sorted(self.latencies)
+        return {
+            "rounds": spec.rounds,
+            "round_seconds": self.config.round_seconds,
+            "items_published": {
+                role: sum(1 for i in self.items.values() if i.role == role)
+                for role in (HONEST, FORGER, SLOW, CORRUPT)
+            },
+            "items_counted": len(honest_items),
+            "coverage_mean": statistics.fmean(coverages) if coverages else None,
+            "coverage_min": min(coverages) if coverages else None,
+            "items_fully_covered": full,
+            "forged_accepted": self.forged_accepted,
+            "deliveries": len(lat),
+            "latency_seconds": _quantiles(lat),
+            "latency_cdf": [[lat[min(len(lat) - 1, int(k * len(lat) / 100))], k / 100] for k in range(101)]
+            if lat
+            else [],
+            "slow_sender_latency_seconds": _quantiles(sorted(self.slow_latencies)),
+            "core_stats": stats,
+            "end_time": end,
+        }
+
+    def latency_samples(self) -> list[float]:
+        return self.latencies
+
+
+def _quantiles(sorted_values: list[float]) -> dict[str, float] | None:
+    if not sorted_values:
+        return None
+
+    def q(p: float) -> float:
+        return sorted_values[min(len(sorted_values) - 1, int(p * len(sorted_values)))]
+
+    return {
+        "p10": q(0.10),
+        "p50": q(0.50),
+        "p90": q(0.90),
+        "p99": q(0.99),
+        "max": sorted_values[-1],
+        "mean": statistics.fmean(sorted_values),
+    }

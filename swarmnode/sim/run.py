@@ -1,0 +1,97 @@
+"""Run a network-mode scenario: build the world, attach the layers, run, collect the figures.
+
+Owns: the order of a run and the shape of ``results.json``.
+Must not: parse TOML (``scenario``) or draw (``plots``).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from swarmnode.sim.scenario import Scenario
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def simulate_network(scenario: Scenario, progress: Progress = _quiet) -> dict[str, Any]:
+    """Run the scenario; return every figure (JSON-ready). Deterministic given the seed."""
+    from swarmnode.sim.world import World
+
+    wall0 = time.perf_counter()
+    results: dict[str, Any] = {"scenario": scenario.name, "mode": "network", "seed": scenario.seed}
+    if scenario.broadcast is not None or scenario.gossip is not None:
+        world = World(scenario)
+        broadcast = gossip = None
+        if scenario.broadcast is not None:
+            from swarmnode.sim.broadcast import BroadcastLayer
+
+            broadcast = BroadcastLayer(world, scenario.broadcast)
+            world.attach(broadcast)
+        if scenario.gossip is not None:
+            from swarmnode.sim.gossip import GossipLayer
+
+            gossip = GossipLayer(world, scenario.gossip)
+            world.attach(gossip)
+        world.start()
+        end = scenario.end_time()
+        progress(f"simulating {len(world.nodes)} nodes for up to {end:g} virtual seconds")
+        world.sim.run(end)
+        results["virtual_seconds"] = world.sim.now
+        results["calendar_entries"] = world.sim.events_run
+        results["nodes"] = {
+            "initial": scenario.nodes.count,
+            "total": len(world.nodes),
+            "alive_at_end": len(world.alive_nodes()),
+            "roles": {
+                r: sum(1 for n in world.nodes if n.role == r) for r in ("honest", "forger", "slow", "corrupt")
+            },
+        }
+        results["churn"] = world.churn_log
+        net = world.network
+        results["network"] = {
+            "messages": net.messages_sent,
+            "lost": net.messages_lost,
+            "dropped_at_down_hosts": net.messages_dropped,
+            "bytes": sum(h.bytes_sent for h in net.hosts.values()),
+        }
+        if broadcast is not None:
+            results["broadcast"] = broadcast.results()
+        if gossip is not None:
+            results["gossip"] = gossip.results()
+    if scenario.activation is not None:
+        from swarmnode.sim.activation import simulate_activation
+
+        progress("simulating worker activation policies")
+        results["activation"] = simulate_activation(scenario.activation, scenario.seed)
+    results["wall_seconds"] = time.perf_counter() - wall0
+    return results
+
+
+def write_results(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    """``results.json`` plus one PNG per figure; returns the files written."""
+    from swarmnode.sim.plots import plot_all
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "results.json"
+    path.write_text(json.dumps(_finite(results), indent=2, sort_keys=False) + "\n")
+    return [path, *plot_all(results, out_dir)]
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no inf/nan: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
