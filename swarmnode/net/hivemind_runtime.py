@@ -50,7 +50,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.node import DHTNode
 from hivemind.dht.protocol import ValidationError
 from hivemind.dht.validation import CompositeValidator, RecordValidatorBase
@@ -75,7 +74,13 @@ from swarmnode.net.framing import (
 )
 from swarmnode.net.identity_lock import IdentityLock
 from swarmnode.net.libp2p_identity import Libp2pIdentity, load_or_create_identity
-from swarmnode.net.records import DhtRecord, check_storable, make_record_validators, records_from_dictionary
+from swarmnode.net.records import (
+    DhtRecord,
+    OwnerSignatureValidator,
+    check_storable,
+    make_record_validators,
+    records_from_dictionary,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -85,6 +90,12 @@ Handler = Callable[[str, bytes], Awaitable[bytes]]
 DEFAULT_STREAM_MAX_BYTES = 64 * 1024 * 1024
 DEFAULT_SERVE_TIMEOUT = 60.0
 DEFAULT_MAX_CONCURRENT = 16
+# A slow-loris peer (streams opened and fed a byte at a time) held every serving slot for the
+# whole exchange timeout and stopped gossip for everyone (tests/fault/test_adversarial.py,
+# bench/adversarial.py). So one remote peer may hold at most a quarter of the slots, and the
+# request must arrive at REQUEST_MIN_RATE or better (after REQUEST_GRACE seconds of slack).
+REQUEST_GRACE = 5.0
+REQUEST_MIN_RATE = 1024 * 1024  # bytes/s
 REFUSAL_LINGER = 2.0
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _STREAM_PREFIX = "swarmnode.stream."
@@ -233,7 +244,7 @@ class HivemindRuntime:
                 raise _no_initial_peer(self._initial_peers, e) from e
             raise NetError(f"p2pd failed to start: {e}") from e
 
-        signing = RSASignatureValidator(self._identity.record_signing_key())
+        signing = OwnerSignatureValidator(self._identity.record_signing_key())
         self._owner_marker = signing.local_public_key
         validators: list[RecordValidatorBase] = make_record_validators(signing, config.max_record_bytes)
         validators += list(config.extra_validators)
@@ -455,14 +466,19 @@ class HivemindRuntime:
         """Serve ``name``: read one request (<= ``max_request_bytes``), answer with ``handler``'s bytes.
 
         One exchange (read request, handle, write response) gets ``timeout``
-        seconds; beyond ``max_concurrent`` exchanges at once, new callers are
-        told "busy" at once instead of queueing.
+        seconds, and the request alone ``REQUEST_GRACE + max_request_bytes /
+        REQUEST_MIN_RATE``; beyond ``max_concurrent`` exchanges at once, or a
+        quarter of them from one remote peer, new callers are told "busy" at
+        once instead of queueing.
         """
         p2p = self._require_p2p()
         _check_name(name)
         if (_STREAM_PREFIX, name) in self._handler_names:
             raise NetError(f"a stream handler named {name!r} is already registered")
         slots = asyncio.Semaphore(max_concurrent)
+        per_peer_limit = max(1, max_concurrent // 4)
+        per_peer: dict[str, int] = {}
+        read_timeout = min(timeout, REQUEST_GRACE + max_request_bytes / REQUEST_MIN_RATE)
 
         async def serve(
             stream_info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -470,12 +486,20 @@ class HivemindRuntime:
             remote = stream_info.peer_id.to_base58()
             self._track_serving()
             try:
-                if slots.locked():
-                    await write_error(writer, f"{_BUSY}: {max_concurrent} requests in progress")
+                if slots.locked() or per_peer.get(remote, 0) >= per_peer_limit:
+                    await write_error(writer, f"{_BUSY}: too many requests in progress")
                     await _linger(reader)
                     return
-                async with slots, asyncio.timeout(timeout):
-                    await self._serve_one(name, handler, remote, reader, writer, max_request_bytes)
+                per_peer[remote] = per_peer.get(remote, 0) + 1
+                try:
+                    async with slots, asyncio.timeout(timeout):
+                        await self._serve_one(
+                            name, handler, remote, reader, writer, max_request_bytes, read_timeout
+                        )
+                finally:
+                    per_peer[remote] -= 1
+                    if not per_peer[remote]:
+                        del per_peer[remote]
             except TimeoutError:
                 logger.debug("stream %s from %s: not done within %.1f s", name, remote, timeout)
                 with contextlib.suppress(OSError, TimeoutError):
@@ -499,9 +523,11 @@ class HivemindRuntime:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
         max_request_bytes: int,
+        read_timeout: float,
     ) -> None:
         try:
-            request = await read_message(reader, max_request_bytes)
+            async with asyncio.timeout(read_timeout):  # expiry: the caller's TimeoutError path
+                request = await read_message(reader, max_request_bytes)
         except MessageTooLarge as e:
             await write_error(writer, f"{_TOO_LARGE}: requests to {name} are limited to {e.limit} bytes")
             await _linger(reader)
@@ -650,16 +676,22 @@ class HivemindRuntime:
     # ------------------------------------------------------------------ internals
 
     async def _rejoin_loop(self) -> None:
-        """Re-dial the initial peers whenever the routing table runs empty (e.g. the only
-        peer we knew restarted), so a node never stays alone for good."""
+        """Every ``rejoin_interval``, re-dial the initial peers missing from the routing table:
+        all of them when it ran empty (the only peer we knew restarted), so a node never stays
+        alone for good; and a bootstrap peer that was down and came back. A restarted bootstrap
+        has an empty routing table and learns of a node only when that node contacts it, so
+        without this, nodes that join through it later would never find the ones already up
+        (measured: tests/fault/test_bootstrap_down.py)."""
         assert self._config is not None and self._dht is not None
         while True:
             await asyncio.sleep(self._config.rejoin_interval)
-            if not self._dht.protocol.routing_table.uid_to_peer_id:
-                await self._dial_initial_peers()
+            table = self._dht.protocol.routing_table
+            missing = [m for m in self._initial_peers if _maddr_peer(m) not in table.peer_id_to_uid]
+            if missing:
+                await self._dial_initial_peers(missing)
 
-    async def _dial_initial_peers(self) -> None:
-        """Connect to each initial peer by its address and ping it into the routing table."""
+    async def _dial_initial_peers(self, maddrs: list[str] | None = None) -> None:
+        """Connect to each initial peer (or those of ``maddrs``) and ping it into the routing table."""
         assert self._config is not None and self._dht is not None and self._p2p is not None
         p2p, dht, deadline = self._p2p, self._dht, self._config.dht_rpc_timeout * 2
 
@@ -674,7 +706,7 @@ class HivemindRuntime:
             except (TimeoutError, P2PDaemonError, OSError) as e:
                 logger.info("initial peer %s unreachable: %s", maddr, e or type(e).__name__)
 
-        await asyncio.gather(*(dial(maddr) for maddr in self._initial_peers))
+        await asyncio.gather(*(dial(maddr) for maddr in (self._initial_peers if maddrs is None else maddrs)))
 
     def _track_serving(self) -> None:
         task = asyncio.current_task()
@@ -704,6 +736,11 @@ class HivemindRuntime:
         self._require_running()
         assert self._dht is not None
         return self._dht
+
+
+def _maddr_peer(maddr: str) -> PeerID:
+    """The peer id of a checked initial-peer multiaddr (it ends in /p2p/<peer id>)."""
+    return PeerID.from_base58(Multiaddr(maddr)["p2p"])
 
 
 def _log_crash(task: asyncio.Task[None]) -> None:

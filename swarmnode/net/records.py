@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
+from cryptography.exceptions import UnsupportedAlgorithm
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.validation import DHTRecord, RecordValidatorBase
 
@@ -87,6 +88,21 @@ def records_from_dictionary(entries: dict[Any, tuple[Any, float]]) -> list[DhtRe
         records.append(DhtRecord(owner, match.group(2), value, float(expiration_time)))
     records.sort(key=lambda r: (r.owner, r.subkey))
     return records
+
+
+class OwnerSignatureValidator(RSASignatureValidator):
+    """hivemind's ``RSASignatureValidator`` that refuses, instead of raising on, an unparsable owner key.
+
+    The owner marker is any bytes a peer puts in a subkey; hivemind parses it with
+    ``load_ssh_public_key``, which raises ValueError or UnsupportedAlgorithm (found by
+    fuzzing, tests/fuzz/atheris_wire.py) out of ``validate`` on a store or get.
+    """
+
+    def validate(self, record: DHTRecord) -> bool:
+        try:
+            return super().validate(record)
+        except (ValueError, TypeError, UnsupportedAlgorithm):
+            return False
 
 
 class OwnedRecordsOnlyValidator(RecordValidatorBase):

@@ -63,6 +63,17 @@ class Proc:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.popen.pid, sig)
 
+    def wait_stopped(self, timeout: float = STOP_TIMEOUT) -> int | None:
+        """Wait for a process already sent SIGINT (a second SIGINT would abort its clean stop)."""
+        try:
+            self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill_group(signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(10)
+        self.kill_group(signal.SIGKILL)
+        return self.popen.returncode
+
     def stop(self, timeout: float = STOP_TIMEOUT) -> int | None:
         """SIGINT (a clean stop: the node checkpoints), then SIGKILL of the group after ``timeout``."""
         if self.alive():
@@ -218,7 +229,7 @@ class LocalSwarm:
             home / "process.log",
         )
         self.procs["bootstrap"] = proc
-        self.extra_identities.append(home / "net" / "libp2p.key")
+        self.extra_identities.append(home / "p2p" / "libp2p.key")
         info = wait_until(
             lambda: json.loads(ready.read_text()) if ready.exists() else None,
             START_TIMEOUT,
@@ -319,9 +330,9 @@ class LocalSwarm:
         nodes = [p for n, p in self.procs.items() if n != "bootstrap"]
         for proc in nodes:
             if proc.alive():
-                proc.kill_group(signal.SIGINT)
+                proc.kill_group(signal.SIGINT)  # all stop at once ...
         for proc in nodes:
-            proc.stop()
+            proc.wait_stopped()  # ... and only a node that does not stop in time is killed
         boot = self.procs.get("bootstrap")
         if boot is not None:
             boot.stop()
