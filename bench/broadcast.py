@@ -10,6 +10,14 @@ last receiver holds the whole verified blob.
 
     python bench/broadcast.py --peers 8                       # N=8, swarm and star
     python bench/broadcast.py --peers 2,4,8,16 --modes swarm --repeats 1 --json out.json
+    python bench/broadcast.py --peers 8 --corrupt 1,2 --json out.json   # + corrupt-chunk adversary
+
+With ``--corrupt K`` (swarm mode), K of the N receivers serve every chunk with a flipped byte
+(the signature on their answer is fine; only the manifest's chunk hash catches it), next to a
+clean run with the same M, N, B and c. Reported per K: poisoned = honest receivers whose final
+blob differs from the published one (0 if hash checks hold), blames and invalid chunks counted
+by the honest receivers, and the honest receivers' completion time as a share of the clean
+run's (clean seconds / attack seconds; 1.00 = the attack cost nothing).
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import json
+import logging
 import os
 import signal
 import socket
@@ -33,9 +42,9 @@ from bench.common import base_parser, machine, median, print_table, write_json
 from swarmnode.broadcast import BroadcastNode, build_manifest
 from swarmnode.core.broadcast import BroadcastConfig
 from swarmnode.identity import NodeIdentity
-from swarmnode.net.dataplane import DataPlane
+from swarmnode.net.dataplane import DataPlane, Reply
 from swarmnode.wire.envelope import Envelope, decode_envelope, encode_envelope
-from swarmnode.wire.messages import TensorEntry
+from swarmnode.wire.messages import ChunkData, Message, TensorEntry
 
 MIB = 1024 * 1024
 
@@ -53,11 +62,25 @@ def _free_port() -> int:
 # --------------------------------------------------------------------------- one peer (child)
 
 
+class CorruptingNode(BroadcastNode):
+    """A receiver that relays every slice it serves with its first byte flipped.
+
+    Its answers are signed and well-formed, so only the chunk hash in the publisher's manifest
+    tells them apart (the technique of tests/broadcast/test_broadcast_swarm.py)."""
+
+    async def _on_chunk_request(self, sender: str, envelope: Envelope, message: Message) -> Reply:
+        reply = await super()._on_chunk_request(sender, envelope, message)
+        data = reply.answer
+        assert isinstance(data, ChunkData)
+        bad = bytes([data.data[0] ^ 0xFF]) + data.data[1:]
+        return Reply(ChunkData(data.manifest_digest, data.chunk_index, data.offset, bad), reply.after)
+
+
 async def _child(a: dict[str, Any]) -> None:
     identity = NodeIdentity.from_seed(bytes.fromhex(a["seed"]))
     dp = DataPlane(identity, port=a["port"], upload_rate=a["rate"])
     config = BroadcastConfig(publisher_only=a["mode"] == "star", request_timeout=120.0, queue_timeout=100.0)
-    node = BroadcastNode(identity, dp, config)
+    node = (CorruptingNode if a["corrupt"] else BroadcastNode)(identity, dp, config)
     await dp.start()
     await node.start()
     for peer_id, address in json.loads(Path(a["peers"]).read_text()):
@@ -73,7 +96,14 @@ async def _child(a: dict[str, Any]) -> None:
     if not a["blob"]:
         blob = await node.receive(envelope, timeout=a["timeout"])
         done = time.time()
-        Path(a["out"]).write_text(json.dumps({"done": done, "sha256": hashlib.sha256(blob).hexdigest()}))
+        # Blames are final here: a complete receiver fetches nothing more.
+        result = {
+            "done": done,
+            "sha256": hashlib.sha256(blob).hexdigest(),
+            "blames": node.stats.blames,
+            "chunks_invalid": node.stats.chunks_invalid,
+        }
+        Path(a["out"]).write_text(json.dumps(result))
     await asyncio.Event().wait()  # keep relaying until the parent stops us
 
 
@@ -81,6 +111,21 @@ async def _child(a: dict[str, Any]) -> None:
 
 
 def run_once(n: int, mode: str, size: int, chunk: int, rate: float, timeout: float) -> float:
+    """Seconds until the last of N honest receivers holds the verified blob."""
+    run = run_attack(n, 0, mode, size, chunk, rate, timeout)
+    if run["poisoned"]:
+        raise RuntimeError("a receiver assembled different bytes")
+    return float(run["seconds"])
+
+
+def run_attack(
+    n: int, corrupt: int, mode: str, size: int, chunk: int, rate: float, timeout: float
+) -> dict[str, Any]:
+    """One broadcast in which receivers 1..corrupt corrupt every chunk they serve.
+
+    Returns seconds (until the last honest receiver completes), poisoned (honest receivers
+    whose blob differs from the published one), and blames / chunks_invalid summed over the
+    honest receivers. The corrupting receivers are not waited for."""
     with tempfile.TemporaryDirectory(prefix="bench-broadcast-") as tmp_dir:
         tmp = Path(tmp_dir)
         blob = os.urandom(size)
@@ -105,6 +150,7 @@ def run_once(n: int, mode: str, size: int, chunk: int, rate: float, timeout: flo
                     "manifest": str(tmp / "manifest"),
                     "blob": str(tmp / "blob") if i == 0 else "",
                     "out": str(tmp / f"out{i}"),
+                    "corrupt": 1 <= i <= corrupt,
                     "go": str(tmp / "go"),
                     "timeout": timeout,
                 }
@@ -122,16 +168,20 @@ def run_once(n: int, mode: str, size: int, chunk: int, rate: float, timeout: flo
             t0 = time.time()
             (tmp / "go").write_text("go")
             deadline = time.monotonic() + timeout
-            outs = [tmp / f"out{i}" for i in range(1, n + 1)]
+            outs = [tmp / f"out{i}" for i in range(corrupt + 1, n + 1)]
             while not all(o.exists() for o in outs):
                 if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                     raise RuntimeError(f"{mode} broadcast to {n} did not finish in {timeout:g} s")
                 time.sleep(0.01)
             expected = hashlib.sha256(blob).hexdigest()
             results = [json.loads(o.read_text()) for o in outs]
-            if any(r["sha256"] != expected for r in results):
-                raise RuntimeError("a receiver assembled different bytes")
-            return max(r["done"] for r in results) - t0
+            return {
+                "seconds": max(r["done"] for r in results) - t0,
+                "poisoned": sum(r["sha256"] != expected for r in results),
+                "blames": sum(r["blames"] for r in results),
+                "chunks_invalid": sum(r["chunks_invalid"] for r in results),
+                "honest": len(results),
+            }
         finally:
             for p in procs:
                 if p.poll() is None:
@@ -154,10 +204,17 @@ def main() -> None:
         "--rate-mb", type=float, default=4.0, help="B: each peer's upload cap in MB/s (1e6 bytes)"
     )
     parser.add_argument("--timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--corrupt",
+        default="",
+        help="K: corrupting receivers, comma-separated (e.g. 1,2); runs the adversary table instead",
+    )
     parser.add_argument("--child", help=argparse_hidden())
     parser.set_defaults(repeats=1)
     args = parser.parse_args()
     if args.child:
+        # Each blame is also logged as a warning by every honest receiver; the table counts them.
+        logging.getLogger("swarmnode").setLevel(logging.ERROR)
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
         asyncio.run(_child(json.loads(args.child)))
         return
@@ -165,6 +222,9 @@ def main() -> None:
     chunk = args.chunk_kib * 1024
     rate = args.rate_mb * 1e6
     k = -(-size // chunk)
+    if args.corrupt:
+        corrupt_table(args, size, chunk, rate, k)
+        return
     rows: list[list[Any]] = []
     figures: list[dict[str, Any]] = []
     for n in [int(x) for x in args.peers.split(",")]:
@@ -207,6 +267,42 @@ def main() -> None:
             f"machine: {machine()['cores']} cores; repeats={args.repeats} (median)",
             "chain bound (k+N-1)c/B; star bound N*M/B; "
             "every peer a process, upload capped by its token bucket",
+        ],
+    )
+    write_json(args.json, {"settings": vars(args) | {"k": k}, "machine": machine(), "results": figures})
+
+
+def _attack_row(n: int, k: int, runs: list[dict[str, Any]], seconds: float, share: float) -> list[Any]:
+    counts = [sum(r[key] for r in runs) for key in ("poisoned", "blames", "chunks_invalid")]
+    return [n, k, n - k, *counts, f"{seconds:.2f}", f"{share:.2f}"]
+
+
+def corrupt_table(args: Any, size: int, chunk: int, rate: float, k: int) -> None:
+    """Swarm mode only: per N, a clean run, then one run per K corrupting receivers."""
+    rows: list[list[Any]] = []
+    figures: list[dict[str, Any]] = []
+    for n in [int(x) for x in args.peers.split(",")]:
+        clean = [run_attack(n, 0, "swarm", size, chunk, rate, args.timeout) for _ in range(args.repeats)]
+        clean_s = median([r["seconds"] for r in clean])
+        figures.append({"n": n, "corrupt": 0, "runs": clean, "median": clean_s})
+        rows.append(_attack_row(n, 0, clean, clean_s, 1.0))
+        for kk in [int(x) for x in args.corrupt.split(",")]:
+            if not 0 < kk < n:
+                raise SystemExit(f"--corrupt {kk}: needs 0 < K < N={n}")
+            runs = [run_attack(n, kk, "swarm", size, chunk, rate, args.timeout) for _ in range(args.repeats)]
+            attack_s = median([r["seconds"] for r in runs])
+            share = clean_s / attack_s
+            figures.append({"n": n, "corrupt": kk, "runs": runs, "median": attack_s, "share_of_clean": share})
+            rows.append(_attack_row(n, kk, runs, attack_s, share))
+    print_table(
+        f"corrupt-chunk adversary: M={args.mib:g} MiB, c={args.chunk_kib} KiB (k={k}), "
+        f"B={args.rate_mb:g} MB/s per peer, swarm mode",
+        ["N", "K", "honest", "poisoned", "blames", "invalid_chunks", "honest_seconds", "clean/attack"],
+        rows,
+        [
+            f"machine: {machine()['cores']} cores; repeats={args.repeats} (median; counts summed)",
+            "K receivers serve every chunk with a flipped byte; poisoned = honest receivers whose "
+            "blob differs from the published one; blames, invalid chunks: seen by honest receivers",
         ],
     )
     write_json(args.json, {"settings": vars(args) | {"k": k}, "machine": machine(), "results": figures})

@@ -146,6 +146,12 @@ class LearnerConfig(Section):
     )
     lease_seconds: int = Field(60, ge=1, le=86400, description="An activation lapses unless renewed.")
     recruit_seconds: float = Field(5.0, gt=0.0, description="How often worker offers are re-read.")
+    rate_window: float = Field(
+        30.0, gt=0.0, description="Seconds of deliveries over which a worker's rate is measured."
+    )
+    drift_hold: float = Field(
+        30.0, gt=0.0, description="A measured rate off the plan this long is adopted (re-plan)."
+    )
 
 
 class WorkerConfig(Section):

@@ -101,7 +101,13 @@ Strategy (why the swarm approaches the chain bound ``(k+N-1)c/B`` rather than a 
       ``rate_prior`` for peers not yet measured; failures halve the estimate.
 
 Cost per event: O(peers of the event + chunks of one transfer) in the worst case (a scheduling
-pass sorts the missing chunks of a transfer; it runs only when an in-flight slot is free).
+pass walks the missing chunks of a transfer; it runs only when an in-flight slot is free). The
+common case is much cheaper, because the simulator drives 1,000 cores through millions of
+events: the rarest-first order is kept sorted and re-sorted only after a replica count of a
+missing chunk changed; a pass that found nothing to fetch is not repeated until an event that
+can change its outcome arrives (a request for our chunks or an upload ending cannot) or the
+clock reaches the earliest ban, backoff or deferral it was blocked by; and the uploader keeps a
+per-peer count of its active uploads instead of rescanning them for every queued request.
 """
 
 from __future__ import annotations
@@ -392,7 +398,9 @@ class _Transfer:
     publisher: PeerId | None  # None: we are the publisher
     have: bytearray
     n_have: int
-    holders: list[set[PeerId]]  # non-publisher peers known to hold each chunk
+    # Non-publisher peers known to hold each chunk. Insertion-ordered (dicts as ordered sets):
+    # equal-score sources are picked in this order, so a run does not depend on string hashing.
+    holders: list[dict[PeerId, None]]
     peer_chunks: dict[PeerId, set[int]] = field(default_factory=dict)
     inflight: dict[int, _Fetch] = field(default_factory=dict)
     avoid: set[tuple[PeerId, int]] = field(default_factory=set)  # (peer, chunk) that sent bad bytes
@@ -401,19 +409,51 @@ class _Transfer:
     # Publisher only: chunks that neither a known holder has nor we have started to upload.
     unseeded: int = 0
     deferred: dict[tuple[PeerId, int], float] = field(default_factory=dict)  # (peer, chunk) -> until
+    # Rarest first: the chunks we lack sorted by (holders, per-node tie-break rank). The keys are
+    # unique (the rank is a bijection of the index), so the order is total; it is re-sorted
+    # only when a holder count of a chunk we lack changed, and a received chunk leaves it.
+    rank: list[int] = field(default_factory=list)
+    order: list[int] = field(default_factory=list)
+    order_dirty: bool = True
+    # Peers the last scheduling pass found unusable for every chunk of this transfer (see
+    # ``BroadcastCore._eligible``): while no other event arrived, a new holder among them cannot
+    # change a pass that found nothing.
+    blocked: set[PeerId] = field(default_factory=set)
 
     def is_unseeded(self, index: int) -> bool:
         return not self.holders[index] and not self.served[index]
 
     def add_holder(self, index: int, peer: PeerId) -> None:
-        if self.publisher is None and self.is_unseeded(index):
+        holders = self.holders[index]
+        if peer in holders:
+            return
+        if self.publisher is None and not holders and not self.served[index]:
             self.unseeded -= 1
-        self.holders[index].add(peer)
+        holders[peer] = None
+        if not self.have[index]:
+            self.order_dirty = True
 
     def drop_holder(self, index: int, peer: PeerId) -> None:
-        self.holders[index].discard(peer)
+        holders = self.holders[index]
+        if peer in holders:
+            del holders[peer]
+            if not self.have[index]:
+                self.order_dirty = True
         if self.publisher is None and self.is_unseeded(index):
             self.unseeded += 1
+
+    def received(self, index: int) -> None:
+        self.have[index] = 1
+        self.n_have += 1
+        self.order.remove(index)  # the rest stays sorted
+
+    def rarest_first(self) -> list[int]:
+        """The chunks we lack, fewest holders first (in-flight ones included)."""
+        if self.order_dirty:
+            holders, rank = self.holders, self.rank
+            self.order.sort(key=lambda i: (len(holders[i]), rank[i]))
+            self.order_dirty = False
+        return self.order
 
 
 @dataclass
@@ -448,6 +488,19 @@ class BroadcastCore:
         self._seq = 0
         self._wake: float | None = None  # a backoff ends: a scheduling pass may find work then
         self._seed = zlib.crc32(me.encode("utf-8", "replace"))
+        self._serving: dict[PeerId, int] = {}  # active uploads per peer (super-seeding fairness)
+        # A scheduling pass that started nothing is skipped while nothing it depends on changed:
+        # ``_sched_dirty`` says an event may have changed it; ``_sched_idle_until`` is the
+        # earliest ban, backoff or deferral end it was blocked by; ``_sched_wake`` the value it
+        # contributed to ``_wake`` (re-applied on a skip, so ``next_deadline`` is unchanged).
+        self._sched_dirty = True
+        self._sched_idle_until = -math.inf
+        self._sched_wake: float | None = None
+        self._pass_idle = math.inf  # scratch of the running pass
+        self._pass_wake: float | None = None
+        # Peers the running pass found unusable for every chunk of the transfer it is on (banned,
+        # streams full, or backing off while no deferral is pending); see ``_eligible``.
+        self._pass_blocked: set[PeerId] = set()
 
     # ------------------------------------------------------------------ queries
 
@@ -476,39 +529,61 @@ class BroadcastCore:
         return len(self._active)
 
     def next_deadline(self) -> float | None:
-        times = [f.deadline for t in self._transfers.values() for f in t.inflight.values()]
-        times.extend(a.expires for a in self._active.values())
-        times.extend(r.deadline for r in self._queue)
-        if self._wake is not None:
-            times.append(self._wake)
-        return min(times) if times else None
+        # Called after every event by the driver, so O(transfers): fetch deadlines, upload
+        # expiries and queue deadlines are each ``now`` plus a constant, stored in insertion
+        # order with a non-decreasing ``now``, so the first of each collection is its earliest.
+        best: float | None = self._wake
+        for t in self._transfers.values():
+            if t.inflight:
+                f = next(iter(t.inflight.values()))
+                if best is None or f.deadline < best:
+                    best = f.deadline
+        if self._active:
+            a = next(iter(self._active.values()))
+            if best is None or a.expires < best:
+                best = a.expires
+        if self._queue:
+            r = self._queue[0]
+            if best is None or r.deadline < best:
+                best = r.deadline
+        return best
 
     # ------------------------------------------------------------------ driving
 
     def handle(self, event: Event, now: float) -> list[Action]:
         self._now = max(self._now, now)
         out: list[Action] = []
-        if isinstance(event, ChunkReceived):
-            self._on_received(event, out)
-        elif isinstance(event, FetchFailed):
-            self._on_failed(event, out)
-        elif isinstance(event, PeerHave):
+        # Serving events (a request for our chunks, an upload ending) never change what the
+        # fetch scheduler may start; a PeerHave only sometimes does (``_on_have`` decides).
+        # Every other event may, and marks the next scheduling pass as needed.
+        if isinstance(event, PeerHave):
             self._on_have(event)
         elif isinstance(event, ChunkRequested):
             self._on_requested(event, out)
         elif isinstance(event, UploadFinished):
-            if self._active.pop(event.request_id, None) is not None:
+            if self._end_active(event.request_id):
                 self._dispatch(out)
+        elif isinstance(event, ChunkReceived):
+            self._sched_dirty = True
+            self._on_received(event, out)
+        elif isinstance(event, FetchFailed):
+            self._sched_dirty = True
+            self._on_failed(event, out)
         elif isinstance(event, Publish):
+            self._sched_dirty = True
             self._on_publish(event, out)
         elif isinstance(event, ManifestAccepted):
+            self._sched_dirty = True
             self._on_manifest(event, out)
         elif isinstance(event, PeerLeft):
+            self._sched_dirty = True
             self._on_left(event.peer, out)
         elif isinstance(event, PeerBanned):
+            self._sched_dirty = True
             self._peer(event.peer).banned_until = max(self._peer(event.peer).banned_until, event.until)
             self._refuse_queued(lambda r: r.peer == event.peer, REFUSE_BANNED, out)
         elif isinstance(event, Retire):
+            self._sched_dirty = True
             self._on_retire(event.digest, out)
         else:  # pragma: no cover - the type checker proves this unreachable
             raise TypeError(f"unknown event {event!r}")
@@ -525,9 +600,10 @@ class BroadcastCore:
                     self.stats.fetch_timeouts += 1
                     self._end_fetch(t, index)
                     self._penalize(f.peer)
+                    self._sched_dirty = True
         for rid, a in list(self._active.items()):
             if a.expires <= now:
-                del self._active[rid]
+                self._end_active(rid)
                 self.stats.uploads_expired += 1
         self._refuse_queued(lambda r: r.deadline <= now, REFUSE_BUSY, out)
         self._dispatch(out)
@@ -549,16 +625,20 @@ class BroadcastCore:
             self._on_retire(oldest, [])
         n = layout.n_chunks
         full = publisher is None
+        seed = self._seed
         t = _Transfer(
             digest=digest,
             layout=layout,
             publisher=publisher,
             have=bytearray([1 if full else 0]) * n,
             n_have=n if full else 0,
-            holders=[set() for _ in range(n)],
+            holders=[{} for _ in range(n)],
             served=[0] * n,
             completed=full,
             unseeded=n if full else 0,
+            # A per-node permutation breaks rarest-first ties, so receivers start apart.
+            rank=[(i * 2654435761 + seed) & 0xFFFFFFFF for i in range(n)],
+            order=[] if full else list(range(n)),
         )
         self._transfers[digest] = t
         return t
@@ -590,6 +670,7 @@ class BroadcastCore:
             if len(self._peers) >= self.config.max_peers:
                 self._forget_some_peer()
             p = self._peers[peer] = _Peer()
+            self._sched_dirty = True
         return p
 
     def _forget_some_peer(self) -> None:
@@ -598,6 +679,7 @@ class BroadcastCore:
         for name, p in self._peers.items():
             if p.streams == 0 and p.banned_until <= self._now:
                 del self._peers[name]
+                self._pass_blocked.discard(name)  # a fresh record would be usable again
                 return
 
     def _release_stream(self, peer: PeerId) -> None:
@@ -627,6 +709,10 @@ class BroadcastCore:
             if 0 <= i < n and i not in mine:
                 mine.add(i)
                 t.add_holder(i, event.peer)
+                # A pass skips held and in-flight chunks (one leaving flight is an event that
+                # marks it dirty anyway), and tries nothing new from a peer it found blocked.
+                if not t.have[i] and i not in t.inflight and event.peer not in t.blocked:
+                    self._sched_dirty = True
 
     def _on_left(self, peer: PeerId, out: list[Action]) -> None:
         for t in self._transfers.values():
@@ -677,8 +763,7 @@ class BroadcastCore:
         if t.have[event.index]:
             self.stats.duplicates += 1
             return
-        t.have[event.index] = 1
-        t.n_have += 1
+        t.received(event.index)
         self.stats.chunks_received += 1
         self.stats.bytes_received += event.nbytes
         out.append(Have(event.digest, event.index))
@@ -720,23 +805,46 @@ class BroadcastCore:
             self._penalize(event.peer)
 
     def _eligible(self, peer: PeerId, t: _Transfer, index: int) -> bool:
+        """May we ask ``peer`` for ``index`` now? Notes, for the pass, when a "no" that only time
+        lifts ends (``_pass_idle``; a ban too) and when a backoff or deferral ends (``_pass_wake``).
+
+        A "no" that holds for every chunk of ``t`` until the pass ends puts the peer in
+        ``_pass_blocked``, so the pass skips it for the other chunks: the answer (and what it
+        noted) would be the same. A ban or full streams hold (checked before anything per
+        chunk); a backoff holds only while ``t`` has no deferral, which is checked before it."""
         p = self._peers.get(peer)
         if p is None:
             p = self._peer(peer)
-        if p.banned_until > self._now or p.streams >= self.config.max_streams_per_peer:
+        now = self._now
+        if p.banned_until > now:
+            if p.banned_until < self._pass_idle:
+                self._pass_idle = p.banned_until
+            self._pass_blocked.add(peer)
             return False
-        if (peer, index) in t.avoid:
+        if p.streams >= self.config.max_streams_per_peer:
+            self._pass_blocked.add(peer)
             return False
-        until = t.deferred.get((peer, index))
-        if until is not None:
-            if until > self._now:
-                self._wake = until if self._wake is None else min(self._wake, until)
-                return False
-            del t.deferred[(peer, index)]
-        if p.backoff_until > self._now:
-            self._wake = p.backoff_until if self._wake is None else min(self._wake, p.backoff_until)
+        if t.avoid and (peer, index) in t.avoid:
+            return False
+        if t.deferred:
+            until = t.deferred.get((peer, index))
+            if until is not None:
+                if until > now:
+                    self._note_blocked(until)
+                    return False
+                del t.deferred[(peer, index)]
+        if p.backoff_until > now:
+            self._note_blocked(p.backoff_until)
+            if not t.deferred:
+                self._pass_blocked.add(peer)
             return False
         return True
+
+    def _note_blocked(self, until: float) -> None:
+        if self._pass_wake is None or until < self._pass_wake:
+            self._pass_wake = until
+        if until < self._pass_idle:
+            self._pass_idle = until
 
     def _score(self, peer: PeerId) -> float:
         p = self._peers[peer]
@@ -745,16 +853,22 @@ class BroadcastCore:
 
     def _source(self, t: _Transfer, index: int) -> PeerId | None:
         cfg = self.config
+        blocked = self._pass_blocked
         best: PeerId | None = None
         best_score = -1.0
         if not cfg.publisher_only:
             for peer in t.holders[index]:
-                if self._eligible(peer, t, index):
+                if peer not in blocked and self._eligible(peer, t, index):
                     score = self._score(peer)
                     if score > best_score:
                         best, best_score = peer, score
         pub = t.publisher
-        if pub is not None and (best is None or not cfg.prefer_relays) and self._eligible(pub, t, index):
+        if (
+            pub is not None
+            and (best is None or not cfg.prefer_relays)
+            and pub not in blocked
+            and self._eligible(pub, t, index)
+        ):
             if best is None or self._score(pub) > best_score:
                 best = pub
         return best
@@ -763,26 +877,49 @@ class BroadcastCore:
         cfg = self.config
         if self._inflight_total >= cfg.max_inflight:
             return
+        if not self._sched_dirty and self._now < self._sched_idle_until:
+            # The last pass started nothing and nothing it looked at has changed: this one would
+            # find the same "no" everywhere. Re-apply its wake-up, as that pass would.
+            wake = self._sched_wake
+            if wake is not None and (self._wake is None or wake < self._wake):
+                self._wake = wake
+            return
+        self._pass_idle = math.inf
+        self._pass_wake = None
+        self._sched_dirty = False  # a peer record created during the pass sets it again
+        if self._scheduling_pass(out):
+            self._sched_dirty = True
+        wake = self._pass_wake
+        if wake is not None and (self._wake is None or wake < self._wake):
+            self._wake = wake
+        self._sched_idle_until = self._pass_idle
+        self._sched_wake = wake
+
+    def _scheduling_pass(self, out: list[Action]) -> bool:
+        """Start fetches of missing chunks, rarest first; True if it started any."""
+        cfg = self.config
+        started = False
         for t in self._transfers.values():
             if t.completed:
                 continue
-            n = t.layout.n_chunks
-            seed = self._seed
-            wanted = [i for i in range(n) if not t.have[i] and i not in t.inflight]
-            # Rarest first; a per-node permutation breaks ties so receivers start apart.
-            wanted.sort(key=lambda i: (len(t.holders[i]), (i * 2654435761 + seed) & 0xFFFFFFFF))
-            for index in wanted:
+            have, inflight = t.have, t.inflight
+            self._pass_blocked = t.blocked = set()
+            for index in t.rarest_first():
+                if have[index] or index in inflight:
+                    continue
                 peer = self._source(t, index)
                 if peer is None:
                     continue
                 p = self._peers[peer]
                 p.streams += 1
                 self._inflight_total += 1
-                t.inflight[index] = _Fetch(peer, self._now + cfg.request_timeout)
+                inflight[index] = _Fetch(peer, self._now + cfg.request_timeout)
                 self.stats.fetches += 1
                 out.append(Fetch(peer, t.digest, index, cfg.request_timeout))
+                started = True
                 if self._inflight_total >= cfg.max_inflight:
-                    return
+                    return True
+        return started
 
     # ------------------------------------------------------------------ serving
 
@@ -819,8 +956,7 @@ class BroadcastCore:
         """Lower is served first: fewest known replicas of the chunk, least-served peer, oldest."""
         t = self._transfers.get(r.digest)
         replicas = 0 if t is None else len(t.holders[r.index]) + t.served[r.index]
-        serving = sum(1 for a in self._active.values() if a.peer == r.peer)
-        return (replicas, serving, r.seq)
+        return (replicas, self._serving.get(r.peer, 0), r.seq)
 
     def _dispatch(self, out: list[Action]) -> None:
         cfg = self.config
@@ -839,9 +975,22 @@ class BroadcastCore:
             if t.publisher is None and t.is_unseeded(best.index):
                 t.unseeded -= 1
             t.served[best.index] += 1
+            self._end_active(best.request_id)  # ids are unique among live requests; be safe
             self._active[best.request_id] = _Active(best.peer, self._now + cfg.upload_timeout)
+            self._serving[best.peer] = self._serving.get(best.peer, 0) + 1
             self.stats.uploads += 1
             out.append(Upload(best.peer, best.digest, best.index, best.request_id))
+
+    def _end_active(self, request_id: int) -> bool:
+        a = self._active.pop(request_id, None)
+        if a is None:
+            return False
+        left = self._serving[a.peer] - 1
+        if left:
+            self._serving[a.peer] = left
+        else:
+            del self._serving[a.peer]
+        return True
 
     def _refuse_queued(self, which: Callable[[_Request], bool], reason: str, out: list[Action]) -> None:
         keep: list[_Request] = []

@@ -436,6 +436,12 @@ class GossipCore:
         self._remembered: ExpiringMap[Digest, None] = ExpiringMap(c.max_remembered)
         self._peers: dict[PeerId, _Peer] = {}
         self._bans: dict[PeerId, float] = {}
+        # The round of the last ``current_round`` call and its [start, end): most calls fall in
+        # the same round, and ``round_at`` validates and corrects at boundaries on every call.
+        self._round = 0
+        self._round_start = math.inf
+        self._round_end = -math.inf
+        self._pruned_round: int | None = None  # the round own-round bookkeeping was pruned for
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -473,17 +479,25 @@ class GossipCore:
         return self._expire(now) + self._timers(now)
 
     def next_deadline(self) -> float | None:
-        deadlines = [
-            self._next_read_at,
-            *self._dirty_parts.values(),
-            self._inflight.next_expiry(),
-            self._awaiting.next_expiry(),
-            self._wake_at,
-        ]
-        return min((d for d in deadlines if d is not None), default=None)
+        # Called after every event by the driver: a plain comparison chain, no lists.
+        best = self._next_read_at
+        for d in self._dirty_parts.values():
+            if d < best:
+                best = d
+        for maybe in (self._inflight.next_expiry(), self._awaiting.next_expiry(), self._wake_at):
+            if maybe is not None and maybe < best:
+                best = maybe
+        return best
 
     def current_round(self, now: float) -> int:
-        return round_at(now, self.config.round_seconds, self.config.epoch)
+        if self._round_start <= now < self._round_end:
+            return self._round
+        c = self.config
+        r = round_at(now, c.round_seconds, c.epoch)
+        self._round = r
+        self._round_start = round_start(r, c.round_seconds, c.epoch)
+        self._round_end = round_start(r + 1, c.round_seconds, c.epoch)
+        return r
 
     def is_banned(self, peer: PeerId, now: float) -> bool:
         return self._bans.get(peer, -math.inf) > now
@@ -514,10 +528,14 @@ class GossipCore:
             self.stats.retired += 1
             self._remember(digest, now)  # a stray re-announcement of it is still never pulled
         current = self.current_round(now)
-        for r in [r for r in self._own_rounds if r + self.config.keep_rounds < current]:
-            del self._own_rounds[r]
-        for key in [key for key in self._dirty_parts if key[0] not in self._own_rounds]:
-            del self._dirty_parts[key]
+        if current != self._pruned_round:
+            # Own rounds are only ever added for the current round, so which ones are past
+            # keeping changes only when the round does.
+            self._pruned_round = current
+            for r in [r for r in self._own_rounds if r + self.config.keep_rounds < current]:
+                del self._own_rounds[r]
+            for key in [key for key in self._dirty_parts if key[0] not in self._own_rounds]:
+                del self._dirty_parts[key]
         for _, candidate in self._candidates.pop_expired(now):
             self._release_announcers(candidate)
         self._remembered.pop_expired(now)
@@ -572,6 +590,8 @@ class GossipCore:
         return round_start(r + self.config.keep_rounds + 1, self.config.round_seconds, self.config.epoch)
 
     def _flush_announcements(self, now: float) -> list[GossipAction]:
+        if not self._dirty_parts:
+            return []
         m = self.config.max_digests_per_announcement
         actions: list[GossipAction] = []
         for key in sorted(k for k, at in self._dirty_parts.items() if at <= now):
@@ -668,6 +688,8 @@ class GossipCore:
         """Assign waiting candidates (oldest first) to the best eligible announcer, in batches."""
         c = self.config
         self._wake_at = None
+        if not self._candidates:
+            return []  # the common case: every announced digest is pulled or known already
         free_slots = c.max_inflight_pulls - len(self._inflight)
         budget = c.max_pending_admissions - len(self._awaiting) - len(self._inflight_digests)
         open_batches: dict[PeerId, _Batch] = {}

@@ -128,17 +128,22 @@ class Simulation:
         self._nursery = None
 
     async def _loop(self, until: float) -> None:
+        # The hot loop of every run (millions of entries): locals instead of attribute lookups,
+        # one pop per entry (an entry past ``until`` is pushed back once, at the end).
         heap = self._heap
+        heappop = heapq.heappop
+        clock = self.clock
         since_checkpoint = 0
         while heap and not self._stop:
-            t, _, fn, args = heap[0]
+            entry = heappop(heap)
+            t = entry[0]
             if t > until:
+                heapq.heappush(heap, entry)
                 break
-            heapq.heappop(heap)
             if t > self._now:
                 self._now = t
-                self.clock.jump(max(0.0, t - trio.current_time()))
-            fn(*args)
+                clock.jump(max(0.0, t - clock.current_time()))
+            entry[2](*entry[3])
             self.events_run += 1
             since_checkpoint += 1
             if self._awake > 0:

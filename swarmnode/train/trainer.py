@@ -27,13 +27,13 @@ import torch
 
 from swarmnode.config import Config
 from swarmnode.learn import dapo_loss, group_advantages, grpo_loss, gspo_loss, select_groups
-from swarmnode.learn.m2po import m2po_loss
 from swarmnode.learn.hacpo import (
     CapabilityTracker,
     capability_advantages,
     discrepancy_coefficients,
     hacpo_loss,
 )
+from swarmnode.learn.m2po import m2po_loss
 from swarmnode.policy import Policy
 from swarmnode.policy.evaluate import evaluate_accuracy
 from swarmnode.rollout import RolloutEngine, SamplingParams

