@@ -225,9 +225,12 @@ def tiny_config_dict() -> dict[str, Any]:
     return value
 
 
-def build_tiny_policy(seed: int) -> Policy:
-    """The built-in tiny Llama (about 1 M parameters) with random weights, deterministic in ``seed``."""
-    settings = tiny_config_dict()
+def build_tiny_policy(seed: int, overrides: Mapping[str, Any] | None = None) -> Policy:
+    """The built-in tiny Llama (about 1 M parameters) with random weights, deterministic in ``seed``.
+
+    ``overrides`` replace keys of the packaged config (e.g. ``hidden_size``, ``num_hidden_layers``) to
+    build a smaller or larger variant with the same tokenizer (heterogeneous swarms in simulations)."""
+    settings = {**tiny_config_dict(), **(overrides or {})}
     model_type = settings.pop("model_type")
     config = AutoConfig.for_model(model_type, **settings)
     tokenizer = build_char_tokenizer(DEFAULT_ALPHABET)

@@ -24,7 +24,7 @@ import hashlib
 import json
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -73,10 +73,16 @@ def _mixture_description(mixture: TaskMixture) -> dict[str, Any]:
     }
 
 
-def _settings_description(mixture: TaskMixture, seed: int, settings: WarmStartSettings) -> dict[str, Any]:
+def _settings_description(
+    mixture: TaskMixture,
+    seed: int,
+    settings: WarmStartSettings,
+    model_overrides: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     return {
         "format": WARM_START_FORMAT,
-        "model": tiny_config_dict(),
+        # Without overrides this is the packaged config, so existing cache keys are unchanged.
+        "model": {**tiny_config_dict(), **(model_overrides or {})},
         "alphabet": DEFAULT_ALPHABET,
         "mixture": _mixture_description(mixture),
         "seed": seed,
@@ -87,10 +93,14 @@ def _settings_description(mixture: TaskMixture, seed: int, settings: WarmStartSe
 
 
 def warm_start_dir(
-    home: Path, mixture: TaskMixture, seed: int, settings: WarmStartSettings | None = None
+    home: Path,
+    mixture: TaskMixture,
+    seed: int,
+    settings: WarmStartSettings | None = None,
+    model_overrides: Mapping[str, Any] | None = None,
 ) -> Path:
     """Where ``warm_start`` caches its result for these settings."""
-    description = _settings_description(mixture, seed, settings or WarmStartSettings())
+    description = _settings_description(mixture, seed, settings or WarmStartSettings(), model_overrides)
     digest = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:12]
     return Path(home) / "models" / f"tiny-warm-{digest}"
 
@@ -146,15 +156,18 @@ def warm_start(
     progress: Callable[[str], None] | None = None,
     *,
     settings: WarmStartSettings | None = None,
+    model_overrides: Mapping[str, Any] | None = None,
 ) -> Path:
-    """Warm-start the tiny model on ``mixture`` (cached); returns the saved model directory."""
+    """Warm-start the tiny model on ``mixture`` (cached); returns the saved model directory.
+
+    ``model_overrides`` warm-start a variant of the tiny config instead (``build_tiny_policy``)."""
     settings = settings or WarmStartSettings()
-    target = warm_start_dir(home, mixture, seed, settings)
+    target = warm_start_dir(home, mixture, seed, settings, model_overrides)
     if (target / INFO_FILE).is_file():
         return target
     say = progress or (lambda _message: None)
     started = time.perf_counter()
-    policy = build_tiny_policy(seed)
+    policy = build_tiny_policy(seed, model_overrides)
     model = policy.model
     engine = TorchEngine(policy)
     eval_set = _eval_tasks(mixture, seed, settings.eval_tasks)
@@ -189,7 +202,7 @@ def warm_start(
         policy, heldout, engine, greedy=False, temperature=1.0, generator=torch.Generator().manual_seed(seed)
     )
     info = {
-        "settings": _settings_description(mixture, seed, settings),
+        "settings": _settings_description(mixture, seed, settings, model_overrides),
         "steps": step,
         "stopped_by": stopped_by,
         "train_seconds": round(train_seconds, 3),

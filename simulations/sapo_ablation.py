@@ -1,0 +1,239 @@
+"""SAPO's local/external ablation (arXiv 2509.08721, ALGORITHMS.md §2) on the built-in tiny model.
+
+8 agents, each generating 8 groups (G = 8) a round and training on I local + J external groups with
+I + J = 8: configurations 8/0, 6/2, 4/4, 2/6, several seeds each. Learners are real (warm-started
+tiny Llama, GRPO, no KL) and exchange rollouts through the gossip core and admission pipeline
+(``swarmnode.sim.learning``). Prints each configuration's total reward (sum over agents and rounds
+of each agent's mean reward on its own completions) and its gain over 8/0 beside the paper's, and
+plots mean reward over rounds.
+
+    python simulations/sapo_ablation.py --reduced          # <= 15 min on 2 cores: fewer rounds
+    python simulations/sapo_ablation.py                    # full: the scenarios' 500 rounds
+    python simulations/sapo_ablation.py --reduced --jobs 2 # configurations in parallel processes
+
+Writes ``simulations/results/sapo_ablation/{reduced,full}.json`` and ``.png`` and each configuration's
+``learning.json`` under ``{reduced,full}/<I>_<J>/``. The scenarios are
+``simulations/scenarios/sapo_<I>_<J>.toml``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import tomllib
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+SCENARIOS = ROOT / "simulations" / "scenarios"
+RESULTS = ROOT / "simulations" / "results" / "sapo_ablation"
+CONFIGS = ((8, 0), (6, 2), (4, 4), (2, 6))
+#: The paper's Table (Qwen2.5-0.5B, 8 agents, 2000 rounds): total reward and gain over 8/0.
+PAPER = {"8/0": (561.79, None), "6/2": (854.43, 0.52), "4/4": (1093.31, 0.94), "2/6": (945.87, 0.68)}
+REDUCED_ROUNDS = 20
+FULL_ROUNDS = 500  # the scenarios' rounds (the paper ran 2000 on Qwen2.5-0.5B)
+
+
+def scenario_for(local: int, external: int, rounds: int | None, seeds: list[int] | None) -> dict[str, Any]:
+    data = tomllib.loads((SCENARIOS / f"sapo_{local}_{external}.toml").read_text(encoding="utf-8"))
+    learning = data["learning"]
+    if rounds is not None:
+        learning["rounds"] = rounds
+        learning["eval_every"] = 0  # held-out accuracy at start and end only
+    if seeds is not None:
+        learning["seeds"] = seeds
+    learning["cache_dir"] = str(ROOT / learning.get("cache_dir", "runs/sim-cache"))
+    return data
+
+
+def run_config(local: int, external: int, rounds: int | None, seeds: list[int] | None, out: Path) -> dict:
+    from swarmnode.sim.learning import run_learning  # in the worker: torch threads are per process
+
+    label = f"{local}/{external}"
+
+    def say(line: str) -> None:
+        print(f"[{label}] {line}", file=sys.stderr, flush=True)
+
+    return run_learning(scenario_for(local, external, rounds, seeds), out / f"{local}_{external}", say)
+
+
+def learning_of(result: dict[str, Any]) -> dict[str, Any]:
+    """The parsed [learning] keys of a run_learning result (older results kept them under "scenario")."""
+    value = result["learning"] if "learning" in result else result["scenario"]
+    assert isinstance(value, dict)
+    return value
+
+
+def cpu_per_round(result: dict[str, Any]) -> float | None:
+    """CPU seconds per round of this process (None for results recorded before it was measured).
+    On a busy machine wall time overstates what a run costs alone; CPU time does not."""
+    runs = result["timing"]["runs"]
+    rounds = learning_of(result)["rounds"]
+    if not rounds or any("cpu_seconds" not in t for t in runs):
+        return None
+    return sum(t["cpu_seconds"] for t in runs) / (rounds * len(runs))
+
+
+def moving_average(values: list[float], window: int) -> list[float]:
+    out = []
+    for i in range(len(values)):
+        chunk = values[max(0, i - window + 1) : i + 1]
+        out.append(sum(chunk) / len(chunk))
+    return out
+
+
+def plot(path: Path, table: list[dict[str, Any]], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for row in table:
+        curve = row["mean_reward_per_round"]
+        window = max(1, len(curve) // 20)
+        ax.plot(
+            range(1, len(curve) + 1),
+            moving_average(curve, window),
+            label=f"{row['config']} (moving average of {window})" if window > 1 else row["config"],
+        )
+    ax.set_xlabel("round")
+    ax.set_ylabel("mean reward of own completions (agents, seeds)")
+    ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(title="local/external")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--reduced", action="store_true", help=f"{REDUCED_ROUNDS} rounds, not {FULL_ROUNDS}")
+    parser.add_argument("--rounds", type=int, default=None, help="override the number of rounds")
+    parser.add_argument(
+        "--seeds", type=int, nargs="+", default=None, help="default: the scenarios' [0, 1, 2]"
+    )
+    parser.add_argument("--jobs", type=int, default=1, help="configurations run in parallel (1 thread each)")
+    parser.add_argument("--json", type=Path, default=None, help="also write the summary here")
+    parser.add_argument("--out", type=Path, default=RESULTS, help=f"results folder (default {RESULTS})")
+    parser.add_argument(
+        "--summarize-only", action="store_true", help="re-read the configurations' learning.json, run nothing"
+    )
+    args = parser.parse_args(argv)
+    rounds = args.rounds if args.rounds is not None else (REDUCED_ROUNDS if args.reduced else None)
+    kind = "reduced" if args.reduced else "full"
+    results_dir: Path = args.out
+    out = results_dir / kind
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    if args.summarize_only:
+        results = [
+            json.loads((out / f"{i}_{j}" / "learning.json").read_text(encoding="utf-8")) for i, j in CONFIGS
+        ]
+    elif args.jobs > 1:
+        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
+            futures = [pool.submit(run_config, i, j, rounds, args.seeds, out) for i, j in CONFIGS]
+            results = [f.result() for f in futures]
+    else:
+        results = [run_config(i, j, rounds, args.seeds, out) for i, j in CONFIGS]
+    wall = time.perf_counter() - started
+
+    base = results[0]["summary"]["total_reward_mean"]
+    table = []
+    for (i, j), result in zip(CONFIGS, results, strict=True):
+        summary = result["summary"]
+        config = f"{i}/{j}"
+        heldout = summary["by_model"]["tiny"]
+        table.append(
+            {
+                "config": config,
+                "total_reward_mean": summary["total_reward_mean"],
+                "total_reward_stdev": summary["total_reward_stdev"],
+                "total_reward_per_seed": summary["total_reward_per_seed"],
+                "gain_vs_8_0": summary["total_reward_mean"] / base - 1.0 if base else None,
+                "paper_total_reward": PAPER[config][0],
+                "paper_gain_vs_8_0": PAPER[config][1],
+                "heldout_start_mean": heldout["heldout_start_mean"],
+                "heldout_end_mean": heldout["heldout_end_mean"],
+                "external_used_per_agent_round": statistics.fmean(
+                    u for run in result["runs"] for a in run["agents"] for u in a["external_used"]
+                ),
+                "own_used_per_agent_round": statistics.fmean(
+                    u for run in result["runs"] for a in run["agents"] for u in a["own_used"]
+                ),
+                "mean_reward_per_round": summary["mean_reward_per_round"],
+                "seconds": sum(t["seconds"] for t in result["timing"]["runs"]),
+                "seconds_per_round": result["timing"]["seconds_per_round_mean"],
+                "cpu_seconds_per_round": cpu_per_round(result),
+            }
+        )
+    learning = learning_of(results[0])
+    n_rounds, seeds = learning["rounds"], learning["seeds"]
+    length = f"{n_rounds} rounds, not {FULL_ROUNDS}" if args.reduced else f"{n_rounds} rounds"
+    print(
+        f"SAPO ablation on the tiny model ({kind}: {length}; 8 agents, {len(seeds)} seeds {list(seeds)}, "
+        "G = 8, 8 groups generated per agent-round)"
+    )
+    header = ("I/J", "total reward", "gain vs 8/0", "paper gain", "held-out start -> end")
+    print("{:>5} {:>18} {:>12} {:>11} {:>22}".format(*header))
+    for row in table:
+        gain = "-" if row["config"] == "8/0" else f"{row['gain_vs_8_0']:+.1%}"
+        paper = "-" if row["paper_gain_vs_8_0"] is None else f"{row['paper_gain_vs_8_0']:+.0%}"
+        total = f"{row['total_reward_mean']:.2f} ± {row['total_reward_stdev']:.2f}"
+        print(
+            f"{row['config']:>5} {total:>18} {gain:>12} {paper:>11} "
+            f"{row['heldout_start_mean']:>10.3f} -> {row['heldout_end_mean']:.3f}"
+        )
+    if args.summarize_only and (results_dir / f"{kind}.json").is_file():  # keep the measured wall time
+        previous = json.loads((results_dir / f"{kind}.json").read_text(encoding="utf-8"))
+        wall, args.jobs = previous["wall_seconds"], previous["jobs"]
+    per_round = statistics.fmean(row["seconds_per_round"] for row in table)
+    cpu = [row["cpu_seconds_per_round"] for row in table]
+    basis = "CPU" if all(c is not None for c in cpu) else "wall"
+    cost = (
+        sum(c for c in cpu if c is not None) if basis == "CPU" else sum(r["seconds_per_round"] for r in table)
+    )
+    full_estimate = cost * FULL_ROUNDS * len(seeds)
+    print(
+        f"wall {wall:.0f} s with --jobs {args.jobs} on {os.cpu_count()} cores; mean {per_round:.2f} s wall "
+        f"per 8-agent round; the full version ({FULL_ROUNDS} rounds x {len(seeds)} seeds x 4 configurations) "
+        f"extrapolates to {full_estimate / 3600:.1f} h of single-thread work ({basis} s per round x rounds)"
+    )
+    summary = {
+        "kind": kind,
+        "rounds": n_rounds,
+        "seeds": list(seeds),
+        "agents": learning["agents"],
+        "table": table,
+        "wall_seconds": wall,
+        "jobs": args.jobs,
+        "cpu_count": os.cpu_count(),
+        "machine": platform.platform(),
+        "full_estimate_seconds_single_job": full_estimate,
+        "full_estimate_basis": basis,
+        "note": "total reward = sum over agents and rounds of each agent's mean own-completion reward",
+    }
+    text = json.dumps(summary, indent=1)
+    (results_dir / f"{kind}.json").write_text(text, encoding="utf-8")
+    if args.json is not None:
+        args.json.write_text(text, encoding="utf-8")
+    plot(
+        results_dir / f"{kind}.png",
+        table,
+        f"SAPO I/J on the tiny model ({kind}: {n_rounds} rounds, 8 agents, {len(seeds)} seeds)",
+    )
+    print(f"wrote {results_dir / (kind + '.json')} and {results_dir / (kind + '.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Learning mode: real learners exchange rollouts through the gossip core, reproducibly.
+
+The tests that run learners cost ~30 s of CPU together (imports, a 60-step warm start, three 2-agent
+2-round runs), so they are marked slow: ``pytest -m slow tests/sim/test_learning.py``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from swarmnode.errors import ConfigError
+from swarmnode.sim.learning import parse_learning, run_learning
+
+
+def scenario(cache: Path, **learning: Any) -> dict[str, Any]:
+    base: dict[str, Any] = {
+        "agents": 2,
+        "rounds": 2,
+        "seeds": [0],
+        "mixing": "sapo",
+        "local_groups": 4,
+        "external_groups": 4,
+        "prompts_per_round": 8,
+        "group_size": 4,
+        "max_new_tokens": 4,
+        "heldout_size": 4,
+        # A short supervised pass: enough for some non-zero rewards (groups with signal), cheap.
+        "warm_start_steps": 60,
+        "cache_dir": str(cache),
+        "threads": 1,
+    }
+    base.update(learning)
+    return {"simulation": {"mode": "learning"}, "learning": base}
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("sim-cache")
+
+
+@pytest.fixture(scope="module")
+def sharing_run(cache: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    return run_learning(scenario(cache), tmp_path_factory.mktemp("run-a"))
+
+
+def without_timing(result: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in result.items() if k not in ("timing", "wall_seconds")}
+
+
+@pytest.mark.slow
+def test_the_same_scenario_and_seed_reproduce_the_run_bit_for_bit(
+    cache: Path, sharing_run: dict[str, Any], tmp_path: Path
+) -> None:
+    again = run_learning(scenario(cache), tmp_path)
+    assert without_timing(again) == without_timing(sharing_run)  # rewards, losses, counts, held-out
+    hashes = [a["weights_sha256"] for a in sharing_run["runs"][0]["agents"]]
+    assert [a["weights_sha256"] for a in again["runs"][0]["agents"]] == hashes
+    assert hashes[0] != hashes[1]  # the two agents really are different learners
+    assert (tmp_path / "learning.json").is_file()
+
+
+@pytest.mark.slow
+def test_external_groups_reach_the_other_agent_and_are_trained_on(sharing_run: dict[str, Any]) -> None:
+    first, second = sharing_run["runs"][0]["agents"]
+    for me, other in ((first, second), (second, first)):
+        # Every round, the peer's whole batch (8 groups) arrived through gossip and admission ...
+        assert me["external_received"] == [8, 8]
+        assert me["external_sources"] == {other["name"]: 16}
+        assert me["gossip"]["accepted"] == 2 and me["gossip"]["rejected"] == 0
+        assert me["admission"] == {"accepted": 2}
+        # ... and SAPO's J = 4 picked some with signal into the update.
+        assert 0 < sum(me["external_used"]) <= 8
+        assert all(used <= 4 for used in me["external_used"])
+
+
+@pytest.mark.slow
+def test_no_external_groups_means_no_exchange(cache: Path, tmp_path: Path) -> None:
+    result = run_learning(scenario(cache, local_groups=8, external_groups=0), tmp_path)
+    for agent in result["runs"][0]["agents"]:
+        assert agent["external_received"] == [0, 0]
+        assert agent["external_used"] == [0, 0]
+        assert agent["gossip"]["published"] == 0 and agent["gossip"]["pulls_started"] == 0
+        assert agent["admission"] == {}
+        assert sum(agent["own_used"]) > 0
+
+
+def test_unknown_or_invalid_keys_are_refused_by_name() -> None:
+    with pytest.raises(ConfigError, match="agnets"):
+        parse_learning({"learning": {"agnets": 2}})
+    with pytest.raises(ConfigError, match=r"learning\.mixing"):
+        parse_learning({"learning": {"mixing": "gossip"}})
+    with pytest.raises(ConfigError, match="shared_tasks"):
+        parse_learning({"learning": {"mixing": "hacpo", "external_groups": 8}})
+    spec = parse_learning(
+        {"learning": {"seeds": [3, 4], "models": [{"name": "tiny"}, {"name": "s", "overrides": {"x": 1}}]}}
+    )
+    assert spec.seeds == (3, 4)
+    assert [spec.model_of(i).name for i in range(3)] == ["tiny", "s", "tiny"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread() -> Any:
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)  # run_learning sets the thread count for the whole process
