@@ -7,7 +7,7 @@ A and B while the test still reads each node's /status. Measured from outside, p
 ``external_by_sender`` (groups admitted from each signer).
 
 Needs root (network namespaces). There is no loopback fallback: without namespaces the test
-fails, saying why, rather than skip (see /work/notes/reliability.md).
+fails, saying why, rather than skip (see tests/fault/README.md).
 """
 
 from __future__ import annotations

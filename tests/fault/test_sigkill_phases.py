@@ -15,8 +15,8 @@ After every kill: every checkpoint under a final name verifies, the ledger opens
 1..l (no gap, policy version = round) and c <= l <= c + 1 for the newest checkpoint c; rounds
 up to a checkpoint are never rewritten later. Each restart logs that it resumed from exactly
 c (the leftovers of an interrupted write never stop it), trains, and a final clean run leaves
-no leftovers. Weight-broadcast chunk reception (``receive_chunks``) is not a trial yet: see
-/work/notes/reliability.md.
+no leftovers. Killing a rollout worker while it receives weight chunks is its own trial:
+tests/fault/test_sigkill_receiving.py (figures in tests/fault/README.md).
 """
 
 from __future__ import annotations
