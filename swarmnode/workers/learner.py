@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable
@@ -78,6 +79,7 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 SEND_TIMEOUT = 10.0
 RECORD_TTL = 60.0
+REPROBE_SECONDS = 60.0
 
 
 @dataclass
@@ -123,6 +125,7 @@ class LearnerNode:
         self.completions_by_worker: collections.Counter[str] = collections.Counter()
         self.offers: dict[str, PeerRecord] = {}
         self.told: dict[str, int] = {}  # worker -> newest version whose manifest we sent it
+        self.reprobed: dict[str, float] = {}  # worker -> when it was last given a new chance
         self.last_loss: float | None = None
         self.last_reward: float | None = None
 
@@ -316,6 +319,42 @@ class LearnerNode:
                     f"deactivate {action.peer}",
                 )
 
+    def _reprobe(self, now: float) -> None:
+        """Give a worker measured at 0 a new chance once a while.
+
+        The activation core lets a measured rate outrank the worker's advertisement until the
+        worker leaves and joins again, so a worker that stalled for one rate window (waiting for
+        weights over a slow link, a busy host) would stay excluded for good. Every
+        ``REPROBE_SECONDS`` such a worker, if it still advertises a positive rate, is fed to the
+        core as a leave and a join: its measurement starts over from its advertisement."""
+        for exclusion in self.activation.plan.excluded:
+            record = self.offers.get(exclusion.peer)
+            if (
+                record is None
+                or record.capabilities.rollout_rate <= 0
+                or not exclusion.reason.startswith("no rollout rate")
+                or now - self.reprobed.get(exclusion.peer, -math.inf) < REPROBE_SECONDS
+            ):
+                continue
+            self.reprobed[exclusion.peer] = now
+            self.metrics.inc("worker_reprobes", "Workers measured at 0 given a new chance")
+            log.info(
+                "re-probing worker %s (measured 0, advertises %.1f/s)",
+                exclusion.peer,
+                record.capabilities.rollout_rate,
+            )
+            self._feed(act.WorkerLeft(exclusion.peer), now)
+            self.told.pop(exclusion.peer, None)
+            caps = record.capabilities
+            self._feed(
+                act.WorkerJoined(
+                    act.WorkerOffer(
+                        peer=exclusion.peer, rate=caps.rollout_rate, price=caps.price, hardware=caps.hardware
+                    )
+                ),
+                now,
+            )
+
     def _tell_latest(self, peer: str) -> None:
         """Send ``peer`` the newest manifest, once per version (a worker may have missed one, e.g.
         activated just before a step, and would otherwise generate with weights older than S
@@ -387,6 +426,7 @@ class LearnerNode:
                     self.told.pop(peer, None)
                 self.offers[peer] = record
                 self._feed(act.WorkerJoined(offer), now)
+            self._reprobe(now)
             for peer in [p for p in self.offers if p not in seen]:
                 self._feed(act.WorkerLeft(peer), now)
                 del self.offers[peer]

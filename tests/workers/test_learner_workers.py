@@ -26,7 +26,7 @@ WORKERS = [
     ("w-slow-cheap", 3.0, 1.5),
     ("w-slowest", 6.0, 2.0),
 ]
-STALENESS = 2
+STALENESS = 4  # D + T_gen <= S * T: on 2 shared cores a version reaches a worker in ~2 learner steps
 
 
 def start(swarm: LocalSwarm, activation: str, workers: list[tuple[str, float, float]], **learner: Any) -> str:
