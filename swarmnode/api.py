@@ -8,14 +8,19 @@ GET /          a small status page a person can read (refreshes itself)
 
 from __future__ import annotations
 
+import asyncio
 import html
 import json
+import logging
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
 
 from swarmnode.metrics import Metrics
+
+log = logging.getLogger(__name__)
 
 StatusProvider = Callable[[], dict[str, Any]]
 
@@ -89,3 +94,28 @@ class ApiServer:
 
     async def stop(self) -> None:
         await self._runner.cleanup()
+
+
+async def serve_forever(
+    metrics: Metrics,
+    status: Callable[[], dict[str, Any]],
+    healthy: Callable[[], bool],
+    host: str,
+    port: int,
+    port_file: Path,
+) -> None:
+    """Serve the API until cancelled; ``port_file`` (a Path) holds the bound port meanwhile.
+
+    `swarmnode status` reads the port file; it is written atomically and removed on exit, so
+    no stale port outlives the node."""
+    from swarmnode.store import atomic_write_text
+
+    server = ApiServer(build_app(metrics, status, healthy), host, port)
+    await server.start()
+    atomic_write_text(port_file, str(server.port))
+    log.info("API on http://%s:%d/", host, server.port)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        port_file.unlink(missing_ok=True)
+        await server.stop()

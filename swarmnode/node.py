@@ -27,7 +27,7 @@ import torch
 
 from swarmnode import __version__
 from swarmnode.admit import AdmissionConfig, AdmissionPipeline, AdmittedGroup, task_families
-from swarmnode.api import ApiServer, build_app
+from swarmnode.api import serve_forever
 from swarmnode.config import Config
 from swarmnode.core.gossip import GossipConfig, GossipCore
 from swarmnode.core.rounds import round_at, round_start
@@ -40,8 +40,8 @@ from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.policy import Policy
 from swarmnode.rollout import make_engine
 from swarmnode.solo import build_mixture, build_policy, configure_threads
-from swarmnode.store import CheckpointStore, Ledger, atomic_write_text
-from swarmnode.supervise import JobFailed, supervise
+from swarmnode.store import CheckpointStore, Ledger
+from swarmnode.supervise import run_jobs
 from swarmnode.train import RoundMetrics, ScoredGroup, Trainer
 from swarmnode.wire import Completion, RolloutBatch, RolloutGroup, encode_envelope, seal, to_ms
 from swarmnode.wire.messages import TaskId as WireTaskId
@@ -114,6 +114,19 @@ def to_scored(admitted: AdmittedGroup, policy: Policy, max_new_tokens: int) -> S
     )
 
 
+def net_config(config: Config, home: NodeHome) -> NetConfig:
+    """The hivemind runtime's settings from a node's config (every role uses the same)."""
+    s = config.swarm
+    return NetConfig(
+        identity_path=home.p2p / "libp2p.key",
+        host_maddrs=tuple(s.host_maddrs),
+        announce_maddrs=tuple(s.announce_maddrs),
+        initial_peers=tuple(s.initial_peers),
+        peers_file=Path(s.peers_file) if s.peers_file else None,
+        client_mode=s.client_mode,
+    )
+
+
 class SwarmNode:
     def __init__(self, config: Config, home: NodeHome, *, max_rounds: int | None = None) -> None:
         self.config = config
@@ -127,7 +140,6 @@ class SwarmNode:
         self.heldout: float | None = None
         self.rounds_done_here = 0
         self.stop = asyncio.Event()
-        self.api_port: int | None = None
 
     # ------------------------------------------------------------------ helpers
 
@@ -200,15 +212,7 @@ class SwarmNode:
         self.trainer.resume()
 
     def _net_config(self) -> NetConfig:
-        s = self.config.swarm
-        return NetConfig(
-            identity_path=self.home.p2p / "libp2p.key",
-            host_maddrs=tuple(s.host_maddrs),
-            announce_maddrs=tuple(s.announce_maddrs),
-            initial_peers=tuple(s.initial_peers),
-            peers_file=Path(s.peers_file) if s.peers_file else None,
-            client_mode=s.client_mode,
-        )
+        return net_config(self.config, self.home)
 
     # ------------------------------------------------------------------ jobs
 
@@ -277,21 +281,14 @@ class SwarmNode:
                 return
 
     async def _serve(self) -> None:
-        server = ApiServer(
-            build_app(self.metrics, self.status, lambda: self.runtime.is_running),
+        await serve_forever(
+            self.metrics,
+            self.status,
+            lambda: self.runtime.is_running,
             self.config.api.host,
             self.config.api.port,
+            self.home.root / "api.port",
         )
-        await server.start()
-        self.api_port = server.port
-        port_file = self.home.root / "api.port"
-        atomic_write_text(port_file, str(server.port))  # `swarmnode status` reads it
-        log.info("API on http://%s:%d/", self.config.api.host, server.port)
-        try:
-            await asyncio.Event().wait()
-        finally:
-            port_file.unlink(missing_ok=True)  # no stale port once the node is gone
-            await server.stop()
 
     # ------------------------------------------------------------------ run
 
@@ -355,22 +352,7 @@ class SwarmNode:
             "exchange": self.driver.run,
             "serve": self._serve,
         }
-        try:
-            async with asyncio.TaskGroup() as group:
-                tasks = [
-                    group.create_task(supervise(name, job, self.metrics), name=name)
-                    for name, job in jobs.items()
-                ]
-
-                async def stop_when_asked() -> None:
-                    await self.stop.wait()
-                    for task in tasks:
-                        task.cancel()
-
-                group.create_task(stop_when_asked())
-        except* JobFailed as failed:
-            # One job failed persistently: report it as itself (the CLI prints its message).
-            raise failed.exceptions[0] from None
+        await run_jobs(jobs, self.metrics, self.stop)
 
 
 def run_node(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from swarmnode.errors import SwarmError
@@ -64,3 +64,25 @@ async def supervise(
                 raise JobFailed(name, exc, failures) from exc
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, policy.backoff_max)
+
+
+async def run_jobs(
+    jobs: Mapping[str, Callable[[], Awaitable[None]]], metrics: Metrics, stop: asyncio.Event
+) -> None:
+    """Run every job supervised in one TaskGroup until ``stop`` is set (then cancel them all).
+
+    A job that fails persistently raises its ``JobFailed`` as itself (the CLI prints it)."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [
+                group.create_task(supervise(name, job, metrics), name=name) for name, job in jobs.items()
+            ]
+
+            async def stop_when_asked() -> None:
+                await stop.wait()
+                for task in tasks:
+                    task.cancel()
+
+            group.create_task(stop_when_asked())
+    except* JobFailed as failed:
+        raise failed.exceptions[0] from None

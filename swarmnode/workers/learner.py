@@ -38,7 +38,7 @@ import torch
 from swarmnode import __version__
 from swarmnode.admit import AdmissionConfig, AdmissionPipeline, Rejected, RejectReason, task_families
 from swarmnode.admit.verdict import Accepted
-from swarmnode.api import ApiServer, build_app
+from swarmnode.api import serve_forever
 from swarmnode.config import Config
 from swarmnode.core import activation as act
 from swarmnode.core.spotcheck import SpotCheckConfig, SpotChecker, SpotCheckRequest
@@ -50,8 +50,8 @@ from swarmnode.net.dataplane import DataPlane, DataPlaneError
 from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.rollout import make_engine
 from swarmnode.solo import build_mixture, build_policy, configure_threads
-from swarmnode.store import CheckpointStore, Ledger, atomic_write_text
-from swarmnode.supervise import JobFailed, supervise
+from swarmnode.store import CheckpointStore, Ledger
+from swarmnode.supervise import run_jobs
 from swarmnode.train import ScoredGroup, Trainer
 from swarmnode.train.spotcheck import recompute_request
 from swarmnode.wire import (
@@ -513,19 +513,14 @@ class LearnerNode:
                 return
 
     async def _serve(self) -> None:
-        server = ApiServer(
-            build_app(self.metrics, self.status, lambda: self.runtime.is_running),
+        await serve_forever(
+            self.metrics,
+            self.status,
+            lambda: self.runtime.is_running,
             self.config.api.host,
             self.config.api.port,
+            self.home.root / "api.port",
         )
-        await server.start()
-        port_file = self.home.root / "api.port"
-        atomic_write_text(port_file, str(server.port))
-        try:
-            await asyncio.Event().wait()
-        finally:
-            port_file.unlink(missing_ok=True)
-            await server.stop()
 
     # ------------------------------------------------------------------ run
 
@@ -609,18 +604,7 @@ class LearnerNode:
             self.identity.peer_id,
         )
         jobs = {"recruit": self._recruit, "learn": self._learn, "serve": self._serve}
-        try:
-            async with asyncio.TaskGroup() as group:
-                tasks = [group.create_task(supervise(n, j, self.metrics), name=n) for n, j in jobs.items()]
-
-                async def stop_when_asked() -> None:
-                    await self.stop.wait()
-                    for task in tasks:
-                        task.cancel()
-
-                group.create_task(stop_when_asked())
-        except* JobFailed as failed:
-            raise failed.exceptions[0] from None
+        await run_jobs(jobs, self.metrics, self.stop)
 
 
 def recompute_with(

@@ -8,31 +8,18 @@ from __future__ import annotations
 
 import asyncio
 import signal
-from pathlib import Path
 
 import torch
 
 from swarmnode.config import Config
 from swarmnode.home import NodeHome
-from swarmnode.net.config import NetConfig
 from swarmnode.net.hivemind_runtime import HivemindRuntime
-
-
-def net_config(config: Config, home: NodeHome) -> NetConfig:
-    s = config.swarm
-    return NetConfig(
-        identity_path=home.p2p / "libp2p.key",
-        host_maddrs=tuple(s.host_maddrs),
-        announce_maddrs=tuple(s.announce_maddrs),
-        initial_peers=tuple(s.initial_peers),
-        peers_file=Path(s.peers_file) if s.peers_file else None,
-        client_mode=s.client_mode,
-    )
 
 
 def run_role(
     config: Config, home: NodeHome, *, max_steps: int | None = None, max_seconds: float | None = None
 ) -> None:
+    from swarmnode.node import net_config
     from swarmnode.workers.learner import LearnerNode
     from swarmnode.workers.worker import WorkerNode
 

@@ -28,7 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 from swarmnode import __version__
-from swarmnode.api import ApiServer, build_app
+from swarmnode.api import serve_forever
 from swarmnode.config import Config
 from swarmnode.errors import ConfigError
 from swarmnode.home import NodeHome
@@ -38,8 +38,7 @@ from swarmnode.net.dataplane import DataPlane, DataPlaneError
 from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.rollout import SamplingParams, make_engine
 from swarmnode.solo import build_mixture, build_policy, configure_threads
-from swarmnode.store import atomic_write_text
-from swarmnode.supervise import JobFailed, supervise
+from swarmnode.supervise import run_jobs
 from swarmnode.tasks import score_completion
 from swarmnode.train import ScoredGroup
 from swarmnode.wire import (
@@ -320,19 +319,14 @@ class WorkerNode:
                 return
 
     async def _serve(self) -> None:
-        server = ApiServer(
-            build_app(self.metrics, self.status, lambda: self.runtime.is_running),
+        await serve_forever(
+            self.metrics,
+            self.status,
+            lambda: self.runtime.is_running,
             self.config.api.host,
             self.config.api.port,
+            self.home.root / "api.port",
         )
-        await server.start()
-        port_file = self.home.root / "api.port"
-        atomic_write_text(port_file, str(server.port))
-        try:
-            await asyncio.Event().wait()
-        finally:
-            port_file.unlink(missing_ok=True)
-            await server.stop()
 
     async def run(self, runtime_factory: Callable[[], Any]) -> None:
         await asyncio.to_thread(self._build)
@@ -357,20 +351,7 @@ class WorkerNode:
                     "work": self._work,
                     "serve": self._serve,
                 }
-                try:
-                    async with asyncio.TaskGroup() as group:
-                        tasks = [
-                            group.create_task(supervise(n, j, self.metrics), name=n) for n, j in jobs.items()
-                        ]
-
-                        async def stop_when_asked() -> None:
-                            await self.stop.wait()
-                            for task in tasks:
-                                task.cancel()
-
-                        group.create_task(stop_when_asked())
-                except* JobFailed as failed:
-                    raise failed.exceptions[0] from None
+                await run_jobs(jobs, self.metrics, self.stop)
             finally:
                 await self.runtime.stop()
         finally:
