@@ -15,7 +15,11 @@ half-swapped model. Every worker learns the other workers' data-plane addresses 
 records under the learner's workers key (``workers.records``).
 
 The learner keeps its last ``keep`` versions published (S + 1: a worker still fetching an
-older version can finish it); memory is ``keep`` x the model's bytes.
+older version can finish it); memory is ``keep`` x the model's bytes. A worker abandons a
+receive once a manifest more than S versions newer arrives: the learner no longer serves the
+old version, and everything generated with it would be dropped as stale anyway. (Without
+that rule a worker that fell behind a fast learner waited out ``RECEIVE_TIMEOUT`` on a version
+nobody had any more.)
 """
 
 from __future__ import annotations
@@ -131,8 +135,10 @@ class WeightReceiver:
         metrics: Metrics,
         *,
         learner_id: str,
+        staleness_bound: int,
     ) -> None:
         self.node = BroadcastNode(identity, dataplane, BroadcastConfig(), on_blame=self._blamed)
+        self.staleness_bound = staleness_bound
         self.policy = policy
         self.engine = engine
         self.metrics = metrics
@@ -175,6 +181,8 @@ class WeightReceiver:
         version = manifest.body.version
         if version <= self.policy.version or version in self.receiving:
             return None
+        if self.receiving and version - max(self.receiving) > self.staleness_bound:
+            self._abandon(version)
         if self.receiving:
             # One receive at a time, plus the newest manifest waiting: receives of every version
             # the learner publishes would share our link and the learner's upload, and each would
@@ -184,6 +192,20 @@ class WeightReceiver:
             return None
         self._start(version, envelope)
         return None
+
+    def _abandon(self, newer: int) -> None:
+        """Drop the receives in progress: v``newer`` makes them more than S versions old."""
+        for version, task in list(self.receiving.items()):
+            log.warning(
+                "abandoning weights v%d: v%d is more than %d versions newer",
+                version,
+                newer,
+                self.staleness_bound,
+            )
+            self.metrics.inc("weights_abandoned", "Weight receives abandoned for a much newer version")
+            del self.receiving[version]
+            task.cancel()
+        self.pending = None
 
     def _start(self, version: int, envelope: Envelope) -> None:
         task = asyncio.get_running_loop().create_task(
@@ -207,6 +229,9 @@ class WeightReceiver:
         t0 = time.monotonic()
         try:
             blob = await self.node.receive(envelope, timeout=RECEIVE_TIMEOUT)
+        except asyncio.CancelledError:
+            self.node.retire(envelope.envelope_id())
+            raise
         except BroadcastError as e:
             log.warning("weights v%d not received: %s", version, e)
             self.metrics.inc("weights_failed", "Weight versions not received")

@@ -338,7 +338,13 @@ class WorkerNode:
         self.dataplane.register(Kind.DEACTIVATE, self._on_deactivate)
         await self.dataplane.start()
         self.weights = WeightReceiver(
-            self.identity, self.dataplane, self.policy, self.engine, self.metrics, learner_id=self.learner_id
+            self.identity,
+            self.dataplane,
+            self.policy,
+            self.engine,
+            self.metrics,
+            learner_id=self.learner_id,
+            staleness_bound=self.config.swarm.staleness_bound,
         )
         await self.weights.start()
         try:

@@ -5,6 +5,7 @@ python tests/workers/liar.py HOME
 
 from __future__ import annotations
 
+import logging
 import sys
 from pathlib import Path
 
@@ -26,6 +27,7 @@ class LyingWorker(worker_module.WorkerNode):
 
 
 if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     home = NodeHome(Path(sys.argv[1]))
     worker_module.WorkerNode = LyingWorker  # type: ignore[misc]
     run_role(load_config(home.config_file), home)

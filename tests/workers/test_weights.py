@@ -1,0 +1,125 @@
+"""Policy versions from a learner to a worker: real DataPlanes on 127.0.0.1, the built-in tiny model.
+
+Specifications:
+- a worker swaps in the newest version it is told of;
+- a worker stuck on a version the learner no longer serves abandons it once a manifest more
+  than S versions newer arrives, and applies that one (it used to wait out RECEIVE_TIMEOUT);
+- a newer manifest within S versions waits until the receive in progress ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from collections.abc import Awaitable, Callable
+
+import torch
+
+from swarmnode.identity import NodeIdentity
+from swarmnode.metrics import Metrics
+from swarmnode.net.dataplane import DataPlane
+from swarmnode.policy import build_tiny_policy
+from swarmnode.rollout import make_engine
+from swarmnode.wire import Envelope
+from swarmnode.workers.weights import WeightPublisher, WeightReceiver
+
+STALENESS = 2
+
+
+def identity(name: str) -> NodeIdentity:
+    return NodeIdentity.from_seed(hashlib.sha256(name.encode()).digest())
+
+
+async def until(check: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not check():
+        assert asyncio.get_running_loop().time() < deadline, f"timed out waiting for {what}"
+        await asyncio.sleep(0.02)
+
+
+async def with_pair(
+    body: Callable[[WeightPublisher, WeightReceiver, DataPlane, torch.nn.Module], Awaitable[None]],
+) -> None:
+    learner_id, worker_id = identity("learner"), identity("worker")
+    learner_dp, worker_dp = DataPlane(learner_id), DataPlane(worker_id)
+    await learner_dp.start()
+    await worker_dp.start()
+    learner_model = build_tiny_policy(1).model
+    worker_policy = build_tiny_policy(2)
+    worker_policy.version = -1  # as a worker starts: no version of its learner's yet
+    publisher = WeightPublisher(
+        learner_id, learner_dp, "tiny", chunk_bytes=256 * 1024, keep=STALENESS + 1, metrics=Metrics()
+    )
+    receiver = WeightReceiver(
+        worker_id,
+        worker_dp,
+        worker_policy,
+        make_engine("torch", worker_policy),
+        Metrics(),
+        learner_id=learner_id.peer_id,
+        staleness_bound=STALENESS,
+    )
+    await publisher.start()
+    await receiver.start()
+    publisher.set_peers({worker_id.peer_id: worker_dp.address})
+    receiver.set_peers({learner_id.peer_id: learner_dp.address})
+    try:
+        await body(publisher, receiver, learner_dp, learner_model)
+    finally:
+        await receiver.close()
+        await publisher.close()
+        await worker_dp.close()
+        await learner_dp.close()
+
+
+async def send(dp: DataPlane, receiver: WeightReceiver, envelope: Envelope) -> None:
+    await dp.request(receiver.node.dataplane.address, None, envelope=envelope, timeout=5.0)
+
+
+def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sb = b.state_dict()
+    return all(torch.equal(v, sb[k]) for k, v in a.state_dict().items())
+
+
+def test_a_worker_applies_the_version_it_is_told_of() -> None:
+    async def body(pub: WeightPublisher, rec: WeightReceiver, dp: DataPlane, model: torch.nn.Module) -> None:
+        published = pub.publish(0, model)
+        await send(dp, rec, published.manifest_envelope)
+        await until(lambda: rec.policy.version == 0, "v0 applied")
+        assert same_weights(rec.policy.model, model)
+
+    asyncio.run(asyncio.wait_for(with_pair(body), 60))
+
+
+def test_a_retired_version_is_abandoned_for_one_more_than_s_newer() -> None:
+    async def body(pub: WeightPublisher, rec: WeightReceiver, dp: DataPlane, model: torch.nn.Module) -> None:
+        old = pub.publish(0, model).manifest_envelope
+        with torch.no_grad():
+            for version in range(1, STALENESS + 2):  # keep = S + 1: v0 is retired at v(S+1)
+                next(model.parameters()).add_(1.0)
+                newest = pub.publish(version, model).manifest_envelope
+        await send(dp, rec, old)
+        await until(lambda: 0 in rec.receiving, "the receive of v0 to start")
+        await asyncio.sleep(0.5)
+        assert rec.policy.version < 0 and 0 in rec.receiving  # nobody serves v0 any more
+        await send(dp, rec, newest)
+        await until(lambda: rec.policy.version == STALENESS + 1, f"v{STALENESS + 1} applied")
+        assert same_weights(rec.policy.model, model)
+        assert rec.metrics.value("weights_abandoned") == 1
+
+    asyncio.run(asyncio.wait_for(with_pair(body), 60))
+
+
+def test_a_newer_version_within_s_waits_for_the_receive_in_progress() -> None:
+    async def body(pub: WeightPublisher, rec: WeightReceiver, dp: DataPlane, model: torch.nn.Module) -> None:
+        first = pub.publish(0, model).manifest_envelope
+        with torch.no_grad():
+            next(model.parameters()).add_(1.0)
+        second = pub.publish(1, model).manifest_envelope
+        await send(dp, rec, first)
+        await send(dp, rec, second)
+        await until(lambda: rec.policy.version == 1, "v1 applied")
+        assert same_weights(rec.policy.model, model)
+        assert rec.metrics.value("weights_abandoned") == 0
+
+    asyncio.run(asyncio.wait_for(with_pair(body), 60))
