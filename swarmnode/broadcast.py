@@ -20,6 +20,8 @@ Usage
     ``publish_blob``) returns a ``Published`` whose ``manifest_envelope`` receivers need;
     receiver: ``blob = await bn.receive(manifest_envelope, timeout=...)``, then
     ``blob_to_state_dict(blob, body.tensors)``; ``bn.retire(digest)`` drops a version;
+    ``on_peer_complete(peer, digest)`` is called once a peer has announced every chunk of a
+    version this node holds (a publisher times dissemination with it);
     ``await bn.close()``. A chunk request for a version in flight is answered from verified
     chunks at once (pipelined relay).
 
@@ -234,6 +236,7 @@ class BroadcastNode:
         config: bc.BroadcastConfig | None = None,
         *,
         on_blame: Callable[[bc.Blame], None] | None = None,
+        on_peer_complete: Callable[[PeerId, bytes], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.identity = identity
@@ -243,6 +246,7 @@ class BroadcastNode:
         self.core = bc.BroadcastCore(self.me, self.config)
         self.stats = BroadcastNodeStats()
         self.on_blame = on_blame
+        self.on_peer_complete = on_peer_complete  # (peer, digest): it announced every chunk
         self._clock = clock
         self._peers: dict[PeerId, str] = {}
         self._versions: dict[bytes, _Version] = {}
@@ -517,7 +521,13 @@ class BroadcastNode:
             return
         self.stats.haves_sent += 1
         if isinstance(reply, ChunkHave) and reply.chunk_indices:
-            self._feed(bc.PeerHave(peer, reply.manifest_digest, frozenset(reply.chunk_indices)))
+            self._peer_have(peer, reply.manifest_digest, frozenset(reply.chunk_indices))
+
+    def _peer_have(self, peer: PeerId, digest: bytes, chunks: frozenset[int]) -> None:
+        already = self.core.peer_has_all(digest, peer)
+        self._feed(bc.PeerHave(peer, digest, chunks))
+        if not already and self.on_peer_complete is not None and self.core.peer_has_all(digest, peer):
+            self.on_peer_complete(peer, digest)
 
     # ------------------------------------------------------------------ serving
 
@@ -526,7 +536,7 @@ class BroadcastNode:
         if sender not in self._peers:
             return None  # no address to fetch from: it will show up through a peer record
         if message.chunk_indices:
-            self._feed(bc.PeerHave(sender, message.manifest_digest, frozenset(message.chunk_indices)))
+            self._peer_have(sender, message.manifest_digest, frozenset(message.chunk_indices))
         v = self._versions.get(message.manifest_digest)
         if v is None or sender in v.greeted:
             return None

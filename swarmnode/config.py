@@ -114,7 +114,8 @@ class SwarmConfig(Section):
         8,
         ge=0,
         description="Max policy-version lag of an accepted rollout (learner/worker mode; SAPO peers' "
-        "versions are independent counters, so it does not apply between them).",
+        "versions are independent counters, so it does not apply between them). A worker abandons "
+        "fetching a version once one more than this many versions newer is announced.",
     )
 
 

@@ -514,6 +514,12 @@ class BroadcastCore:
         t = self._transfers.get(digest)
         return t is not None and t.n_have == t.layout.n_chunks
 
+    def peer_has_all(self, digest: Digest, peer: PeerId) -> bool:
+        """Has ``peer`` announced (``PeerHave``) every chunk of ``digest``? A publisher times how
+        long its version takes to reach each peer with it."""
+        t = self._transfers.get(digest)
+        return t is not None and len(t.peer_chunks.get(peer, ())) == t.layout.n_chunks
+
     def peer_rate(self, peer: PeerId) -> float | None:
         p = self._peers.get(peer)
         return None if p is None else p.rate

@@ -123,6 +123,7 @@ class LearnerNode:
         self.trained_lags: collections.Counter[int] = collections.Counter()
         self.cost_paid = 0.0
         self.completions_by_worker: collections.Counter[str] = collections.Counter()
+        self.batch_completions: dict[str, int] = {}  # completions in each worker's last batch
         self.offers: dict[str, PeerRecord] = {}
         self.told: dict[str, int] = {}  # worker -> newest version whose manifest we sent it
         self.reprobed: dict[str, float] = {}  # worker -> when it was last given a new chance
@@ -180,6 +181,8 @@ class LearnerNode:
             "loss_last": self.last_loss,
             "queue": len(self.queue),
             "plan": plan.as_dict(),
+            # D as the core holds it now (the plan above keeps the D it was made with).
+            "dissemination_s": self.activation.dissemination,
             "busy_s": round(busy, 3),
             "wait_s": round(wait, 3),
             "measured_utilization": busy / (busy + wait) if busy + wait > 0 else None,
@@ -246,6 +249,7 @@ class LearnerNode:
             self._tell_latest(sender)  # it works with old weights: make sure it has the newest manifest
         count = sum(g.size for g in groups)
         self.completions_by_worker[sender] += count
+        self.batch_completions[sender] = count
         offer = self.offers.get(sender)
         if offer is not None:
             self.cost_paid += offer.capabilities.price * count / 1000.0
@@ -291,6 +295,21 @@ class LearnerNode:
         return True
 
     # ------------------------------------------------------------------ activation
+
+    def _offer(self, peer: str, record: PeerRecord) -> act.WorkerOffer:
+        """The worker's advertised offer, with its generation tail latency once a batch arrived:
+        a version that lands mid-batch waits for that batch, then its own batch is generated,
+        so the slowest group made with it arrives about two batch times later."""
+        caps = record.capabilities
+        batch = self.batch_completions.get(peer)
+        tail = 2.0 * batch / caps.rollout_rate if batch and caps.rollout_rate > 0 else None
+        return act.WorkerOffer(
+            peer=peer, rate=caps.rollout_rate, price=caps.price, hardware=caps.hardware, gen_tail_latency=tail
+        )
+
+    def _disseminated(self, worker: str, version: int, seconds: float) -> None:
+        """A version reached ``worker`` (every chunk verified there): D for the latency constraint."""
+        self._feed(act.DisseminationMeasured(seconds), time.time())
 
     def _feed(self, event: act.ActivationEvent, now: float) -> None:
         for action in self.activation.handle(event, now):
@@ -345,15 +364,7 @@ class LearnerNode:
             )
             self._feed(act.WorkerLeft(exclusion.peer), now)
             self.told.pop(exclusion.peer, None)
-            caps = record.capabilities
-            self._feed(
-                act.WorkerJoined(
-                    act.WorkerOffer(
-                        peer=exclusion.peer, rate=caps.rollout_rate, price=caps.price, hardware=caps.hardware
-                    )
-                ),
-                now,
-            )
+            self._feed(act.WorkerJoined(self._offer(exclusion.peer, record)), now)
 
     def _tell_latest(self, peer: str) -> None:
         """Send ``peer`` the newest manifest, once per version (a worker may have missed one, e.g.
@@ -410,10 +421,7 @@ class LearnerNode:
             seen = {r.peer_id: r for r in await read_records(self.runtime, key) if Role.WORKER in r.roles}
             now = time.time()
             for peer, record in seen.items():
-                caps = record.capabilities
-                offer = act.WorkerOffer(
-                    peer=peer, rate=caps.rollout_rate, price=caps.price, hardware=caps.hardware
-                )
+                offer = self._offer(peer, record)
                 # Re-advertisements go in as WorkerJoined too: the core re-plans only on a material
                 # change, and measured deliveries (RolloutsReceived) outrank advertised rates.
                 previous = self.offers.get(peer)
@@ -574,6 +582,7 @@ class LearnerNode:
             lc.chunk_bytes,
             keep=self.config.swarm.staleness_bound + 1,
             metrics=self.metrics,
+            on_disseminated=self._disseminated,
         )
         await self.publisher.start()
         self.publisher.publish(self.version, self.trainer.policy.model)

@@ -15,7 +15,9 @@ half-swapped model. Every worker learns the other workers' data-plane addresses 
 records under the learner's workers key (``workers.records``).
 
 The learner keeps its last ``keep`` versions published (S + 1: a worker still fetching an
-older version can finish it); memory is ``keep`` x the model's bytes. A worker abandons a
+older version can finish it); memory is ``keep`` x the model's bytes. The learner times each
+version from publishing it to a worker announcing every chunk (ChunkHave): that is the
+dissemination time D its activation plan checks against S * T. A worker abandons a
 receive once a manifest more than S versions newer arrives: the learner no longer serves the
 old version, and everything generated with it would be dropped as stale anyway. (Without
 that rule a worker that fell behind a fast learner waited out ``RECEIVE_TIMEOUT`` on a version
@@ -28,6 +30,7 @@ import asyncio
 import collections
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -60,8 +63,13 @@ class WeightPublisher:
         keep: int,
         metrics: Metrics,
         on_blame: Any = None,
+        on_disseminated: Callable[[str, int, float], None] | None = None,
     ) -> None:
-        self.node = BroadcastNode(identity, dataplane, BroadcastConfig(), on_blame=on_blame)
+        self.node = BroadcastNode(
+            identity, dataplane, BroadcastConfig(), on_blame=on_blame, on_peer_complete=self._peer_complete
+        )
+        self.on_disseminated = on_disseminated  # (worker, version, seconds since published)
+        self.published_at: dict[bytes, tuple[int, float]] = {}  # digest -> (version, monotonic time)
         self.model_id = model_id
         self.chunk_bytes = chunk_bytes
         self.keep = max(1, keep)
@@ -86,11 +94,24 @@ class WeightPublisher:
         state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
         published = self.node.publish_state_dict(state, self.model_id, version, self.chunk_bytes)
         self.published[version] = published
+        self.published_at[published.digest] = (version, time.monotonic())
         while len(self.published) > self.keep:
             _, old = self.published.popitem(last=False)
             self.node.retire(old.digest)
+            self.published_at.pop(old.digest, None)
         self.metrics.set("published_version", "Latest policy version published", version)
         return published
+
+    def _peer_complete(self, peer: str, digest: bytes) -> None:
+        """``peer`` announced every chunk of a version we published: that is D for it."""
+        entry = self.published_at.get(digest)
+        if entry is None:
+            return
+        version, at = entry
+        seconds = time.monotonic() - at
+        self.metrics.set("dissemination_seconds", "Seconds the last version took to reach a worker", seconds)
+        if self.on_disseminated is not None:
+            self.on_disseminated(peer, version, seconds)
 
     def set_peers(self, addresses: dict[str, str]) -> None:
         """The workers' data-plane addresses (the broadcast's other peers)."""

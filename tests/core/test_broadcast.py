@@ -120,6 +120,18 @@ def test_relays_are_preferred_over_the_publisher_for_chunks_they_hold() -> None:
     assert {f.peer for f in of(actions, Fetch)} == {"a"}
 
 
+def test_a_publisher_knows_when_a_peer_has_announced_every_chunk() -> None:
+    core = BroadcastCore("pub")
+    core.handle(Publish(D, LAYOUT), 0.0)
+    assert not core.peer_has_all(D, "a")
+    core.handle(PeerHave("a", D, frozenset(range(9))), 0.0)
+    assert not core.peer_has_all(D, "a")
+    core.handle(PeerHave("a", D, frozenset({9})), 0.0)
+    assert core.peer_has_all(D, "a") and not core.peer_has_all(D, "b")
+    core.handle(Retire(D), 0.0)
+    assert not core.peer_has_all(D, "a")
+
+
 def test_source_choice_follows_measured_rate() -> None:
     core, _ = receiver(max_streams_per_peer=2, max_inflight=2)
     core.handle(PeerHave("slow", D, frozenset(range(10))), 0.0)

@@ -3,7 +3,8 @@
 Specifications (issue "learner and workers"):
 - with the planner's set, the learner is busy at least 80% of the time, the workers it pays for cost
   less than with every worker on, and no group older than S versions is trained on;
-- a worker that misreports its log-probs fails a spot check and is deactivated.
+- a worker that misreports its log-probs fails a spot check and is deactivated;
+- the learner measures how long its versions take to reach the workers (D).
 """
 
 from __future__ import annotations
@@ -149,4 +150,5 @@ def test_a_worker_that_misreports_logprobs_is_caught_and_deactivated(processes: 
         timeout=600,
     )
     assert status["spot_checks"]["passes"] >= 1  # the honest worker passes its checks
+    assert status["dissemination_s"] > 0  # D measured: versions reach the honest worker
     assert liar_id not in status["completions_by_worker"]  # nothing of the liar's was trained on

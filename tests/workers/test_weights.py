@@ -1,7 +1,8 @@
 """Policy versions from a learner to a worker: real DataPlanes on 127.0.0.1, the built-in tiny model.
 
 Specifications:
-- a worker swaps in the newest version it is told of;
+- a worker swaps in the newest version it is told of, and the learner learns how long the
+  version took to reach it (D, from the worker's ChunkHave announcements);
 - a worker stuck on a version the learner no longer serves abandons it once a manifest more
   than S versions newer arrives, and applies that one (it used to wait out RECEIVE_TIMEOUT);
 - a newer manifest within S versions waits until the receive in progress ends.
@@ -81,12 +82,18 @@ def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     return all(torch.equal(v, sb[k]) for k, v in a.state_dict().items())
 
 
-def test_a_worker_applies_the_version_it_is_told_of() -> None:
+def test_a_worker_applies_the_version_it_is_told_of_and_the_learner_times_its_arrival() -> None:
     async def body(pub: WeightPublisher, rec: WeightReceiver, dp: DataPlane, model: torch.nn.Module) -> None:
+        arrivals: list[tuple[str, int, float]] = []
+        pub.on_disseminated = lambda worker, version, seconds: arrivals.append((worker, version, seconds))
         published = pub.publish(0, model)
         await send(dp, rec, published.manifest_envelope)
         await until(lambda: rec.policy.version == 0, "v0 applied")
         assert same_weights(rec.policy.model, model)
+        await until(lambda: bool(arrivals), "the learner to see v0 complete at the worker (ChunkHave)")
+        ((worker, version, seconds),) = arrivals
+        assert worker == rec.node.me and version == 0 and 0 < seconds < 30
+        assert pub.metrics.value("dissemination_seconds") == seconds
 
     asyncio.run(asyncio.wait_for(with_pair(body), 60))
 
