@@ -23,6 +23,9 @@ The rule (``plan``)
     peer id, so the plan is deterministic) and activated until ``R = sum(rate) >= (1 + margin) * B / T``.
     If every qualifying worker together falls short, all of them are activated, ``feasible`` is
     False and ``reason`` says by how much.
+    ``ActivationCore`` adds one rule: when no worker meets the latency constraint but some would
+    qualify without it, it plans without it (``feasible`` False, ``reason`` says so). A learner
+    with no worker takes no step, so it could never re-measure the T and D that excluded them.
 
 Driving ``ActivationCore``
     ``handle(event, now)`` and ``poll(now)`` return actions; the driver performs all of them, in
@@ -33,8 +36,9 @@ Driving ``ActivationCore``
     event                      meaning
     =========================  =============================================================
     ``WorkerJoined(offer)``    a worker offers (or re-advertises: same peer, new figures);
-                               re-plan on a new worker or a material change (price, tail
-                               latency, or rate beyond ``drift_fraction`` while unmeasured)
+                               re-plan on a new worker or a material change (price, a tail
+                               latency that changes whether it meets the staleness bound,
+                               or rate beyond ``drift_fraction`` while unmeasured)
     ``WorkerLeft(peer)``       gone (record expired, disconnected); re-plan if it mattered;
                                no ``Deactivate`` is sent to a peer that left
     ``StepMeasured``           one learner step took ``step_seconds`` of compute after
@@ -248,8 +252,9 @@ class Plan:
         }
 
 
-def exclusion_reason(offer: WorkerOffer, need: Need) -> str | None:
-    """Why ``offer`` cannot be used for ``need`` (None: it qualifies)."""
+def exclusion_reason(offer: WorkerOffer, need: Need, *, check_latency: bool = True) -> str | None:
+    """Why ``offer`` cannot be used for ``need`` (None: it qualifies); ``check_latency=False``
+    skips the staleness-bound rule (``D + T_gen_tail <= S * T``)."""
     rate, price, tail = offer.rate, offer.price, offer.gen_tail_latency
     if not (math.isfinite(rate) and rate >= 0 and math.isfinite(price) and price >= 0):
         return f"invalid offer: rate {rate!r}, price {price!r}"
@@ -257,6 +262,8 @@ def exclusion_reason(offer: WorkerOffer, need: Need) -> str | None:
         return f"invalid offer: generation tail latency {tail!r}"
     if rate == 0:
         return "no rollout rate (0 completions/s)"
+    if not check_latency:
+        return None
     latency = need.dissemination + (tail or 0.0)
     budget = need.latency_budget
     if latency > budget * (1 + _EPS) + _EPS:
@@ -272,11 +279,14 @@ def _order(offer: WorkerOffer) -> tuple[float, float, PeerId]:
     return (offer.price_per_completion_rate, -offer.rate, offer.peer)
 
 
-def plan(offers: Iterable[WorkerOffer], need: Need, *, all_on: bool = False) -> Plan:
+def plan(
+    offers: Iterable[WorkerOffer], need: Need, *, all_on: bool = False, check_latency: bool = True
+) -> Plan:
     """The ECHO-2 activation rule (module docstring). Raises ValueError on a repeated peer id.
 
     ``all_on=True`` is the baseline the rule is measured against: every qualifying worker is
-    active (same order, same figures), whatever the need.
+    active (same order, same figures), whatever the need. ``check_latency=False`` plans without
+    the staleness-bound rule (``ActivationCore``'s fallback when nobody meets it).
     """
     qualified: list[WorkerOffer] = []
     excluded: list[Exclusion] = []
@@ -285,7 +295,7 @@ def plan(offers: Iterable[WorkerOffer], need: Need, *, all_on: bool = False) -> 
         if offer.peer in seen:
             raise ValueError(f"two offers from peer {offer.peer!r}")
         seen.add(offer.peer)
-        reason = exclusion_reason(offer, need)
+        reason = exclusion_reason(offer, need, check_latency=check_latency)
         if reason is None:
             qualified.append(offer)
         else:
@@ -511,6 +521,7 @@ class ActivationStats:
     steps: int = 0
     rollouts_received: int = 0
     rollouts_unsolicited: int = 0  # from a worker that is not active (late or uninvited)
+    latency_fallbacks: int = 0  # plans made without the staleness-bound rule (nobody met it)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -698,7 +709,13 @@ class ActivationCore:
             return self._replan(now, f"worker joined: {offer.peer}")
         old = worker.offer
         worker.offer = offer
-        material = old.price != offer.price or old.gen_tail_latency != offer.gen_tail_latency
+        need = self._need()
+        # A new tail latency matters only when it changes who meets the staleness bound: tails
+        # estimated from a drifting rate change a little on every re-advertisement.
+        material = old.price != offer.price or (
+            old.gen_tail_latency != offer.gen_tail_latency
+            and (exclusion_reason(old, need) is None) != (exclusion_reason(offer, need) is None)
+        )
         if not worker.measured_adopted and self._outside_band(offer.rate, worker.planned_rate):
             worker.planned_rate = offer.rate
             material = True
@@ -805,7 +822,25 @@ class ActivationCore:
             else:
                 reason = self._ban_reasons.get(offer.peer, "banned")
                 banned.append(Exclusion(offer.peer, f"{reason} (excluded until {until:.6g})"))
-        new = plan(eligible, self._need(), all_on=self.config.policy == "all")
+        need = self._need()
+        all_on = self.config.policy == "all"
+        new = plan(eligible, need, all_on=all_on)
+        if not new.workers and any(exclusion_reason(o, need, check_latency=False) is None for o in eligible):
+            # Nobody meets D + T_gen <= S * T. With no worker the learner takes no step, so T and D
+            # are never measured again and the plan could not recover (from a start-up D, or a T
+            # that was only a guess): plan without the rule, and say so. The staleness gate still
+            # drops every group older than S.
+            self.stats.latency_fallbacks += 1
+            relaxed = plan(eligible, need, all_on=all_on, check_latency=False)
+            new = replace(
+                relaxed,
+                feasible=False,
+                reason=(
+                    f"no worker meets D + T_gen_tail <= S * T (D {need.dissemination:.4g} s, S * T "
+                    f"{need.latency_budget:.4g} s): planned without that rule so that the learner keeps "
+                    f"stepping and re-measures T and D ({new.reason})"
+                ),
+            )
         new = replace(new, excluded=new.excluded + tuple(banned))
         self._plan = new
         self.stats.replans += 1

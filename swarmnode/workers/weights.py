@@ -16,8 +16,8 @@ records under the learner's workers key (``workers.records``).
 
 The learner keeps its last ``keep`` versions published (S + 1: a worker still fetching an
 older version can finish it); memory is ``keep`` x the model's bytes. The learner times each
-version from publishing it to a worker announcing every chunk (ChunkHave): that is the
-dissemination time D its activation plan checks against S * T. A worker abandons a
+version from sending its manifest to a worker to that worker announcing every chunk
+(ChunkHave): that is the dissemination time D its activation plan checks against S * T. A worker abandons a
 receive once a manifest more than S versions newer arrives: the learner no longer serves the
 old version, and everything generated with it would be dropped as stale anyway. (Without
 that rule a worker that fell behind a fast learner waited out ``RECEIVE_TIMEOUT`` on a version
@@ -68,8 +68,11 @@ class WeightPublisher:
         self.node = BroadcastNode(
             identity, dataplane, BroadcastConfig(), on_blame=on_blame, on_peer_complete=self._peer_complete
         )
-        self.on_disseminated = on_disseminated  # (worker, version, seconds since published)
-        self.published_at: dict[bytes, tuple[int, float]] = {}  # digest -> (version, monotonic time)
+        self.on_disseminated = on_disseminated  # (worker, version, seconds since it was told)
+        self.versions: dict[bytes, int] = {}  # digest -> version, of the versions still served
+        # (worker, digest) -> when its manifest was first sent to that worker (monotonic): D runs
+        # from there, not from publishing, which may be long before a worker is activated.
+        self.told_at: dict[tuple[str, bytes], float] = {}
         self.model_id = model_id
         self.chunk_bytes = chunk_bytes
         self.keep = max(1, keep)
@@ -94,24 +97,29 @@ class WeightPublisher:
         state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
         published = self.node.publish_state_dict(state, self.model_id, version, self.chunk_bytes)
         self.published[version] = published
-        self.published_at[published.digest] = (version, time.monotonic())
+        self.versions[published.digest] = version
         while len(self.published) > self.keep:
             _, old = self.published.popitem(last=False)
             self.node.retire(old.digest)
-            self.published_at.pop(old.digest, None)
+            del self.versions[old.digest]
+            for key in [k for k in self.told_at if k[1] == old.digest]:
+                del self.told_at[key]
         self.metrics.set("published_version", "Latest policy version published", version)
         return published
 
     def _peer_complete(self, peer: str, digest: bytes) -> None:
-        """``peer`` announced every chunk of a version we published: that is D for it."""
-        entry = self.published_at.get(digest)
-        if entry is None:
+        """``peer`` announced every chunk of a version we told it of: that is D for it."""
+        at = self.told_at.pop((peer, digest), None)
+        version = self.versions.get(digest)
+        if at is None or version is None:
             return
-        version, at = entry
         seconds = time.monotonic() - at
         self.metrics.set("dissemination_seconds", "Seconds the last version took to reach a worker", seconds)
         if self.on_disseminated is not None:
-            self.on_disseminated(peer, version, seconds)
+            try:
+                self.on_disseminated(peer, version, seconds)
+            except Exception:  # called from a ChunkHave handler: never turn it into an error reply
+                log.exception("dissemination callback failed")
 
     def set_peers(self, addresses: dict[str, str]) -> None:
         """The workers' data-plane addresses (the broadcast's other peers)."""
@@ -123,6 +131,7 @@ class WeightPublisher:
         latest = self.latest
         if latest is None:
             return
+        self.told_at.setdefault((worker.peer_id, latest.digest), time.monotonic())
         task = asyncio.get_running_loop().create_task(
             self._send(worker, latest.manifest_envelope), name=f"manifest to {worker.peer_id}"
         )
@@ -167,6 +176,7 @@ class WeightReceiver:
         self.model_lock = asyncio.Lock()
         self.receiving: dict[int, asyncio.Task[None]] = {}  # at most one at a time
         self.pending: Envelope | None = None  # the newest manifest that arrived meanwhile
+        self.closing = False
         self.applied: collections.OrderedDict[int, bytes] = collections.OrderedDict()  # version -> digest
         self.last_seconds: float | None = None
         self.blamed: collections.Counter[str] = collections.Counter()
@@ -203,6 +213,8 @@ class WeightReceiver:
         if version <= self.policy.version or version in self.receiving:
             return None
         if self.receiving and version - max(self.receiving) > self.staleness_bound:
+            if self.pending is not None and manifest_version(self.pending) > version:
+                envelope, version = self.pending, manifest_version(self.pending)  # out of order
             self._abandon(version)
         if self.receiving:
             # One receive at a time, plus the newest manifest waiting: receives of every version
@@ -236,41 +248,46 @@ class WeightReceiver:
         task.add_done_callback(self._received)
 
     def _received(self, task: asyncio.Task[None]) -> None:
-        for version, t in list(self.receiving.items()):
-            if t is task:
-                del self.receiving[version]
+        current = [version for version, t in self.receiving.items() if t is task]
+        for version in current:
+            del self.receiving[version]
         if not task.cancelled() and task.exception() is not None:
             self.metrics.inc("weights_failed", "Weight versions not received")
             log.error("receiving weights failed", exc_info=task.exception())
+        if not current or self.closing:
+            return  # abandoned (its successor already runs) or shutting down: leave ``pending``
         pending, self.pending = self.pending, None
         if pending is not None and manifest_version(pending) > self.policy.version and not self.receiving:
             self._start(manifest_version(pending), pending)
 
     async def _receive(self, version: int, envelope: Envelope) -> None:
         t0 = time.monotonic()
+        digest = envelope.envelope_id()
+        applied = False
         try:
-            blob = await self.node.receive(envelope, timeout=RECEIVE_TIMEOUT)
-        except asyncio.CancelledError:
-            self.node.retire(envelope.envelope_id())
-            raise
-        except BroadcastError as e:
-            log.warning("weights v%d not received: %s", version, e)
-            self.metrics.inc("weights_failed", "Weight versions not received")
-            self.node.retire(envelope.envelope_id())
-            return
-        manifest = open_manifest(envelope)
-        state = await asyncio.to_thread(blob_to_state_dict, blob, manifest.body.tensors)
-        async with self.model_lock:
-            if version <= self.policy.version:
-                return  # a newer one was applied meanwhile
-            self.policy.model.load_state_dict(state)
-            self.policy.version = version
-            self.engine.update_weights(self.policy)
+            try:
+                blob = await self.node.receive(envelope, timeout=RECEIVE_TIMEOUT)
+            except BroadcastError as e:
+                log.warning("weights v%d not received: %s", version, e)
+                self.metrics.inc("weights_failed", "Weight versions not received")
+                return
+            manifest = open_manifest(envelope)
+            state = await asyncio.to_thread(blob_to_state_dict, blob, manifest.body.tensors)
+            async with self.model_lock:
+                if version <= self.policy.version:
+                    return  # a newer one was applied meanwhile
+                self.policy.model.load_state_dict(state)
+                self.policy.version = version
+                self.engine.update_weights(self.policy)
+                applied = True
+        finally:
+            if not applied:  # failed, superseded or abandoned: stop holding and serving its bytes
+                self.node.retire(digest)
         self.last_seconds = time.monotonic() - t0
-        self.applied[version] = envelope.envelope_id()
+        self.applied[version] = digest
         while len(self.applied) > 2:  # keep serving the newest two (peers may still fetch them)
-            _, digest = self.applied.popitem(last=False)
-            self.node.retire(digest)
+            _, old = self.applied.popitem(last=False)
+            self.node.retire(old)
         self.metrics.set("policy_version", "Policy version the worker generates with", version)
         self.metrics.set(
             "weights_receive_seconds", "Seconds the last version took to arrive", self.last_seconds
@@ -281,6 +298,7 @@ class WeightReceiver:
         await self.node.start()
 
     async def close(self) -> None:
+        self.closing = True
         for task in list(self.receiving.values()):
             task.cancel()
         await self.node.close()

@@ -335,6 +335,37 @@ def test_a_slower_broadcast_re_plans_only_when_it_changes_who_meets_the_bound() 
     assert deactivate.peer == "slow" and "staleness bound" in deactivate.reason
 
 
+def test_when_nobody_meets_the_bound_the_core_plans_without_it_and_says_so() -> None:
+    # A learner with no worker takes no step: T and D would never be measured again.
+    core = ActivationCore(config(staleness=2, dissemination=0.0))  # S * T = 20 s
+    joined(core, C, A)
+    assert core.active() == ("c", "a")
+    actions = core.handle(DisseminationMeasured(25.0), 1.0)  # D alone exceeds S * T
+    assert moves(actions) == []  # the same workers stay active
+    (changed,) = [a for a in actions if isinstance(a, PlanChanged)]
+    assert not changed.plan.feasible and "no worker meets D + T_gen_tail <= S * T" in changed.plan.reason
+    assert core.stats.latency_fallbacks == 1
+    # Still planned by price per rate: a cheaper worker that joins replaces them.
+    core.handle(WorkerJoined(WorkerOffer("near", 20.0, 1.0)), 2.0)
+    assert core.active() == ("near",) and core.stats.latency_fallbacks == 2
+    # Once the bound can be met again, the rule applies as before.
+    core.handle(DisseminationMeasured(0.0), 3.0)  # EWMA: 0.7 * 25 = 17.5 s <= 20 s
+    assert core.active() == ("near",) and core.plan.feasible and core.stats.latency_fallbacks == 2
+
+
+def test_a_tail_latency_change_re_plans_only_when_it_changes_who_meets_the_bound() -> None:
+    core = ActivationCore(config(staleness=2, dissemination=0.0))  # S * T = 20 s
+    joined(core, WorkerOffer("c", 8.0, 4.0, gen_tail_latency=1.0), A)
+    replans = core.stats.replans
+    for tail in (1.1, 0.9, 1.05):  # an estimate wobbling with the advertised rate
+        assert core.handle(WorkerJoined(WorkerOffer("c", 8.0, 4.0, gen_tail_latency=tail)), 1.0) == []
+    assert core.stats.replans == replans
+    actions = core.handle(WorkerJoined(WorkerOffer("c", 8.0, 4.0, gen_tail_latency=21.0)), 2.0)
+    (deactivate,) = moves(actions)
+    assert isinstance(deactivate, Deactivate) and deactivate.peer == "c"
+    assert "staleness bound" in deactivate.reason and core.active() == ("a",)
+
+
 def test_leases_are_renewed_before_they_lapse() -> None:
     core = ActivationCore(config())
     core.handle(WorkerJoined(C), 0.0)
