@@ -24,8 +24,9 @@ The rule (``plan``)
     If every qualifying worker together falls short, all of them are activated, ``feasible`` is
     False and ``reason`` says by how much.
     ``ActivationCore`` adds one rule: when no worker meets the latency constraint but some would
-    qualify without it, it plans without it (``feasible`` False, ``reason`` says so). A learner
-    with no worker takes no step, so it could never re-measure the T and D that excluded them.
+    qualify without it, it plans without it among those with the shortest tail (within the drift
+    band; ``feasible`` False, ``reason`` says so). A learner with no worker takes no step, so it
+    could never re-measure the T and D that excluded them.
 
 Driving ``ActivationCore``
     ``handle(event, now)`` and ``poll(now)`` return actions; the driver performs all of them, in
@@ -711,10 +712,12 @@ class ActivationCore:
         worker.offer = offer
         need = self._need()
         # A new tail latency matters only when it changes who meets the staleness bound: tails
-        # estimated from a drifting rate change a little on every re-advertisement.
+        # estimated from a drifting rate change a little on every re-advertisement. (Judged at
+        # the planned rate: a measured worker's advertised rate does not decide anything.)
+        was, now_ = replace(old, rate=worker.planned_rate), replace(offer, rate=worker.planned_rate)
         material = old.price != offer.price or (
             old.gen_tail_latency != offer.gen_tail_latency
-            and (exclusion_reason(old, need) is None) != (exclusion_reason(offer, need) is None)
+            and (exclusion_reason(was, need) is None) != (exclusion_reason(now_, need) is None)
         )
         if not worker.measured_adopted and self._outside_band(offer.rate, worker.planned_rate):
             worker.planned_rate = offer.rate
@@ -831,7 +834,17 @@ class ActivationCore:
             # that was only a guess): plan without the rule, and say so. The staleness gate still
             # drops every group older than S.
             self.stats.latency_fallbacks += 1
-            relaxed = plan(eligible, need, all_on=all_on, check_latency=False)
+            # Only the workers nearest to meeting it (shortest tail, within the drift band): a
+            # cheaper but slower one would pull D and the plan to and fro.
+            usable = [o for o in eligible if exclusion_reason(o, need, check_latency=False) is None]
+            nearest = min(o.gen_tail_latency or 0.0 for o in usable)
+            limit = nearest * (1 + self.config.drift_fraction)
+            relaxed = plan(
+                [o for o in usable if (o.gen_tail_latency or 0.0) <= limit],
+                need,
+                all_on=all_on,
+                check_latency=False,
+            )
             new = replace(
                 relaxed,
                 feasible=False,

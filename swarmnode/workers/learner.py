@@ -363,6 +363,7 @@ class LearnerNode:
                 record.capabilities.rollout_rate,
             )
             self._feed(act.WorkerLeft(exclusion.peer), now)
+            self.publisher.forget(exclusion.peer)
             self.told.pop(exclusion.peer, None)
             self._feed(act.WorkerJoined(self._offer(exclusion.peer, record)), now)
 
@@ -431,12 +432,14 @@ class LearnerNode:
                     # A new address: the worker restarted. What we measured of its previous run
                     # (nothing delivered while it was down) must not outrank its new offer.
                     self._feed(act.WorkerLeft(peer), now)
+                    self.publisher.forget(peer)
                     self.told.pop(peer, None)
                 self.offers[peer] = record
                 self._feed(act.WorkerJoined(offer), now)
             self._reprobe(now)
             for peer in [p for p in self.offers if p not in seen]:
                 self._feed(act.WorkerLeft(peer), now)
+                self.publisher.forget(peer)
                 del self.offers[peer]
             self.publisher.set_peers({p: peer_address(r) for p, r in self.offers.items()})
             for action in self.activation.poll(now):

@@ -131,14 +131,23 @@ class WeightPublisher:
         latest = self.latest
         if latest is None:
             return
-        self.told_at.setdefault((worker.peer_id, latest.digest), time.monotonic())
+        key = (worker.peer_id, latest.digest)
+        first = key not in self.told_at  # a re-send keeps the first time: D runs from there
+        if first:
+            self.told_at[key] = time.monotonic()
         task = asyncio.get_running_loop().create_task(
-            self._send(worker, latest.manifest_envelope), name=f"manifest to {worker.peer_id}"
+            self._send(worker, latest.manifest_envelope, key if first else None),
+            name=f"manifest to {worker.peer_id}",
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send(self, worker: PeerRecord, envelope: Envelope) -> None:
+    def forget(self, worker: str) -> None:
+        """``worker`` left or restarted: its pending dissemination timings no longer hold."""
+        for key in [k for k in self.told_at if k[0] == worker]:
+            del self.told_at[key]
+
+    async def _send(self, worker: PeerRecord, envelope: Envelope, timing: tuple[str, bytes] | None) -> None:
         try:
             await self.dataplane.request_peer(
                 worker.addresses,
@@ -151,6 +160,8 @@ class WeightPublisher:
         except DataPlaneError as e:
             log.warning("manifest to worker %s failed: %s", worker.peer_id, e)
             self.metrics.inc("manifest_failures", "Manifests a worker did not take")
+            if timing is not None:
+                self.told_at.pop(timing, None)  # not told after all: a later send times D
 
 
 class WeightReceiver:
@@ -201,6 +212,8 @@ class WeightReceiver:
             self.node.add_peer(peer, address)
 
     async def _on_manifest(self, sender: str, envelope: Envelope, message: Message) -> None:
+        if self.closing:
+            return None
         if sender != self.learner_id or not isinstance(message, WeightManifest):
             raise Refuse("not_learner", "manifests are taken from this worker's learner only")
         try:
@@ -229,6 +242,8 @@ class WeightReceiver:
     def _abandon(self, newer: int) -> None:
         """Drop the receives in progress: v``newer`` makes them more than S versions old."""
         for version, task in list(self.receiving.items()):
+            if task.done():
+                continue  # finished; its callback has not run yet
             log.warning(
                 "abandoning weights v%d: v%d is more than %d versions newer",
                 version,

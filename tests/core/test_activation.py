@@ -353,6 +353,19 @@ def test_when_nobody_meets_the_bound_the_core_plans_without_it_and_says_so() -> 
     assert core.active() == ("near",) and core.plan.feasible and core.stats.latency_fallbacks == 2
 
 
+def test_the_fallback_keeps_to_the_workers_nearest_to_meeting_the_bound() -> None:
+    # A cheap worker with a long tail would pull the plan (and D) to and fro: the fallback takes
+    # the shortest tails only, by price among them.
+    core = ActivationCore(config(staleness=2, dissemination=0.0))  # S * T = 20 s
+    near = WorkerOffer("near", 8.0, 9.0, gen_tail_latency=2.0)
+    near_too = WorkerOffer("near-too", 8.0, 8.0, gen_tail_latency=2.2)  # within the 25% band
+    far = WorkerOffer("far", 20.0, 1.0, gen_tail_latency=15.0)
+    joined(core, near, near_too, far)
+    assert core.active() == ("far",)  # cheapest, and 15 s <= 20 s
+    core.handle(DisseminationMeasured(25.0), 1.0)
+    assert set(core.active()) == {"near", "near-too"} and core.stats.latency_fallbacks == 1
+
+
 def test_a_tail_latency_change_re_plans_only_when_it_changes_who_meets_the_bound() -> None:
     core = ActivationCore(config(staleness=2, dissemination=0.0))  # S * T = 20 s
     joined(core, WorkerOffer("c", 8.0, 4.0, gen_tail_latency=1.0), A)
