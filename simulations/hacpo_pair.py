@@ -22,20 +22,27 @@ Writes ``simulations/results/hacpo_pair/{reduced,full}.json`` and ``.png`` and e
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
 import statistics
 import sys
 import time
-import tomllib
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = ROOT / "simulations" / "scenarios"
+from learning_runs import (
+    ROOT,
+    cpu_per_round,
+    learning_of,
+    load_scenario,
+    parser,
+    read_results,
+    recorded_wall,
+    run_all,
+    run_logged,
+)
+
 RESULTS = ROOT / "simulations" / "results" / "hacpo_pair"
 REDUCED_ROUNDS = 60
 FULL_ROUNDS = 300
@@ -51,43 +58,14 @@ ARMS: dict[str, tuple[str, dict[str, Any]]] = {
 
 def scenario_for(arm: str, rounds: int | None, seeds: list[int] | None) -> dict[str, Any]:
     file, overrides = ARMS[arm]
-    data = tomllib.loads((SCENARIOS / file).read_text(encoding="utf-8"))
-    learning = data["learning"]
-    learning.update(overrides)
-    if rounds is not None:
-        learning["rounds"] = rounds
-        learning["eval_every"] = max(1, rounds // 4)
-    if seeds is not None:
-        learning["seeds"] = seeds
-    learning["cache_dir"] = str(ROOT / learning.get("cache_dir", "runs/sim-cache"))
+    data = load_scenario(file, rounds, seeds, eval_every=lambda r: max(1, r // 4))
+    data["learning"].update(overrides)
     data["simulation"]["name"] = arm
     return data
 
 
 def run_arm(arm: str, rounds: int | None, seeds: list[int] | None, out: Path) -> dict[str, Any]:
-    from swarmnode.sim.learning import run_learning  # in the worker: torch threads are per process
-
-    def say(line: str) -> None:
-        print(f"[{arm}] {line}", file=sys.stderr, flush=True)
-
-    return run_learning(scenario_for(arm, rounds, seeds), out / arm, say)
-
-
-def learning_of(result: dict[str, Any]) -> dict[str, Any]:
-    """The parsed [learning] keys of a run_learning result (older results kept them under "scenario")."""
-    value = result["learning"] if "learning" in result else result["scenario"]
-    assert isinstance(value, dict)
-    return value
-
-
-def cpu_per_round(result: dict[str, Any]) -> float | None:
-    """CPU seconds per round of this process (None for results recorded before it was measured).
-    On a busy machine wall time overstates what a run costs alone; CPU time does not."""
-    runs = result["timing"]["runs"]
-    rounds = learning_of(result)["rounds"]
-    if not rounds or any("cpu_seconds" not in t for t in runs):
-        return None
-    return sum(t["cpu_seconds"] for t in runs) / (rounds * len(runs))
+    return run_logged(arm, scenario_for(arm, rounds, seeds), out / arm)
 
 
 def heldout_curves(result: dict[str, Any]) -> dict[str, list[tuple[int, float]]]:
@@ -124,35 +102,17 @@ def plot(path: Path, curves: dict[str, dict[str, list[tuple[int, float]]]], titl
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--reduced", action="store_true", help=f"{REDUCED_ROUNDS} rounds, not {FULL_ROUNDS}")
-    parser.add_argument("--rounds", type=int, default=None, help="override the number of rounds")
-    parser.add_argument(
-        "--seeds", type=int, nargs="+", default=None, help="default: the scenarios' [0, 1, 2]"
-    )
-    parser.add_argument("--jobs", type=int, default=1, help="arms run in parallel (1 thread each)")
-    parser.add_argument("--json", type=Path, default=None, help="also write the summary here")
-    parser.add_argument("--out", type=Path, default=RESULTS, help=f"results folder (default {RESULTS})")
-    parser.add_argument(
-        "--summarize-only", action="store_true", help="re-read the arms' learning.json, run nothing"
-    )
-    args = parser.parse_args(argv)
+    args = parser(
+        __doc__, reduced_rounds=REDUCED_ROUNDS, full_rounds=FULL_ROUNDS, unit="arms", results=RESULTS
+    ).parse_args(argv)
     rounds = args.rounds if args.rounds is not None else (REDUCED_ROUNDS if args.reduced else None)
     kind = "reduced" if args.reduced else "full"
     results_dir: Path = args.out
     out = results_dir / kind
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    if args.summarize_only:
-        results = {arm: json.loads((out / arm / "learning.json").read_text(encoding="utf-8")) for arm in ARMS}
-    elif args.jobs > 1:
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            futures = {arm: pool.submit(run_arm, arm, rounds, args.seeds, out) for arm in ARMS}
-            results = {arm: f.result() for arm, f in futures.items()}
-    else:
-        results = {arm: run_arm(arm, rounds, args.seeds, out) for arm in ARMS}
+    calls = {arm: (arm, rounds, args.seeds, out) for arm in ARMS}
+    results = read_results(out, list(ARMS)) if args.summarize_only else run_all(run_arm, calls, args.jobs)
     wall = time.perf_counter() - started
 
     rows = []
@@ -192,9 +152,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{model:>6} HACPO - GSPO x2: {100 * (by_arm['hacpo'] - by_arm['gspo_x2']):+.1f} points "
             f"(paper: about +3); HACPO - GSPO x1: {100 * (by_arm['hacpo'] - by_arm['gspo_x1']):+.1f} points"
         )
-    if args.summarize_only and (results_dir / f"{kind}.json").is_file():  # keep the measured wall time
-        previous = json.loads((results_dir / f"{kind}.json").read_text(encoding="utf-8"))
-        wall, args.jobs = previous["wall_seconds"], previous["jobs"]
+    wall, args.jobs = recorded_wall(results_dir / f"{kind}.json", wall, args.jobs, args.summarize_only)
     cpu = {arm: cpu_per_round(result) for arm, result in results.items()}
     basis = "CPU" if all(c is not None for c in cpu.values()) else "wall"
     per_round = (

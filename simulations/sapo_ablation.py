@@ -18,20 +18,27 @@ Writes ``simulations/results/sapo_ablation/{reduced,full}.json`` and ``.png`` an
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
 import statistics
 import sys
 import time
-import tomllib
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = ROOT / "simulations" / "scenarios"
+from learning_runs import (
+    ROOT,
+    cpu_per_round,
+    learning_of,
+    load_scenario,
+    parser,
+    read_results,
+    recorded_wall,
+    run_all,
+    run_logged,
+)
+
 RESULTS = ROOT / "simulations" / "results" / "sapo_ablation"
 CONFIGS = ((8, 0), (6, 2), (4, 4), (2, 6))
 #: The paper's Table (Qwen2.5-0.5B, 8 agents, 2000 rounds): total reward and gain over 8/0.
@@ -40,44 +47,10 @@ REDUCED_ROUNDS = 20
 FULL_ROUNDS = 500  # the scenarios' rounds (the paper ran 2000 on Qwen2.5-0.5B)
 
 
-def scenario_for(local: int, external: int, rounds: int | None, seeds: list[int] | None) -> dict[str, Any]:
-    data = tomllib.loads((SCENARIOS / f"sapo_{local}_{external}.toml").read_text(encoding="utf-8"))
-    learning = data["learning"]
-    if rounds is not None:
-        learning["rounds"] = rounds
-        learning["eval_every"] = 0  # held-out accuracy at start and end only
-    if seeds is not None:
-        learning["seeds"] = seeds
-    learning["cache_dir"] = str(ROOT / learning.get("cache_dir", "runs/sim-cache"))
-    return data
-
-
 def run_config(local: int, external: int, rounds: int | None, seeds: list[int] | None, out: Path) -> dict:
-    from swarmnode.sim.learning import run_learning  # in the worker: torch threads are per process
-
-    label = f"{local}/{external}"
-
-    def say(line: str) -> None:
-        print(f"[{label}] {line}", file=sys.stderr, flush=True)
-
-    return run_learning(scenario_for(local, external, rounds, seeds), out / f"{local}_{external}", say)
-
-
-def learning_of(result: dict[str, Any]) -> dict[str, Any]:
-    """The parsed [learning] keys of a run_learning result (older results kept them under "scenario")."""
-    value = result["learning"] if "learning" in result else result["scenario"]
-    assert isinstance(value, dict)
-    return value
-
-
-def cpu_per_round(result: dict[str, Any]) -> float | None:
-    """CPU seconds per round of this process (None for results recorded before it was measured).
-    On a busy machine wall time overstates what a run costs alone; CPU time does not."""
-    runs = result["timing"]["runs"]
-    rounds = learning_of(result)["rounds"]
-    if not rounds or any("cpu_seconds" not in t for t in runs):
-        return None
-    return sum(t["cpu_seconds"] for t in runs) / (rounds * len(runs))
+    # Held-out accuracy at start and end only when the rounds are overridden.
+    scenario = load_scenario(f"sapo_{local}_{external}.toml", rounds, seeds, eval_every=lambda r: 0)
+    return run_logged(f"{local}/{external}", scenario, out / f"{local}_{external}")
 
 
 def moving_average(values: list[float], window: int) -> list[float]:
@@ -114,37 +87,22 @@ def plot(path: Path, table: list[dict[str, Any]], title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
-    parser.add_argument("--reduced", action="store_true", help=f"{REDUCED_ROUNDS} rounds, not {FULL_ROUNDS}")
-    parser.add_argument("--rounds", type=int, default=None, help="override the number of rounds")
-    parser.add_argument(
-        "--seeds", type=int, nargs="+", default=None, help="default: the scenarios' [0, 1, 2]"
-    )
-    parser.add_argument("--jobs", type=int, default=1, help="configurations run in parallel (1 thread each)")
-    parser.add_argument("--json", type=Path, default=None, help="also write the summary here")
-    parser.add_argument("--out", type=Path, default=RESULTS, help=f"results folder (default {RESULTS})")
-    parser.add_argument(
-        "--summarize-only", action="store_true", help="re-read the configurations' learning.json, run nothing"
-    )
-    args = parser.parse_args(argv)
+    args = parser(
+        __doc__,
+        reduced_rounds=REDUCED_ROUNDS,
+        full_rounds=FULL_ROUNDS,
+        unit="configurations",
+        results=RESULTS,
+    ).parse_args(argv)
     rounds = args.rounds if args.rounds is not None else (REDUCED_ROUNDS if args.reduced else None)
     kind = "reduced" if args.reduced else "full"
     results_dir: Path = args.out
     out = results_dir / kind
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    if args.summarize_only:
-        results = [
-            json.loads((out / f"{i}_{j}" / "learning.json").read_text(encoding="utf-8")) for i, j in CONFIGS
-        ]
-    elif args.jobs > 1:
-        with ProcessPoolExecutor(max_workers=args.jobs) as pool:
-            futures = [pool.submit(run_config, i, j, rounds, args.seeds, out) for i, j in CONFIGS]
-            results = [f.result() for f in futures]
-    else:
-        results = [run_config(i, j, rounds, args.seeds, out) for i, j in CONFIGS]
+    names = {f"{i}_{j}": (i, j, rounds, args.seeds, out) for i, j in CONFIGS}
+    by_name = read_results(out, list(names)) if args.summarize_only else run_all(run_config, names, args.jobs)
+    results = list(by_name.values())
     wall = time.perf_counter() - started
 
     base = results[0]["summary"]["total_reward_mean"]
@@ -193,9 +151,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['config']:>5} {total:>18} {gain:>12} {paper:>11} "
             f"{row['heldout_start_mean']:>10.3f} -> {row['heldout_end_mean']:.3f}"
         )
-    if args.summarize_only and (results_dir / f"{kind}.json").is_file():  # keep the measured wall time
-        previous = json.loads((results_dir / f"{kind}.json").read_text(encoding="utf-8"))
-        wall, args.jobs = previous["wall_seconds"], previous["jobs"]
+    wall, args.jobs = recorded_wall(results_dir / f"{kind}.json", wall, args.jobs, args.summarize_only)
     per_round = statistics.fmean(row["seconds_per_round"] for row in table)
     cpu = [row["cpu_seconds_per_round"] for row in table]
     basis = "CPU" if all(c is not None for c in cpu) else "wall"
