@@ -66,7 +66,7 @@ class CorruptingNode(BroadcastNode):
     """A receiver that relays every slice it serves with its first byte flipped.
 
     Its answers are signed and well-formed, so only the chunk hash in the publisher's manifest
-    tells them apart (the technique of tests/broadcast/test_broadcast_swarm.py)."""
+    tells them apart. tests/broadcast/test_broadcast_swarm.py uses it too."""
 
     async def _on_chunk_request(self, sender: str, envelope: Envelope, message: Message) -> Reply:
         reply = await super()._on_chunk_request(sender, envelope, message)

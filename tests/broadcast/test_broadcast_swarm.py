@@ -16,12 +16,12 @@ from pathlib import Path
 
 import torch
 
+from bench.broadcast import CorruptingNode  # the bench's attacker: one definition
 from swarmnode.broadcast import BroadcastNode, blob_to_state_dict
 from swarmnode.core.broadcast import BroadcastConfig
 from swarmnode.identity import NodeIdentity
-from swarmnode.net.dataplane import DataPlane, Reply
-from swarmnode.wire.envelope import Envelope, encode_envelope
-from swarmnode.wire.messages import ChunkData, Message
+from swarmnode.net.dataplane import DataPlane
+from swarmnode.wire.envelope import encode_envelope
 
 REPO = Path(__file__).resolve().parents[2]
 CFG = BroadcastConfig(request_timeout=5.0, failure_backoff=0.2, max_bad_chunks=2)
@@ -29,17 +29,6 @@ CFG = BroadcastConfig(request_timeout=5.0, failure_backoff=0.2, max_bad_chunks=2
 
 def run(coro: Awaitable[None], limit: float = 120) -> None:
     asyncio.run(asyncio.wait_for(coro, limit))  # type: ignore[arg-type]
-
-
-class CorruptingNode(BroadcastNode):
-    """Serves every chunk with its first byte flipped (its signature on the answer is fine)."""
-
-    async def _on_chunk_request(self, sender: str, envelope: Envelope, message: Message) -> Reply:
-        reply = await super()._on_chunk_request(sender, envelope, message)
-        data = reply.answer
-        assert isinstance(data, ChunkData)
-        bad = bytes([data.data[0] ^ 0xFF]) + data.data[1:]
-        return Reply(ChunkData(data.manifest_digest, data.chunk_index, data.offset, bad), reply.after)
 
 
 async def make_nodes(
