@@ -714,10 +714,10 @@ class ActivationCore:
         # A new tail latency matters only when it changes who meets the staleness bound: tails
         # estimated from a drifting rate change a little on every re-advertisement. (Judged at
         # the planned rate: a measured worker's advertised rate does not decide anything.)
-        was, now_ = replace(old, rate=worker.planned_rate), replace(offer, rate=worker.planned_rate)
+        before, after = replace(old, rate=worker.planned_rate), replace(offer, rate=worker.planned_rate)
         material = old.price != offer.price or (
             old.gen_tail_latency != offer.gen_tail_latency
-            and (exclusion_reason(was, need) is None) != (exclusion_reason(now_, need) is None)
+            and (exclusion_reason(before, need) is None) != (exclusion_reason(after, need) is None)
         )
         if not worker.measured_adopted and self._outside_band(offer.rate, worker.planned_rate):
             worker.planned_rate = offer.rate

@@ -69,7 +69,6 @@ class WeightPublisher:
             identity, dataplane, BroadcastConfig(), on_blame=on_blame, on_peer_complete=self._peer_complete
         )
         self.on_disseminated = on_disseminated  # (worker, version, seconds since it was told)
-        self.versions: dict[bytes, int] = {}  # digest -> version, of the versions still served
         # (worker, digest) -> when its manifest was first sent to that worker (monotonic): D runs
         # from there, not from publishing, which may be long before a worker is activated.
         self.told_at: dict[tuple[str, bytes], float] = {}
@@ -97,11 +96,9 @@ class WeightPublisher:
         state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
         published = self.node.publish_state_dict(state, self.model_id, version, self.chunk_bytes)
         self.published[version] = published
-        self.versions[published.digest] = version
         while len(self.published) > self.keep:
             _, old = self.published.popitem(last=False)
             self.node.retire(old.digest)
-            del self.versions[old.digest]
             for key in [k for k in self.told_at if k[1] == old.digest]:
                 del self.told_at[key]
         self.metrics.set("published_version", "Latest policy version published", version)
@@ -110,7 +107,7 @@ class WeightPublisher:
     def _peer_complete(self, peer: str, digest: bytes) -> None:
         """``peer`` announced every chunk of a version we told it of: that is D for it."""
         at = self.told_at.pop((peer, digest), None)
-        version = self.versions.get(digest)
+        version = next((v for v, p in self.published.items() if p.digest == digest), None)  # <= keep
         if at is None or version is None:
             return
         seconds = time.monotonic() - at
