@@ -34,6 +34,7 @@ ends (``UploadFinished``) once the last slice is written, or lapses after ``uplo
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -338,10 +339,12 @@ class BroadcastNode:
             else:
                 delay = deadline - self._clock()
                 if delay > 0:
-                    try:
-                        await asyncio.wait_for(self._changed.wait(), delay)
-                    except TimeoutError:
-                        pass
+                    # Not asyncio.wait_for: on Python 3.11 it swallows a cancel that lands in the
+                    # loop iteration where the wait also ends (an event fed just as close() runs),
+                    # and this loop would then never end. asyncio.timeout lets the cancel through.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(delay):
+                            await self._changed.wait()
             self._perform(self.core.poll(self._clock()))
             self._changed.clear()
 
@@ -412,7 +415,8 @@ class BroadcastNode:
                 self._outbox.setdefault(peer, set())
                 self._kick(peer)  # an empty ChunkHave says hello; the answer is the peer's full set
         try:
-            await asyncio.wait_for(asyncio.shield(v.done), timeout)
+            async with asyncio.timeout(timeout):  # not wait_for: see _run_timers
+                await asyncio.shield(v.done)
         except TimeoutError as e:
             have = len(self.core.holding(digest))
             raise BroadcastError(

@@ -4,6 +4,13 @@ Owns: running one ``HivemindRuntime`` (DHT server, no handlers, no training)
 with a persistent identity under ``home``, announcing its full multiaddrs
 (stdout and ``<home>/peers.txt``, in peers-file format), and a small HTTP
 endpoint on 127.0.0.1: ``/healthz`` and ``/status`` (JSON).
+
+Memory: the DHT storage and cache are bounded (``swarmnode.net.record_rules``: 128 MiB + 32 MiB
+of records, each refused or evicted fairly beyond that), so the process stays under
+``MEMORY_CEILING`` however fast any number of identities store and read. ``/healthz`` answers
+503 ("memory") once the resident set passes ``memory_limit`` (default ``MEMORY_LIMIT``, below
+the ceiling), so a supervisor sees trouble before an out-of-memory kill; ``/status`` reports the
+resident set and what the storage holds, refused and evicted.
 Must not: hold any swarm state beyond hivemind's DHT records, or listen for
 HTTP on a public address unless the operator asks for it.
 
@@ -37,6 +44,17 @@ from swarmnode.net.hivemind_runtime import HivemindRuntime
 logger = logging.getLogger(__name__)
 
 STATUS_PEERS_TIMEOUT = 5.0
+MEMORY_CEILING = 1024 * 1024 * 1024  # the documented bound: the bootstrap process stays below it
+MEMORY_LIMIT = 768 * 1024 * 1024  # /healthz turns 503 above this resident set
+
+
+def resident_bytes() -> int | None:
+    """This process's resident set in bytes (Linux /proc), None where unknown."""
+    try:
+        with open("/proc/self/statm", encoding="ascii") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 @dataclass(frozen=True)
@@ -59,16 +77,18 @@ async def run_bootstrap(
     *,
     initial_peers: Sequence[str] = (),
     on_ready: Callable[[BootstrapInfo], None] | None = None,
+    memory_limit: int = MEMORY_LIMIT,
 ) -> None:
     """Run a bootstrap peer until ``stop_event`` is set, then stop cleanly.
 
-    ``listen``: multiaddrs p2pd listens on (e.g. /ip4/0.0.0.0/tcp/8765);
-    ``announce``: multiaddrs to tell peers (explicit ports), empty for the
-    listen addresses; ``initial_peers``: other bootstrap peers to link with;
-    ``http_port`` 0 picks a free port (reported in ``BootstrapInfo.http_url``).
-    Prints the multiaddrs and writes them to ``<home>/peers.txt``; calls
-    ``on_ready`` once everything is up. Raises SwarmError subclasses for bad
-    settings or a failed start.
+        ``listen``: multiaddrs p2pd listens on (e.g. /ip4/0.0.0.0/tcp/8765);
+        ``announce``: multiaddrs to tell peers (explicit ports), empty for the
+        listen addresses; ``initial_peers``: other bootstrap peers to link with;
+        ``http_port`` 0 picks a free port (reported in ``BootstrapInfo.http_url``).
+        Prints the multiaddrs and writes them to ``<home>/peers.txt``; calls
+        ``on_ready`` once everything is up; ``/healthz`` fails above ``memory_limit`` bytes of
+    resident memory. Raises SwarmError subclasses for bad
+        settings or a failed start.
     """
     config = NetConfig(
         identity_path=default_identity_path(home),
@@ -79,7 +99,7 @@ async def run_bootstrap(
     )
     runtime = await HivemindRuntime.create(config)
     try:
-        runner = web.AppRunner(_make_app(runtime), access_log=None)
+        runner = web.AppRunner(_make_app(runtime, memory_limit), access_log=None)
         await runner.setup()
         try:
             site = web.TCPSite(runner, http_host, http_port)
@@ -102,11 +122,15 @@ async def run_bootstrap(
         await runtime.stop()
 
 
-def _make_app(runtime: HivemindRuntime) -> web.Application:
+def _make_app(runtime: HivemindRuntime, memory_limit: int = MEMORY_LIMIT) -> web.Application:
     async def healthz(_: web.Request) -> web.Response:
-        if runtime.is_running:
-            return web.Response(text="ok\n")
-        return web.Response(status=503, text="stopping\n")
+        if not runtime.is_running:
+            return web.Response(status=503, text="stopping\n")
+        rss = resident_bytes()
+        if rss is not None and rss > memory_limit:
+            text = f"memory: {rss >> 20} MiB resident > {memory_limit >> 20} MiB\n"
+            return web.Response(status=503, text=text)
+        return web.Response(text="ok\n")
 
     async def status(_: web.Request) -> web.Response:
         return web.json_response(await bootstrap_status(runtime))
@@ -119,6 +143,15 @@ def _make_app(runtime: HivemindRuntime) -> web.Application:
             registry.set("connected_peers", "Open libp2p connections", doc["connected_peers"])
         registry.set("uptime_seconds", "Seconds since the bootstrap peer started", doc["uptime_s"])
         registry.set("up", "1 while the bootstrap peer runs", 1.0 if runtime.is_running else 0.0)
+        if doc["rss_bytes"] is not None:
+            registry.set("resident_bytes", "Resident memory of the bootstrap process", doc["rss_bytes"])
+        for name in ("storage", "cache"):
+            figures = doc["dht_storage"].get(name)
+            if figures is None:
+                continue
+            registry.set(f"dht_{name}_records", f"Records in the DHT {name}", figures["records"])
+            registry.set(f"dht_{name}_bytes", f"Bytes of records in the DHT {name}", figures["bytes"])
+            registry.set(f"dht_{name}_evicted", f"Records evicted from the DHT {name}", figures["evicted"])
         return web.Response(text=registry.render(), content_type="text/plain", charset="utf-8")
 
     app = web.Application()
@@ -141,6 +174,8 @@ async def bootstrap_status(runtime: HivemindRuntime) -> dict[str, Any]:
         "dht_peers": runtime.dht_peer_count(),
         "connected_peers": connected,
         "uptime_s": round(runtime.uptime, 3),
+        "rss_bytes": resident_bytes(),
+        "dht_storage": runtime.dht_storage_stats(),
     }
 
 
@@ -179,6 +214,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--ready-file", type=Path, help="write a JSON line with peer id, maddrs, http url here"
     )
+    parser.add_argument(
+        "--memory-limit-mib",
+        type=int,
+        default=MEMORY_LIMIT >> 20,
+        help="/healthz answers 503 above this resident memory (MiB)",
+    )
     return parser.parse_args(argv)
 
 
@@ -204,6 +245,7 @@ async def _main(args: argparse.Namespace) -> None:
         stop,
         initial_peers=args.initial_peer,
         on_ready=ready,
+        memory_limit=args.memory_limit_mib << 20,
     )
 
 

@@ -18,6 +18,7 @@ from hivemind.dht.validation import RecordValidatorBase
 from hivemind.utils.multiaddr import Multiaddr
 
 from swarmnode.errors import ConfigError
+from swarmnode.net.record_rules import DEFAULT_RULES, RecordRules
 from swarmnode.net.records import DEFAULT_MAX_VALUE_BYTES
 
 DEFAULT_UNARY_MAX_BYTES = 1024 * 1024  # well under hivemind's 4 MiB persistent-connection cap
@@ -53,6 +54,8 @@ class NetConfig:
     rejoin_interval: float = 30.0  # when the routing table is empty, ping initial peers this often
     max_record_bytes: int = DEFAULT_MAX_VALUE_BYTES
     unary_max_bytes: int = DEFAULT_UNARY_MAX_BYTES
+    # Expiration caps, subkeys per owner, records per key and owner, storage size (record_rules).
+    record_rules: RecordRules = DEFAULT_RULES
     extra_validators: tuple[RecordValidatorBase, ...] = field(default=(), compare=False)
 
     def all_initial_peers(self) -> list[str]:

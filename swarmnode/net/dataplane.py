@@ -60,6 +60,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeAlias
@@ -92,6 +93,11 @@ IDLE_TIMEOUT = 60.0  # a server connection with no request this long is closed
 POOL_IDLE = 30.0  # a pooled client connection unused this long is closed instead of reused
 MAX_POOLED_PER_ADDRESS = 16
 MAX_CONNECTIONS = 512
+# Connection hoarding (issue 19: 520 connections sending a bare END every 20 s held every slot):
+MAX_PER_ADDRESS = 64  # server connections from one remote IP address
+MAX_PER_IDENTITY = 16  # server connections whose requests one signer sent
+HANDSHAKE_TIMEOUT = 10.0  # a new connection must deliver one valid signed request this soon
+MAX_BAD_REQUESTS = 3  # empty, undecodable or unsigned requests before a connection is closed
 CONNECT_RETRY = 1  # a pooled connection that died while idle is replaced once
 P2P_PREFIX = "p2p:"  # an address "p2p:<libp2p peer id>" goes over the hivemind fallback
 FALLBACK_STREAM = "swarmnode.dataplane.v1"  # the fallback's hivemind stream handler name
@@ -100,6 +106,15 @@ FALLBACK_WRITE_SLACK = 60.0  # seconds a fallback exchange may take beyond handl
 DIRECT_CONNECT_TIMEOUT = 5.0  # request_peer: a direct dial slower than this tries the next path
 PATH_MEMORY = 60.0  # request_peer tries an address found unreachable last for this long
 MAX_REMEMBERED_PATHS = 4096
+
+
+def _activity(conn: _ServerConn) -> float:
+    return conn.last_valid_at if conn.last_valid_at is not None else conn.opened_at
+
+
+def _loop_time(monotonic_deadline: float) -> float:
+    """A ``time.monotonic()`` deadline on the running loop's clock (for ``asyncio.timeout_at``)."""
+    return asyncio.get_running_loop().time() + (monotonic_deadline - time.monotonic())
 
 
 class DataPlaneError(SwarmError):
@@ -190,6 +205,22 @@ class _Handled:
     out: bytes = b""
     error: str | None = None
     after: Callable[[bool], None] | None = None
+    bad: bool = False  # the request itself was malformed (a strike against its connection)
+    sender: str | None = None  # the verified signer, when the envelope verified
+    refused: bool = False  # admission refused it before any handler ran (the connection closes)
+
+
+@dataclass
+class _ServerConn:
+    """One inbound connection, as the admission rules see it."""
+
+    address: str  # remote IP address
+    writer: asyncio.StreamWriter
+    opened_at: float
+    last_valid_at: float | None = None  # when its last valid request was answered
+    identity: str | None = None  # the signer of its first valid request
+    busy: bool = False  # a request is being handled or answered: never evicted then
+    bad_requests: int = 0
 
 
 @dataclass
@@ -207,6 +238,10 @@ class DataPlaneStats:
     handler_failures: int = 0
     refusals_sent: int = 0
     bytes_sent: int = 0
+    connections_refused: int = 0  # inbound connections closed at once (no slot, even by eviction)
+    connections_evicted: int = 0  # idle inbound connections closed to make room for a new one
+    connections_timed_out: int = 0  # handshake deadline or idle timer expired
+    connections_struck_out: int = 0  # closed after MAX_BAD_REQUESTS bad requests
     fallback_requests_sent: int = 0  # of requests_sent, those over hivemind ("p2p:" addresses)
     fallback_requests_served: int = 0  # requests that arrived over hivemind (also in requests_served)
 
@@ -234,7 +269,12 @@ class DataPlane:
         self._server: asyncio.Server | None = None
         self._pool: dict[str, list[_Conn]] = {}
         self._serving: set[asyncio.Task[None]] = set()
-        self._slots = asyncio.Semaphore(max_connections)
+        self.max_connections = max_connections
+        self.max_per_address = MAX_PER_ADDRESS
+        self.max_per_identity = MAX_PER_IDENTITY
+        self.handshake_timeout = HANDSHAKE_TIMEOUT
+        self.idle_timeout = IDLE_TIMEOUT
+        self._conns: dict[asyncio.Task[None], _ServerConn] = {}
         self._closed = False
         self._fallback: HivemindRuntime | None = None
         # Addresses request_peer found unreachable lately; tried last until they expire.
@@ -287,25 +327,41 @@ class DataPlane:
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         assert task is not None
-        if self._slots.locked() or self._closed:
+        peer = writer.get_extra_info("peername")
+        address = str(peer[0]) if isinstance(peer, tuple) and peer else "?"
+        if self._closed or not self._admit_connection(address):
+            self.stats.connections_refused += 1
             writer.close()
             return
+        conn = _ServerConn(address, writer, time.monotonic())
+        self._conns[task] = conn
         self._serving.add(task)
         try:
-            async with self._slots:
-                while not self._closed:
-                    try:
-                        data = await asyncio.wait_for(
-                            read_message(reader, limits.MAX_ENVELOPE_BYTES), IDLE_TIMEOUT
-                        )
-                    except (TimeoutError, FramingError, ConnectionError):
-                        return  # idle, closed or broken: nothing to answer
-                    except MessageTooLarge as e:
-                        self.stats.bad_requests += 1
-                        await write_error(writer, str(e))
-                        return  # the rest of that message is still on the stream
-                    if not await self._answer(data, writer):
+            while not self._closed:
+                # The deadline runs from the handshake or the last *valid* request: junk does
+                # not reset it.
+                if conn.last_valid_at is None:
+                    deadline = conn.opened_at + self.handshake_timeout
+                else:
+                    deadline = conn.last_valid_at + self.idle_timeout
+                try:
+                    async with asyncio.timeout_at(_loop_time(deadline)):
+                        data = await read_message(reader, limits.MAX_ENVELOPE_BYTES)
+                except TimeoutError:
+                    self.stats.connections_timed_out += 1
+                    return
+                except (FramingError, ConnectionError):
+                    return  # closed, broken or evicted: nothing to answer
+                except MessageTooLarge as e:
+                    self.stats.bad_requests += 1
+                    await write_error(writer, str(e))
+                    return  # the rest of that message is still on the stream
+                conn.busy = True
+                try:
+                    if not await self._answer(data, writer, conn):
                         return
+                finally:
+                    conn.busy = False
         except (ConnectionError, RemoteRefused) as e:
             log.debug("data-plane connection ended: %s", e)
         except asyncio.CancelledError:
@@ -314,12 +370,83 @@ class DataPlane:
             if not self._closed:
                 raise
         finally:
+            self._conns.pop(task, None)
             self._serving.discard(task)
             writer.close()
 
-    async def _answer(self, data: bytes, writer: asyncio.StreamWriter) -> bool:
-        """Handle one request; False if the connection should close."""
-        handled = await self._dispatch(data)
+    def _admit_connection(self, address: str) -> bool:
+        """Room for one more inbound connection from ``address``: within the per-address cap
+        and the global cap, evicting an idle connection (never one mid-request) when full.
+
+        Victims, in order: connections still without a valid request, then those of the
+        address (for the global cap) or identity holding the most connections, idlest first.
+        So hoarded connections make room for a newcomer instead of locking it out.
+        """
+        same = [c for c in self._conns.values() if c.address == address]
+        if len(same) >= self.max_per_address:
+            same.sort(key=lambda c: (c.identity is not None, _activity(c)))
+            if not self._evict(same):
+                return False
+        if len(self._conns) >= self.max_connections:
+            per_address = Counter(c.address for c in self._conns.values())
+            per_identity = Counter(c.identity for c in self._conns.values() if c.identity)
+            ranked = sorted(
+                self._conns.values(),
+                key=lambda c: (
+                    c.identity is not None,
+                    -per_address[c.address],
+                    -(per_identity[c.identity] if c.identity else 0),
+                    _activity(c),
+                ),
+            )
+            if not self._evict(ranked):
+                return False
+        return True
+
+    def _evict(self, ranked: list[_ServerConn]) -> bool:
+        """Close the first connection of ``ranked`` that is not mid-request; False if none."""
+        for conn in ranked:
+            if not conn.busy:
+                self.stats.connections_evicted += 1
+                for task, held in list(self._conns.items()):
+                    if held is conn:
+                        del self._conns[task]  # its slot is free now; the task ends on its own
+                conn.writer.transport.abort()
+                return True
+        return False
+
+    async def _answer(self, data: bytes, writer: asyncio.StreamWriter, conn: _ServerConn) -> bool:
+        """Handle one request; False if the connection should close.
+
+        A bad request (empty, undecodable, unsigned) is a strike against the connection and
+        does not reset its idle timer; after MAX_BAD_REQUESTS strikes it is closed. The first
+        valid request names the connection's identity; beyond MAX_PER_IDENTITY connections of
+        one signer the new one is refused and closed, before its handler runs (so a refused
+        request has no effect: no upload slot taken, no answer computed and dropped).
+        """
+
+        def admit(sender: str) -> str | None:
+            if conn.identity is not None:
+                return None
+            held = sum(1 for c in self._conns.values() if c.identity == sender)
+            if held >= self.max_per_identity:
+                return f"busy: over {self.max_per_identity} connections from one peer"
+            conn.identity = sender  # claimed before the handler runs: concurrent handshakes count
+            return None
+
+        handled = await self._dispatch(data, admit)
+        if handled.bad:
+            conn.bad_requests += 1
+            await write_error(writer, handled.error or "bad request")
+            if conn.bad_requests >= MAX_BAD_REQUESTS:
+                self.stats.connections_struck_out += 1
+                return False
+            return True
+        if handled.refused:
+            self.stats.connections_refused += 1
+            await write_error(writer, handled.error or "busy")
+            return False
+        conn.last_valid_at = time.monotonic()
         if handled.error is not None:
             await write_error(writer, handled.error)
             return True
@@ -332,8 +459,11 @@ class DataPlane:
                 handled.after(ok)
         return True
 
-    async def _dispatch(self, data: bytes) -> _Handled:
+    async def _dispatch(self, data: bytes, admit: Callable[[str], str | None] | None = None) -> _Handled:
         """One request's bytes -> the encoded answer, or the text of an ERROR answer.
+
+        ``admit(sender)``, called once the envelope verified and before the handler, may refuse
+        the request (the text of the ERROR answer): then no handler runs.
 
         Shared by both transports, so a handler answers the same on TCP and on hivemind. Never
         raises for anything a peer sent or a handler did (only on cancellation).
@@ -354,9 +484,13 @@ class DataPlane:
         if problem is not None or isinstance(envelope, WireError) or isinstance(message, WireError):
             self.stats.bad_requests += 1
             log.debug("bad data-plane request: %s", problem)
-            return _Handled(error=f"bad request: {problem}")
+            return _Handled(error=f"bad request: {problem}", bad=True)
         assert message is not None
         sender = envelope.sender_id
+        if admit is not None:
+            refusal = admit(sender)
+            if refusal is not None:
+                return _Handled(error=refusal, sender=sender, refused=True)
         handler = self._handlers.get(envelope.kind)
         after: Callable[[bool], None] | None = None
         answer: Message | Envelope | None
@@ -376,7 +510,7 @@ class DataPlane:
         except Exception as e:  # a handler bug must not take the server down: log it, answer ERROR
             self.stats.handler_failures += 1
             log.exception("data-plane handler for %s from %s failed", envelope.kind.label, sender)
-            return _Handled(error=f"handler failed: {type(e).__name__}")
+            return _Handled(error=f"handler failed: {type(e).__name__}", sender=sender)
         try:
             if answer is None:
                 out = b""
@@ -391,9 +525,9 @@ class DataPlane:
             )
             if after is not None:
                 after(False)
-            return _Handled(error=f"handler failed: answer not sendable ({e})")
+            return _Handled(error=f"handler failed: answer not sendable ({e})", sender=sender)
         self.stats.requests_served += 1
-        return _Handled(out=out, after=after)
+        return _Handled(out=out, after=after, sender=sender)
 
     # ------------------------------------------------------------------ hivemind fallback
 

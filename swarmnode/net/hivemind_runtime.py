@@ -74,6 +74,13 @@ from swarmnode.net.framing import (
 )
 from swarmnode.net.identity_lock import IdentityLock
 from swarmnode.net.libp2p_identity import Libp2pIdentity, load_or_create_identity
+from swarmnode.net.record_rules import (
+    CACHE_SHARE,
+    BoundedDHTStorage,
+    RecordRulesValidator,
+    adopt,
+    refusal,
+)
 from swarmnode.net.records import (
     DhtRecord,
     OwnerSignatureValidator,
@@ -150,6 +157,8 @@ class HivemindRuntime:
         self._handler_names: set[tuple[str, str]] = set()
         self._serving: set[asyncio.Task[Any]] = set()  # requests being served, cancelled on stop
         self._started_at: float | None = None
+        self._rules_validator: RecordRulesValidator | None = None
+        self.streams_evicted = 0  # stream exchanges cut while reading, to make room (add_stream_handler)
         self._state = "new"  # new -> starting -> running -> stopped
         self.death_signal_active = False  # p2pd dies with this process even on SIGKILL (Linux)
 
@@ -247,6 +256,8 @@ class HivemindRuntime:
         signing = OwnerSignatureValidator(self._identity.record_signing_key())
         self._owner_marker = signing.local_public_key
         validators: list[RecordValidatorBase] = make_record_validators(signing, config.max_record_bytes)
+        self._rules_validator = RecordRulesValidator(config.record_rules)
+        validators.append(self._rules_validator)
         validators += list(config.extra_validators)
         try:
             async with asyncio.timeout(config.startup_timeout):
@@ -264,6 +275,11 @@ class HivemindRuntime:
             raise _no_initial_peer(self._initial_peers, e) from e
         except ValidationError as e:  # clock skew over 3 s, or the peer cannot dial us back
             raise NetError(f"an initial peer refused this node: {e}") from e
+        # hivemind's storage and cache have no size cap and no per-owner rules: replace both
+        # (keeping what peers stored during the bootstrap), see swarmnode.net.record_rules.
+        protocol = self._dht.protocol
+        protocol.storage = adopt(protocol.storage, config.record_rules)
+        protocol.cache = adopt(protocol.cache, config.record_rules.scaled(CACHE_SHARE))
         self._visible_maddrs = await self._read_visible_maddrs()
         if self._initial_peers and not boot_peers:
             await self._dial_initial_peers()
@@ -393,6 +409,26 @@ class HivemindRuntime:
 
     # ------------------------------------------------------------------ DHT
 
+    def dht_storage_stats(self) -> dict[str, Any]:
+        """What this node's DHT storage and cache hold, and what their rules refused or evicted."""
+        dht = self._require_dht()
+        out: dict[str, Any] = {}
+        if self._rules_validator is not None:
+            out["validator_refused"] = dict(self._rules_validator.refused)
+        for name in ("storage", "cache"):
+            store = getattr(dht.protocol, name)
+            if isinstance(store, BoundedDHTStorage):
+                out[name] = {
+                    "records": store.total_records,
+                    "bytes": store.total_bytes,
+                    "owners": store.owners(),
+                    "max_records": store.rules.max_total_records,
+                    "max_bytes": store.rules.max_total_bytes,
+                    "evicted": store.evicted,
+                    "refused": dict(store.refused),
+                }
+        return out
+
     @staticmethod
     def dht_time() -> float:
         """The DHT's clock (seconds since the epoch); expiration times are on this clock."""
@@ -416,11 +452,22 @@ class HivemindRuntime:
         ``await_all_replicas=False`` it returns after the first replica accepted
         and the others finish in the background (bounded by ``dht_rpc_timeout``).
         Raises ValueError for a value over ``max_record_bytes`` or containing
-        ``[signature:``/``[owner:``; DhtTimeout after ``timeout`` seconds.
+        ``[signature:``/``[owner:``, or an expiration or subkey the record rules refuse
+        (``record_rules``: every peer would refuse it); DhtTimeout after ``timeout`` seconds.
         """
         dht = self._require_dht()
         assert self._config is not None
         check_storable(subkey, value, self._config.max_record_bytes)
+        problem = refusal(
+            self._config.record_rules, self._owner_marker + subkey, expiration_time, self.dht_time()
+        )
+        if problem is not None:
+            kind = self._config.record_rules.kind_of(subkey)
+            raise ValueError(
+                f"DHT record {key!r}/{subkey[:32]!r} refused ({problem}): a {kind.name} record may expire "
+                f"at most {kind.max_lifetime:g} s from now, with a subkey of at most "
+                f"{self._config.record_rules.max_subkey_bytes} bytes"
+            )
         try:
             async with asyncio.timeout(timeout):
                 stored = await dht.store(
@@ -469,7 +516,10 @@ class HivemindRuntime:
         seconds, and the request alone ``REQUEST_GRACE + max_request_bytes /
         REQUEST_MIN_RATE``; beyond ``max_concurrent`` exchanges at once, or a
         quarter of them from one remote peer, new callers are told "busy" at
-        once instead of queueing.
+        once instead of queueing. When every slot is taken, a newcomer first evicts the oldest
+        exchange still *reading its request* from the peer holding the most slots, if that peer
+        holds at least two more than the newcomer (issue 19: four identities trickling requests
+        held all 64 fallback slots); exchanges being handled or answered are never evicted.
         """
         p2p = self._require_p2p()
         _check_name(name)
@@ -479,24 +529,56 @@ class HivemindRuntime:
         per_peer_limit = max(1, max_concurrent // 4)
         per_peer: dict[str, int] = {}
         read_timeout = min(timeout, REQUEST_GRACE + max_request_bytes / REQUEST_MIN_RATE)
+        reading: dict[asyncio.Task[Any], tuple[str, float]] = {}  # exchanges still reading
+
+        async def make_room(remote: str) -> None:
+            if not slots.locked():
+                return
+            mine = per_peer.get(remote, 0)
+            candidates = [
+                (-per_peer.get(peer, 0), started, task)
+                for task, (peer, started) in reading.items()
+                if peer != remote and per_peer.get(peer, 0) >= mine + 2
+            ]
+            if not candidates:
+                return
+            victim = min(candidates, key=lambda c: (c[0], c[1]))[2]
+            reading.pop(victim, None)
+            self.streams_evicted += 1
+            victim.cancel()
+            await asyncio.wait([victim], timeout=1.0)
 
         async def serve(
             stream_info: StreamInfo, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
         ) -> None:
             remote = stream_info.peer_id.to_base58()
             self._track_serving()
+            task = asyncio.current_task()
             try:
+                if per_peer.get(remote, 0) < per_peer_limit:
+                    await make_room(remote)
                 if slots.locked() or per_peer.get(remote, 0) >= per_peer_limit:
                     await write_error(writer, f"{_BUSY}: too many requests in progress")
                     await _linger(reader)
                     return
                 per_peer[remote] = per_peer.get(remote, 0) + 1
+                if task is not None:
+                    reading[task] = (remote, time.monotonic())
                 try:
                     async with slots, asyncio.timeout(timeout):
                         await self._serve_one(
-                            name, handler, remote, reader, writer, max_request_bytes, read_timeout
+                            name,
+                            handler,
+                            remote,
+                            reader,
+                            writer,
+                            max_request_bytes,
+                            read_timeout,
+                            read_done=lambda: reading.pop(task, None) if task is not None else None,
                         )
                 finally:
+                    if task is not None:
+                        reading.pop(task, None)
                     per_peer[remote] -= 1
                     if not per_peer[remote]:
                         del per_peer[remote]
@@ -524,10 +606,13 @@ class HivemindRuntime:
         writer: asyncio.StreamWriter,
         max_request_bytes: int,
         read_timeout: float,
+        read_done: Callable[[], object] | None = None,
     ) -> None:
         try:
             async with asyncio.timeout(read_timeout):  # expiry: the caller's TimeoutError path
                 request = await read_message(reader, max_request_bytes)
+            if read_done is not None:
+                read_done()
         except MessageTooLarge as e:
             await write_error(writer, f"{_TOO_LARGE}: requests to {name} are limited to {e.limit} bytes")
             await _linger(reader)

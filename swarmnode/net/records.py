@@ -13,6 +13,9 @@ Rules enforced on every peer (on store *and* on get, by hivemind's DHTProtocol):
 * ``OwnedRecordsOnlyValidator``: every record must carry an owner marker and a
   value of at most ``max_value_bytes``, so honest peers neither store nor pass on
   anonymous or oversized records.
+* ``record_rules.RecordRulesValidator`` (and the bounded storage it goes with):
+  expiration caps per record kind, subkeys per owner, records per key and per
+  owner, a bounded storage with fair-share eviction (protocol/SPEC.md 2.1).
 """
 
 from __future__ import annotations

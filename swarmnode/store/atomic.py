@@ -40,7 +40,7 @@ def fsync_file(path: Path) -> None:
         os.close(fd)
 
 
-def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> None:
+def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o600) -> None:
     """Replace ``path`` with ``data`` atomically and durably, with permission bits ``mode``.
 
     After a crash at any instant, ``path`` holds either its previous content (or does not
@@ -73,6 +73,6 @@ def atomic_write_bytes(path: Path, data: bytes, *, mode: int = 0o644) -> None:
     fsync_dir(parent)
 
 
-def atomic_write_text(path: Path, text: str, *, mode: int = 0o644, encoding: str = "utf-8") -> None:
+def atomic_write_text(path: Path, text: str, *, mode: int = 0o600, encoding: str = "utf-8") -> None:
     """``atomic_write_bytes`` for text (UTF-8 unless told otherwise)."""
     atomic_write_bytes(path, text.encode(encoding), mode=mode)

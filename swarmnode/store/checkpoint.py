@@ -301,7 +301,7 @@ class CheckpointStore:
         seq = entries[-1].seq + 1 if entries else 1
         final = self.directory / f"ckpt-{seq:08d}-round-{int(state.round)}"
         tmp = self.directory / f"{_TMP_PREFIX}{final.name}-{secrets.token_hex(4)}"
-        tmp.mkdir()
+        tmp.mkdir(mode=0o700)  # a checkpoint is private to the node's user (issue 19)
         try:
             safetensors.torch.save_file(tensors, str(tmp / MODEL_FILE), metadata={"format": "pt"})
             fsync_file(tmp / MODEL_FILE)
@@ -327,6 +327,8 @@ class CheckpointStore:
                 f.write(json.dumps(manifest, indent=1, sort_keys=True).encode())
                 f.flush()
                 os.fsync(f.fileno())
+            for written in tmp.iterdir():
+                os.chmod(written, 0o600)
             fsync_dir(tmp)
             os.rename(tmp, final)
         except BaseException:

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator
@@ -111,6 +112,11 @@ class Ledger:
         if self.path.is_dir():
             raise LedgerError(f"ledger path {self.path} is a directory; point it at a file")
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            # Created here with mode 0600 (SQLite gives its -wal/-shm files the database's mode);
+            # an empty file is a valid empty SQLite database.
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
         try:
             self._conn = sqlite3.connect(
                 self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False

@@ -11,16 +11,24 @@ Keys (protocol/SPEC.md "Learner and workers"):
   itself to that learner (rate, price, hardware, address). Subkey ``record``,
   owned by the worker, so no peer can overwrite another's offer.
 
-A record read back is accepted only if its envelope verifies, its kind is
-PEER_RECORD and its ``peer_id`` is the envelope's signer.
+A record read back (``read_records``) is accepted only if its envelope verifies, its kind is
+PEER_RECORD, its ``peer_id`` is the envelope's signer, it sits under its owner's own subkey
+``record``, the DHT owner (the libp2p key that signed the DHT record) is the record's
+``libp2p_peer_id``, and it was sent at most ``RECORD_MAX_AGE`` seconds ago (and not from the
+future). Of several records naming one peer the newest ``sent_at`` wins. So nobody can re-store
+a worker's signed offer under another owner to pin it (issue 19), and an offer the worker no
+longer refreshes disappears within one lifetime even if a replica kept it.
 """
 
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Iterable
 
 from swarmnode.identity import NodeIdentity
 from swarmnode.net.hivemind_runtime import HivemindRuntime
+from swarmnode.net.records import DhtRecord
 from swarmnode.wire import Kind, PeerRecord, WireError, decode_envelope, decode_payload, encode_envelope, seal
 from swarmnode.wire.envelope import to_ms
 
@@ -28,6 +36,9 @@ log = logging.getLogger(__name__)
 
 RECORD_SUBKEY = b"record"
 DHT_TIMEOUT = 10.0
+# One lifetime of a PeerRecord: publishers refresh every 5-10 s with a 30-60 s TTL.
+RECORD_MAX_AGE = 60.0
+MAX_CLOCK_AHEAD = 10.0  # a record "sent" further in the future than this is refused
 
 
 def learner_key(swarm: str, learner_id: str) -> str:
@@ -51,6 +62,12 @@ def signed_record(identity: NodeIdentity, record: PeerRecord, now: float) -> byt
 
 def read_record(data: bytes) -> PeerRecord | str:
     """The record in ``data`` if it is a valid self-signed PeerRecord, else why not."""
+    found = read_signed_record(data)
+    return found if isinstance(found, str) else found[0]
+
+
+def read_signed_record(data: bytes) -> tuple[PeerRecord, float] | str:
+    """``(record, sent_at seconds)`` if ``data`` is a valid self-signed PeerRecord, else why not."""
     envelope = decode_envelope(data)
     if isinstance(envelope, WireError):
         return f"{envelope.reason}: {envelope.detail}"
@@ -64,7 +81,7 @@ def read_record(data: bytes) -> PeerRecord | str:
     assert isinstance(record, PeerRecord)
     if record.peer_id != envelope.sender_id:
         return f"record names {record.peer_id} but {envelope.sender_id} signed it"
-    return record
+    return record, envelope.sent_at_ms / 1000.0
 
 
 async def publish_record(runtime: HivemindRuntime, key: str, data: bytes, ttl: float) -> bool:
@@ -74,13 +91,37 @@ async def publish_record(runtime: HivemindRuntime, key: str, data: bytes, ttl: f
     )
 
 
-async def read_records(runtime: HivemindRuntime, key: str) -> list[PeerRecord]:
-    """Every valid record under ``key``; invalid ones are logged and skipped."""
-    found = []
-    for dht_record in await runtime.dht_get(key, timeout=DHT_TIMEOUT):
-        record = read_record(dht_record.value)
-        if isinstance(record, str):
-            log.warning("ignoring record under %s from %s: %s", key, dht_record.owner, record)
+async def read_records(
+    runtime: HivemindRuntime, key: str, *, max_age: float = RECORD_MAX_AGE, now: float | None = None
+) -> list[PeerRecord]:
+    """The newest valid record of each peer under ``key`` (module docstring); others are skipped."""
+    return select_records(await runtime.dht_get(key, timeout=DHT_TIMEOUT), key, max_age=max_age, now=now)
+
+
+def select_records(
+    dht_records: Iterable[DhtRecord], key: str, *, max_age: float = RECORD_MAX_AGE, now: float | None = None
+) -> list[PeerRecord]:
+    """``read_records`` without the DHT: the newest acceptable record per peer id, in peer-id order."""
+    now = time.time() if now is None else now
+    best: dict[str, tuple[float, PeerRecord]] = {}
+    for dht_record in dht_records:
+        problem: str | None = None
+        found = read_signed_record(dht_record.value)
+        if isinstance(found, str):
+            problem = found
+        elif dht_record.subkey != RECORD_SUBKEY:
+            problem = f"under subkey {dht_record.subkey[:32]!r}, not {RECORD_SUBKEY!r}"
+        elif dht_record.owner != found[0].libp2p_peer_id:
+            problem = f"stored by {dht_record.owner}, but the record is {found[0].libp2p_peer_id}'s"
+        elif found[1] < now - max_age:
+            problem = f"sent {now - found[1]:.0f} s ago (older than {max_age:g} s)"
+        elif found[1] > now + MAX_CLOCK_AHEAD:
+            problem = f"sent {found[1] - now:.0f} s in the future"
+        if problem is not None or isinstance(found, str):
+            log.debug("ignoring record under %s from %s: %s", key, dht_record.owner, problem)
             continue
-        found.append(record)
-    return found
+        record, sent_at = found
+        previous = best.get(record.peer_id)
+        if previous is None or sent_at > previous[0]:
+            best[record.peer_id] = (sent_at, record)
+    return [best[peer][1] for peer in sorted(best)]
