@@ -16,6 +16,9 @@ broadcast exists.
     python bench/adversarial.py                       # 30 s windows, every scenario (~7 min)
     python bench/adversarial.py --window 60 --json out.json
     python bench/adversarial.py --scenarios baseline,slow_loris,dht_spam
+    python bench/adversarial.py --part intake         # floods against admission (bench/adversarial_intake.py)
+    python bench/adversarial.py --part records        # DHT records, bootstrap memory, connection hoarding
+    python bench/adversarial.py --part all            # all three
 
 Throughput on a shared 2-core machine is noisy (one window per scenario, ~15 rounds): read the
 share column as a rough figure; run the benchmark alone and repeat it for medians.
@@ -49,7 +52,29 @@ def main() -> int:
     parser.add_argument("--window", type=float, default=30.0, help="seconds per scenario")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS))
     parser.add_argument("--keep", type=Path, help="keep the swarm's homes and logs here")
+    parser.add_argument(
+        "--part",
+        choices=["swarm", "intake", "records", "all"],
+        default="swarm",
+        help="swarm: the live-swarm scenarios (default); intake: loop lag and honest share under "
+        "admission floods; records: DHT record, bootstrap memory and connection attacks",
+    )
+    parser.add_argument("--seconds", type=float, default=20.0, help="seconds per intake scenario")
     args = parser.parse_args()
+    figures: dict[str, object] = {}
+    if args.part in ("intake", "all"):
+        import adversarial_intake
+
+        figures["intake"] = adversarial_intake.run_all(args.seconds)
+        print(adversarial_intake.table(figures["intake"]))  # type: ignore[arg-type]
+    if args.part in ("records", "all"):
+        import adversarial_net
+
+        figures["records"] = adversarial_net.run_all(quick=True)
+        print(adversarial_net.table(figures["records"]))  # type: ignore[arg-type]
+    if args.part != "all" and args.part != "swarm":
+        write_json(args.json, {"machine": machine(), **figures})
+        return 0
     scenarios = args.scenarios.split(",")
     if scenarios[0] != "baseline":
         scenarios.insert(0, "baseline")
@@ -107,6 +132,7 @@ def main() -> int:
             "window_s": args.window,
             "round_seconds": ROUND_SECONDS,
             "results": [r.as_dict() for r in results],
+            **figures,
         },
     )
     return 0 if all(r.poisoned == 0 for r in results) else 1

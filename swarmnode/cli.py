@@ -182,6 +182,18 @@ def cmd_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_tasks_audit(args: argparse.Namespace) -> int:
+    from swarmnode.tasks.audit import all_families, table
+    from swarmnode.tasks.mixture import SAPO_DATASETS, default_mixture
+
+    if args.all:
+        families = all_families()
+    else:
+        families = sorted({*SAPO_DATASETS, *(spec.name for spec in default_mixture().specs)})
+    print(table(families))
+    return EXIT_OK
+
+
 # ------------------------------------------------------------------------ parser
 
 
@@ -246,6 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config")
     p.add_argument("--set", action="append", metavar="KEY=VALUE")
     p.set_defaults(handler=cmd_config)
+
+    p = sub.add_parser("tasks", help="task families: audit which reasoning-gym scorers are safe on peer text")
+    tasks_sub = p.add_subparsers(dest="tasks_command", required=True)
+    p = tasks_sub.add_parser("audit", help="print the scorer audit (family, unsafe constructs, what we do)")
+    p.add_argument("--all", action="store_true", help="every reasoning-gym family, not only the mixtures'")
+    p.set_defaults(handler=cmd_tasks_audit)
 
     from swarmnode.wire.cli_protocol import add_protocol_parser
 

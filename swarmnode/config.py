@@ -176,6 +176,17 @@ class DataPlaneConfig(Section):
     )
 
 
+class VerifyConfig(Section):
+    workers: int = Field(2, ge=1, le=64, description="Sandboxed verifier processes that score completions.")
+    completion_cpu_s: float = Field(
+        1.0, gt=0, le=60, description="CPU seconds one completion's scoring may take before it is refused."
+    )
+    batch_cpu_s: float = Field(
+        5.0, gt=0, le=600, description="CPU seconds one envelope's (or round's) scoring may take."
+    )
+    memory_mb: int = Field(1024, ge=64, description="Address space a verifier may add after its start.")
+
+
 class ApiConfig(Section):
     host: str = Field("127.0.0.1", description="Local HTTP API bind address.")
     port: int = Field(0, ge=0, le=65535, description="Local HTTP API port; 0 = pick a free one.")
@@ -193,6 +204,7 @@ class Config(Section):
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)  # type: ignore[arg-type]
     swarm: SwarmConfig = Field(default_factory=SwarmConfig)  # type: ignore[arg-type]
     api: ApiConfig = Field(default_factory=ApiConfig)  # type: ignore[arg-type]
+    verify: VerifyConfig = Field(default_factory=VerifyConfig)  # type: ignore[arg-type]
 
 
 def _format_error(error: ValidationError) -> str:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from swarmnode.admit import AdmissionPipeline, Rejected, RejectReason
+from swarmnode.admit.intake import Intake
 from swarmnode.core.events import PeerBanned
 from swarmnode.core.gossip import (
     AdmissionResult,
@@ -142,10 +143,13 @@ class GossipDriver:
         convert: Callable[..., ScoredGroup],
         metrics: Metrics,
         swarm: str,
+        intake: Intake | None = None,
     ) -> None:
         self.core = core
         self.runtime = runtime
         self.admission = admission
+        # Admission runs in its own thread (it regenerates, renders and scores): the loop only awaits.
+        self.intake = intake if intake is not None else Intake(admission)
         self.pool = pool
         self.convert = convert
         self.metrics = metrics
@@ -173,9 +177,13 @@ class GossipDriver:
         # Our own envelope handed back to us by a peer is a replay. Admission only remembers
         # what it admitted, so without this it would admit our own rollouts as a peer's once the
         # core has forgotten the digest (measured: tests/swarm/test_adversary.py).
-        replay, now = self.admission.replay, time.time()
-        if replay.room(now, 1):
-            replay.add(digest, envelope.sent_at_ms / 1000.0 + self.admission.config.max_age_s)
+        replay, expiry = self.admission.replay, envelope.sent_at_ms / 1000.0 + self.admission.config.max_age_s
+
+        def remember() -> None:  # in the admission thread, which owns the replay cache
+            if replay.room(time.time(), 1):
+                replay.add(digest, expiry)
+
+        self.intake.submit(remember)
         self.own_payloads[digest] = envelope_bytes
         self._feed(Publish(digest, len(envelope_bytes)))
         self.metrics.inc("groups_published_batches", "Rollout batches published")
@@ -202,6 +210,7 @@ class GossipDriver:
         finally:
             for task in [*self._pulls.values(), *self._background]:
                 task.cancel()
+            self.intake.close()
 
     # ------------------------------------------------------------------ internals
 
@@ -234,7 +243,7 @@ class GossipDriver:
             if task is not None:
                 task.cancel()
         elif isinstance(action, Admit):
-            self._admit(action)
+            self._spawn(self._admit(action), "admit")
         elif isinstance(action, Retire):
             self.own_payloads.pop(action.digest, None)
         elif isinstance(action, Serve):
@@ -332,38 +341,38 @@ class GossipDriver:
                 # Not an envelope (too large, malformed, ...), so no digest ties it to a request
                 # and the core would drop it unseen: admission still judges it, and charges the
                 # peer that sent it, as for any other bytes from a peer.
-                self._refuse_non_envelope(action.peer, payload)
+                self._spawn(self._refuse_non_envelope(action.peer, payload), "refuse")
         self.metrics.inc("groups_received_batches", "Rollout batches received from peers", len(items))
         self._feed(PullSucceeded(action.request_id, action.peer, tuple(items)))
 
-    def _admit(self, action: Admit) -> None:
-        now = time.time()
-        # Pulled by id, so solicited: the per-sender rate bucket is for unsolicited pushes.
-        verdict = self.admission.admit(action.payload, now, via=action.peer, solicited=True)
+    async def _admit(self, action: Admit) -> None:
+        # Pulled by id, so solicited: the per-sender rate bucket is for unsolicited pushes; the CPU
+        # it costs is charged to the signer and to the peer that announced and served it (via).
+        judged = await self.intake.judge(action.payload, via=action.peer, solicited=True)
+        verdict, now = judged.verdict, time.time()
         if isinstance(verdict, Rejected):
             self._feed(AdmissionResult(action.peer, action.digest, False, verdict.reason.value))
-            self._rejected(action.peer, verdict, now)
+            self._rejected(action.peer, verdict, judged.banned_until)
             return
         self._feed(AdmissionResult(action.peer, action.digest, True, "accepted"))
         round_index = self.core.current_round(now)
-        for admitted in verdict.groups:
+        groups = verdict.groups
+        # Re-tokenizing peer text is work too: off the loop, in the admission thread.
+        converted = await self.intake.call(lambda: [self.convert(admitted) for admitted in groups])
+        for admitted, scored in zip(groups, converted, strict=True):
             self.metrics.inc("groups_accepted", "External groups admitted")
-            scored = self.convert(admitted)
             self.pool.add(scored, round_index)
             self._tally(admitted.sender, scored.rewards, admitted.group)
 
-    def _refuse_non_envelope(self, peer: str, payload: bytes) -> None:
-        now = time.time()
-        verdict = self.admission.admit(payload, now, via=peer, solicited=True)
-        if isinstance(verdict, Rejected):  # always: the bytes do not decode as an envelope
-            self._rejected(peer, verdict, now)
+    async def _refuse_non_envelope(self, peer: str, payload: bytes) -> None:
+        judged = await self.intake.judge(payload, via=peer, solicited=True)
+        if isinstance(judged.verdict, Rejected):  # always: the bytes do not decode as an envelope
+            self._rejected(peer, judged.verdict, judged.banned_until)
 
-    def _rejected(self, peer: str, verdict: Rejected, now: float) -> None:
+    def _rejected(self, peer: str, verdict: Rejected, until: float | None) -> None:
+        """Count a rejection; ``until``: the ban on the peer it charged (signer or transport peer,
+        else whom a BANNED verdict names), which stops the core pulling from the delivering peer."""
         self.metrics.inc("groups_rejected", "Rejected rollout batches by reason", reason=verdict.reason.value)
-        # The peer this rejection charged (signer or transport peer), else whom a BANNED verdict
-        # names; a ban on either stops the core pulling from the delivering peer.
-        suspect = verdict.charged or verdict.sender or peer
-        until = self.admission.banned_until(suspect, now)
         if until is not None:
             if verdict.reason is not RejectReason.BANNED:  # this rejection crossed the threshold
                 self.metrics.inc("bans", "Peers banned")

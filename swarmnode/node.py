@@ -18,7 +18,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 import torch
 
 from swarmnode import __version__
-from swarmnode.admit import AdmissionConfig, AdmissionPipeline, AdmittedGroup, task_families
+from swarmnode.admit import AdmissionConfig, AdmissionPipeline, AdmittedGroup, RejectReason, task_families
 from swarmnode.api import serve_forever
 from swarmnode.config import Config
 from swarmnode.core.gossip import GossipConfig, GossipCore
@@ -43,6 +43,7 @@ from swarmnode.solo import build_mixture, build_policy, configure_threads
 from swarmnode.store import CheckpointStore, Ledger
 from swarmnode.supervise import run_jobs
 from swarmnode.train import RoundMetrics, ScoredGroup, Trainer
+from swarmnode.verify import VerifierPool, sandbox_report
 from swarmnode.wire import Completion, RolloutBatch, RolloutGroup, encode_envelope, seal, to_ms
 from swarmnode.wire.messages import TaskId as WireTaskId
 
@@ -93,25 +94,89 @@ def rollout_batch(groups: list[ScoredGroup], model_id: str, version: int, swarm_
     return RolloutBatch(groups=tuple(out))
 
 
-def to_scored(admitted: AdmittedGroup, policy: Policy, max_new_tokens: int) -> ScoredGroup:
-    """An admitted external group, re-tokenized with our tokenizer (SAPO §2 step 5)."""
+def _longest_token_chars(policy: Policy) -> int:
+    """The most characters one token of ``policy``'s vocabulary spells (special tokens included)."""
+    cached = getattr(policy, "_swarmnode_longest_token", None)
+    if cached is None:
+        cached = max((len(token) for token in policy.tokenizer.get_vocab()), default=1)
+        policy._swarmnode_longest_token = cached  # type: ignore[attr-defined]
+    return int(cached)
+
+
+def completion_token_rows(
+    policy: Policy, texts: Sequence[str], max_new_tokens: int
+) -> list[list[int] | RejectReason]:
+    """The token ids this node trains for each received completion, or why it cannot train it.
+
+    Our own tokenization (one batched call), cut at an EOS the text itself spells (a peer's
+    ``<eos>`` is parsed as the special token), then EOS appended unless the completion fills
+    ``max_new_tokens`` (a completion that hit the cap has no EOS, as our own engine's do).
+    Refused: more tokens than we generate (``completion_too_long``: decided from the length
+    alone when no tokenization could be that short), or any other special token or ``<unk>``
+    in the ids (``completion_untrainable``: decoding drops those, so the reward would not have
+    seen tokens we would train on)."""
     eos = policy.eos_token_id
-    completion_ids = []
-    for c in admitted.group.completions:
-        ids = list(policy.tokenizer(c.text, add_special_tokens=False)["input_ids"])[: max_new_tokens - 1]
-        completion_ids.append([*ids, eos])
+    specials = set(policy.tokenizer.all_special_ids) - {eos}
+    longest = _longest_token_chars(policy)
+    rows: list[list[int] | RejectReason] = [RejectReason.COMPLETION_TOO_LONG] * len(texts)
+    todo = [i for i, text in enumerate(texts) if len(text) <= max_new_tokens * longest]
+    encoded = (
+        policy.tokenizer([texts[i] for i in todo], add_special_tokens=False)["input_ids"] if todo else []
+    )
+    for i, raw in zip(todo, encoded, strict=True):
+        ids = list(raw)
+        if eos in ids:
+            ids = ids[: ids.index(eos)]
+        if len(ids) > max_new_tokens:
+            continue
+        if any(t in specials for t in ids):
+            rows[i] = RejectReason.COMPLETION_UNTRAINABLE
+            continue
+        rows[i] = ids if len(ids) == max_new_tokens else [*ids, eos]
+    return rows
+
+
+def trained_texts(policy: Policy, texts: Sequence[str], max_new_tokens: int) -> list[str | RejectReason]:
+    """What admission scores for received completions: the decoding of exactly the ids we train."""
+    return [
+        row if isinstance(row, RejectReason) else policy.decode_completion(row)
+        for row in completion_token_rows(policy, texts, max_new_tokens)
+    ]
+
+
+def to_scored(admitted: AdmittedGroup, policy: Policy, max_new_tokens: int) -> ScoredGroup:
+    """An admitted external group, re-tokenized with our tokenizer (SAPO §2 step 5).
+
+    Admission scored ``trained_text`` of each completion (when it was given this node's
+    renderer), so the reward belongs to exactly these ids."""
+    completion_id_rows = []
+    rows = completion_token_rows(policy, [c.text for c in admitted.group.completions], max_new_tokens)
+    for i, row in enumerate(rows):
+        if isinstance(row, RejectReason):  # admission refused these; reaching here is a bug
+            raise ValueError(f"completion {i} of {admitted.task.id.key()}: {row.value}")
+        completion_id_rows.append(row)
     return ScoredGroup(
         task=admitted.task,
         prompt_ids=policy.encode_prompt(admitted.task.prompt),
-        completion_ids=completion_ids,
+        completion_ids=completion_id_rows,
         behaviour_logprobs=[],  # computed under our own policy at update time
-        texts=[c.text for c in admitted.group.completions],
+        texts=list(admitted.texts) if admitted.texts else [c.text for c in admitted.group.completions],
         rewards=list(admitted.rewards),
         policy_version=admitted.group.policy_version,
         source=admitted.sender,
         source_mean_logprobs=[c.mean_logprob for c in admitted.group.completions],
         source_reward_mean=admitted.group.batch_reward_mean,
     )
+
+
+def verifier_gauges(metrics: Metrics, verifier: VerifierPool) -> None:
+    """The verification boundary's counters in ``/metrics``."""
+    stats = verifier.stats()
+    metrics.set("verifier_batches", "Batches scored by the verifier pool", stats["batches"])
+    metrics.set("verifier_timeouts", "Batches refused verifier_timeout", stats["timeouts"])
+    metrics.set("verifier_failures", "Batches refused verifier_failed", stats["failed"])
+    metrics.set("verifier_restarts", "Verifier workers replaced", stats["restarts"])
+    metrics.set("verifier_cpu_seconds", "CPU the verifier workers spent", stats["cpu_seconds"])
 
 
 def net_config(config: Config, home: NodeHome) -> NetConfig:
@@ -174,6 +239,8 @@ class SwarmNode:
             "peers": self.runtime.dht_peer_count() if self.runtime.is_running else 0,
             "gossip": self.core.stats.as_dict(),
             "admission": dict(self.admission.counts()),
+            "verifier": {**self.verifier.stats(), **sandbox_report()},
+            "admission_cpu_s": round(self.driver.intake.cpu_seconds, 3),
             "external_by_sender": self.driver.sender_tallies(),
             "metrics": self.metrics.snapshot(),
         }
@@ -189,6 +256,7 @@ class SwarmNode:
         g.inc("groups_used", "Groups trained on", m.external_used, source="external")
         if m.heldout_accuracy is not None:
             g.set("heldout_accuracy", "Greedy accuracy on the held-out set", m.heldout_accuracy)
+        verifier_gauges(g, self.verifier)
         if self.runtime.is_running:
             g.set("peers", "Peers in the DHT routing table", self.runtime.dht_peer_count())
 
@@ -210,6 +278,9 @@ class SwarmNode:
         )
         self.trainer.node_id = self.identity.peer_id
         self.trainer.resume()
+        self.verifier = VerifierPool.from_config(self.config.verify, task_families(self.mixture))
+        self.verifier.start()
+        self.trainer.score_groups = self.verifier.score  # own rollouts: the same boundary as a peer's
 
     def _net_config(self) -> NetConfig:
         return net_config(self.config, self.home)
@@ -307,12 +378,14 @@ class SwarmNode:
         finally:
             # Wait for a step in flight (the lock); keep the work only if no round was cut short.
             await self._torch(self.trainer.save_checkpoint_if_consistent)
+            self.verifier.close()
             self.ledger.close()
 
     async def _run_jobs(self) -> None:
         s = self.config.swarm
         self.pool = ExternalPool()
         self.own_rounds: asyncio.Queue[OwnRound] = asyncio.Queue(maxsize=1)
+        policy, max_new = self.trainer.policy, self.config.rollout.max_new_tokens
         self.admission = AdmissionPipeline(
             AdmissionConfig(
                 allowed_tasks=task_families(self.mixture),
@@ -321,6 +394,8 @@ class SwarmNode:
             ),
             now=time.time(),
             ledger=self.ledger,
+            score_groups=self.verifier.score,
+            render=lambda texts: trained_texts(policy, texts, max_new),
         )
         self.core = GossipCore(
             GossipConfig(
@@ -329,7 +404,6 @@ class SwarmNode:
             self.runtime.peer_id,
             digest_of=envelope_digest,
         )
-        max_new = self.config.rollout.max_new_tokens
         self.driver = GossipDriver(
             self.core,
             self.runtime,

@@ -14,19 +14,23 @@ Steps, in order (protocol/SPEC.md "Admission"; ``reasons.STEPS`` names them):
 3. signature over the exact received bytes (``wire.envelope`` signing rule)
 4. sender: not banned, on the allowlist if there is one, a slot for a new
    identity if we have never seen it, ``1 + payload bytes // 64 KiB`` tokens
-   from its rate bucket
+   from its rate bucket, and CPU budget left (the delivering peer's is checked
+   at step 0 too; ``charge_cpu`` spends both after the fact)
 5. payload: decodes under the kind's schema and limits; per-kind checks
    (a peer record names its signer; a manifest's publisher signature holds;
    a control message is addressed to us)
 6. replay: the envelope id, and each rollout group's content from this signer,
-   not seen within the freshness window
+   not seen within the freshness window; the signer and the delivering peer
+   each within their quota of the replay cache
 7. freshness: ``sent_at`` within [now - max_age, now + max_future]; each
    group's policy version within ``max_policy_lag`` of the version we know for
    its model (where we know one)
 8. re-derivation: each group's task is one we accept, regenerates, and its
    prompt equals the group's prompt exactly
-9. re-scoring: each completion scored by the local verifier (claimed rewards
-   are never read)
+9. re-scoring: each completion rendered as this node will train it (``render``:
+   our tokenization, refused if longer than we generate) and that text scored
+   by the verification boundary (``score_groups``: sandboxed workers in a node);
+   claimed rewards are never read
 
 The payload is decoded after the signature check (DESIGN.md's order:
 signature, schema, replay, ...): a forged envelope never reaches the payload
@@ -39,19 +43,19 @@ envelope (the signer vouched for every group in it).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeAlias
 
-from swarmnode.admit.limits import ReplayCache, TokenBucket
+from swarmnode.admit.limits import BucketMap, ReplayCache, TokenBucket
 from swarmnode.admit.peers import BanLedger, PeerBook, ScoreRule
 from swarmnode.admit.reasons import CHARGE, DEFAULT_PENALTIES, Charge, RejectReason
 from swarmnode.admit.verdict import Accepted, AdmittedGroup, Rejected, Verdict
 from swarmnode.errors import TaskError
 from swarmnode.identity import KeyAllowlist
-from swarmnode.tasks import Task, TaskId, TaskMixture
+from swarmnode.tasks import Task, TaskId, TaskMixture, UnsafeScorerError, check_family
 from swarmnode.tasks import regenerate as _regenerate
-from swarmnode.tasks import score_completion as _score_completion
+from swarmnode.verify.outcome import GroupScorer, Scored, VerifierReason, score_in_process
 from swarmnode.wire.envelope import Envelope, decode_envelope, verify_manifest
 from swarmnode.wire.messages import (
     Activate,
@@ -94,6 +98,18 @@ class AdmissionConfig:
     new_identities: int = 64  # never-seen signers admitted per window ...
     new_identity_window_s: float = 60.0  # ... of this many seconds (token bucket)
     replay_capacity: int = 200_000  # digests remembered (~150 bytes each)
+    #: Live digests one signer, and one delivering peer, may hold: an honest node publishing 16
+    #: groups every 5 s holds ~1,000 over the 300-s window; one flooder at 13 envelopes/s reached
+    #: the old global cap in ~4 min.
+    replay_quota: int = 20_000
+    #: Admission CPU (our thread's and the verifier's, in seconds) each signer and each delivering
+    #: peer may spend per second, and the most it may spend at once. An honest 16-group batch costs
+    #: ~2 ms; a valid 64 x 64 batch ~75 ms.
+    cpu_rate: float = 0.1
+    cpu_burst: float = 2.0
+    #: What a party never seen before may spend at once (its bucket then fills at cpu_rate):
+    #: cheap identities must not each bring a whole burst.
+    cpu_initial: float = 0.25
     bytes_per_token: int = 64 * 1024  # an envelope costs 1 + payload bytes // this from its sender's bucket
     max_tracked_peers: int = 10_000
     score: ScoreRule = field(default_factory=ScoreRule)
@@ -119,8 +135,13 @@ class AdmissionPipeline:
     ``ledger`` (``swarmnode.store.Ledger`` in the node) persists bans and
     rejection counts; bans active at ``now`` are loaded from it here. Ledger
     errors (a failing disk) propagate: they are the node's problem, not a peer's.
-    ``regenerate`` and ``score`` default to ``swarmnode.tasks``' and exist to be
-    replaced in tests and benchmarks.
+    ``regenerate`` defaults to ``swarmnode.tasks``'; ``score_groups`` to the
+    in-process safe scorers (a node passes its ``VerifierPool.score``).
+    ``render(texts)`` gives, per received completion, the text this node will
+    train (the decoding of its own tokenization) or the reason it cannot train it
+    (``completion_too_long``, ``completion_untrainable``); scoring that text, not
+    the received one, makes the reward belong to exactly what is trained. None:
+    score the text as received (tools, tests, the simulator).
     """
 
     def __init__(
@@ -130,11 +151,19 @@ class AdmissionPipeline:
         now: float,
         ledger: BanLedger | None = None,
         regenerate: Callable[[TaskId], Task] = _regenerate,
-        score: Callable[[Task, str], float] = _score_completion,
+        score_groups: GroupScorer = score_in_process,
+        render: Callable[[Sequence[str]], Sequence[str | RejectReason]] | None = None,
     ) -> None:
         self.config = config
         self.peers = PeerBook(self.config.score, self.config.max_tracked_peers, ledger, now)
-        self.replay = ReplayCache(self.config.replay_capacity)
+        self.replay = ReplayCache(self.config.replay_capacity, self.config.replay_quota)
+        self.cpu = BucketMap(
+            self.config.cpu_rate,
+            self.config.cpu_burst,
+            self.config.max_tracked_peers,
+            initial=min(self.config.cpu_initial, self.config.cpu_burst),
+        )
+        self.last_scoring_cpu_s = 0.0  # what the verifier spent on the last admit (for charge_cpu)
         self.counters: Counter[str] = Counter()
         self._new_identities = TokenBucket(
             self.config.new_identities / self.config.new_identity_window_s,
@@ -143,7 +172,8 @@ class AdmissionPipeline:
         )
         self._versions: dict[str, int] = {}
         self._regenerate = regenerate
-        self._score = score
+        self._score_groups = score_groups
+        self._render = render
 
     # -- inputs besides bytes ------------------------------------------------------------------
 
@@ -158,6 +188,11 @@ class AdmissionPipeline:
 
     def banned_until(self, peer_id: str, now: float) -> float | None:
         return self.peers.banned(peer_id, now)
+
+    def charge_cpu(self, signer: str | None, via: str | None, seconds: float, now: float) -> None:
+        """Spend ``seconds`` of admission CPU from the signer's and the delivering peer's budgets."""
+        for party in dict.fromkeys(p for p in (signer, via) if p is not None):
+            self.cpu.spend(party, now, seconds)
 
     def counts(self) -> dict[str, int]:
         """Verdicts so far: ``accepted`` and one entry per rejection reason seen."""
@@ -192,6 +227,15 @@ class AdmissionPipeline:
             return self._reject(
                 RejectReason.BANNED,
                 f"delivering peer {via} banned until {until:.0f}",
+                now,
+                signer=None,
+                via=via,
+            )
+        self.last_scoring_cpu_s = 0.0
+        if via is not None and not self.cpu.has(via, now):
+            return self._reject(
+                RejectReason.CPU_BUDGET,
+                f"delivering peer {via} has spent its CPU budget",
                 now,
                 signer=None,
                 via=via,
@@ -250,10 +294,24 @@ class AdmissionPipeline:
                         via=via,
                     )
                 group_keys.append(key)
-        if not self.replay.room(now, 1 + len(group_keys)):
+        owners = tuple(dict.fromkeys(p for p in (signer, via) if p is not None))
+        self.replay.purge(now)
+        over = self.replay.over_quota(owners, 1 + len(group_keys))
+        if over is not None:
             return self._reject(
-                RejectReason.REPLAY_CACHE_FULL,
-                f"{len(self.replay)} digests live",
+                RejectReason.REPLAY_QUOTA_SIGNER if over == signer else RejectReason.REPLAY_QUOTA_VIA,
+                f"{over} already holds {self.replay.held(over)} of the replay cache's digests "
+                f"(quota {self.replay.quota})",
+                now,
+                signer=signer,
+                via=via,
+            )
+        expiry = envelope.sent_at_ms / 1000.0 + self.config.max_age_s
+        if expiry <= self.replay.forgotten_until(signer, now):
+            return self._reject(
+                RejectReason.REPLAY,
+                f"envelope {envelope_id.hex()[:16]} is no newer than digests of {signer} "
+                "forgotten to make room",
                 now,
                 signer=signer,
                 via=via,
@@ -262,10 +320,18 @@ class AdmissionPipeline:
         rejected = self._check_freshness(envelope, message, signer, now, via)
         if rejected is not None:
             return rejected
+        # Room is made only now: an envelope that fails freshness must not make us forget anything.
+        if not self.replay.make_room(now, 1 + len(group_keys)):
+            return self._reject(
+                RejectReason.REPLAY_CACHE_FULL,
+                f"{len(self.replay)} digests live",
+                now,
+                signer=signer,
+                via=via,
+            )
         # Remembered only once fresh: a far-future sent_at must not pin a digest for long.
-        expiry = envelope.sent_at_ms / 1000.0 + self.config.max_age_s
         for key in (envelope_id, *group_keys):
-            self.replay.add(key, expiry)
+            self.replay.add(key, expiry, owners)
         # 8-9. re-derivation and re-scoring
         groups: tuple[AdmittedGroup, ...] = ()
         if isinstance(message, RolloutBatch):
@@ -297,6 +363,14 @@ class AdmissionPipeline:
                 RejectReason.NEW_IDENTITY_LIMIT,
                 f"more than {self.config.new_identities} new senders "
                 f"in {self.config.new_identity_window_s:.0f} s",
+                now,
+                signer=signer,
+                via=None,
+            )
+        if not self.cpu.has(signer, now):
+            return self._reject(
+                RejectReason.CPU_BUDGET,
+                f"sender {signer} has spent its CPU budget",
                 now,
                 signer=signer,
                 via=None,
@@ -408,7 +482,16 @@ class AdmissionPipeline:
                     via=via,
                 )
             try:
+                check_family(tid.dataset)  # cached: the audit runs once per family
                 task = self._regenerate(tid)
+            except UnsafeScorerError as exc:
+                return self._reject(
+                    RejectReason.TASK_NOT_ALLOWED,
+                    f"groups[{i}]: {clip(str(exc), 200)}",
+                    now,
+                    signer=signer,
+                    via=via,
+                )
             except TaskError as exc:
                 return self._reject(
                     RejectReason.TASK_INVALID,
@@ -427,19 +510,42 @@ class AdmissionPipeline:
                     via=via,
                 )
             tasks.append(task)
-        admitted = []
+        to_score: list[tuple[Task, tuple[str, ...]]] = []
         for i, (group, task) in enumerate(zip(batch.groups, tasks, strict=True)):
-            try:
-                rewards = tuple(self._score(task, c.text) for c in group.completions)
-            except TaskError as exc:
-                return self._reject(
-                    RejectReason.SCORING_FAILED,
-                    f"groups[{i}]: {clip(str(exc), 200)}",
-                    now,
-                    signer=signer,
-                    via=via,
-                )
-            admitted.append(AdmittedGroup(group=group, task=task, rewards=rewards, sender=signer))
+            texts = tuple(c.text for c in group.completions)
+            if self._render is not None:
+                rendered = self._render(texts)
+                refused = next((j for j, text in enumerate(rendered) if isinstance(text, RejectReason)), None)
+                if refused is not None:
+                    reason = rendered[refused]
+                    assert isinstance(reason, RejectReason)
+                    return self._reject(
+                        reason,
+                        f"groups[{i}] completion {refused}: "
+                        + (
+                            "longer than this node generates"
+                            if reason is RejectReason.COMPLETION_TOO_LONG
+                            else "spells special tokens or characters this node's tokenizer cannot train"
+                        ),
+                        now,
+                        signer=signer,
+                        via=via,
+                    )
+                texts = tuple(text for text in rendered if isinstance(text, str))
+            to_score.append((task, texts))
+        outcome = self._score_groups(to_score)
+        self.last_scoring_cpu_s = outcome.cpu_s
+        if not isinstance(outcome, Scored):
+            reason = (
+                RejectReason.VERIFIER_TIMEOUT
+                if outcome.reason is VerifierReason.TIMEOUT
+                else RejectReason.VERIFIER_FAILED
+            )
+            return self._reject(reason, clip(outcome.detail, 200), now, signer=signer, via=via)
+        admitted = [
+            AdmittedGroup(group=group, task=task, rewards=rewards, sender=signer, texts=texts)
+            for group, (task, texts), rewards in zip(batch.groups, to_score, outcome.rewards, strict=True)
+        ]
         return tuple(admitted)
 
 

@@ -13,7 +13,7 @@ peer responsible for it, and only that peer.
 - A replayed envelope, or one that arrives too late, carries a valid signature
   by its original sender, but anyone can re-send a signed envelope; charging
   the signer would let a third party get an honest peer banned. Charged to ``via``.
-- ``BANNED``, ``NOT_ALLOWLISTED``, ``NEW_IDENTITY_LIMIT`` and
+- ``BANNED``, ``NOT_ALLOWLISTED``, ``NEW_IDENTITY_LIMIT``, ``CPU_BUDGET`` and
   ``REPLAY_CACHE_FULL`` charge nobody: the first is already banned, and the
   others must not create per-peer state for identities we refuse to track.
 - Everything else is signed content and charged to the signer.
@@ -38,6 +38,7 @@ class RejectReason(StrEnum):
     NOT_ALLOWLISTED = "not_allowlisted"
     NEW_IDENTITY_LIMIT = "new_identity_limit"
     RATE_LIMITED = "rate_limited"
+    CPU_BUDGET = "cpu_budget"  # the signer or the delivering peer has spent its admission CPU
     # step 5: payload decode and per-kind checks
     INVALID_PAYLOAD = "invalid_payload"
     LIMIT_EXCEEDED = "limit_exceeded"
@@ -49,6 +50,8 @@ class RejectReason(StrEnum):
     REPLAY = "replay"
     DUPLICATE = "duplicate"
     REPLAY_CACHE_FULL = "replay_cache_full"
+    REPLAY_QUOTA_SIGNER = "replay_quota_signer"  # the signer already holds its share of the cache
+    REPLAY_QUOTA_VIA = "replay_quota_via"  # the delivering peer already holds its share
     # step 7: freshness
     TOO_OLD = "too_old"
     FROM_FUTURE = "from_future"
@@ -58,7 +61,10 @@ class RejectReason(StrEnum):
     TASK_INVALID = "task_invalid"
     PROMPT_MISMATCH = "prompt_mismatch"
     # step 9: local re-scoring
-    SCORING_FAILED = "scoring_failed"
+    COMPLETION_TOO_LONG = "completion_too_long"  # more tokens than this node would generate and train
+    COMPLETION_UNTRAINABLE = "completion_untrainable"  # spells special tokens or <unk> under our tokenizer
+    VERIFIER_TIMEOUT = "verifier_timeout"  # scoring ran past the boundary's CPU or wall limit
+    VERIFIER_FAILED = "verifier_failed"  # the scorer raised, or its sandboxed worker died
 
 
 class Charge(StrEnum):
@@ -78,6 +84,7 @@ STEPS: dict[str, tuple[RejectReason, ...]] = {
         RejectReason.NOT_ALLOWLISTED,
         RejectReason.NEW_IDENTITY_LIMIT,
         RejectReason.RATE_LIMITED,
+        RejectReason.CPU_BUDGET,
     ),
     "payload": (
         RejectReason.INVALID_PAYLOAD,
@@ -87,10 +94,21 @@ STEPS: dict[str, tuple[RejectReason, ...]] = {
         RejectReason.UNTRUSTED_PUBLISHER,
         RejectReason.WRONG_RECIPIENT,
     ),
-    "replay": (RejectReason.REPLAY, RejectReason.DUPLICATE, RejectReason.REPLAY_CACHE_FULL),
+    "replay": (
+        RejectReason.REPLAY,
+        RejectReason.DUPLICATE,
+        RejectReason.REPLAY_CACHE_FULL,
+        RejectReason.REPLAY_QUOTA_SIGNER,
+        RejectReason.REPLAY_QUOTA_VIA,
+    ),
     "freshness": (RejectReason.TOO_OLD, RejectReason.FROM_FUTURE, RejectReason.STALE_POLICY),
     "rederive": (RejectReason.TASK_NOT_ALLOWED, RejectReason.TASK_INVALID, RejectReason.PROMPT_MISMATCH),
-    "rescore": (RejectReason.SCORING_FAILED,),
+    "rescore": (
+        RejectReason.COMPLETION_TOO_LONG,
+        RejectReason.COMPLETION_UNTRAINABLE,
+        RejectReason.VERIFIER_TIMEOUT,
+        RejectReason.VERIFIER_FAILED,
+    ),
 }
 
 CHARGE: dict[RejectReason, Charge] = {
@@ -118,7 +136,13 @@ CHARGE: dict[RejectReason, Charge] = {
     RejectReason.TASK_NOT_ALLOWED: Charge.SIGNER,
     RejectReason.TASK_INVALID: Charge.SIGNER,
     RejectReason.PROMPT_MISMATCH: Charge.SIGNER,
-    RejectReason.SCORING_FAILED: Charge.SIGNER,
+    RejectReason.CPU_BUDGET: Charge.NOBODY,  # the budget itself is the consequence
+    RejectReason.REPLAY_QUOTA_SIGNER: Charge.SIGNER,
+    RejectReason.REPLAY_QUOTA_VIA: Charge.VIA,
+    RejectReason.COMPLETION_TOO_LONG: Charge.SIGNER,
+    RejectReason.COMPLETION_UNTRAINABLE: Charge.SIGNER,
+    RejectReason.VERIFIER_TIMEOUT: Charge.SIGNER,
+    RejectReason.VERIFIER_FAILED: Charge.SIGNER,
 }
 
 #: Score lost per rejection (a peer starts at 0 and is banned at ``ban_threshold``, -10 by
@@ -149,7 +173,14 @@ DEFAULT_PENALTIES: dict[RejectReason, float] = {
     RejectReason.TASK_NOT_ALLOWED: 0.5,
     RejectReason.TASK_INVALID: 5.0,
     RejectReason.PROMPT_MISMATCH: 10.0,
-    RejectReason.SCORING_FAILED: 1.0,
+    RejectReason.CPU_BUDGET: 0.0,
+    # Valid work past a quota: cheap each time, but a party that keeps flooding is banned.
+    RejectReason.REPLAY_QUOTA_SIGNER: 0.5,
+    RejectReason.REPLAY_QUOTA_VIA: 0.5,
+    RejectReason.COMPLETION_TOO_LONG: 0.5,  # a peer generating longer than we do: not forged
+    RejectReason.COMPLETION_UNTRAINABLE: 0.5,  # another tokenizer can spell what ours cannot
+    RejectReason.VERIFIER_TIMEOUT: 5.0,  # honest answers score in microseconds
+    RejectReason.VERIFIER_FAILED: 5.0,
 }
 
 assert set(CHARGE) == set(RejectReason) == set(DEFAULT_PENALTIES)

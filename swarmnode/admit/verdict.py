@@ -21,8 +21,11 @@ class AdmittedGroup:
 
     group: RolloutGroup
     task: Task  # regenerated locally from group.task
-    rewards: tuple[float, ...]  # one per completion, from swarmnode.tasks.score_completion
+    rewards: tuple[float, ...]  # one per completion, from the verification boundary
     sender: str  # peer id of the signer
+    #: The texts that were scored: each completion as this node will train it (the pipeline's
+    #: ``render``), or as received where no renderer was given. ``rewards[i]`` is their score.
+    texts: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

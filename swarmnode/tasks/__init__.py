@@ -7,7 +7,8 @@ answer or reward carried with a rollout: scoring always re-derives the task.
 
 from swarmnode.tasks.ids import PROMPT_FORMATS, TaskId
 from swarmnode.tasks.mixture import DatasetSpec, TaskMixture, default_mixture, sapo_mixture
-from swarmnode.tasks.source import Task, extract_answer, regenerate, score_completion
+from swarmnode.tasks.scoring import UnsafeScorerError, check_family, extract_answer, score_completion
+from swarmnode.tasks.source import Task, regenerate
 
 __all__ = [
     "PROMPT_FORMATS",
@@ -15,6 +16,8 @@ __all__ = [
     "Task",
     "TaskId",
     "TaskMixture",
+    "UnsafeScorerError",
+    "check_family",
     "default_mixture",
     "extract_answer",
     "regenerate",

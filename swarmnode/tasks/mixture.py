@@ -13,6 +13,7 @@ from typing import Any
 
 from swarmnode.errors import TaskError
 from swarmnode.tasks.ids import TaskId, canonical_config
+from swarmnode.tasks.scoring import check_family
 from swarmnode.tasks.source import MAX_TASK_INDEX, Task, regenerate
 
 
@@ -50,7 +51,8 @@ class TaskMixture:
         for spec in specs:
             acc += spec.weight / total
             self._cumulative.append(acc)
-        for spec in specs:  # fail at start-up, not mid-run, on a bad generator
+        for spec in specs:  # fail at start-up, not mid-run, on a bad generator or an unsafe scorer
+            check_family(spec.name)
             regenerate(spec.task_id(seed, 0))
 
     def _rng(self, *parts: int | str) -> random.Random:

@@ -1,13 +1,12 @@
-"""Regenerate tasks from their ids and score completions locally.
+"""Regenerate tasks from their ids (scoring is ``swarmnode.tasks.scoring``).
 
-Scoring uses reasoning-gym's own ``score_answer`` on the *regenerated* entry:
-the answer or reward a peer claims is never consulted (ALGORITHMS.md §8: the
-genrl bug where re-scoring used the sender's claimed answer).
+A task is a pure function of its id: the answer or reward a peer claims is never
+consulted (ALGORITHMS.md §8: the genrl bug where re-scoring used the sender's
+claimed answer).
 """
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -19,8 +18,6 @@ from swarmnode.tasks.ids import TaskId
 # function of (seed, index), so we build it once per (dataset, config, seed)
 # with a size large enough for any index we accept.
 MAX_TASK_INDEX = 1_000_000_000
-
-_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 
 
 @dataclass(frozen=True)
@@ -41,7 +38,7 @@ def _dataset(name: str, config: str, seed: int) -> Any:
         raise TaskError("task config must not set 'seed' or 'size': they are part of the task id")
     try:
         return reasoning_gym.create_dataset(name, seed=seed, size=MAX_TASK_INDEX, **kwargs)
-    except (KeyError, ValueError, TypeError, AssertionError) as exc:
+    except Exception as exc:  # third-party code on a config a stranger may have chosen: any error = no task
         raise TaskError(f"cannot build reasoning-gym dataset {name!r} with config {config}: {exc}") from exc
 
 
@@ -66,35 +63,6 @@ def regenerate(task_id: TaskId) -> Task:
     dataset = _dataset(task_id.dataset, task_id.config, task_id.seed)
     try:
         entry = dataset[task_id.index]
-    except (IndexError, ValueError, KeyError) as exc:
+    except Exception as exc:  # a generator that fails on this (seed, index, config) makes no task
         raise TaskError(f"cannot generate {task_id.key()}: {exc}") from exc
     return Task(id=task_id, prompt=render_prompt(entry, task_id.prompt_format), entry=entry)
-
-
-def extract_answer(completion: str) -> str:
-    """The answer a completion gives.
-
-    Rule: if the completion contains ``<answer>...</answer>``, the text inside the
-    first such tag; otherwise the whole completion. Either way surrounding
-    whitespace is stripped. (The tiny model answers ``58+26=`` with ``84`` then
-    EOS; instruction-tuned models are prompted to use the tag. Some answers are
-    multi-line, e.g. binary_matrix, so we never cut at a newline.)
-    """
-    match = _ANSWER_TAG.search(completion)
-    if match is not None:
-        return match.group(1).strip()
-    return completion.strip()
-
-
-def score_completion(task: Task, completion: str) -> float:
-    """Reward in [0, 1] from reasoning-gym's own verifier on the regenerated entry."""
-    import reasoning_gym
-
-    answer = extract_answer(completion)
-    scorer = reasoning_gym.get_score_answer_fn(task.id.dataset)
-    try:
-        reward = float(scorer(answer, task.entry))
-    except (ValueError, TypeError, KeyError, ArithmeticError):
-        # A verifier choking on hostile text scores it as wrong, never crashes us.
-        return 0.0
-    return min(max(reward, 0.0), 1.0)

@@ -38,8 +38,9 @@ from swarmnode.policy import Policy
 from swarmnode.policy.evaluate import evaluate_accuracy
 from swarmnode.rollout import RolloutEngine, SamplingParams
 from swarmnode.store import CheckpointState, CheckpointStore, Ledger, RoundRecord
-from swarmnode.tasks import Task, TaskMixture, score_completion
+from swarmnode.tasks import Task, TaskMixture
 from swarmnode.train.batch import ScoredGroup, completion_logprobs, pad_right
+from swarmnode.verify import GroupScorer, Scored, score_in_process
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +77,8 @@ class Trainer:
         self.config = config
         self.policy = policy
         self.engine = engine
+        #: Own completions are scored on the same path as a peer's: a node sets its VerifierPool here.
+        self.score_groups: GroupScorer = score_in_process
         self.mixture = mixture
         self.ledger = ledger
         self.checkpoints = checkpoints
@@ -180,8 +183,22 @@ class Trainer:
         result = self.engine.generate(
             [t.prompt for t in tasks], r.group_size, self.sampling_params(), self.generator
         )
+        outcome = self.score_groups(
+            [
+                (task, [c.text for c in completions])
+                for task, completions in zip(tasks, result.completions, strict=True)
+            ]
+        )
+        if isinstance(outcome, Scored):
+            all_rewards = [list(row) for row in outcome.rewards]
+        else:
+            # Our own model's text made the verifier fail: score the round as wrong, say so, go on.
+            log.error("scoring own round %d failed: %s: %s", round_index, outcome.reason, outcome.detail)
+            all_rewards = [[0.0] * len(completions) for completions in result.completions]
         groups = []
-        for task, prompt_ids, completions in zip(tasks, result.prompt_ids, result.completions, strict=True):
+        for task, prompt_ids, completions, rewards in zip(
+            tasks, result.prompt_ids, result.completions, all_rewards, strict=True
+        ):
             texts = [c.text for c in completions]
             groups.append(
                 ScoredGroup(
@@ -190,7 +207,7 @@ class Trainer:
                     completion_ids=[list(c.token_ids) for c in completions],
                     behaviour_logprobs=[list(c.logprobs) for c in completions],
                     texts=texts,
-                    rewards=[score_completion(task, text) for text in texts],
+                    rewards=rewards,
                     policy_version=result.policy_version,
                 )
             )

@@ -65,7 +65,13 @@ MAX_FUTURE_S = 30.0
 MAX_POLICY_LAG = 8
 
 CHAIN_SUM = canonical_config({"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2})
-ALLOWED_TASKS = (("chain_sum", CHAIN_SUM, "compact"), ("chain_sum", CHAIN_SUM, "question"))
+# spiral_matrix is "allowed" so that its vector shows the scorer audit refusing it anyway.
+ALLOWED_TASKS = (
+    ("chain_sum", CHAIN_SUM, "compact"),
+    ("chain_sum", CHAIN_SUM, "question"),
+    ("spiral_matrix", "{}", "question"),
+)
+REPLAY_QUOTA = 6  # digests one party may hold in the vectors' receiver (the default is 20,000)
 TASK_SEED = 7
 
 
@@ -115,6 +121,7 @@ def context() -> dict[str, Any]:
         "local_peer_id": KEYS["worker"].peer_id,
         "trusted_publishers": None,
         "allowlist": None,
+        "replay_quota": REPLAY_QUOTA,
     }
 
 
@@ -604,6 +611,16 @@ def build() -> VectorSet:
         "basic_arithmetic: not a family we train on",
         "task_not_allowed",
     )
+    unsafe_family = regenerate(TaskId("spiral_matrix", "{}", TASK_SEED, 0, "question"))
+    _record_task(vs, unsafe_family)
+    vs.add(
+        "unsafe_scorer_family",
+        encode_envelope(
+            _envelope(RolloutBatch(groups=(vector_group(unsafe_family, ["[1, 2]"], claimed=[1.0]),)))
+        ),
+        "spiral_matrix: listed as allowed, but its upstream scorer eval()s the answer (the audit refuses it)",
+        "task_not_allowed",
+    )
     mismatch = RolloutBatch(groups=(vector_group(tasks[1], ["2"], prompt="1+1="),))
     vs.add(
         "prompt_mismatch",
@@ -659,6 +676,21 @@ def build() -> VectorSet:
                 {"expect": "accepted"},
                 {"expect": "rejected", "reason": "replay"},
             ],
+        }
+    )
+    quota_files = []
+    for k in range(REPLAY_QUOTA + 1):
+        name = f"heartbeat_quota_{k}"
+        beat = Heartbeat(round=100 + k, model_id=MODEL_ID, policy_version=CURRENT_VERSION, rollout_rate=1.0)
+        vs.add(name, encode_envelope(_envelope(beat)), f"heartbeat {k} of the replay-quota sequence")
+        vs.vectors[-1].update(kind="heartbeat", sender=sender.peer_id)
+        quota_files.append(f"{name}.bin")
+    vs.sequences.append(
+        {
+            "description": f"one signer holds at most replay_quota ({REPLAY_QUOTA}) live digests",
+            "files": quota_files,
+            "expect": [{"expect": "accepted"}] * REPLAY_QUOTA
+            + [{"expect": "rejected", "reason": "replay_quota_signer"}],
         }
     )
     return vs

@@ -37,6 +37,7 @@ import torch
 
 from swarmnode import __version__
 from swarmnode.admit import AdmissionConfig, AdmissionPipeline, Rejected, RejectReason, task_families
+from swarmnode.admit.intake import Intake
 from swarmnode.admit.verdict import Accepted
 from swarmnode.api import serve_forever
 from swarmnode.config import Config
@@ -54,6 +55,7 @@ from swarmnode.store import CheckpointStore, Ledger
 from swarmnode.supervise import run_jobs
 from swarmnode.train import ScoredGroup, Trainer
 from swarmnode.train.spotcheck import recompute_request
+from swarmnode.verify import VerifierPool
 from swarmnode.wire import (
     Activate,
     Deactivate,
@@ -197,6 +199,7 @@ class LearnerNode:
             },
             "spot_checks": self.spot.stats.as_dict(),
             "admission": dict(self.admission.counts()),
+            "verifier": self.verifier.stats(),
             "offers": {
                 p: {"rate": r.capabilities.rollout_rate, "price": r.capabilities.price}
                 for p, r in self.offers.items()
@@ -229,7 +232,8 @@ class LearnerNode:
         if sender not in self.activation.active():
             self.metrics.inc("worker_batches_refused", "Worker batches refused", reason="not_active")
             return reply
-        verdict = self.admission.admit(encode_envelope(envelope), now, via=sender, solicited=True)
+        # In the admission thread: regeneration and the verifier's scoring never hold up the loop.
+        verdict = await self.intake.admit(encode_envelope(envelope), via=sender, solicited=True)
         if isinstance(verdict, Rejected):
             self.metrics.inc("worker_batches_refused", "Worker batches refused", reason=verdict.reason.value)
             log.warning("batch from worker %s refused: %s: %s", sender, verdict.reason.value, verdict.detail)
@@ -239,7 +243,7 @@ class LearnerNode:
         try:
             groups = [from_worker(a, self.trainer.policy, max_new) for a in verdict.groups]
         except WorkerDataError as e:
-            self.admission.penalize(sender, RejectReason.INVALID_PAYLOAD, now)
+            self.intake.submit(lambda: self.admission.penalize(sender, RejectReason.INVALID_PAYLOAD, now))
             self.metrics.inc("worker_batches_refused", "Worker batches refused", reason="bad_tokens")
             log.warning("batch from worker %s refused: %s", sender, e)
             return reply
@@ -288,7 +292,7 @@ class LearnerNode:
                 continue
             log.warning("worker %s failed a spot check: %s", sender, outcome.reason)
             self.metrics.inc("worker_batches_refused", "Worker batches refused", reason="spot_check")
-            self.admission.penalize(sender, RejectReason.INVALID_PAYLOAD, now)
+            self.intake.submit(lambda: self.admission.penalize(sender, RejectReason.INVALID_PAYLOAD, now))
             if outcome.deactivate:
                 self._feed(act.WorkerMisbehaved(sender, f"spot check: {outcome.reason}"), now)
             return False
@@ -563,15 +567,23 @@ class LearnerNode:
                 policy=lc.activation,
             )
         )
+        self.verifier = VerifierPool.from_config(self.config.verify, task_families(self.mixture))
+        self.verifier.start()
+        self.trainer.score_groups = self.verifier.score
         self.admission = AdmissionPipeline(
             AdmissionConfig(
                 allowed_tasks=task_families(self.mixture),
                 max_policy_lag=self.config.swarm.staleness_bound,
                 local_peer_id=self.identity.peer_id,
+                # Only active workers reach admission (checked first), each sending a batch per
+                # few hundred ms: a per-party share would refuse an honest worker within minutes.
+                replay_quota=AdmissionConfig.replay_capacity,
             ),
             now=time.time(),
             ledger=self.ledger,
+            score_groups=self.verifier.score,
         )
+        self.intake = Intake(self.admission)
         dp = self.config.dataplane
         self.dataplane = DataPlane(
             self.identity, host=dp.host, port=dp.port, upload_rate=dp.upload_rate or None
@@ -604,6 +616,8 @@ class LearnerNode:
             await self.dataplane.close()
             async with self.torch_lock:
                 await asyncio.to_thread(self.trainer.save_checkpoint_if_consistent)
+            self.intake.close()
+            self.verifier.close()
             self.ledger.close()
 
     async def _run_jobs(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,10 +18,10 @@ from swarmnode.admit import (
     ScoreRule,
     task_families,
 )
-from swarmnode.errors import TaskError
 from swarmnode.identity import KeyAllowlist
 from swarmnode.store import Ledger
 from swarmnode.tasks import Task, TaskId, default_mixture
+from swarmnode.verify import Scored, VerifierFailure, VerifierReason
 from swarmnode.wire import vectors
 from swarmnode.wire.envelope import encode_envelope, seal, seal_payload, sign_manifest, to_ms
 from swarmnode.wire.kinds import Kind
@@ -54,11 +55,11 @@ def test_a_valid_batch_is_accepted_with_rewards_from_the_local_verifier(pipeline
 def test_claimed_rewards_are_never_read(config: AdmissionConfig) -> None:
     seen: list[str] = []
 
-    def score(task: Task, text: str) -> float:
-        seen.append(text)
-        return 0.25
+    def score(groups: Sequence[tuple[Task, Sequence[str]]]) -> Scored:
+        seen.extend(text for _, texts in groups for text in texts)
+        return Scored(tuple(tuple(0.25 for _ in texts) for _, texts in groups))
 
-    pipeline = AdmissionPipeline(config, now=T0, score=score)
+    pipeline = AdmissionPipeline(config, now=T0, score_groups=score)
     lying = make_group(
         1,
         ("1", "2"),
@@ -202,17 +203,31 @@ def test_new_identities_are_capped_per_window_without_creating_state() -> None:
     assert reason(pipeline.admit(envelope(heartbeat(), identity(200), T0 + 20), T0 + 20)) == "accepted"
 
 
-def test_a_full_replay_cache_refuses_instead_of_forgetting() -> None:
+def test_a_full_replay_cache_forgets_only_behind_a_watermark_so_nothing_can_be_replayed() -> None:
     pipeline = AdmissionPipeline(
         AdmissionConfig(allowed_tasks=FAMILIES, replay_capacity=2, max_age_s=10.0), now=T0
     )
-    first = envelope(heartbeat(1), ALICE)
+    first = envelope(heartbeat(1), ALICE, T0 - 2)
     assert reason(pipeline.admit(first, T0)) == "accepted"
-    assert reason(pipeline.admit(envelope(heartbeat(2), ALICE), T0)) == "accepted"
+    assert reason(pipeline.admit(envelope(heartbeat(2), ALICE, T0 - 1), T0)) == "accepted"
+    assert reason(pipeline.admit(envelope(heartbeat(3), ALICE), T0)) == "accepted"  # forgets `first`
+    assert pipeline.replay.evicted == 1
+    verdict = pipeline.admit(first, T0 + 1)
+    assert isinstance(verdict, Rejected) and verdict.reason is RejectReason.REPLAY, (
+        "forgotten, not replayable"
+    )
+    assert verdict.charged is None or verdict.charged != ALICE.peer_id
+
+
+def test_a_replay_cache_full_of_our_own_digests_refuses_instead_of_forgetting() -> None:
+    pipeline = AdmissionPipeline(
+        AdmissionConfig(allowed_tasks=FAMILIES, replay_capacity=2, max_age_s=10.0), now=T0
+    )
+    pipeline.replay.add(b"own-1", T0 + 10)  # our own published envelopes: owned by nobody
+    pipeline.replay.add(b"own-2", T0 + 10)
     verdict = pipeline.admit(envelope(heartbeat(3), ALICE), T0)
     assert isinstance(verdict, Rejected) and verdict.reason is RejectReason.REPLAY_CACHE_FULL
     assert verdict.charged is None
-    assert reason(pipeline.admit(first, T0 + 1)) == "replay", "nothing live was forgotten"
     assert reason(pipeline.admit(envelope(heartbeat(3), ALICE, T0 + 10), T0 + 10)) == "accepted"
 
 
@@ -287,12 +302,20 @@ def test_the_prompt_must_match_the_regenerated_one_exactly(pipeline: AdmissionPi
     )
 
 
-def test_a_scorer_failure_is_a_rejection(config: AdmissionConfig) -> None:
-    def score(task: Task, text: str) -> float:
-        raise TaskError("verifier unavailable")
+@pytest.mark.parametrize(
+    ("failure", "expected"),
+    [(VerifierReason.FAILED, "verifier_failed"), (VerifierReason.TIMEOUT, "verifier_timeout")],
+)
+def test_a_verifier_failure_is_a_rejection_charged_to_the_signer(
+    config: AdmissionConfig, failure: VerifierReason, expected: str
+) -> None:
+    def score(groups: Sequence[tuple[Task, Sequence[str]]]) -> VerifierFailure:
+        return VerifierFailure(failure, "worker died", cpu_s=1.5)
 
-    pipeline = AdmissionPipeline(config, now=T0, score=score)
-    assert reason(pipeline.admit(envelope(batch(), ALICE), T0)) == "scoring_failed"
+    pipeline = AdmissionPipeline(config, now=T0, score_groups=score)
+    verdict = pipeline.admit(envelope(batch(), ALICE), T0)
+    assert isinstance(verdict, Rejected) and verdict.reason.value == expected
+    assert verdict.charged == ALICE.peer_id and pipeline.last_scoring_cpu_s == 1.5
 
 
 def test_a_private_swarm_refuses_keys_off_the_allowlist() -> None:

@@ -118,7 +118,11 @@ def test_poisoned_and_forged_groups_are_rejected_the_offender_is_banned_and_hone
         status = after[name]
         rejections = {k: v for k, v in status["admission"].items() if k != "accepted"}
         # Each poisoned item was refused for its own reason, and honest traffic caused no refusal.
-        assert rejections == dict(expected), (name, rejections)
+        # Admission runs in its own thread, so a ban reaches the gossip core a moment after the
+        # verdict: pulls already in flight from the banned peer may add "banned" verdicts (only a
+        # banned peer, an adversary's, can earn one).
+        assert rejections.pop("banned", 0) >= expected.get("banned", 0), (name, rejections)
+        assert rejections == {k: v for k, v in expected.items() if k != "banned"}, (name, rejections)
         assert metric(status, "groups_rejected", "reason=prompt_mismatch") == 1
         # Claimed rewards are never used: the adversary's two admitted groups carry our verifier's
         # rewards (1 for the one right answer, 0 for each wrong answer it claimed 1 for).

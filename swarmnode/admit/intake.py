@@ -1,0 +1,184 @@
+"""Admission off the event loop: one thread runs the pipeline, and each admit is charged its CPU.
+
+Owns: the admission thread (the pipeline is single-threaded state: every call
+into it goes through this thread), its per-peer round-robin queues, the bounds
+on admits waiting for it,
+and measuring what each admit cost (this thread's CPU plus the verifier's) to
+charge the signer and the delivering peer. Must not: judge anything itself.
+
+Regeneration, rendering and scoring can take milliseconds per group (and the
+verifier's time limits are seconds); run on the loop they stalled ``/healthz``
+for as long as a scorer ran (25 s measured). Here the loop only awaits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from swarmnode.admit.pipeline import AdmissionPipeline
+from swarmnode.admit.reasons import RejectReason
+from swarmnode.admit.verdict import Rejected, Verdict
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+#: Admits queued or running at once; past this the newest is refused (nobody charged) rather than
+#: queued: the gossip core bounds pulls in flight, so only a flood gets here.
+MAX_PENDING = 256
+MAX_PENDING_PER_PEER = 32  # so one delivering peer cannot take every place in the queue
+
+
+@dataclass(frozen=True)
+class Judged:
+    """A verdict and, for a rejection, whom it charged (or names) and until when that peer is banned."""
+
+    verdict: Verdict
+    suspect: str | None = None
+    banned_until: float | None = None
+
+
+class Intake:
+    """Runs ``pipeline`` in its own thread; ``await intake.admit(...)`` from the loop.
+
+    Work waits in one queue per delivering peer, served round-robin (the node's own work,
+    ``call``/``submit``, first): a flooding peer delays its own envelopes, not an honest
+    peer's, which waits for at most one envelope per other peer ahead of it."""
+
+    def __init__(
+        self,
+        pipeline: AdmissionPipeline,
+        *,
+        max_pending: int = MAX_PENDING,
+        max_pending_per_peer: int = MAX_PENDING_PER_PEER,
+    ) -> None:
+        self.pipeline = pipeline
+        self.max_pending = max_pending
+        self.max_pending_per_peer = max_pending_per_peer
+        self.pending = 0
+        self.overloaded = 0
+        self.cpu_seconds = 0.0  # admission CPU charged so far (thread + verifier)
+        self._queues: OrderedDict[str | None, deque[Callable[[], None]]] = OrderedDict()
+        self._ready = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._serve, name="admission", daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ the admission thread
+
+    def _serve(self) -> None:
+        while True:
+            with self._ready:
+                while not self._queues and not self._closed:
+                    self._ready.wait()
+                if not self._queues:
+                    return  # closed and drained
+                key = None if None in self._queues else next(iter(self._queues))
+                queue = self._queues[key]
+                job = queue.popleft()
+                if queue:
+                    self._queues.move_to_end(key)  # round-robin: this peer waits for the others
+                else:
+                    del self._queues[key]
+            job()
+
+    def _enqueue(self, key: str | None, job: Callable[[], None]) -> None:
+        with self._ready:
+            if self._closed:
+                raise RuntimeError("the admission intake is closed")
+            self._queues.setdefault(key, deque()).append(job)
+            self._ready.notify()
+
+    async def _run(self, key: str | None, fn: Callable[[], T]) -> T:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[T] = loop.create_future()
+
+        def job() -> None:
+            try:
+                result = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the awaiting task, which re-raises
+                loop.call_soon_threadsafe(_settle, future, None, exc)
+            else:
+                loop.call_soon_threadsafe(_settle, future, result, None)
+
+        self._enqueue(key, job)
+        return await future
+
+    def _admit_here(self, data: bytes, via: str | None, solicited: bool) -> Judged:
+        now = time.time()
+        started = time.thread_time()
+        verdict = self.pipeline.admit(data, now, via=via, solicited=solicited)
+        cost = time.thread_time() - started + self.pipeline.last_scoring_cpu_s
+        self.cpu_seconds += cost
+        self.pipeline.charge_cpu(verdict.sender, via, cost, now)
+        if not isinstance(verdict, Rejected):
+            return Judged(verdict)
+        # Read now, in order: asked later, a ban earned by a *later* envelope would show here too.
+        suspect = verdict.charged or verdict.sender or via
+        until = None if suspect is None else self.pipeline.banned_until(suspect, now)
+        return Judged(verdict, suspect, until)
+
+    # ------------------------------------------------------------------ the loop's side
+
+    def _waiting(self, key: str) -> int:
+        with self._ready:
+            return len(self._queues.get(key, ()))
+
+    async def judge(self, data: bytes, *, via: str | None, solicited: bool) -> Judged:
+        """The verdict on ``data``, computed in the admission thread, with the ban it left."""
+        key = via or ""
+        waiting = self._waiting(key)
+        if self.pending >= self.max_pending or waiting >= self.max_pending_per_peer:
+            self.overloaded += 1
+            detail = f"{self.pending} admissions waiting, {waiting} from {via}"
+            return Judged(Rejected(RejectReason.CPU_BUDGET, detail))
+        self.pending += 1
+        try:
+            return await self._run(key, lambda: self._admit_here(data, via, solicited))
+        finally:
+            self.pending -= 1
+
+    async def admit(self, data: bytes, *, via: str | None, solicited: bool) -> Verdict:
+        """The verdict on ``data``, computed in the admission thread."""
+        return (await self.judge(data, via=via, solicited=solicited)).verdict
+
+    async def call(self, fn: Callable[[], T]) -> T:
+        """Run ``fn`` (anything touching the pipeline's state) in the admission thread, first in line."""
+        return await self._run(None, fn)
+
+    def submit(self, fn: Callable[[], object]) -> None:
+        """Queue ``fn`` in the admission thread without waiting (before any peer's work still queued)."""
+
+        def job() -> None:
+            try:
+                fn()
+            except Exception:  # a bug in the node's own job: say so, keep the thread serving peers
+                log.exception("admission-thread job %r failed", fn)
+
+        self._enqueue(None, job)
+
+    def close(self) -> None:
+        """Finish what is queued, then stop the thread."""
+        with self._ready:
+            self._closed = True
+            self._ready.notify_all()
+        if threading.current_thread() is not self._thread:
+            self._thread.join()
+
+
+def _settle(future: asyncio.Future[T], result: T | None, error: BaseException | None) -> None:
+    if future.cancelled():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)  # type: ignore[arg-type]
+
+
+__all__ = ["MAX_PENDING", "Intake", "Judged"]

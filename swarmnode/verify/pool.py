@@ -1,0 +1,420 @@
+"""A pool of verifier worker processes: one blocking ``score`` call per batch, safe from any thread.
+
+Owns: starting workers with a clean environment and only their two pipes,
+handing each batch to an idle worker, the wall-clock deadline, reading answers
+with a size cap and checking their shape, killing and replacing a worker that
+timed out, died or failed, and the counters ``/metrics`` shows. Must not: block
+forever (every wait has a deadline) or believe a worker's CPU figure (the
+kernel's is used).
+
+A replacement starts in the background; a batch waits for the next idle worker
+up to ``start_timeout_s``. What a replacement costs (its start-up CPU, ~2 s of
+importing reasoning-gym) is added to the failure's ``cpu_s``, so whoever made a
+worker die pays for its replacement in its CPU budget.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import queue
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import swarmnode
+from swarmnode.config import VerifyConfig
+from swarmnode.tasks import Task
+from swarmnode.verify.limits import EXIT_COMPLETION_TIMEOUT, VerifierLimits
+from swarmnode.verify.outcome import Scored, ScoreOutcome, VerifierFailure, VerifierReason
+
+log = logging.getLogger(__name__)
+
+MAX_ANSWER_BYTES = 8 << 20
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) the kernel has charged to ``pid`` so far; 0 if unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICKS
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def _json_exact(value: Any) -> bool:
+    """Whether ``value`` comes back from a JSON round trip equal and of the same types."""
+    if value is None or isinstance(value, str | bool | int):
+        return True
+    if isinstance(value, float):
+        return value == value and value not in (float("inf"), float("-inf"))
+    if type(value) is list:
+        return all(_json_exact(v) for v in value)
+    if type(value) is dict:
+        return all(type(k) is str and _json_exact(v) for k, v in value.items())
+    return False  # tuples, sets, objects: the worker regenerates the task instead
+
+
+def _task_ref(task: Task) -> list[Any]:
+    """How a worker finds ``task``: its regenerated entry when that survives JSON exactly (the
+    worker then need not regenerate it again: half the cost of a chain_sum group), else its id."""
+    t = task.id
+    ref: list[Any] = [t.dataset, t.config, t.seed, t.index, t.prompt_format]
+    if _json_exact(task.entry):
+        return [*ref, task.prompt, json.dumps(task.entry, separators=(",", ":"))]
+    return [*ref, None, None]
+
+
+class _Worker:
+    def __init__(self, process: subprocess.Popen[bytes]) -> None:
+        self.process = process
+        self.network_namespace = False
+        self.start_cpu_s = 0.0
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def send(self, message: dict[str, Any], deadline: float) -> bool:
+        """Write one frame; False if the worker has not taken it all by ``deadline``."""
+        body = json.dumps(message, separators=(",", ":")).encode()
+        assert self.process.stdin is not None
+        fd = self.process.stdin.fileno()
+        os.set_blocking(fd, False)
+        view = memoryview(struct.pack(">I", len(body)) + body)
+        while view:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            _, ready, _ = select.select([], [fd], [], remaining)
+            if ready:
+                try:
+                    view = view[os.write(fd, view) :]
+                except BlockingIOError:
+                    continue
+        return True
+
+    def receive(self, deadline: float) -> dict[str, Any] | str:
+        """The next frame, or a string saying why there is none ("timeout", "closed", ...)."""
+        assert self.process.stdout is not None
+        fd = self.process.stdout.fileno()
+        data = b""
+        need = 4
+        size: int | None = None
+        while len(data) < need:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return "timeout"
+            ready, _, _ = select.select([fd], [], [], remaining)
+            if not ready:
+                return "timeout"
+            chunk = os.read(fd, need - len(data))
+            if not chunk:
+                return "closed"
+            data += chunk
+            if size is None and len(data) == 4:
+                (size,) = struct.unpack(">I", data)
+                if size > MAX_ANSWER_BYTES:
+                    return f"answer of {size} bytes"
+                data, need = b"", size
+        try:
+            message = json.loads(data)
+        except ValueError:
+            return "unreadable answer"
+        return message if isinstance(message, dict) else "unreadable answer"
+
+    def kill(self) -> float:
+        """Kill the worker and reap it; the CPU seconds it used in its life."""
+        try:
+            self.process.kill()
+        except OSError:
+            pass
+        try:
+            _, _, usage = os.wait4(self.process.pid, 0)
+            self.process.returncode = -signal.SIGKILL
+            cpu = usage.ru_utime + usage.ru_stime
+        except ChildProcessError:
+            cpu = 0.0
+        for stream in (self.process.stdin, self.process.stdout):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        return cpu
+
+
+class VerifierPool:
+    """``workers`` sandboxed verifier processes; ``score`` blocks the calling thread, never the loop."""
+
+    def __init__(
+        self,
+        limits: VerifierLimits | None = None,
+        *,
+        workers: int = 2,
+        families: Iterable[tuple[str, str, str]] = (),
+        isolate_network: bool = True,
+        unsafe_upstream: Iterable[str] = (),
+    ) -> None:
+        """``unsafe_upstream``: families to score with upstream's audit-flagged scorer anyway. Only
+        for tests of the boundary itself (what if the audit missed one); never in a node."""
+        if workers < 1:
+            raise ValueError(f"a verifier pool needs at least 1 worker, got {workers}")
+        self.limits = limits or VerifierLimits()
+        self.size = workers
+        self.families = sorted({json.dumps(list(f)) for f in families})
+        self.isolate_network = isolate_network
+        self.unsafe_upstream = sorted(unsafe_upstream)
+        self.counters: Counter[str] = Counter()
+        self.cpu_seconds = 0.0  # all scoring CPU, workers' start-up included
+        self.network_namespace = False
+        self._idle: queue.Queue[_Worker] = queue.Queue()
+        self._lock = threading.Lock()
+        self._closed = False
+        self._live: set[_Worker] = set()
+        self._start_cpu_s = 2.0  # replaced by the measured start-up cost of the first workers
+        self._spawn_requests: queue.Queue[bool | None] = queue.Queue()
+        self._ready = threading.Condition()
+        self._started = 0
+        self._start_error: str | None = None
+        self._supervisor: threading.Thread | None = None
+        self._root: str | None = None
+
+    @classmethod
+    def from_config(cls, config: VerifyConfig, families: Iterable[tuple[str, str, str]]) -> VerifierPool:
+        """A pool for a role's task families with its ``[verify]`` settings (not started)."""
+        limits = VerifierLimits(
+            completion_cpu_s=config.completion_cpu_s,
+            batch_cpu_s=config.batch_cpu_s,
+            memory_bytes=config.memory_mb << 20,
+        )
+        return cls(limits, workers=config.workers, families=families)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def _spawn(self) -> _Worker:
+        settings = {
+            "limits": {
+                "completion_cpu_s": self.limits.completion_cpu_s,
+                "batch_cpu_s": self.limits.batch_cpu_s,
+                "wall_slack_s": self.limits.wall_slack_s,
+                "memory_bytes": self.limits.memory_bytes,
+                "start_timeout_s": self.limits.start_timeout_s,
+            },
+            "families": self.families,
+            "isolate_network": self.isolate_network,
+            "unsafe_upstream": self.unsafe_upstream,
+            "root": self._root,
+        }
+        env = {
+            "PATH": os.defpath,
+            "LANG": "C.UTF-8",
+            "PYTHONPATH": str(Path(swarmnode.__file__).resolve().parents[1]),
+            "PYTHONDONTWRITEBYTECODE": "1",
+            "PYTHONNOUSERSITE": "1",
+            "PYTHONHASHSEED": "0",
+            "OMP_NUM_THREADS": "1",
+        }
+        process = subprocess.Popen(
+            [sys.executable, "-m", "swarmnode.verify.worker", str(os.getpid()), json.dumps(settings)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+            env=env,
+            cwd="/",
+            start_new_session=True,
+        )
+        worker = _Worker(process)
+        ready = worker.receive(time.monotonic() + self.limits.start_timeout_s)
+        if not isinstance(ready, dict) or ready.get("ready") is not True:
+            worker.kill()
+            raise RuntimeError(f"verifier worker did not start: {ready!r}")
+        worker.network_namespace = bool(ready.get("network_namespace"))
+        worker.start_cpu_s = _proc_cpu(worker.pid)
+        return worker
+
+    def _add(self, worker: _Worker) -> None:
+        with self._lock:
+            if self._closed:
+                worker.kill()
+                return
+            self._live.add(worker)
+            self.network_namespace = worker.network_namespace
+            self.cpu_seconds += worker.start_cpu_s
+        self._idle.put(worker)
+
+    def start(self) -> None:
+        """Start every worker and wait until each is ready; raises ``RuntimeError`` if one cannot start.
+
+        Workers are spawned by the pool's own thread, which lives until ``close``: the kernel's
+        parent-death signal fires when the *thread* that forked a child exits."""
+        self._root = tempfile.mkdtemp(prefix="swarmnode-verifier-")  # empty: the workers' chroot (root)
+        self._supervisor = threading.Thread(target=self._supervise, name="verifier-pool", daemon=True)
+        self._supervisor.start()
+        for _ in range(self.size):
+            self._spawn_requests.put(True)
+        deadline = time.monotonic() + self.limits.start_timeout_s * self.size
+        with self._ready:
+            while self._started < self.size:
+                if self._start_error is not None:
+                    raise RuntimeError(self._start_error)
+                if not self._ready.wait(timeout=max(0.0, deadline - time.monotonic())):
+                    raise RuntimeError("verifier workers did not start in time")
+        with self._lock:
+            starts = [w.start_cpu_s for w in self._live if w.start_cpu_s > 0]
+        if starts:
+            self._start_cpu_s = sum(starts) / len(starts)
+
+    def _supervise(self) -> None:
+        while True:
+            if self._spawn_requests.get() is None:
+                return
+            for attempt in range(3):
+                if self._closed:
+                    return
+                try:
+                    self._add(self._spawn())
+                    break
+                except (OSError, RuntimeError) as exc:
+                    log.error("verifier worker start failed (attempt %d): %s", attempt + 1, exc)
+                    if attempt == 2:
+                        with self._ready:
+                            self._start_error = f"verifier worker could not start: {exc}"
+                            self._ready.notify_all()
+                    time.sleep(0.5)
+            with self._ready:
+                self._started += 1
+                self._ready.notify_all()
+
+    def _replace_later(self) -> None:
+        self.counters["restarts"] += 1
+        self._spawn_requests.put(True)
+
+    def _retire(self, worker: _Worker) -> float:
+        with self._lock:
+            self._live.discard(worker)
+        cpu = worker.kill()
+        self._replace_later()
+        return cpu
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+            live, self._live = list(self._live), set()
+        self._spawn_requests.put(None)
+        for worker in live:
+            worker.kill()
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=self.limits.start_timeout_s)
+        if self._root is not None:
+            shutil.rmtree(self._root, ignore_errors=True)
+
+    def __enter__(self) -> VerifierPool:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ scoring
+
+    def score(self, groups: Sequence[tuple[Task, Sequence[str]]]) -> ScoreOutcome:
+        """Score every completion of every group in one worker; a failure value on any trouble."""
+        if not groups:
+            return Scored(())
+        try:
+            worker = self._idle.get(timeout=self.limits.start_timeout_s)
+        except queue.Empty:
+            self.counters["failed"] += 1
+            return VerifierFailure(VerifierReason.FAILED, "no verifier worker available")
+        request = {"groups": [[*_task_ref(t), list(texts)] for t, texts in groups]}
+        completions = sum(len(texts) for _, texts in groups)
+        budget = min(self.limits.batch_cpu_s, completions * self.limits.completion_cpu_s)
+        before = _proc_cpu(worker.pid)
+        started = time.monotonic()
+        deadline = started + budget + self.limits.wall_slack_s
+        try:
+            answer = worker.receive(deadline) if worker.send(request, deadline) else "timeout"
+        except OSError as exc:
+            answer = f"pipe: {exc}"
+        self.counters["batches"] += 1
+        if isinstance(answer, dict):
+            outcome = self._judge(answer, groups, _proc_cpu(worker.pid) - before)
+            if isinstance(outcome, Scored):
+                self._idle.put(worker)
+                self.cpu_seconds += outcome.cpu_s
+                return outcome
+        else:
+            outcome = self._death(worker, answer)
+        # Any failure retires the worker: whatever ran in it may have changed its state.
+        life = self._retire(worker)
+        # A worker held by a sleeping scorer costs wall time, not CPU: charge whichever is larger,
+        # plus the replacement's start-up.
+        cost = max(life - before, time.monotonic() - started, 0.0) + self._start_cpu_s
+        self.cpu_seconds += cost
+        return VerifierFailure(outcome.reason, outcome.detail, cost)
+
+    def _death(self, worker: _Worker, why: str) -> VerifierFailure:
+        try:
+            code = worker.process.wait(timeout=1.0) if why == "closed" else worker.process.poll()
+        except subprocess.TimeoutExpired:
+            code = None
+        if why == "timeout" or code in (EXIT_COMPLETION_TIMEOUT, -signal.SIGXCPU, -signal.SIGKILL):
+            self.counters["timeouts"] += 1
+            return VerifierFailure(VerifierReason.TIMEOUT, "scoring ran past its time limit")
+        self.counters["failed"] += 1
+        return VerifierFailure(VerifierReason.FAILED, f"verifier worker died ({why}, exit {code})")
+
+    def _judge(
+        self, answer: dict[str, Any], groups: Sequence[tuple[Task, Sequence[str]]], cpu_s: float
+    ) -> ScoreOutcome:
+        if "failed" in answer:
+            self.counters["failed"] += 1
+            detail = str(answer.get("detail", ""))[:200]
+            return VerifierFailure(VerifierReason.FAILED, detail or str(answer["failed"])[:50], cpu_s)
+        rows = answer.get("rewards")
+        if not isinstance(rows, list) or len(rows) != len(groups):
+            self.counters["failed"] += 1
+            return VerifierFailure(VerifierReason.FAILED, "verifier answer has the wrong shape", cpu_s)
+        rewards = []
+        for row, (_, texts) in zip(rows, groups, strict=True):
+            if not isinstance(row, list) or len(row) != len(texts):
+                self.counters["failed"] += 1
+                return VerifierFailure(VerifierReason.FAILED, "verifier answer has the wrong shape", cpu_s)
+            values = []
+            for value in row:
+                if not isinstance(value, int | float) or not 0.0 <= value <= 1.0:
+                    self.counters["failed"] += 1
+                    return VerifierFailure(VerifierReason.FAILED, "verifier reward outside [0, 1]", cpu_s)
+                values.append(float(value))
+            rewards.append(tuple(values))
+        return Scored(tuple(rewards), cpu_s)
+
+    def stats(self) -> dict[str, float]:
+        """Counters for ``/metrics`` and ``/status``."""
+        return {
+            "workers": self.size,
+            "batches": self.counters["batches"],
+            "timeouts": self.counters["timeouts"],
+            "failed": self.counters["failed"],
+            "restarts": self.counters["restarts"],
+            "cpu_seconds": round(self.cpu_seconds, 3),
+            "network_namespace": float(self.network_namespace),
+        }
+
+
+__all__ = ["VerifierPool"]

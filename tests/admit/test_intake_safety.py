@@ -1,0 +1,228 @@
+"""The intake under attack: what is scored is what is trained, quotas, CPU budgets, a live loop.
+
+Each test is one finding of the safe-intake review, asserting the outcome: the wrong answer
+is not trained as right, a flooder cannot lock honest signers out of the replay cache, a
+peer that spent its CPU is refused, and the event loop keeps running while admission works.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from swarmnode.admit import Accepted, AdmissionConfig, AdmissionPipeline, Rejected, RejectReason
+from swarmnode.admit.intake import Intake
+from swarmnode.identity import NodeIdentity
+from swarmnode.node import completion_token_rows, to_scored, trained_texts
+from swarmnode.policy import Policy, build_tiny_policy
+from swarmnode.tasks import Task, TaskId, regenerate, score_completion
+from swarmnode.verify import Scored, score_in_process
+from swarmnode.wire.messages import Heartbeat
+
+from .conftest import FAMILIES, T0, batch, envelope, identity, make_group
+
+MAX_NEW = 8
+ALICE, MALLORY = identity(1), identity(3)
+
+
+@pytest.fixture(scope="module")
+def policy() -> Policy:
+    torch.set_num_threads(1)
+    return build_tiny_policy(0)
+
+
+def rendering_pipeline(policy: Policy) -> AdmissionPipeline:
+    return AdmissionPipeline(
+        AdmissionConfig(allowed_tasks=FAMILIES),
+        now=T0,
+        render=lambda texts: trained_texts(policy, texts, MAX_NEW),
+    )
+
+
+def test_a_wrong_answer_past_the_trained_tokens_is_refused_not_trained_as_right(policy: Policy) -> None:
+    """Finding: ``202\\n\\n\\n\\n\\n<answer>191</answer>`` scored 1.0 and trained as ``202...``."""
+    task = regenerate(TaskId("chain_sum", FAMILIES_CHAIN, 7, 0, "compact"))
+    right = task.entry["answer"]
+    hostile = "202\n\n\n\n\n<answer>" + right + "</answer>"
+    verdict = rendering_pipeline(policy).admit(envelope(batch(make_group(0, (hostile, right))), ALICE), T0)
+    assert isinstance(verdict, Rejected) and verdict.reason.value == "completion_too_long"
+
+
+FAMILIES_CHAIN = next(config for dataset, config, fmt in FAMILIES if fmt == "compact")
+
+texts = st.text(alphabet=st.sampled_from("0123456789+-=<>/answer \n\u00e9x"), max_size=12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(answers=st.lists(texts, min_size=1, max_size=4))
+def test_every_admitted_reward_is_the_score_of_the_decoded_trained_ids(
+    policy: Policy, answers: list[str]
+) -> None:
+    pipeline = rendering_pipeline(policy)
+    verdict = pipeline.admit(envelope(batch(make_group(1, tuple(answers))), ALICE), T0)
+    if isinstance(verdict, Rejected):
+        assert verdict.reason.value in (
+            "completion_too_long",
+            "completion_untrainable",
+            "invalid_payload",
+            "limit_exceeded",
+        )
+        return
+    assert isinstance(verdict, Accepted)
+    for admitted in verdict.groups:
+        scored = to_scored(admitted, policy, MAX_NEW)
+        for ids, reward in zip(scored.completion_ids, scored.rewards, strict=True):
+            assert len(ids) <= MAX_NEW
+            assert reward == score_completion(admitted.task, policy.decode_completion(ids))
+
+
+def test_an_eos_spelled_inside_a_completion_ends_what_is_trained(policy: Policy) -> None:
+    eos_text = policy.tokenizer.decode([policy.eos_token_id])
+    [ids] = completion_token_rows(policy, [f"84{eos_text}99"], MAX_NEW)
+    assert isinstance(ids, list) and ids[-1] == policy.eos_token_id and ids.count(policy.eos_token_id) == 1
+    assert policy.decode_completion(ids) == "84"
+
+
+@pytest.mark.parametrize("spelled", ["bos", "pad", "unk", "foreign"])
+def test_tokens_the_reward_cannot_see_are_refused_not_trained(policy: Policy, spelled: str) -> None:
+    """Red-team F3: ``<bos>-28`` scored 1.0 (decoding drops specials) and was trained with the <bos>."""
+    tokenizer = policy.tokenizer
+    token = {"bos": tokenizer.bos_token, "pad": tokenizer.pad_token, "unk": tokenizer.unk_token}.get(
+        spelled, "é"
+    )
+    assert token is not None
+    [row] = completion_token_rows(policy, [f"{token}-28"], MAX_NEW)
+    assert row is RejectReason.COMPLETION_UNTRAINABLE
+
+
+def test_an_8_kib_filler_is_refused_by_length_before_any_tokenization(policy: Policy) -> None:
+    [row] = completion_token_rows(policy, ["84" + "0" * 8000], MAX_NEW)
+    assert row is RejectReason.COMPLETION_TOO_LONG
+
+
+def heartbeat_from(who: NodeIdentity, k: int) -> bytes:
+    """The k-th heartbeat of ``who``, sent k ms after T0 (a real signer's envelopes are in time order)."""
+    return envelope(Heartbeat(round=1000 + k, model_id="tiny", policy_version=0), who, at=T0 + k / 1000)
+
+
+def test_one_flooding_signer_cannot_lock_honest_signers_out_of_the_replay_cache() -> None:
+    """Finding: one signer filled the 200,000-digest cache; honest batches were refused."""
+    pipeline = AdmissionPipeline(
+        AdmissionConfig(allowed_tasks=FAMILIES, replay_capacity=100, replay_quota=20), now=T0
+    )
+    verdicts = [pipeline.admit(heartbeat_from(MALLORY, k), T0, via="mallory-transport") for k in range(60)]
+    refused = [v for v in verdicts if isinstance(v, Rejected)]
+    assert sum(isinstance(v, Accepted) for v in verdicts) == 20
+    assert {v.reason.value for v in refused} <= {"replay_quota_signer", "replay_quota_via", "banned"}
+    assert pipeline.banned_until(MALLORY.peer_id, T0) is not None  # a persistent flooder is banned
+    honest = pipeline.admit(envelope(batch(make_group(1)), ALICE), T0, via="alice-transport")
+    assert isinstance(honest, Accepted)
+
+
+def test_a_delivering_peer_is_held_to_its_quota_across_signers() -> None:
+    pipeline = AdmissionPipeline(
+        AdmissionConfig(allowed_tasks=FAMILIES, replay_capacity=1000, replay_quota=10), now=T0
+    )
+    sybils = [identity(100 + k) for k in range(20)]
+    verdicts = [pipeline.admit(heartbeat_from(s, 0), T0, via="relay") for s in sybils]
+    assert sum(isinstance(v, Accepted) for v in verdicts) == 10
+    assert {v.reason.value for v in verdicts if isinstance(v, Rejected)} == {"replay_quota_via"}
+
+
+def test_a_peer_that_spent_its_cpu_budget_is_refused_until_it_refills() -> None:
+    pipeline = AdmissionPipeline(
+        AdmissionConfig(allowed_tasks=FAMILIES, cpu_rate=0.1, cpu_burst=1.0, cpu_initial=1.0), now=T0
+    )
+    pipeline.charge_cpu(ALICE.peer_id, "announcer", 3.0, T0)
+    as_signer = pipeline.admit(heartbeat_from(ALICE, 1), T0, via="elsewhere")
+    as_via = pipeline.admit(heartbeat_from(identity(9), 1), T0, via="announcer")
+    assert isinstance(as_signer, Rejected) and as_signer.reason.value == "cpu_budget"
+    assert isinstance(as_via, Rejected) and as_via.reason.value == "cpu_budget"
+    assert as_signer.charged is None  # the budget is the consequence; no score lost
+    later = T0 + 25.0  # debt 2.0 refills at 0.1/s
+    assert isinstance(pipeline.admit(heartbeat_from(ALICE, 2), later, via="elsewhere"), Accepted)
+
+
+def test_admission_runs_off_the_event_loop_and_charges_its_cpu() -> None:
+    """Finding: a 25 s scorer kept /healthz from answering for 25 s. Here the loop keeps ticking."""
+
+    def slow(groups: Sequence[tuple[Task, Sequence[str]]]) -> Scored:
+        deadline = time.thread_time() + 0.6
+        while time.thread_time() < deadline:  # CPU-bound, holding the GIL as a scorer would
+            pass
+        return score_in_process(groups)  # type: ignore[return-value]
+
+    pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=FAMILIES), now=time.time(), score_groups=slow)
+    intake = Intake(pipeline)
+
+    async def scenario() -> tuple[float, object]:
+        worst = 0.0
+        task = asyncio.ensure_future(
+            intake.admit(envelope(batch(make_group(1)), ALICE, at=time.time()), via="peer", solicited=True)
+        )
+        while not task.done():
+            before = time.monotonic()
+            await asyncio.sleep(0.01)
+            worst = max(worst, time.monotonic() - before - 0.01)
+        return worst, task.result()
+
+    try:
+        worst, verdict = asyncio.run(scenario())
+    finally:
+        intake.close()
+    assert isinstance(verdict, Accepted)
+    assert worst < 0.05, f"the loop stalled {worst * 1000:.0f} ms"
+    assert intake.cpu_seconds >= 0.6
+    level = pipeline.cpu.level(ALICE.peer_id)
+    assert level is not None and level <= pipeline.config.cpu_initial - 0.6
+
+
+def test_many_flooding_identities_cannot_fill_the_cache_against_an_honest_signer() -> None:
+    """Quotas alone let a few identities fill the cache together; the largest holder's oldest
+    digests are forgotten to make room, and no forgotten envelope can be replayed."""
+    pipeline = AdmissionPipeline(
+        AdmissionConfig(allowed_tasks=FAMILIES, replay_capacity=60, replay_quota=20, new_identities=1000),
+        now=T0,
+    )
+    honest_accepted = 0
+    for k in range(10):
+        honest_accepted += isinstance(pipeline.admit(heartbeat_from(ALICE, k), T0, via="alice"), Accepted)
+        for sybil in range(8):
+            who = identity(200 + sybil)
+            pipeline.admit(heartbeat_from(who, k * 3), T0, via=f"sybil-{sybil}")
+            pipeline.admit(heartbeat_from(who, k * 3 + 1), T0, via=f"sybil-{sybil}")
+    assert honest_accepted == 10
+    assert pipeline.replay.evicted > 0
+    for k in range(10):  # every one of Alice's envelopes is still refused as a replay
+        again = pipeline.admit(heartbeat_from(ALICE, k), T0, via="mallory")
+        assert isinstance(again, Rejected) and again.reason.value == "replay"
+    for sybil in range(8):  # and so is every flooder's, remembered or forgotten
+        again = pipeline.admit(heartbeat_from(identity(200 + sybil), 0), T0, via="mallory")
+        assert isinstance(again, Rejected) and again.reason.value in ("replay", "banned")
+
+
+def test_an_envelope_that_fails_freshness_makes_the_cache_forget_nothing() -> None:
+    """Red-team F1: a stale envelope at a full cache evicted an honest signer's digests."""
+    pipeline = AdmissionPipeline(
+        AdmissionConfig(allowed_tasks=FAMILIES, replay_capacity=10, replay_quota=10), now=T0
+    )
+    for k in range(10):
+        assert isinstance(pipeline.admit(heartbeat_from(ALICE, k), T0, via="alice"), Accepted)
+    stale = envelope(Heartbeat(round=1, model_id="tiny", policy_version=0), MALLORY, at=T0 - 400.0)
+    assert pipeline.admit(stale, T0, via="mallory").reason.value == "too_old"  # type: ignore[union-attr]
+    assert pipeline.replay.evicted == 0 and pipeline.replay.held(ALICE.peer_id) == 10
+
+
+def test_a_new_identity_starts_with_a_small_cpu_allowance() -> None:
+    """Red-team F2: each cheap identity brought a whole 2-s burst; now it brings cpu_initial."""
+    pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=FAMILIES, cpu_initial=0.25), now=T0)
+    newcomer = identity(77)
+    pipeline.charge_cpu(newcomer.peer_id, None, 0.3, T0)
+    refused = pipeline.admit(heartbeat_from(newcomer, 1), T0, via="x")
+    assert isinstance(refused, Rejected) and refused.reason.value == "cpu_budget"
