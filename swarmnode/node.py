@@ -27,6 +27,7 @@ import torch
 
 from swarmnode import __version__
 from swarmnode.admit import AdmissionConfig, AdmissionPipeline, AdmittedGroup, RejectReason, task_families
+from swarmnode.admit.verdict import TrainedText
 from swarmnode.api import serve_forever
 from swarmnode.config import Config
 from swarmnode.core.gossip import GossipConfig, GossipCore
@@ -43,7 +44,7 @@ from swarmnode.solo import build_mixture, build_policy, configure_threads
 from swarmnode.store import CheckpointStore, Ledger
 from swarmnode.supervise import run_jobs
 from swarmnode.train import RoundMetrics, ScoredGroup, Trainer
-from swarmnode.verify import VerifierPool, sandbox_report
+from swarmnode.verify import VerifierPool
 from swarmnode.wire import Completion, RolloutBatch, RolloutGroup, encode_envelope, seal, to_ms
 from swarmnode.wire.messages import TaskId as WireTaskId
 
@@ -136,10 +137,12 @@ def completion_token_rows(
     return rows
 
 
-def trained_texts(policy: Policy, texts: Sequence[str], max_new_tokens: int) -> list[str | RejectReason]:
+def trained_texts(
+    policy: Policy, texts: Sequence[str], max_new_tokens: int
+) -> list[TrainedText | RejectReason]:
     """What admission scores for received completions: the decoding of exactly the ids we train."""
     return [
-        row if isinstance(row, RejectReason) else policy.decode_completion(row)
+        row if isinstance(row, RejectReason) else TrainedText(policy.decode_completion(row), tuple(row))
         for row in completion_token_rows(policy, texts, max_new_tokens)
     ]
 
@@ -147,10 +150,14 @@ def trained_texts(policy: Policy, texts: Sequence[str], max_new_tokens: int) -> 
 def to_scored(admitted: AdmittedGroup, policy: Policy, max_new_tokens: int) -> ScoredGroup:
     """An admitted external group, re-tokenized with our tokenizer (SAPO §2 step 5).
 
-    Admission scored ``trained_text`` of each completion (when it was given this node's
-    renderer), so the reward belongs to exactly these ids."""
+    Admission rendered each completion with ``trained_texts`` (when it was given this node's
+    renderer) and scored the text of these ids, so the reward belongs to exactly them; they
+    travel with the group, and are only computed here where no renderer ran (the simulator)."""
+    if admitted.token_ids:
+        rows: list[list[int] | RejectReason] = [list(ids) for ids in admitted.token_ids]
+    else:
+        rows = completion_token_rows(policy, [c.text for c in admitted.group.completions], max_new_tokens)
     completion_id_rows = []
-    rows = completion_token_rows(policy, [c.text for c in admitted.group.completions], max_new_tokens)
     for i, row in enumerate(rows):
         if isinstance(row, RejectReason):  # admission refused these; reaching here is a bug
             raise ValueError(f"completion {i} of {admitted.task.id.key()}: {row.value}")
@@ -239,7 +246,7 @@ class SwarmNode:
             "peers": self.runtime.dht_peer_count() if self.runtime.is_running else 0,
             "gossip": self.core.stats.as_dict(),
             "admission": dict(self.admission.counts()),
-            "verifier": {**self.verifier.stats(), **sandbox_report()},
+            "verifier": {**self.verifier.stats(), **self.verifier.isolation()},
             "admission_cpu_s": round(self.driver.intake.cpu_seconds, 3),
             "external_by_sender": self.driver.sender_tallies(),
             "metrics": self.metrics.snapshot(),

@@ -37,10 +37,9 @@ MAX_PENDING_PER_PEER = 32  # so one delivering peer cannot take every place in t
 
 @dataclass(frozen=True)
 class Judged:
-    """A verdict and, for a rejection, whom it charged (or names) and until when that peer is banned."""
+    """A verdict and, for a rejection, until when the peer it charged (or names) is banned."""
 
     verdict: Verdict
-    suspect: str | None = None
     banned_until: float | None = None
 
 
@@ -122,7 +121,7 @@ class Intake:
         # Read now, in order: asked later, a ban earned by a *later* envelope would show here too.
         suspect = verdict.charged or verdict.sender or via
         until = None if suspect is None else self.pipeline.banned_until(suspect, now)
-        return Judged(verdict, suspect, until)
+        return Judged(verdict, until)
 
     # ------------------------------------------------------------------ the loop's side
 

@@ -50,7 +50,7 @@ from typing import TypeAlias
 from swarmnode.admit.limits import BucketMap, ReplayCache, TokenBucket
 from swarmnode.admit.peers import BanLedger, PeerBook, ScoreRule
 from swarmnode.admit.reasons import CHARGE, DEFAULT_PENALTIES, Charge, RejectReason
-from swarmnode.admit.verdict import Accepted, AdmittedGroup, Rejected, Verdict
+from swarmnode.admit.verdict import Accepted, AdmittedGroup, Rejected, TrainedText, Verdict
 from swarmnode.errors import TaskError
 from swarmnode.identity import KeyAllowlist
 from swarmnode.tasks import Task, TaskId, TaskMixture, UnsafeScorerError, check_family
@@ -137,8 +137,8 @@ class AdmissionPipeline:
     errors (a failing disk) propagate: they are the node's problem, not a peer's.
     ``regenerate`` defaults to ``swarmnode.tasks``'; ``score_groups`` to the
     in-process safe scorers (a node passes its ``VerifierPool.score``).
-    ``render(texts)`` gives, per received completion, the text this node will
-    train (the decoding of its own tokenization) or the reason it cannot train it
+    ``render(texts)`` gives, per received completion, what this node will train
+    (its own tokenization and the text it decodes to) or the reason it cannot train it
     (``completion_too_long``, ``completion_untrainable``); scoring that text, not
     the received one, makes the reward belong to exactly what is trained. None:
     score the text as received (tools, tests, the simulator).
@@ -152,7 +152,7 @@ class AdmissionPipeline:
         ledger: BanLedger | None = None,
         regenerate: Callable[[TaskId], Task] = _regenerate,
         score_groups: GroupScorer = score_in_process,
-        render: Callable[[Sequence[str]], Sequence[str | RejectReason]] | None = None,
+        render: Callable[[Sequence[str]], Sequence[TrainedText | RejectReason]] | None = None,
     ) -> None:
         self.config = config
         self.peers = PeerBook(self.config.score, self.config.max_tracked_peers, ledger, now)
@@ -511,6 +511,7 @@ class AdmissionPipeline:
                 )
             tasks.append(task)
         to_score: list[tuple[Task, tuple[str, ...]]] = []
+        token_ids: list[tuple[tuple[int, ...], ...]] = []
         for i, (group, task) in enumerate(zip(batch.groups, tasks, strict=True)):
             texts = tuple(c.text for c in group.completions)
             if self._render is not None:
@@ -531,7 +532,9 @@ class AdmissionPipeline:
                         signer=signer,
                         via=via,
                     )
-                texts = tuple(text for text in rendered if isinstance(text, str))
+                trained = [r for r in rendered if isinstance(r, TrainedText)]
+                texts = tuple(r.text for r in trained)
+                token_ids.append(tuple(r.token_ids for r in trained))
             to_score.append((task, texts))
         outcome = self._score_groups(to_score)
         self.last_scoring_cpu_s = outcome.cpu_s
@@ -543,8 +546,17 @@ class AdmissionPipeline:
             )
             return self._reject(reason, clip(outcome.detail, 200), now, signer=signer, via=via)
         admitted = [
-            AdmittedGroup(group=group, task=task, rewards=rewards, sender=signer, texts=texts)
-            for group, (task, texts), rewards in zip(batch.groups, to_score, outcome.rewards, strict=True)
+            AdmittedGroup(
+                group=group,
+                task=task,
+                rewards=rewards,
+                sender=signer,
+                texts=texts,
+                token_ids=token_ids[i] if token_ids else (),
+            )
+            for i, (group, (task, texts), rewards) in enumerate(
+                zip(batch.groups, to_score, outcome.rewards, strict=True)
+            )
         ]
         return tuple(admitted)
 

@@ -16,6 +16,15 @@ from swarmnode.wire.messages import Message, RolloutGroup
 
 
 @dataclass(frozen=True, slots=True)
+class TrainedText:
+    """A received completion as this node will train it: the token ids, and the text they decode
+    to (what admission scores)."""
+
+    text: str
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class AdmittedGroup:
     """A rollout group that passed every check, with rewards from *our* verifier."""
 
@@ -26,6 +35,8 @@ class AdmittedGroup:
     #: The texts that were scored: each completion as this node will train it (the pipeline's
     #: ``render``), or as received where no renderer was given. ``rewards[i]`` is their score.
     texts: tuple[str, ...] = ()
+    #: The ids this node trains for each completion (the renderer's), or () where none was given.
+    token_ids: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

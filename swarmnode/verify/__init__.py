@@ -16,7 +16,7 @@ verifier's exception reach the caller.
 the simulator and tools over a node's own rollouts.
 """
 
-from swarmnode.verify.limits import VerifierLimits, sandbox_report
+from swarmnode.verify.limits import VerifierLimits
 from swarmnode.verify.outcome import (
     GroupScorer,
     Scored,
@@ -33,6 +33,5 @@ __all__ = [
     "VerifierLimits",
     "VerifierPool",
     "VerifierReason",
-    "sandbox_report",
     "score_in_process",
 ]

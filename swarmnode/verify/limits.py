@@ -15,7 +15,7 @@ and before it reads any peer text (so nothing a peer sends runs without them):
   file can be read, created or written;
 - a new network namespace (``unshare(CLONE_NEWNET)``) when the node runs as
   root: no interface but a down loopback. Without root this is not possible
-  and ``sandbox_report()`` says so (the README's Reliability section too);
+  and ``VerifierPool.isolation()`` says so (the README's Reliability section too);
 - the parent gives it a clean environment, no inherited descriptors beyond its
   two pipes, its own session, and a parent-death signal.
 """
@@ -102,7 +102,7 @@ def jail(root: str | None) -> bool:
     """As root: chroot into the empty directory ``root`` and become ``nobody``; True if done.
 
     Everything a scorer needs is imported and warmed by then, so the worker needs no file;
-    without root neither step is possible (``sandbox_report`` says so)."""
+    without root neither step is possible (``VerifierPool.isolation`` says so)."""
     if root is None or os.geteuid() != 0:
         return False
     try:
@@ -138,20 +138,6 @@ def stop_completion_timer() -> None:
     signal.setitimer(signal.ITIMER_PROF, 0)
 
 
-def sandbox_report() -> dict[str, bool | str]:
-    """What the boundary can arrange on this machine (shown in /status and the README)."""
-    root = os.geteuid() == 0
-    return {
-        "process_limits": True,
-        "network_namespace": root,
-        "file_system_jail": root,
-        "note": ""
-        if root
-        else "not root: verifier workers keep the host's network and file system (read-only to them "
-        "by RLIMIT_FSIZE = 0, but files can be created empty)",
-    }
-
-
 __all__ = [
     "EXIT_COMPLETION_TIMEOUT",
     "VerifierLimits",
@@ -161,7 +147,6 @@ __all__ = [
     "enter_network_namespace",
     "jail",
     "lock_down",
-    "sandbox_report",
     "start_completion_timer",
     "stop_completion_timer",
 ]

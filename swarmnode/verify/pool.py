@@ -82,6 +82,7 @@ class _Worker:
     def __init__(self, process: subprocess.Popen[bytes]) -> None:
         self.process = process
         self.network_namespace = False
+        self.jailed = False
         self.start_cpu_s = 0.0
 
     @property
@@ -180,7 +181,8 @@ class VerifierPool:
         self.unsafe_upstream = sorted(unsafe_upstream)
         self.counters: Counter[str] = Counter()
         self.cpu_seconds = 0.0  # all scoring CPU, workers' start-up included
-        self.network_namespace = False
+        self.network_namespace = False  # what the last worker to start could arrange, as it reported
+        self.jailed = False
         self._idle: queue.Queue[_Worker] = queue.Queue()
         self._lock = threading.Lock()
         self._closed = False
@@ -244,6 +246,7 @@ class VerifierPool:
             worker.kill()
             raise RuntimeError(f"verifier worker did not start: {ready!r}")
         worker.network_namespace = bool(ready.get("network_namespace"))
+        worker.jailed = bool(ready.get("jailed"))
         worker.start_cpu_s = _proc_cpu(worker.pid)
         return worker
 
@@ -254,6 +257,7 @@ class VerifierPool:
                 return
             self._live.add(worker)
             self.network_namespace = worker.network_namespace
+            self.jailed = worker.jailed
             self.cpu_seconds += worker.start_cpu_s
         self._idle.put(worker)
 
@@ -404,6 +408,16 @@ class VerifierPool:
             rewards.append(tuple(values))
         return Scored(tuple(rewards), cpu_s)
 
+    def isolation(self) -> dict[str, bool | str]:
+        """What the workers could arrange on this machine (``/status``; the README's Reliability)."""
+        note = ""
+        if not (self.network_namespace and self.jailed):
+            note = (
+                "verifier workers keep the host's network and file system (not root): they cannot "
+                "write into a file (RLIMIT_FSIZE = 0), but can open connections and create empty files"
+            )
+        return {"network_namespace": self.network_namespace, "file_system_jail": self.jailed, "note": note}
+
     def stats(self) -> dict[str, float]:
         """Counters for ``/metrics`` and ``/status``."""
         return {
@@ -413,7 +427,6 @@ class VerifierPool:
             "failed": self.counters["failed"],
             "restarts": self.counters["restarts"],
             "cpu_seconds": round(self.cpu_seconds, 3),
-            "network_namespace": float(self.network_namespace),
         }
 
 

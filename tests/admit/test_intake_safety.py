@@ -77,6 +77,8 @@ def test_every_admitted_reward_is_the_score_of_the_decoded_trained_ids(
     assert isinstance(verdict, Accepted)
     for admitted in verdict.groups:
         scored = to_scored(admitted, policy, MAX_NEW)
+        fresh = completion_token_rows(policy, [c.text for c in admitted.group.completions], MAX_NEW)
+        assert scored.completion_ids == fresh  # the ids admission rendered are the ones trained
         for ids, reward in zip(scored.completion_ids, scored.rewards, strict=True):
             assert len(ids) <= MAX_NEW
             assert reward == score_completion(admitted.task, policy.decode_completion(ids))

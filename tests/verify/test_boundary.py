@@ -93,7 +93,7 @@ def test_a_scorer_has_no_network(raw_pool: VerifierPool, task: Task) -> None:
             server.accept()
     finally:
         server.close()
-    assert raw_pool.network_namespace
+    assert raw_pool.isolation() == {"network_namespace": True, "file_system_jail": True, "note": ""}
 
 
 def test_a_scorer_that_prints_cannot_forge_an_answer(raw_pool: VerifierPool, task: Task) -> None:
