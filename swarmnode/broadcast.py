@@ -280,10 +280,6 @@ class BroadcastNode:
         if peer != self.me:
             self._peers[peer] = address
 
-    def remove_peer(self, peer: PeerId) -> None:
-        self._peers.pop(peer, None)
-        self._feed(bc.PeerLeft(peer))
-
     def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)

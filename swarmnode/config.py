@@ -153,10 +153,21 @@ class LearnerConfig(Section):
     drift_hold: float = Field(
         30.0, gt=0.0, description="A measured rate off the plan this long is adopted (re-plan)."
     )
+    offers_per_network: int = Field(
+        8,
+        ge=1,
+        le=256,
+        description="Offers pushed to the learner that it keeps from one network (IPv4 /24, IPv6 /48).",
+    )
 
 
 class WorkerConfig(Section):
     learner: str = Field("", description="Peer id of the learner to work for (role worker).")
+    learner_address: str = Field(
+        "",
+        pattern=r"^$|^[^\s:]+:[0-9]{1,5}$|^\[[0-9a-fA-F:.]+\]:[0-9]{1,5}$",
+        description="Learner data plane host:port to use when the DHT has no record of it; empty = DHT only.",
+    )
     price: float = Field(1.0, ge=0.0, description="Asked price per 1,000 completions.")
     slowdown: float = Field(
         1.0,

@@ -14,7 +14,7 @@ clock, touch the network, raise on peer input, or use a reward a peer claims.
         log.debug("rejected %s: %s", verdict.reason, verdict.detail)
 """
 
-from swarmnode.admit.limits import ReplayCache, TokenBucket
+from swarmnode.admit.limits import ReplayCache
 from swarmnode.admit.peers import BanLedger, PeerBook, ScoreRule
 from swarmnode.admit.pipeline import AdmissionConfig, AdmissionPipeline, TaskFamily, task_families
 from swarmnode.admit.reasons import CHARGE, DEFAULT_PENALTIES, STEPS, Charge, RejectReason
@@ -36,7 +36,6 @@ __all__ = [
     "ReplayCache",
     "ScoreRule",
     "TaskFamily",
-    "TokenBucket",
     "Verdict",
     "task_families",
 ]

@@ -1,41 +1,17 @@
 """Sans-IO rate limits and the replay cache.
 
-Owns: ``TokenBucket``, ``ReplayCache`` (with its per-party quotas) and
-``BucketMap`` (a token bucket per peer, bounded). Must not: read a clock (every
-call takes ``now``), or grow without bound (the cache has a hard size cap and
-refuses rather than forgets; see ``ReplayCache``).
+Owns: ``ReplayCache`` (with its per-party quotas) and ``BucketMap`` (a token
+bucket per peer, bounded; the bucket itself is ``swarmnode.core.limits.TokenBucket``).
+Must not: read a clock (every call takes ``now``), or grow without bound (the
+cache has a hard size cap and refuses rather than forgets; see ``ReplayCache``).
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import Counter, OrderedDict, deque
-from dataclasses import dataclass
 
-
-@dataclass(slots=True)
-class TokenBucket:
-    """``rate`` tokens per second up to ``burst``; starts full."""
-
-    rate: float
-    burst: float
-    tokens: float = -1.0
-    updated: float = 0.0
-
-    def __post_init__(self) -> None:
-        if self.tokens < 0:
-            self.tokens = self.burst
-
-    def take(self, now: float, cost: float = 1.0) -> bool:
-        """Spend ``cost`` tokens if there are enough; refill first. Time running backwards refills nothing."""
-        elapsed = now - self.updated
-        if elapsed > 0:
-            self.tokens = min(self.burst, self.tokens + elapsed * self.rate)
-            self.updated = now
-        if self.tokens >= cost:
-            self.tokens -= cost
-            return True
-        return False
+from swarmnode.core.limits import TokenBucket
 
 
 class ReplayCache:
@@ -189,15 +165,11 @@ class BucketMap:
 
     def has(self, key: str, now: float, amount: float = 0.0) -> bool:
         """Whether ``key``'s bucket is not in debt (holds more than ``amount``) after refilling."""
-        bucket = self._bucket(key, now)
-        bucket.take(now, 0.0)  # refill only
-        return bucket.tokens > amount
+        return self._bucket(key, now).available(now) > amount
 
     def spend(self, key: str, now: float, amount: float) -> None:
         """Take ``amount`` even if that leaves the bucket in debt (cost known only afterwards)."""
-        bucket = self._bucket(key, now)
-        bucket.take(now, 0.0)
-        bucket.tokens -= amount
+        self._bucket(key, now).spend(now, amount)
 
     def level(self, key: str) -> float | None:
         bucket = self._buckets.get(key)

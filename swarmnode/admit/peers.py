@@ -18,7 +18,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol
 
-from swarmnode.admit.limits import TokenBucket
+from swarmnode.core.limits import TokenBucket
 
 
 class BanLedger(Protocol):

@@ -1,6 +1,7 @@
 """Sans-IO protocol cores: plain state machines driven by events and a ``now``, returning actions.
 
-Owns: protocol logic (gossip now; broadcast, staleness, activation, scoring later).
+Owns: protocol logic: gossip, weight broadcast, worker activation, bounded staleness, spot-check
+policy, swarm rounds, and the bounded building blocks they share (``limits``).
 Must not: import sockets, clocks, threads or event loops. The node (asyncio + hivemind) and the
 simulator (trio + virtual clock) drive the same cores; see each module's "Driving it" section.
 """
@@ -27,7 +28,7 @@ from swarmnode.core.gossip import (
     Retire,
     Serve,
 )
-from swarmnode.core.rounds import round_at, round_start, seconds_to_next_round
+from swarmnode.core.rounds import round_at, round_start
 
 __all__ = [
     "AdmissionResult",
@@ -54,5 +55,4 @@ __all__ = [
     "Serve",
     "round_at",
     "round_start",
-    "seconds_to_next_round",
 ]

@@ -28,6 +28,30 @@ The rule (``plan``)
     band; ``feasible`` False, ``reason`` says so). A learner with no worker takes no step, so it
     could never re-measure the T and D that excluded them.
 
+Probation: measure before trust, make before break (``ActivationCore``)
+    An advertisement is a claim; a delivery is evidence. A worker is *proven* once it has delivered
+    a rollout while active since it joined (a leave and a join start it over) and the rate the plan
+    counts on from it (advertised, or measured once adopted) is positive; every other worker is
+    *unproven*. The core plans among all eligible workers as above, then, if some proven worker
+    qualifies and the plan picked unproven ones:
+
+    * the active set is ``plan(proven workers)`` (they cover the need on their own, at their own
+      rates and targets) plus the unproven workers the full plan picked, on *probation*: an
+      unproven worker never causes a proven one to be deactivated or its target to be lowered;
+      proven workers the full plan would have dropped stay active, their leases renewed, with
+      ``Plan.kept`` saying so ("kept: proven, while <peers> on probation");
+    * at most ``max_probation`` unproven workers are active at once: candidates already on
+      probation keep their place, new ones are taken in the planner's order (cheapest per
+      completion first) into the free places, the rest wait (``Plan.waiting``), so a flood of
+      offers costs at most ``max_probation`` Activates at a time;
+    * when a probationer delivers (its first delivery after activation), it is proven and the core
+      re-plans if anything was kept or waiting: the normal rule may now drop the proven workers
+      it replaces. One that never delivers measures 0 after ``first_rollout_timeout`` and drops out.
+
+    With no proven worker qualifying (cold start) the plan is the plain rule on advertised rates,
+    with no cap: there is nothing to protect and someone has to be tried. ``policy="all"``
+    activates every qualifying proven worker and, with the same cap, unproven ones.
+
 Driving ``ActivationCore``
     ``handle(event, now)`` and ``poll(now)`` return actions; the driver performs all of them, in
     order. ``next_deadline()`` is when to call ``poll`` at the latest (``None``: only when an event
@@ -48,9 +72,8 @@ Driving ``ActivationCore``
                                ``drift_fraction`` band around the T of the current plan
     ``DisseminationMeasured``  a weight broadcast took D s (EWMA); re-plan when that changes
                                which workers meet the latency constraint
-    ``RolloutsReceived``       ``count`` completions arrived from an active worker
-    ``RateMeasured``           the driver measured an active worker's rate itself
-                               (takes precedence over the count window for that worker)
+    ``RolloutsReceived``       ``count`` completions arrived from an active worker; its
+                               first one proves the worker (see Probation)
     ``PeerBanned``             (core.events) the peer may not be active until ``until``
     ``WorkerMisbehaved``       the same, with the reason the worker is told (e.g. a failed
                                spot check); ``until`` may be ``math.inf`` (for this run)
@@ -64,6 +87,7 @@ Driving ``ActivationCore``
                       extends a running lease with unchanged figures
     ``Deactivate``    send the wire ``Deactivate(peer, reason)``
     ``PlanChanged``   a re-plan happened: publish ``plan`` in /status and /metrics
+                      (including ``kept``, ``probation`` and ``waiting``)
     ================  ======================================================================
 
     Within one call, activations come before deactivations, so capacity never dips in between.
@@ -96,7 +120,6 @@ import math
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
-from typing import Protocol
 
 from swarmnode.core.events import PeerBanned, PeerId
 from swarmnode.errors import ConfigError
@@ -132,15 +155,6 @@ def _integer(prefix: str, name: str, value: int, low: int, high: int | None = No
 # The pure rule.
 
 
-class _HasCapabilities(Protocol):
-    @property
-    def rollout_rate(self) -> float: ...
-    @property
-    def price(self) -> float: ...
-    @property
-    def hardware(self) -> str: ...
-
-
 @dataclass(frozen=True)
 class WorkerOffer:
     """What a worker offers: its rate (completions/s), price (per 1,000 completions), hardware text,
@@ -152,15 +166,6 @@ class WorkerOffer:
     price: float
     hardware: str = ""
     gen_tail_latency: float | None = None
-
-    @classmethod
-    def from_capabilities(
-        cls, peer: PeerId, capabilities: _HasCapabilities, gen_tail_latency: float | None = None
-    ) -> WorkerOffer:
-        """From a ``PeerRecord.capabilities`` (``swarmnode.wire.Capabilities``), already validated."""
-        return cls(
-            peer, capabilities.rollout_rate, capabilities.price, capabilities.hardware, gen_tail_latency
-        )
 
     @property
     def price_per_completion_rate(self) -> float:
@@ -206,6 +211,14 @@ class Exclusion:
 
 
 @dataclass(frozen=True)
+class Kept:
+    """A worker held in (or out of) the active set by the probation rule, and why (human text)."""
+
+    peer: PeerId
+    reason: str
+
+
+@dataclass(frozen=True)
 class Plan:
     """The outcome of ``plan``; every figure is derived from ``workers`` and ``need``.
 
@@ -217,6 +230,10 @@ class Plan:
     surplus of the margin is paid for too).
     ``feasible``: R reaches the required rate; otherwise ``reason`` says why not.
     ``excluded``: workers that do not qualify, with reasons (never in ``workers``).
+    ``kept``, ``probation``, ``waiting`` (``ActivationCore`` only; see Probation in the module
+    docstring): proven workers active only because unproven ones are on probation, with the
+    reason; the unproven workers in ``workers``; unproven workers the plan picked that wait for a
+    probation place, with the reason (never in ``workers``).
     """
 
     workers: tuple[WorkerOffer, ...]
@@ -228,6 +245,9 @@ class Plan:
     feasible: bool
     reason: str = ""
     excluded: tuple[Exclusion, ...] = ()
+    kept: tuple[Kept, ...] = ()
+    probation: tuple[PeerId, ...] = ()
+    waiting: tuple[Kept, ...] = ()
 
     @property
     def active(self) -> tuple[PeerId, ...]:
@@ -249,6 +269,9 @@ class Plan:
             "feasible": self.feasible,
             "reason": self.reason,
             "excluded": {e.peer: e.reason for e in self.excluded},
+            "kept": {k.peer: k.reason for k in self.kept},
+            "probation": list(self.probation),
+            "waiting": {k.peer: k.reason for k in self.waiting},
             "need": asdict(self.need),
         }
 
@@ -369,6 +392,8 @@ class ActivationConfig:
     max_workers: int = 4096
     max_samples_per_worker: int = 256  # rate-window samples kept per worker (older ones are merged)
     policy: str = "planner"  # "planner": the ECHO-2 rule; "all": every qualifying worker (the baseline)
+    # Unproven workers (no delivery yet) active at once beside proven ones (module docstring, Probation).
+    max_probation: int = 4
 
     def __post_init__(self) -> None:
         p = "activation"
@@ -395,6 +420,7 @@ class ActivationConfig:
         _positive(p, "utilization_window", self.utilization_window)
         _integer(p, "max_workers", self.max_workers, 1)
         _integer(p, "max_samples_per_worker", self.max_samples_per_worker, 2)
+        _integer(p, "max_probation", self.max_probation, 1, self.max_workers)
         if self.policy not in ("planner", "all"):
             raise ConfigError(f"activation.policy must be 'planner' or 'all', got {self.policy!r}")
 
@@ -441,14 +467,6 @@ class RolloutsReceived:
 
 
 @dataclass(frozen=True)
-class RateMeasured:
-    """The driver measured ``peer``'s delivery rate itself (completions/s)."""
-
-    peer: PeerId
-    rate: float
-
-
-@dataclass(frozen=True)
 class WorkerMisbehaved:
     """Exclude ``peer`` until ``until`` (``math.inf``: for this run) and tell it ``reason``."""
 
@@ -463,7 +481,6 @@ ActivationEvent = (
     | StepMeasured
     | DisseminationMeasured
     | RolloutsReceived
-    | RateMeasured
     | PeerBanned
     | WorkerMisbehaved
 )
@@ -523,6 +540,7 @@ class ActivationStats:
     rollouts_received: int = 0
     rollouts_unsolicited: int = 0  # from a worker that is not active (late or uninvited)
     latency_fallbacks: int = 0  # plans made without the staleness-bound rule (nobody met it)
+    probations_passed: int = 0  # probationers whose first delivery re-planned (kept or waiting workers)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -538,6 +556,7 @@ class WorkerStatus:
     hardware: str
     lease_expires_at: float | None
     banned_until: float | None
+    proven: bool = False  # delivered since it joined, and counted on at a positive rate
 
 
 @dataclass(frozen=True)
@@ -559,13 +578,13 @@ class _Worker:
     offer: WorkerOffer
     planned_rate: float  # offer.rate until a measurement is adopted
     measured_adopted: bool = False
+    delivered: bool = False  # a delivery while active since it joined (the probation rule)
     active: bool = False
     target_rate: float = 0.0
     lease_expires_at: float = -math.inf
     activated_at: float = -math.inf
     measure_from: float | None = None  # first delivery after activation
     samples: deque[tuple[float, int]] = field(default_factory=deque)
-    reported_rate: float | None = None  # last RateMeasured since activation
     drift_since: float | None = None
 
 
@@ -630,6 +649,7 @@ class ActivationCore:
                 hardware=w.offer.hardware,
                 lease_expires_at=w.lease_expires_at if w.active else None,
                 banned_until=self._banned_until(peer, now),
+                proven=self._proven(w),
             )
             for peer, w in sorted(self._workers.items())
         )
@@ -655,8 +675,6 @@ class ActivationCore:
                 return self._on_dissemination(event.seconds, now)
             case RolloutsReceived():
                 return self._on_rollouts(event, now)
-            case RateMeasured():
-                return self._on_rate(event, now)
             case PeerBanned():
                 return self._on_banned(event.peer, event.until, "banned", now)
             case WorkerMisbehaved():
@@ -778,18 +796,17 @@ class ActivationCore:
             self.stats.rollouts_unsolicited += event.count
             return []
         self.stats.rollouts_received += event.count
+        actions: list[ActivationAction] = []
+        if not worker.delivered:
+            worker.delivered = True
+            if self._plan.kept or self._plan.waiting:  # otherwise proving it changes no plan
+                self.stats.probations_passed += 1
+                actions += self._replan(now, f"worker delivered, probation over: {event.peer}")
         if worker.measure_from is None:
             worker.measure_from = now  # the first delivery marks the start of steady output
         else:
             self._record(worker, now, event.count)
-        return self._check_drift(now, event.peer)
-
-    def _on_rate(self, event: RateMeasured, now: float) -> list[ActivationAction]:
-        worker = self._workers.get(event.peer)
-        if worker is None or not worker.active or not (math.isfinite(event.rate) and event.rate >= 0):
-            return []
-        worker.reported_rate = event.rate
-        return self._check_drift(now, event.peer)
+        return actions + self._check_drift(now, event.peer)
 
     def _on_banned(self, peer: PeerId, until: float, reason: str, now: float) -> list[ActivationAction]:
         if not until > now:
@@ -815,17 +832,11 @@ class ActivationCore:
     def _offers(self) -> list[WorkerOffer]:
         return [replace(w.offer, rate=w.planned_rate) for w in self._workers.values()]
 
-    def _replan(self, now: float, cause: str) -> list[ActivationAction]:
-        eligible: list[WorkerOffer] = []
-        banned: list[Exclusion] = []
-        for offer in self._offers():
-            until = self._banned_until(offer.peer, now)
-            if until is None:
-                eligible.append(offer)
-            else:
-                reason = self._ban_reasons.get(offer.peer, "banned")
-                banned.append(Exclusion(offer.peer, f"{reason} (excluded until {until:.6g})"))
-        need = self._need()
+    def _proven(self, worker: _Worker) -> bool:
+        return worker.delivered and worker.planned_rate > 0
+
+    def _plan_among(self, eligible: list[WorkerOffer], need: Need, *, count_fallback: bool = False) -> Plan:
+        """``plan`` with ``ActivationCore``'s latency fallback (module docstring, The rule)."""
         all_on = self.config.policy == "all"
         new = plan(eligible, need, all_on=all_on)
         if not new.workers and any(exclusion_reason(o, need, check_latency=False) is None for o in eligible):
@@ -833,7 +844,8 @@ class ActivationCore:
             # are never measured again and the plan could not recover (from a start-up D, or a T
             # that was only a guess): plan without the rule, and say so. The staleness gate still
             # drops every group older than S.
-            self.stats.latency_fallbacks += 1
+            if count_fallback:
+                self.stats.latency_fallbacks += 1
             # Only the workers nearest to meeting it (shortest tail, within the drift band): a
             # cheaper but slower one would pull D and the plan to and fro.
             usable = [o for o in eligible if exclusion_reason(o, need, check_latency=False) is None]
@@ -854,6 +866,77 @@ class ActivationCore:
                     f"stepping and re-measures T and D ({new.reason})"
                 ),
             )
+        return new
+
+    def _probation(self, full: Plan, eligible: list[WorkerOffer], need: Need) -> Plan:
+        """The probation rule (module docstring): ``full`` unless it picked unproven workers while
+        a proven one qualifies; then ``plan(proven)`` plus at most ``max_probation`` unproven."""
+        proven = [o for o in eligible if self._proven(self._workers[o.peer])]
+        candidates = [o for o in full.workers if not self._proven(self._workers[o.peer])]
+        if not candidates or not proven:
+            return full
+        base = self._plan_among(proven, need)
+        if not base.workers:  # no proven worker qualifies: nothing to protect (cold start)
+            return full
+        # Already on probation keep their place; new ones fill the free places in plan order.
+        on_probation = [o for o in candidates if self._workers[o.peer].active]
+        places = max(0, self.config.max_probation - len(on_probation))
+        newcomers = [o for o in candidates if not self._workers[o.peer].active]
+        admitted = {o.peer for o in on_probation} | {o.peer for o in newcomers[:places]}
+        trial = tuple(o for o in candidates if o.peer in admitted)
+        waiting = tuple(
+            Kept(
+                o.peer,
+                f"waiting for probation: {self.config.max_probation} unproven workers at most are active "
+                f"at once (activation.max_probation)",
+            )
+            for o in newcomers[places:]
+        )
+        chosen = {o.peer for o in full.workers}
+        names = ", ".join(o.peer for o in trial)
+        kept = tuple(
+            Kept(o.peer, f"kept: proven, while {names} {'is' if len(trial) == 1 else 'are'} on probation")
+            for o in base.workers
+            if o.peer not in chosen
+        )
+        workers = tuple(sorted((*base.workers, *trial), key=_order))
+        rate = sum(w.rate for w in workers)
+        feasible = full.feasible and rate >= need.required_rate * (1 - _EPS)
+        reason = full.reason
+        if not reason and not feasible:
+            reason = (
+                f"not enough capacity yet: the proven workers and those on probation give {rate:.4g} "
+                f"completions/s, the need is {need.required_rate:.4g}/s; {len(waiting)} unproven "
+                f"workers wait for probation"
+            )
+        return Plan(
+            workers=workers,
+            need=need,
+            predicted_rate=rate,
+            required_rate=need.required_rate,
+            predicted_utilization=min(1.0, rate * need.step_time / need.batch),
+            cost_per_step=sum(w.price / 1000.0 * w.rate * need.step_time for w in workers),
+            feasible=feasible,
+            reason=reason,
+            excluded=full.excluded,
+            kept=kept,
+            probation=tuple(o.peer for o in trial),
+            waiting=waiting,
+        )
+
+    def _replan(self, now: float, cause: str) -> list[ActivationAction]:
+        eligible: list[WorkerOffer] = []
+        banned: list[Exclusion] = []
+        for offer in self._offers():
+            until = self._banned_until(offer.peer, now)
+            if until is None:
+                eligible.append(offer)
+            else:
+                reason = self._ban_reasons.get(offer.peer, "banned")
+                banned.append(Exclusion(offer.peer, f"{reason} (excluded until {until:.6g})"))
+        need = self._need()
+        full = self._plan_among(eligible, need, count_fallback=True)
+        new = self._probation(full, eligible, need)
         new = replace(new, excluded=new.excluded + tuple(banned))
         self._plan = new
         self.stats.replans += 1
@@ -866,7 +949,6 @@ class ActivationCore:
                 worker.activated_at = now
                 worker.measure_from = None
                 worker.samples.clear()
-                worker.reported_rate = None
                 self.stats.activations += 1
             elif math.isclose(worker.target_rate, offer.rate, rel_tol=_EPS):
                 continue
@@ -916,8 +998,6 @@ class ActivationCore:
     def _measured_rate(self, worker: _Worker, now: float) -> float | None:
         if not worker.active:
             return None
-        if worker.reported_rate is not None:
-            return worker.reported_rate
         window = self.config.rate_window
         if worker.measure_from is None:
             return 0.0 if now - worker.activated_at >= self.config.first_rollout_timeout else None

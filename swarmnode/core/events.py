@@ -1,4 +1,4 @@
-"""Names and events shared by every sans-IO core (gossip now; broadcast, activation, scoring later).
+"""Names and events shared by the sans-IO cores (gossip, broadcast, activation, spot checks).
 
 Owns: what a peer and a digest are called, and the events that more than one core understands.
 Must not: import anything that does I/O, reads a clock or runs an event loop.

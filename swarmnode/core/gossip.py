@@ -623,7 +623,8 @@ class GossipCore:
                 break
             found.append(digest)
             total += item.size
-        state.serve_bucket.take(len(found), now)
+        taken = state.serve_bucket.take(now, len(found))
+        assert taken  # found is capped at the allowance read above
         self.stats.items_served += len(found)
         return Serve(event.peer, tuple(found))
 
@@ -751,7 +752,7 @@ class GossipCore:
             ready = max(
                 state.backoff_until,
                 self._bans.get(peer, -math.inf),
-                state.pull_bucket.ready_at(1, now),
+                state.pull_bucket.ready_at(now, 1),
             )
             if ready > now and (self._wake_at is None or ready < self._wake_at):
                 self._wake_at = ready
@@ -759,7 +760,8 @@ class GossipCore:
     def _start_pull(self, batch: _Batch, now: float) -> Pull:
         request_id = self._next_request_id
         self._next_request_id += 1
-        self._peers[batch.peer].pull_bucket.take(len(batch.digests), now)
+        taken = self._peers[batch.peer].pull_bucket.take(now, len(batch.digests))
+        assert taken  # a batch holds at most the tokens its peer had when it opened, at this now
         self._inflight.put(request_id, _InFlight(batch.peer, batch.digests), now + self.config.pull_timeout)
         for digest in batch.digests:
             self._inflight_digests[digest] = request_id
@@ -939,8 +941,8 @@ class GossipCore:
                 return None
             c = self.config
             state = _Peer(
-                pull_bucket=TokenBucket.full(c.pull_rate, c.pull_burst, now),
-                serve_bucket=TokenBucket.full(c.serve_rate, c.serve_burst, now),
+                pull_bucket=TokenBucket(c.pull_rate, c.pull_burst, updated=now),
+                serve_bucket=TokenBucket(c.serve_rate, c.serve_burst, updated=now),
                 last_seen=now,
             )
             self._peers[peer] = state

@@ -7,49 +7,63 @@ Must not: read a clock or allocate without a bound.
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterator
-from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
 
 
-@dataclass
 class TokenBucket:
-    """``rate`` tokens per second, at most ``burst`` banked.
+    """``rate`` tokens per second, at most ``burst`` banked; starts full unless given ``tokens``.
 
-    Over any interval of length ``dt`` at most ``burst + rate * dt`` tokens can be taken.
+    The one token bucket of the package (gossip's per-peer pull and serve rates, admission's per-peer
+    rates, CPU budgets and new-identity rate). Every method takes the caller's ``now`` first, then an
+    amount. It refills lazily, on each call; time running backwards refills nothing. Over any interval
+    of length ``dt`` at most ``burst + rate * dt`` tokens can be taken; ``spend`` may leave the bucket
+    in debt, which refills repay before anything can be taken again.
     """
 
-    rate: float
-    burst: float
-    tokens: float
-    updated_at: float
+    __slots__ = ("burst", "rate", "tokens", "updated")
 
-    @classmethod
-    def full(cls, rate: float, burst: float, now: float) -> TokenBucket:
-        return cls(rate=rate, burst=burst, tokens=burst, updated_at=now)
+    def __init__(
+        self, rate: float, burst: float, tokens: float | None = None, *, updated: float = 0.0
+    ) -> None:
+        self.rate = rate
+        self.burst = burst
+        self.tokens: float = burst if tokens is None else tokens
+        self.updated = updated  # the time of the last refill
+
+    def __repr__(self) -> str:
+        fields = f"rate={self.rate!r}, burst={self.burst!r}, tokens={self.tokens!r}, updated={self.updated!r}"
+        return f"TokenBucket({fields})"
 
     def _refill(self, now: float) -> None:
-        if now > self.updated_at:
-            self.tokens = min(self.burst, self.tokens + (now - self.updated_at) * self.rate)
-            self.updated_at = now
+        if now > self.updated:
+            self.tokens = min(self.burst, self.tokens + (now - self.updated) * self.rate)
+            self.updated = now
 
     def available(self, now: float) -> float:
+        """Tokens held at ``now`` (negative: in debt)."""
         self._refill(now)
         return self.tokens
 
     def is_full(self, now: float) -> bool:
         return self.available(now) >= self.burst
 
-    def take(self, amount: float, now: float) -> None:
-        """Spend ``amount`` tokens; the caller checked ``available`` first."""
+    def take(self, now: float, amount: float = 1.0) -> bool:
+        """Spend ``amount`` tokens if the bucket holds that many (True); otherwise spend nothing (False)."""
         self._refill(now)
-        if amount > self.tokens + 1e-9:
-            raise ValueError(f"token bucket overdrawn: {amount} > {self.tokens}")
+        if self.tokens >= amount:
+            self.tokens -= amount
+            return True
+        return False
+
+    def spend(self, now: float, amount: float) -> None:
+        """Spend ``amount`` even if that leaves the bucket in debt (a cost known only afterwards)."""
+        self._refill(now)
         self.tokens -= amount
 
-    def ready_at(self, amount: float, now: float) -> float:
+    def ready_at(self, now: float, amount: float = 1.0) -> float:
         """The earliest time at which ``amount`` tokens will be available (``now`` if they are)."""
         self._refill(now)
         if self.tokens >= amount:

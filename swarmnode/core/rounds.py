@@ -41,8 +41,3 @@ def round_at(now: float, round_seconds: float, epoch: float = 0.0) -> int:
     while round_start(r, round_seconds, epoch) > now:
         r -= 1
     return r
-
-
-def seconds_to_next_round(now: float, round_seconds: float, epoch: float = 0.0) -> float:
-    """How long until the next round begins (> 0)."""
-    return round_start(round_at(now, round_seconds, epoch) + 1, round_seconds, epoch) - now

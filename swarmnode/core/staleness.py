@@ -56,10 +56,6 @@ class StalenessGate:
         #: accepted_by_lag[k] = groups accepted k versions behind, k in 0..bound.
         self.accepted_by_lag: list[int] = [0] * (bound + 1)
 
-    def oldest_acceptable(self, current_version: int) -> int:
-        """The oldest group version still accepted while the learner is at ``current_version``."""
-        return current_version - self.bound
-
     def check(self, group_version: int, current_version: int) -> StalenessVerdict:
         """The verdict without counting it (for a dry run, e.g. before pulling a group)."""
         lag = current_version - group_version

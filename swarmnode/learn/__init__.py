@@ -9,7 +9,7 @@ talk to peers.
 
 from swarmnode.learn.advantages import group_advantages
 from swarmnode.learn.aggregate import AGG_MODES, AggMode, aggregate
-from swarmnode.learn.dapo import dapo_loss, dynamic_sampling_keep, overlong_penalty
+from swarmnode.learn.dapo import dapo_loss
 from swarmnode.learn.grpo import clip_stats, grpo_loss, k3_kl
 from swarmnode.learn.gspo import gspo_loss, sequence_log_ratio
 from swarmnode.learn.hacpo import (
@@ -17,7 +17,6 @@ from swarmnode.learn.hacpo import (
     capability_advantages,
     discrepancy_coefficients,
     exponential_is,
-    hacpo_hete_loss,
     hacpo_loss,
     sequence_mean_logp,
     stepwise_clip_lower,
@@ -35,18 +34,15 @@ __all__ = [
     "clip_stats",
     "dapo_loss",
     "discrepancy_coefficients",
-    "dynamic_sampling_keep",
     "exponential_is",
     "group_advantages",
     "grpo_loss",
     "gspo_loss",
-    "hacpo_hete_loss",
     "hacpo_loss",
     "has_signal",
     "k3_kl",
     "m2po_loss",
     "m2po_mask",
-    "overlong_penalty",
     "select_groups",
     "sequence_log_ratio",
     "sequence_mean_logp",

@@ -187,60 +187,6 @@ def _hete_objective(
     return exponential_is(s_clipped, alpha) * capability_ratio * advantages
 
 
-def hacpo_hete_loss(
-    logp: Tensor,
-    mask: Tensor,
-    source_mean_logp: Tensor,
-    advantages: Tensor,
-    capability_ratio: Tensor,
-    *,
-    update_index: int,
-    alpha: float = 1.0,
-    delta: float = 0.2,
-    delta_step: float = 0.025,
-    max_log_ratio: float = 10.0,
-) -> tuple[Tensor, dict[str, float]]:
-    """``-J_hete`` averaged over these B foreign responses, and float stats.
-
-    Args:
-        logp: (B, T) learner's log-probs of the re-tokenized foreign responses (carries grad).
-        mask: (B, T) learner-token mask.
-        source_mean_logp: (B,) each response's mean log-prob under its generator, in its own tokens.
-        advantages: (B,) the learner's capability-aware advantages A_k (``capability_advantages``).
-        capability_ratio: (B,) ``w(source, learner)`` (``discrepancy_coefficients``).
-        update_index: m, optimizer updates already made in this training step (stepwise clipping).
-    """
-    _check(
-        logp,
-        mask,
-        {
-            "source_mean_logp": source_mean_logp,
-            "advantages": advantages,
-            "capability_ratio": capability_ratio,
-        },
-    )
-    mask = mask.to(logp.dtype)
-    lower = stepwise_clip_lower(update_index, delta=delta, delta_step=delta_step)
-    log_s = (sequence_mean_logp(logp, mask) - source_mean_logp.to(logp.dtype)).clamp(
-        -max_log_ratio, max_log_ratio
-    )
-    has_tokens = (mask.sum(-1) > 0).to(logp.dtype)
-    objective = _hete_objective(
-        log_s, advantages.to(logp.dtype), capability_ratio.to(logp.dtype), lower, alpha
-    )
-    loss = -(objective * has_tokens).mean()
-    with torch.no_grad():
-        s = torch.exp(log_s)
-        stats = {
-            "loss": float(loss),
-            "seq_ratio_mean": float(s.mean()),
-            "clip_lower": lower,
-            "clip_lower_frac": float((s < lower).float().mean()),
-            "clip_upper_frac": float((s > 1.0).float().mean()),
-        }
-    return loss, stats
-
-
 def hacpo_loss(
     logp: Tensor,
     mask: Tensor,

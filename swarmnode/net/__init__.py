@@ -1,7 +1,7 @@
 """Network runtimes that drive the sans-IO cores.
 
-Owns: talking to other peers (libp2p via hivemind: DHT records, streams,
-unary calls), the libp2p identity, and the bootstrap daemon.
+Owns: talking to other peers (libp2p via hivemind: DHT records and
+streams), the libp2p identity, and the bootstrap daemon.
 Must not: decide protocol behaviour (what to announce, whom to pull from,
 what to admit): that is ``swarmnode.core`` and ``swarmnode.admit``.
 

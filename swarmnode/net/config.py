@@ -21,8 +21,6 @@ from swarmnode.errors import ConfigError
 from swarmnode.net.record_rules import DEFAULT_RULES, RecordRules
 from swarmnode.net.records import DEFAULT_MAX_VALUE_BYTES
 
-DEFAULT_UNARY_MAX_BYTES = 1024 * 1024  # well under hivemind's 4 MiB persistent-connection cap
-
 
 def default_identity_path(home: Path) -> Path:
     """Where a node or bootstrap home keeps its libp2p identity (``swarmnode.home.Home.p2p``)."""
@@ -53,7 +51,6 @@ class NetConfig:
     shutdown_timeout: float = 10.0
     rejoin_interval: float = 30.0  # when the routing table is empty, ping initial peers this often
     max_record_bytes: int = DEFAULT_MAX_VALUE_BYTES
-    unary_max_bytes: int = DEFAULT_UNARY_MAX_BYTES
     # Expiration caps, subkeys per owner, records per key and owner, storage size (record_rules).
     record_rules: RecordRules = DEFAULT_RULES
     extra_validators: tuple[RecordValidatorBase, ...] = field(default=(), compare=False)
@@ -81,12 +78,8 @@ class NetConfig:
         for name in ("startup_timeout", "dht_rpc_timeout", "shutdown_timeout", "rejoin_interval"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name} must be > 0 seconds")
-        if self.max_record_bytes <= 0 or self.unary_max_bytes <= 0:
-            raise ConfigError("max_record_bytes and unary_max_bytes must be > 0")
-        if self.unary_max_bytes > 3 * 1024 * 1024:
-            raise ConfigError(
-                "unary_max_bytes must stay under 3 MiB (hivemind's unary cap is 4 MiB); use streams"
-            )
+        if self.max_record_bytes <= 0:
+            raise ConfigError("max_record_bytes must be > 0")
 
 
 def read_peers_file(path: Path) -> list[str]:

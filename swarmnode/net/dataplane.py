@@ -58,6 +58,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 import time
 from collections import Counter
@@ -106,6 +107,18 @@ FALLBACK_WRITE_SLACK = 60.0  # seconds a fallback exchange may take beyond handl
 DIRECT_CONNECT_TIMEOUT = 5.0  # request_peer: a direct dial slower than this tries the next path
 PATH_MEMORY = 60.0  # request_peer tries an address found unreachable last for this long
 MAX_REMEMBERED_PATHS = 4096
+
+# Where the request a handler is serving came from (``request_source``): set around each handler.
+_REQUEST_SOURCE: contextvars.ContextVar[str] = contextvars.ContextVar("dataplane_request_source", default="")
+
+
+def request_source() -> str:
+    """Inside a handler: the remote IP address of the TCP connection its request came on, or
+    ``"p2p:<libp2p id>"`` for one that came over the hivemind fallback; ``""`` elsewhere.
+
+    A TCP peer cannot choose this address (the handshake proves it can receive there), unlike
+    its identity, which costs nothing: so it is what a handler may ration by network."""
+    return _REQUEST_SOURCE.get()
 
 
 def _activity(conn: _ServerConn) -> float:
@@ -258,9 +271,13 @@ class DataPlane:
         *,
         handler_timeout: float = 120.0,
         max_connections: int = MAX_CONNECTIONS,
+        source_host: str | None = None,
     ) -> None:
         self.identity = identity
         self.host = host
+        # The local address outgoing connections bind to (a multi-homed host picks its source
+        # network this way); None lets the OS choose.
+        self.source_host = source_host
         self.port = port
         self.limiter = UploadLimiter(upload_rate) if upload_rate else None
         self.handler_timeout = handler_timeout
@@ -434,7 +451,7 @@ class DataPlane:
             conn.identity = sender  # claimed before the handler runs: concurrent handshakes count
             return None
 
-        handled = await self._dispatch(data, admit)
+        handled = await self._dispatch(data, admit, source=conn.address)
         if handled.bad:
             conn.bad_requests += 1
             await write_error(writer, handled.error or "bad request")
@@ -459,11 +476,14 @@ class DataPlane:
                 handled.after(ok)
         return True
 
-    async def _dispatch(self, data: bytes, admit: Callable[[str], str | None] | None = None) -> _Handled:
+    async def _dispatch(
+        self, data: bytes, admit: Callable[[str], str | None] | None = None, *, source: str = ""
+    ) -> _Handled:
         """One request's bytes -> the encoded answer, or the text of an ERROR answer.
 
-        ``admit(sender)``, called once the envelope verified and before the handler, may refuse
-        the request (the text of the ERROR answer): then no handler runs.
+        ``source`` is what ``request_source()`` tells the handler. ``admit(sender)``, called once
+        the envelope verified and before the handler, may refuse the request (the text of the
+        ERROR answer): then no handler runs.
 
         Shared by both transports, so a handler answers the same on TCP and on hivemind. Never
         raises for anything a peer sent or a handler did (only on cancellation).
@@ -497,7 +517,12 @@ class DataPlane:
         try:
             if handler is None:
                 raise Refuse("unknown_kind", f"no handler for {envelope.kind.label}")
-            result = await asyncio.wait_for(handler(sender, envelope, message), self.handler_timeout)
+            token = _REQUEST_SOURCE.set(source)
+            try:
+                # wait_for runs the handler in a task that copies this context: it sees ``source``.
+                result = await asyncio.wait_for(handler(sender, envelope, message), self.handler_timeout)
+            finally:
+                _REQUEST_SOURCE.reset(token)
             if isinstance(result, Reply):
                 answer, after = result.answer, result.after
             else:
@@ -551,7 +576,7 @@ class DataPlane:
 
         async def serve(remote: str, request: bytes) -> bytes:
             # ``remote`` is the libp2p id of the stream; the sender that counts is the envelope's.
-            handled = await self._dispatch(request)
+            handled = await self._dispatch(request, source=P2P_PREFIX + remote)
             if handled.error is not None:
                 raise RequestRefused(handled.error)  # reaches the caller as an error answer
             self.stats.fallback_requests_served += 1
@@ -756,7 +781,10 @@ class DataPlane:
             raise PeerUnreachable(f"bad address {address!r}: expected host:port")
         try:
             async with asyncio.timeout(connect_timeout):
-                reader, writer = await asyncio.open_connection(host.strip("[]"), int(port), limit=2**16)
+                local = (self.source_host, 0) if self.source_host else None
+                reader, writer = await asyncio.open_connection(
+                    host.strip("[]"), int(port), limit=2**16, local_addr=local
+                )
         except OSError as e:
             raise PeerUnreachable(f"{address}: {e}") from e
         except TimeoutError as e:

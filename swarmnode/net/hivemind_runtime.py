@@ -1,8 +1,8 @@
 """hivemind P2P (p2pd) and DHTNode running inside the caller's asyncio loop.
 
 Owns: starting and stopping p2pd and the DHT node, the libp2p identity in use,
-owned DHT records (store/get), bulk request/response calls over libp2p
-streams, small unary calls, and a timeout on every one of them.
+owned DHT records (store/get), request/response calls over libp2p
+streams, and a timeout on every one of them.
 Must not: know what the bytes mean (gossip, broadcast and admission do), keep
 per-peer scores, retry on its own, or block the event loop.
 
@@ -21,9 +21,6 @@ Calls and their limits:
 * ``call_stream``: one request and one response, each framed in chunks of at
   most 256 KiB (``swarmnode.net.framing``); the serving side caps the request,
   the calling side caps the response, both before buffering.
-* ``call_unary``: hivemind's persistent-connection RPC, for small messages;
-  capped at ``NetConfig.unary_max_bytes`` on both sides, because hivemind's own
-  4 MiB cap makes an oversize *response* hang the caller with no error.
 * Every call and DHT operation takes a ``timeout`` (seconds) and raises
   ``PeerCallError`` / ``DhtTimeout`` when it expires.
 
@@ -55,13 +52,15 @@ from hivemind.dht.protocol import ValidationError
 from hivemind.dht.validation import CompositeValidator, RecordValidatorBase
 from hivemind.p2p import P2P, PeerID
 from hivemind.p2p.p2p_daemon_bindings.datastructures import StreamInfo
-from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError, P2PHandlerError
+from hivemind.p2p.p2p_daemon_bindings.utils import P2PDaemonError
 from hivemind.utils.multiaddr import Multiaddr
 from hivemind.utils.timed_storage import get_dht_time
 
 from swarmnode.errors import ConfigError
 from swarmnode.net.child_guard import install_p2pd_death_signal, track_p2pd_spawns
 from swarmnode.net.config import NetConfig
+from swarmnode.net.dht_answers import AnswerStats
+from swarmnode.net.dht_answers import install as install_bounded_find
 from swarmnode.net.errors import CallFailure, NetError, PeerCallError
 from swarmnode.net.framing import (
     MAX_CHUNK,
@@ -106,8 +105,7 @@ REQUEST_MIN_RATE = 1024 * 1024  # bytes/s
 REFUSAL_LINGER = 2.0
 _NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,64}$")
 _STREAM_PREFIX = "swarmnode.stream."
-_UNARY_PREFIX = "swarmnode.unary."
-# Error codes that start the text of an ERROR frame / unary error, so the caller
+# Error codes that start the text of an ERROR frame, so the caller
 # can tell "my request was too big" from other refusals.
 _TOO_LARGE = "too_large"
 _REFUSED = "refused"
@@ -122,16 +120,6 @@ class RequestRefused(Exception):
 
 class DhtTimeout(NetError):
     """A DHT store or get did not finish within its timeout."""
-
-
-class _UnaryError(Exception):
-    """Carries an error code and text back over hivemind's unary RPC.
-
-    hivemind sends ``repr(exception)`` to the caller; this repr is just the text.
-    """
-
-    def __repr__(self) -> str:
-        return str(self.args[0])
 
 
 class HivemindRuntime:
@@ -158,6 +146,7 @@ class HivemindRuntime:
         self._serving: set[asyncio.Task[Any]] = set()  # requests being served, cancelled on stop
         self._started_at: float | None = None
         self._rules_validator: RecordRulesValidator | None = None
+        self._answer_stats: AnswerStats | None = None
         self.streams_evicted = 0  # stream exchanges cut while reading, to make room (add_stream_handler)
         self._state = "new"  # new -> starting -> running -> stopped
         self.death_signal_active = False  # p2pd dies with this process even on SIGKILL (Linux)
@@ -280,6 +269,8 @@ class HivemindRuntime:
         protocol = self._dht.protocol
         protocol.storage = adopt(protocol.storage, config.record_rules)
         protocol.cache = adopt(protocol.cache, config.record_rules.scaled(CACHE_SHARE))
+        # ... nor a bound on what one find request makes it send: see swarmnode.net.dht_answers.
+        self._answer_stats = await install_bounded_find(protocol)
         self._visible_maddrs = await self._read_visible_maddrs()
         if self._initial_peers and not boot_peers:
             await self._dial_initial_peers()
@@ -415,6 +406,8 @@ class HivemindRuntime:
         out: dict[str, Any] = {}
         if self._rules_validator is not None:
             out["validator_refused"] = dict(self._rules_validator.refused)
+        if self._answer_stats is not None:
+            out["answers"] = self._answer_stats.as_dict()
         for name in ("storage", "cache"):
             store = getattr(dht.protocol, name)
             if isinstance(store, BoundedDHTStorage):
@@ -692,71 +685,6 @@ class HivemindRuntime:
                     sending.exception()  # mark it retrieved: its failure was reported above
             if writer is not None:
                 writer.close()
-
-    # ------------------------------------------------------------------ unary (small)
-
-    async def add_unary_handler(self, name: str, handler: Handler, *, timeout: float = 30.0) -> None:
-        """Serve small request/response calls ``name`` (both capped at ``unary_max_bytes``)."""
-        p2p = self._require_p2p()
-        _check_name(name)
-        assert self._config is not None
-        limit = self._config.unary_max_bytes
-        if (_UNARY_PREFIX, name) in self._handler_names:
-            raise NetError(f"a unary handler named {name!r} is already registered")
-
-        async def serve(request: bytes, remote_id: PeerID) -> bytes:
-            remote = remote_id.to_base58()
-            if len(request) > limit:
-                raise _UnaryError(f"{_TOO_LARGE}: unary requests are limited to {limit} bytes")
-            self._track_serving()
-            try:
-                async with asyncio.timeout(timeout):
-                    response = await handler(remote, request)
-            except RequestRefused as e:
-                raise _UnaryError(f"{_REFUSED}: {e}") from None
-            except TimeoutError:
-                raise _UnaryError(f"{_TIMEOUT}: handler took over {timeout} s") from None
-            except Exception:  # a bug in our handler: log it here, never show the peer our traceback
-                logger.exception("unary handler %s failed on a request from %s", name, remote)
-                raise _UnaryError(f"{_FAILED}: handler failed") from None
-            finally:
-                self._untrack_serving()
-            if len(response) > limit:
-                # hivemind would drop an oversize answer and leave the caller hanging: fail loudly instead.
-                logger.error(
-                    "unary handler %s returned %d bytes (limit %d); use a stream", name, len(response), limit
-                )
-                raise _UnaryError(f"{_FAILED}: response over the unary limit")
-            return response
-
-        # The public P2P API wraps unary calls in protobuf types; the client below it speaks bytes.
-        await p2p._client.add_unary_handler(_UNARY_PREFIX + name, serve)
-        self._handler_names.add((_UNARY_PREFIX, name))
-
-    async def call_unary(self, peer_id: str, name: str, request: bytes, *, timeout: float) -> bytes:
-        """Small request/response call (both sides capped at ``unary_max_bytes``); see ``call_stream``
-        for the PeerCallError reasons."""
-        p2p = self._require_p2p()
-        _check_name(name)
-        assert self._config is not None
-        limit = self._config.unary_max_bytes
-        if len(request) > limit:
-            raise PeerCallError(
-                CallFailure.TOO_LARGE, peer_id, name, f"request over the {limit}-byte unary limit"
-            )
-        target = _peer(peer_id, name)
-        try:
-            async with asyncio.timeout(timeout):
-                response: bytes = await p2p._client.call_unary_handler(target, _UNARY_PREFIX + name, request)
-        except TimeoutError as e:
-            raise PeerCallError(CallFailure.TIMEOUT, peer_id, name, f"no answer within {timeout} s") from e
-        except P2PHandlerError as e:
-            raise _refusal(peer_id, name, str(e)) from e
-        except (P2PDaemonError, OSError) as e:
-            raise PeerCallError(CallFailure.UNREACHABLE, peer_id, name, str(e)) from e
-        if len(response) > limit:
-            raise PeerCallError(CallFailure.TOO_LARGE, peer_id, name, f"response over the {limit}-byte limit")
-        return response
 
     # ------------------------------------------------------------------ internals
 

@@ -94,16 +94,23 @@ def check_family(name: str) -> None:
     scorer_for(name)
 
 
-def score_answer(task: Task, answer: str) -> float:
-    """Reward in [0, 1] for an already extracted answer; ordinary scorer errors score 0."""
-    scorer = scorer_for(task.id.dataset)
+def reward_of(scorer: Scorer, answer: str, entry: dict[str, Any]) -> float:
+    """``scorer``'s reward for an extracted answer, clamped to [0, 1]; ordinary scorer errors score 0.
+
+    The one rule behind ``score_answer``; a caller scoring many answers of one family (the
+    verifier worker) looks ``scorer_for`` up once and calls this per answer."""
     try:
-        reward = float(scorer(answer, task.entry))
+        reward = float(scorer(answer, entry))
     except ORDINARY_SCORER_ERRORS:
         return 0.0
     if reward != reward:  # NaN
         return 0.0
     return min(max(reward, 0.0), 1.0)
+
+
+def score_answer(task: Task, answer: str) -> float:
+    """Reward in [0, 1] for an already extracted answer; ordinary scorer errors score 0."""
+    return reward_of(scorer_for(task.id.dataset), answer, task.entry)
 
 
 def score_completion(task: Task, completion: str) -> float:
@@ -120,6 +127,7 @@ __all__ = [
     "UnsafeScorerError",
     "check_family",
     "extract_answer",
+    "reward_of",
     "score_answer",
     "score_completion",
     "scorer_for",

@@ -131,6 +131,8 @@ def budget_batch(limits: VerifierLimits) -> None:
 
 
 def start_completion_timer(limits: VerifierLimits) -> None:
+    """(Re)start one completion's CPU timer: its full limit from now. The worker's scoring loop makes
+    this call inline, once per completion (re-arming resets it; stopped once, after the batch)."""
     signal.setitimer(signal.ITIMER_PROF, limits.completion_cpu_s)
 
 

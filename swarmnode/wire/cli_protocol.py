@@ -6,26 +6,34 @@ Owns: the ``protocol`` subcommand (wired into ``swarmnode.cli`` with
 drives ``swarmnode.admit`` and ``swarmnode.wire.vectors``.
 
     swarmnode protocol check FILE [--now T | --context protocol/vectors/manifest.json]
-        exit 0 accepted, 1 rejected, 2 unreadable
+        exit 0 accepted, 1 rejected, 2 unreadable; a FILE byte-identical to a vector of the
+        manifest is judged in that vector's own context (SPEC.md §6), any other in the manifest's
     swarmnode protocol vectors --out DIR
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
+import hashlib
 import json
 import os
 import sys
 import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from swarmnode.admit import STEPS, Accepted, AdmissionConfig, AdmissionPipeline, Verdict
+from swarmnode.admit import STEPS, Accepted, AdmissionConfig, AdmissionPipeline, RejectReason, Verdict
+from swarmnode.admit.verdict import TrainedText
 from swarmnode.identity import KeyAllowlist
-from swarmnode.verify import GroupScorer, VerifierPool, score_in_process
+from swarmnode.verify import GroupScorer, VerifierLimits, VerifierPool, score_in_process
 from swarmnode.wire.envelope import decode_envelope
 from swarmnode.wire.messages import RolloutBatch, decode_payload
 from swarmnode.wire.reasons import WireError
+
+if TYPE_CHECKING:
+    from swarmnode.policy import Policy
 
 EXIT_ACCEPTED = 0
 EXIT_REJECTED = 1
@@ -34,10 +42,46 @@ EXIT_UNREADABLE = 2
 _STEP_OF = {reason: step for step, reasons in STEPS.items() for reason in reasons}
 
 
+#: Context fields only a vector's or a sequence's own ``context`` may set (SPEC.md §6): a
+#: conformance-test switch that scores a family with upstream's audit-flagged scorer inside the
+#: sandbox. Refused in a manifest's top-level context, so no receiver description enables it.
+SANDBOX_UPSTREAM = "sandbox_upstream"
+#: The only bytes that switch may apply to: the project's own two conformance vectors (SHA-256 of
+#: the files ``python -m swarmnode.wire.vectors`` writes; tests/wire checks these). A manifest is
+#: an input like any other: a stranger's manifest naming a stranger's file must not get its code
+#: run by upstream's ``eval`` scorer, sandbox or not (without root the sandbox has no chroot).
+CONFORMANCE_SHA256 = {
+    "691b0de2455a200cb4724d2235bc2eacfca31fe0dcf7bbd6d0dc52b78f5540e6": "scorer_raises_system_exit.bin",
+    "3d2820f7bef96ec686c36dde5238969d1dd8564a16d19dfc9139905bbd1f5a81": "scorer_exceeds_cpu_limit.bin",
+}
+TOKENIZERS = ("builtin",)
+
+
+def vector_context(manifest: dict[str, Any], entry: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The context a vector or sequence of ``manifest`` is judged in: the manifest's, with the
+    entry's own ``context`` fields replacing it. Raises ``ValueError`` for a manifest whose own
+    context sets ``sandbox_upstream``."""
+    base = manifest["context"]
+    if not isinstance(base, dict):
+        raise ValueError("the manifest's context is not an object")
+    if SANDBOX_UPSTREAM in base:
+        raise ValueError(
+            f"{SANDBOX_UPSTREAM} is a conformance-test switch of single vectors; a manifest's own "
+            "context must not set it"
+        )
+    overrides = {} if entry is None else entry.get("context", {})
+    if not isinstance(overrides, dict):
+        raise ValueError("a vector's context is not an object")
+    return {**base, **overrides}
+
+
 def pipeline_for_context(
     ctx: dict[str, Any], score_groups: GroupScorer = score_in_process
 ) -> AdmissionPipeline:
-    """A fresh receiver in the state a vectors manifest's ``context`` describes."""
+    """A fresh receiver in the state a vectors manifest's ``context`` describes.
+
+    Scoring is ``score_groups``'s; ``verifier_for_context`` gives the boundary a context asks for.
+    Raises ``ValueError`` (or ``KeyError``/``TypeError``) for a context it cannot build."""
     allowed = ctx.get("allowed_tasks")
     publishers = ctx.get("trusted_publishers")
     allowlist = ctx.get("allowlist")
@@ -50,11 +94,75 @@ def pipeline_for_context(
         allowlist=None if allowlist is None else KeyAllowlist.from_keys(bytes.fromhex(k) for k in allowlist),
         local_peer_id=ctx.get("local_peer_id"),
         replay_quota=int(ctx.get("replay_quota", AdmissionConfig.replay_quota)),
+        cpu_initial=float(ctx.get("cpu_initial", AdmissionConfig.cpu_initial)),
     )
-    pipeline = AdmissionPipeline(config, now=float(ctx["now"]), score_groups=score_groups)
+    pipeline = AdmissionPipeline(
+        config, now=float(ctx["now"]), score_groups=score_groups, render=_renderer(ctx)
+    )
     for model_id, version in ctx.get("policy_versions", {}).items():
         pipeline.set_policy_version(model_id, int(version))
     return pipeline
+
+
+def _renderer(ctx: dict[str, Any]) -> Callable[[Sequence[str]], Sequence[TrainedText | RejectReason]] | None:
+    """How the context's receiver renders completions (its tokenizer and ``max_new_tokens``), or None:
+    score them as received."""
+    tokenizer, max_new = ctx.get("tokenizer"), ctx.get("max_new_tokens")
+    if tokenizer is None and max_new is None:
+        return None
+    if tokenizer not in TOKENIZERS or not isinstance(max_new, int) or max_new < 1:
+        raise ValueError(
+            f"context tokenizer {tokenizer!r} / max_new_tokens {max_new!r}: expected one of {TOKENIZERS} "
+            "and an integer >= 1, together"
+        )
+    # The node's own rendering, so the vectors check what a node trains. Imported here: it brings
+    # torch and the node (seconds), and only contexts naming a tokenizer need it.
+    from swarmnode.node import trained_texts
+
+    policy = _builtin_policy()
+
+    def render(texts: Sequence[str]) -> Sequence[TrainedText | RejectReason]:
+        return trained_texts(policy, texts, max_new)
+
+    return render
+
+
+@functools.cache
+def _builtin_policy() -> Policy:
+    """The built-in tiny model's policy (deterministic), for its character tokenizer (SPEC.md §6)."""
+    from swarmnode.policy import build_tiny_policy
+
+    return build_tiny_policy(0)
+
+
+def verifier_for_context(ctx: dict[str, Any], families: Iterable[tuple[str, str, str]]) -> VerifierPool:
+    """The verification boundary (not started) a context's receiver scores with: one worker, the
+    context's CPU limits, and upstream's scorer for its ``sandbox_upstream`` families (inside the
+    sandbox). Only ``vector_context`` lets a vector's own context set those."""
+    defaults = VerifierLimits()
+    limits = VerifierLimits(
+        completion_cpu_s=float(ctx.get("completion_cpu_s", defaults.completion_cpu_s)),
+        batch_cpu_s=float(ctx.get("batch_cpu_s", defaults.batch_cpu_s)),
+    )
+    upstream = ctx.get(SANDBOX_UPSTREAM, [])
+    if not isinstance(upstream, list) or not all(isinstance(name, str) for name in upstream):
+        raise ValueError(f"{SANDBOX_UPSTREAM} must be a list of task family names")
+    return VerifierPool(limits, workers=1, families=families, unsafe_upstream=upstream)
+
+
+def vector_with_bytes(manifest: dict[str, Any], directory: Path, data: bytes) -> dict[str, Any] | None:
+    """The vector of ``manifest`` (its files in ``directory``) whose own context applies to ``data``:
+    one whose file holds exactly these bytes. Matching the bytes, never a name, keeps a vector's
+    switches (``sandbox_upstream``) off any file but the committed vector itself."""
+    for entry in manifest.get("vectors", []):
+        if not isinstance(entry, dict) or "context" not in entry:
+            continue
+        try:
+            if (directory / Path(str(entry["file"])).name).read_bytes() == data:
+                return entry
+        except (OSError, KeyError):
+            continue
+    return None
 
 
 def describe(verdict: Verdict) -> str:
@@ -81,6 +189,27 @@ def _run_check(args: argparse.Namespace) -> int:
     except OSError as exc:
         print(f"unreadable: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
         return EXIT_UNREADABLE
+    ctx: dict[str, Any] | None = None
+    vector: dict[str, Any] | None = None
+    if args.context is not None:
+        try:
+            manifest = json.loads(Path(args.context).read_text(encoding="utf-8"))
+            if not isinstance(manifest, dict):
+                raise ValueError("not a JSON object")
+            vector = vector_with_bytes(manifest, Path(args.context).parent, data)
+            ctx = vector_context(manifest, vector)
+            if SANDBOX_UPSTREAM in ctx and hashlib.sha256(data).hexdigest() not in CONFORMANCE_SHA256:
+                raise ValueError(
+                    f"{SANDBOX_UPSTREAM} applies only to the project's own conformance vectors "
+                    f"({', '.join(sorted(CONFORMANCE_SHA256.values()))}), not to these bytes"
+                )
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(
+                f"unreadable: {args.context} is not a vectors manifest with a context: {exc}", file=sys.stderr
+            )
+            return EXIT_UNREADABLE
+        if args.now is not None:
+            ctx = {**ctx, "now": args.now}
     # The file is a stranger's bytes: its completions are scored behind the verification boundary,
     # whose worker warms the families the file names before it locks itself in.
     families = families_named(data)
@@ -93,15 +222,17 @@ def _run_check(args: argparse.Namespace) -> int:
         return EXIT_UNREADABLE
     _limit_cpu(CHECK_CPU_S)
     try:
-        verifier = VerifierPool(workers=1, families=families)
+        verifier = (
+            VerifierPool(workers=1, families=families) if ctx is None else verifier_for_context(ctx, families)
+        )
         verifier.start()
-    except RuntimeError as exc:
+    except (RuntimeError, ValueError, TypeError) as exc:
         print(
             f"unreadable: the verifier could not start for the file's task families: {exc}", file=sys.stderr
         )
         return EXIT_UNREADABLE
     try:
-        return _check_with(args, data, verifier)
+        return _check_with(args, data, verifier, ctx, vector)
     finally:
         verifier.close()
 
@@ -138,18 +269,19 @@ def families_named(data: bytes) -> list[tuple[str, str, str]]:
     return sorted({(g.task.dataset, g.task.config, g.task.prompt_format) for g in message.groups})
 
 
-def _check_with(args: argparse.Namespace, data: bytes, verifier: VerifierPool) -> int:
-    if args.context is not None:
+def _check_with(
+    args: argparse.Namespace,
+    data: bytes,
+    verifier: VerifierPool,
+    ctx: dict[str, Any] | None,
+    vector: dict[str, Any] | None,
+) -> int:
+    if ctx is not None:
         try:
-            ctx = json.loads(Path(args.context).read_text(encoding="utf-8"))["context"]
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            print(
-                f"unreadable: {args.context} is not a vectors manifest with a context: {exc}", file=sys.stderr
-            )
+            pipeline = pipeline_for_context(ctx, verifier.score)
+        except (ValueError, KeyError, TypeError) as exc:
+            print(f"unreadable: {args.context}: cannot build its receiver: {exc}", file=sys.stderr)
             return EXIT_UNREADABLE
-        if args.now is not None:
-            ctx = {**ctx, "now": args.now}
-        pipeline = pipeline_for_context(ctx, verifier.score)
         now = float(ctx["now"])
     else:
         now = time.time() if args.now is None else float(args.now)
@@ -159,6 +291,9 @@ def _check_with(args: argparse.Namespace, data: bytes, verifier: VerifierPool) -
         )
     verdict = pipeline.admit(data, now)
     print(describe(verdict))
+    if vector is not None:
+        fields = ", ".join(sorted(vector["context"]))
+        print(f"  judged as vector {vector['file']}, in its own context ({fields})")
     return EXIT_ACCEPTED if verdict.accepted else EXIT_REJECTED
 
 
@@ -186,7 +321,8 @@ def add_protocol_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--context",
         type=Path,
         default=None,
-        help="a vectors manifest.json: judge as its receiver (its now, policy versions, allowed tasks)",
+        help="a vectors manifest.json: judge as its receiver (its now, policy versions, allowed tasks); "
+        "a file holding exactly the bytes of one of its vectors is judged in that vector's own context",
     )
     check.set_defaults(func=_run_check)
     vectors = sub.add_parser("vectors", help="regenerate the protocol test vectors into DIR")

@@ -2,7 +2,9 @@
 
 Owns: building ``protocol/vectors/`` (``*.bin`` envelopes + ``manifest.json``)
 deterministically (fixed keys, fixed times; Ed25519 signatures are
-deterministic), and the admission context they are judged in. Must not: compute
+deterministic), and the admission context they are judged in (plus the fields a
+vector's or sequence's own context replaces: a CPU budget, the receiver's
+tokenizer, the boundary's test-only ``sandbox_upstream``). Must not: compute
 expected verdicts with the admission code it is meant to test: each vector
 states its expectation by construction; tests/wire/test_vectors.py checks that
 ``swarmnode.admit`` agrees, and that a fresh build is byte-identical to the
@@ -18,6 +20,7 @@ import argparse
 import hashlib
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
@@ -73,6 +76,31 @@ ALLOWED_TASKS = (
 )
 REPLAY_QUOTA = 6  # digests one party may hold in the vectors' receiver (the default is 20,000)
 TASK_SEED = 7
+#: Admission CPU-seconds a never-seen party starts with (AdmissionConfig's default); the
+#: cpu_budget vectors' receiver gives 0, so the first envelope is refused without measuring anything.
+CPU_INITIAL = 0.25
+
+#: The built-in tiny model's character tokenizer (``swarmnode.policy.build_char_tokenizer``), stated
+#: here from SPEC.md §6 and not read from the implementation, so the vectors check it: specials
+#: first, then one id per character of the alphabet; every other character is <unk>.
+BUILTIN_SPECIALS = ("<pad>", "<bos>", "<eos>", "<unk>")
+BUILTIN_ALPHABET = "0123456789+-*/=(). "
+BUILTIN_EOS = 2
+#: The rendering vectors' receiver generates at most this many tokens (the node's default).
+MAX_NEW_TOKENS = 8
+RENDERING = {"tokenizer": "builtin", "max_new_tokens": MAX_NEW_TOKENS}
+
+#: Conformance-test switch of the boundary vectors (SPEC.md §6): score this family with upstream's
+#: eval-ing scorer *inside* the sandbox, so the boundary itself is what the vectors test.
+BINARY_MATRIX = ("binary_matrix", "{}", "question")
+SANDBOX = {
+    "allowed_tasks": [list(BINARY_MATRIX)],
+    "sandbox_upstream": [BINARY_MATRIX[0]],
+    "completion_cpu_s": 0.5,
+    "batch_cpu_s": 2.0,
+}
+#: Delivering transport peers of the sequences (opaque ids, as a libp2p id would be).
+VIA_A, VIA_B = "transport-peer-a", "transport-peer-b"
 
 
 def _key(name: str) -> NodeIdentity:
@@ -93,7 +121,17 @@ class VectorSet:
     synthetic: list[dict[str, Any]] = field(default_factory=list)
     tasks: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def add(self, name: str, data: bytes, description: str, reason: str | None = None, **extra: Any) -> None:
+    def add(
+        self,
+        name: str,
+        data: bytes,
+        description: str,
+        reason: str | None = None,
+        *,
+        context: dict[str, Any] | None = None,
+        **extra: Any,
+    ) -> None:
+        """One vector; ``context``: fields replacing the manifest's context for this vector only."""
         file = f"{name}.bin"
         if file in self.files:
             raise ValueError(f"duplicate vector name {name}")
@@ -105,8 +143,42 @@ class VectorSet:
         }
         if reason is not None:
             entry["reason"] = reason
+        if context is not None:
+            _check_overrides(context)
+            entry["context"] = context
         entry.update(extra)
         self.vectors.append(entry)
+
+    def sequence(
+        self,
+        description: str,
+        files: list[str],
+        expect: list[dict[str, str]],
+        *,
+        via: Sequence[str | None] | None = None,
+        context: dict[str, Any] | None = None,
+    ) -> None:
+        """Files fed in order to one receiver; ``via[i]``: the transport peer that delivered file i."""
+        if len(expect) != len(files) or (via is not None and len(via) != len(files)):
+            raise ValueError(f"sequence {description!r}: files, expect and via differ in length")
+        entry: dict[str, Any] = {"description": description, "files": files, "expect": expect}
+        if via is not None:
+            entry["via"] = list(via)
+        if context is not None:
+            _check_overrides(context)
+            entry["context"] = context
+        self.sequences.append(entry)
+
+
+#: Fields a vector's or a sequence's own context may set besides the manifest's context fields.
+#: ``sandbox_upstream`` and the boundary's limits exist only there (SPEC.md §6).
+OVERRIDE_ONLY = ("sandbox_upstream", "completion_cpu_s", "batch_cpu_s")
+
+
+def _check_overrides(overrides: dict[str, Any]) -> None:
+    unknown = set(overrides) - set(context()) - set(OVERRIDE_ONLY)
+    if unknown:
+        raise ValueError(f"context overrides name unknown fields {sorted(unknown)}")
 
 
 def context() -> dict[str, Any]:
@@ -122,7 +194,39 @@ def context() -> dict[str, Any]:
         "trusted_publishers": None,
         "allowlist": None,
         "replay_quota": REPLAY_QUOTA,
+        "cpu_initial": CPU_INITIAL,
+        "tokenizer": None,
+        "max_new_tokens": None,
     }
+
+
+def builtin_token_ids(text: str, max_new_tokens: int) -> list[int] | None:
+    """What the vectors' rendering receiver trains for a completion it accepts (SPEC.md §4.1, §6),
+    computed from the tokenizer's definition; None if it refuses the completion."""
+    ids: list[int] = []
+    i = 0
+    while i < len(text):
+        special = next((k for k, s in enumerate(BUILTIN_SPECIALS) if text.startswith(s, i)), None)
+        if special is not None:
+            ids.append(special)
+            i += len(BUILTIN_SPECIALS[special])
+            continue
+        char = text[i]
+        ids.append(len(BUILTIN_SPECIALS) + BUILTIN_ALPHABET.index(char) if char in BUILTIN_ALPHABET else 3)
+        i += 1
+    if BUILTIN_EOS in ids:
+        ids = ids[: ids.index(BUILTIN_EOS)]
+    if len(ids) > max_new_tokens or any(t < len(BUILTIN_SPECIALS) for t in ids):
+        return None
+    return ids if len(ids) == max_new_tokens else [*ids, BUILTIN_EOS]
+
+
+def builtin_decode(ids: list[int]) -> str:
+    """The text of trained ids: the characters before the first EOS, special tokens dropped."""
+    if BUILTIN_EOS in ids:
+        ids = ids[: ids.index(BUILTIN_EOS)]
+    n = len(BUILTIN_SPECIALS)
+    return "".join(BUILTIN_ALPHABET[t - n] for t in ids if t >= n)
 
 
 def vector_task(index: int, prompt_format: str = "compact") -> Task:
@@ -493,8 +597,10 @@ def build() -> VectorSet:
     vs.add("too_many_completions", raw_batch(many), "65 completions in a group (limit 64)", "limit_exceeded")
     long_text = _raw_group(g0)
     long_text.completions[0].text = "9" * (limits.MAX_COMPLETION_BYTES + 1)
+    # Named for the wire limit, not "completion_too_long": that reason is the receiver's own
+    # max_new_tokens (step 9, vector completion_over_max_new_tokens).
     vs.add(
-        "completion_too_long",
+        "completion_text_over_limit",
         raw_batch(long_text),
         "completion text of 8,193 bytes (limit 8,192)",
         "limit_exceeded",
@@ -502,7 +608,7 @@ def build() -> VectorSet:
     multibyte = _raw_group(g0)
     multibyte.completions[0].text = "é" * (limits.MAX_COMPLETION_BYTES // 2 + 1)
     vs.add(
-        "completion_too_long_utf8",
+        "completion_text_over_limit_utf8",
         raw_batch(multibyte),
         "4,097 characters but 8,194 UTF-8 bytes: limits count bytes",
         "limit_exceeded",
@@ -636,6 +742,26 @@ def build() -> VectorSet:
         "prompt_mismatch",
     )
 
+    _rescoring_vectors(vs, tasks[1])
+
+    # ---------------------------------------------------------------- sender: CPU budget
+    no_cpu = {"cpu_initial": 0.0}
+    vs.add(
+        "cpu_budget_spent",
+        encode_envelope(_envelope(batch, sent_at_ms=SENT_AT_MS - 500)),
+        "a valid batch to a receiver where a party never seen before starts with 0 CPU-seconds: "
+        "refused at step 4 without measuring any CPU time",
+        "cpu_budget",
+        context=no_cpu,
+    )
+    vs.sequence(
+        "the delivering peer's CPU budget is checked at step 0, before the bytes are even parsed",
+        ["garbage.bin"],
+        [{"expect": "rejected", "reason": "cpu_budget"}],
+        via=[VIA_A],
+        context=no_cpu,
+    )
+
     # ---------------------------------------------------------------- replay / duplicate
     twice = RolloutBatch(groups=(batch.groups[0], batch.groups[0]))
     vs.add(
@@ -693,7 +819,110 @@ def build() -> VectorSet:
             + [{"expect": "rejected", "reason": "replay_quota_signer"}],
         }
     )
+    # Two signers through one transport peer: the peer reaches its quota while neither signer does
+    # (each holds half); the refused envelope, delivered by another peer, is accepted.
+    half = REPLAY_QUOTA // 2
+    other_files = []
+    for k in range(half):
+        name = f"heartbeat_other_quota_{k}"
+        beat = Heartbeat(round=200 + k, model_id=MODEL_ID, policy_version=CURRENT_VERSION, rollout_rate=1.0)
+        vs.add(
+            name,
+            encode_envelope(_envelope(beat, signer="other")),
+            f"heartbeat {k} of 'other' in the delivering-peer quota sequence",
+            kind="heartbeat",
+            sender=KEYS["other"].peer_id,
+        )
+        other_files.append(f"{name}.bin")
+    via_files = [f for pair in zip(quota_files[:half], other_files, strict=True) for f in pair]
+    vs.sequence(
+        f"one delivering peer holds at most replay_quota ({REPLAY_QUOTA}) live digests, whoever signed them",
+        [*via_files, quota_files[half], quota_files[half]],
+        [{"expect": "accepted"}] * REPLAY_QUOTA
+        + [{"expect": "rejected", "reason": "replay_quota_via"}, {"expect": "accepted"}],
+        via=[VIA_A] * (REPLAY_QUOTA + 1) + [VIA_B],
+    )
     return vs
+
+
+def _rescoring_vectors(vs: VectorSet, task: Task) -> None:
+    """Step 9 under a receiver that renders completions with the built-in tokenizer, and the
+    verification boundary with upstream's unsafe scorer inside it (SPEC.md §4.1, §6)."""
+    right = task.entry["answer"]
+    assert right == "84" and task.prompt == "58+26="  # the texts below are written for this task
+    texts = [
+        right,
+        right + ".00000",  # exactly max_new_tokens: trained without an EOS, as the receiver's own
+        right + "<eos>" + "0" * 10,  # cut at the spelled EOS: the tail is never trained
+        "85<eos><answer>84</answer>",  # as received it scores 1; as trained ("85") it scores 0
+    ]
+    trained = [builtin_token_ids(t, MAX_NEW_TOKENS) for t in texts]
+    assert all(ids is not None for ids in trained)
+    rendered = RolloutBatch(groups=(vector_group(task, texts),))
+    trained_texts = [builtin_decode(ids) for ids in trained if ids is not None]
+    vs.add(
+        "completion_within_max_new_tokens",
+        encode_envelope(_envelope(rendered)),
+        "receiver with the built-in tokenizer and max_new_tokens 8: completions are scored as trained "
+        "(cut at a spelled <eos>; 8 tokens exactly fill the cap)",
+        context=RENDERING,
+        kind="rollout_batch",
+        sender=KEYS["sender"].peer_id,
+        rewards=[[score_completion(task, t) for t in trained_texts]],
+        trained_texts=[trained_texts],
+        trained_token_ids=[trained],
+    )
+    refused = {
+        "completion_over_max_new_tokens": (
+            right + ".000000",
+            "9 tokens under the built-in tokenizer; the receiver generates at most 8",
+            "completion_too_long",
+        ),
+        "completion_spells_special_token": (
+            "8<pad>4",
+            "spells <pad>: a special token other than <eos> in the ids",
+            "completion_untrainable",
+        ),
+        "completion_outside_tokenizer": (
+            right + "\n",
+            "a newline: not in the built-in alphabet, so <unk>",
+            "completion_untrainable",
+        ),
+    }
+    for name, (text, why, reason) in refused.items():
+        assert builtin_token_ids(text, MAX_NEW_TOKENS) is None
+        vs.add(
+            name,
+            encode_envelope(_envelope(RolloutBatch(groups=(vector_group(task, [right, text]),)))),
+            f"second completion {text!r}: {why}",
+            reason,
+            context=RENDERING,
+        )
+
+    family = regenerate(TaskId(BINARY_MATRIX[0], BINARY_MATRIX[1], TASK_SEED, 0, BINARY_MATRIX[2]))
+    _record_task(vs, family)
+    attacks = {
+        "scorer_raises_system_exit": (
+            "<answer>exit(3)</answer>",
+            "upstream's binary_matrix scorer eval()s it: SystemExit inside the sandboxed worker",
+            "verifier_failed",
+        ),
+        "scorer_exceeds_cpu_limit": (
+            "<answer>9**9**9</answer>",
+            "upstream's binary_matrix scorer eval()s it: one C call that never returns, "
+            "killed at completion_cpu_s",
+            "verifier_timeout",
+        ),
+    }
+    for name, (text, why, reason) in attacks.items():
+        vs.add(
+            name,
+            encode_envelope(_envelope(RolloutBatch(groups=(vector_group(family, [text], claimed=[1.0]),)))),
+            f"{text!r} under sandbox_upstream (conformance-test switch): {why}; "
+            "in the manifest's own context the family is refused (task_not_allowed)",
+            reason,
+            context=SANDBOX,
+        )
 
 
 def manifest(vs: VectorSet) -> dict[str, Any]:

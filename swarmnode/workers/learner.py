@@ -47,7 +47,7 @@ from swarmnode.core.staleness import StalenessGate
 from swarmnode.home import NodeHome
 from swarmnode.identity import load_or_create_identity
 from swarmnode.metrics import Metrics
-from swarmnode.net.dataplane import DataPlane, DataPlaneError
+from swarmnode.net.dataplane import DataPlane, DataPlaneError, Refuse, request_source
 from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.rollout import make_engine
 from swarmnode.solo import build_mixture, build_policy, configure_threads
@@ -67,11 +67,13 @@ from swarmnode.wire import (
     encode_envelope,
 )
 from swarmnode.workers.convert import WorkerDataError, from_worker
+from swarmnode.workers.offers import DirectOffers
 from swarmnode.workers.records import (
     learner_key,
+    newest,
     peer_address,
     publish_record,
-    read_records,
+    read_signed_records,
     signed_record,
     workers_key,
 )
@@ -127,6 +129,8 @@ class LearnerNode:
         self.completions_by_worker: collections.Counter[str] = collections.Counter()
         self.batch_completions: dict[str, int] = {}  # completions in each worker's last batch
         self.offers: dict[str, PeerRecord] = {}
+        # Offers workers pushed to our data plane, rationed by network (workers.offers).
+        self.direct_offers = DirectOffers(per_network=config.learner.offers_per_network)
         self.told: dict[str, int] = {}  # worker -> newest version whose manifest we sent it
         self.reprobed: dict[str, float] = {}  # worker -> when it was last given a new chance
         self.last_loss: float | None = None
@@ -204,6 +208,7 @@ class LearnerNode:
                 p: {"rate": r.capabilities.rollout_rate, "price": r.capabilities.price}
                 for p, r in self.offers.items()
             },
+            "direct_offers": self.direct_offers.stats(),
             "metrics": self.metrics.snapshot(),
         }
 
@@ -263,6 +268,17 @@ class LearnerNode:
         self.metrics.inc("worker_groups_received", "Worker groups admitted", len(groups))
         self.arrived.set()
         return reply
+
+    async def _on_offer(self, sender: str, envelope: Envelope, message: PeerRecord) -> None:
+        """A worker's signed offer sent straight to us: kept in the direct-offer table, rationed
+        by the network it came from, so a stuffed DHT key cannot keep a worker from us."""
+        sent_at = envelope.sent_at_ms / 1000.0
+        refusal = self.direct_offers.receive(sender, sent_at, message, request_source(), time.time())
+        if refusal is not None:
+            reason, _, detail = refusal.partition(": ")
+            self.metrics.inc("direct_offers_refused", "Pushed offers we did not keep", reason=reason)
+            raise Refuse(reason, detail)
+        self.metrics.inc("direct_offers", "Offers pushed to us and kept")
 
     async def _spot_check(self, sender: str, groups: list[ScoredGroup], now: float) -> bool:
         """Re-compute a sample of the worker's token log-probs; False (and maybe deactivation) on a lie.
@@ -423,7 +439,10 @@ class LearnerNode:
                 signed_record(self.identity, own, now),
                 RECORD_TTL,
             )
-            seen = {r.peer_id: r for r in await read_records(self.runtime, key) if Role.WORKER in r.roles}
+            now = time.time()
+            # Offers from the DHT and those pushed to us: the newest signed one of each worker.
+            both = newest(await read_signed_records(self.runtime, key), self.direct_offers.live(now))
+            seen = {p: r for p, r in both.items() if Role.WORKER in r.roles}
             now = time.time()
             for peer, record in seen.items():
                 offer = self._offer(peer, record)
@@ -589,6 +608,7 @@ class LearnerNode:
             self.identity, host=dp.host, port=dp.port, upload_rate=dp.upload_rate or None
         )
         self.dataplane.register(Kind.ROLLOUT_BATCH, self._on_rollouts)
+        self.dataplane.register(Kind.PEER_RECORD, self._on_offer)
         await self.dataplane.start()
         self.publisher = WeightPublisher(
             self.identity,

@@ -102,6 +102,32 @@ def select_records(
     dht_records: Iterable[DhtRecord], key: str, *, max_age: float = RECORD_MAX_AGE, now: float | None = None
 ) -> list[PeerRecord]:
     """``read_records`` without the DHT: the newest acceptable record per peer id, in peer-id order."""
+    best = select_signed_records(dht_records, key, max_age=max_age, now=now)
+    return [best[peer][1] for peer in sorted(best)]
+
+
+async def read_signed_records(
+    runtime: HivemindRuntime, key: str, *, max_age: float = RECORD_MAX_AGE, now: float | None = None
+) -> dict[str, tuple[float, PeerRecord]]:
+    """``read_records`` with when each record was signed: peer id -> (sent_at, record)."""
+    found = await runtime.dht_get(key, timeout=DHT_TIMEOUT)
+    return select_signed_records(found, key, max_age=max_age, now=now)
+
+
+def newest(*tables: dict[str, tuple[float, PeerRecord]]) -> dict[str, PeerRecord]:
+    """Per peer id, the record signed last among ``tables`` (the DHT's, the direct offers)."""
+    best: dict[str, tuple[float, PeerRecord]] = {}
+    for table in tables:
+        for peer, (sent_at, record) in table.items():
+            if peer not in best or sent_at > best[peer][0]:
+                best[peer] = (sent_at, record)
+    return {peer: best[peer][1] for peer in sorted(best)}
+
+
+def select_signed_records(
+    dht_records: Iterable[DhtRecord], key: str, *, max_age: float = RECORD_MAX_AGE, now: float | None = None
+) -> dict[str, tuple[float, PeerRecord]]:
+    """The newest acceptable record per peer id with when it was signed (module docstring)."""
     now = time.time() if now is None else now
     best: dict[str, tuple[float, PeerRecord]] = {}
     for dht_record in dht_records:
@@ -124,4 +150,4 @@ def select_records(
         previous = best.get(record.peer_id)
         if previous is None or sent_at > previous[0]:
             best[record.peer_id] = (sent_at, record)
-    return [best[peer][1] for peer in sorted(best)]
+    return best

@@ -34,7 +34,7 @@ from swarmnode.errors import ConfigError
 from swarmnode.home import NodeHome
 from swarmnode.identity import load_or_create_identity
 from swarmnode.metrics import Metrics
-from swarmnode.net.dataplane import DataPlane, DataPlaneError
+from swarmnode.net.dataplane import DataPlane, DataPlaneError, PeerRefused
 from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.rollout import SamplingParams, make_engine
 from swarmnode.solo import build_mixture, build_policy, configure_threads
@@ -50,6 +50,8 @@ from swarmnode.wire import (
     Kind,
     PeerRecord,
     Role,
+    WireError,
+    decode_envelope,
     seal,
     to_ms,
 )
@@ -68,6 +70,7 @@ log = logging.getLogger(__name__)
 SEND_TIMEOUT = 30.0
 RECORD_TTL = 30.0
 ADVERTISE_SECONDS = 5.0
+OFFER_TIMEOUT = 5.0
 
 
 class WorkerNode:
@@ -81,7 +84,8 @@ class WorkerNode:
         self.started_at = time.time()
         self.stop = asyncio.Event()
         self.learner_id = config.worker.learner
-        self.learner_address: str | None = None
+        # From the learner's DHT record, else worker.learner_address (a stuffed key cannot hide it).
+        self.learner_address: str | None = config.worker.learner_address or None
         self.learner_record: PeerRecord | None = None
         self.lease_until = 0.0
         self.target_rate = 0.0
@@ -224,13 +228,36 @@ class WorkerNode:
                     software_version=f"swarmnode/{__version__}",
                 ),
             )
-            await publish_record(
-                self.runtime,
-                workers_key("default", self.learner_id),
-                signed_record(self.identity, record, now),
-                RECORD_TTL,
-            )
+            signed = signed_record(self.identity, record, now)
+            await publish_record(self.runtime, workers_key("default", self.learner_id), signed, RECORD_TTL)
+            await self._offer_directly(signed)
             await asyncio.sleep(ADVERTISE_SECONDS)
+
+    async def _offer_directly(self, signed: bytes) -> None:
+        """Hand the same signed offer to the learner's data plane: the DHT key can be filled by
+        Sybils, the learner's per-network table cannot (workers.offers)."""
+        if self.learner_address is None:
+            return
+        envelope = decode_envelope(signed)
+        assert not isinstance(envelope, WireError)  # we just encoded it
+        learner = self.learner_record
+        addresses = learner.addresses if learner is not None else (self.learner_address,)
+        libp2p_id = learner.libp2p_peer_id if learner is not None else None
+        try:
+            await self.dataplane.request_peer(
+                addresses,
+                libp2p_id,
+                None,
+                envelope=envelope,
+                timeout=OFFER_TIMEOUT,
+                expect_peer=self.learner_id,
+            )
+        except PeerRefused as e:
+            self.metrics.inc("offer_refused", "Direct offers the learner refused", reason=e.reason)
+            log.info("learner %s did not keep our offer: %s", self.learner_id, e)
+        except DataPlaneError as e:
+            self.metrics.inc("offer_failed", "Direct offers that did not reach the learner")
+            log.debug("could not hand our offer to learner %s: %s", self.learner_id, e)
 
     def _generate(self, index: int) -> tuple[list[ScoredGroup], float]:
         r = self.config.rollout

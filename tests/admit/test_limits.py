@@ -1,26 +1,10 @@
-"""Token buckets and the replay cache: sans-IO, bounded, fail-closed."""
+"""The replay cache: sans-IO, bounded, fail-closed (the token bucket: tests/core/test_limits.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from swarmnode.admit import ReplayCache, TokenBucket
-
-
-def test_bucket_allows_a_burst_then_refills_at_its_rate() -> None:
-    bucket = TokenBucket(rate=2.0, burst=3.0, updated=0.0)
-    assert [bucket.take(0.0) for _ in range(4)] == [True, True, True, False]
-    assert bucket.take(0.5)  # one token back after 0.5 s at 2/s
-    assert not bucket.take(0.5)
-    assert [bucket.take(100.0) for _ in range(4)] == [True, True, True, False], "refill caps at burst"
-
-
-def test_bucket_ignores_time_running_backwards() -> None:
-    bucket = TokenBucket(rate=1.0, burst=1.0, updated=10.0)
-    assert bucket.take(10.0)
-    assert not bucket.take(5.0)
-    assert not bucket.take(10.5)
-    assert bucket.take(11.0)
+from swarmnode.admit import ReplayCache
 
 
 def test_replay_cache_remembers_each_digest_until_its_own_expiry() -> None:

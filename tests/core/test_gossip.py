@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import heapq
 import itertools
 import random
 from collections import Counter, defaultdict
-from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -16,7 +14,6 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
 
-import swarmnode.core
 from swarmnode.core import (
     AdmissionResult,
     Admit,
@@ -87,19 +84,7 @@ def succeed(core: GossipCore, pull: Pull, now: float, payload: bytes = b"x") -> 
     return core.handle(PullSucceeded(pull.request_id, pull.peer, items), now)
 
 
-# --- sans-IO ---------------------------------------------------------------------------------
-
-
-def test_core_modules_import_nothing_that_does_io_reads_a_clock_or_runs_an_event_loop() -> None:
-    forbidden = {"socket", "time", "asyncio", "trio", "threading", "selectors", "random", "datetime", "os"}
-    core_dir = Path(swarmnode.core.__file__).parent
-    for module in ["__init__.py", "events.py", "limits.py", "rounds.py", "gossip.py"]:
-        tree = ast.parse((core_dir / module).read_text())
-        imported = {
-            alias.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for alias in n.names
-        }
-        imported |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
-        assert not imported & forbidden, f"{module} imports {imported & forbidden}"
+# --- configuration ----------------------------------------------------------------------------
 
 
 def test_invalid_config_is_refused_with_the_field_named() -> None:

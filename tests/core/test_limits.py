@@ -1,4 +1,4 @@
-"""Specification of the bounded building blocks (swarmnode/core/limits.py)."""
+"""Specification of the bounded building blocks (swarmnode/core/limits.py): token bucket, expiring map."""
 
 from __future__ import annotations
 
@@ -9,24 +9,48 @@ from swarmnode.core.limits import ExpiringMap, TokenBucket
 
 
 def test_token_bucket_allows_a_burst_then_the_rate() -> None:
-    bucket = TokenBucket.full(rate=2.0, burst=4.0, now=0.0)
-    bucket.take(4, now=0.0)
+    bucket = TokenBucket(rate=2.0, burst=4.0, updated=0.0)  # starts full
+    assert bucket.take(0.0, 4)
     assert bucket.available(0.0) == 0
-    assert bucket.ready_at(1, now=0.0) == 0.5
+    assert bucket.ready_at(0.0, 1) == 0.5
     assert bucket.available(1.0) == 2.0
     assert bucket.available(100.0) == 4.0  # never more than the burst
+
+
+def test_token_bucket_takes_one_token_at_a_time_by_default_and_refuses_rather_than_overdraws() -> None:
+    bucket = TokenBucket(rate=2.0, burst=3.0, updated=0.0)
+    assert [bucket.take(0.0) for _ in range(4)] == [True, True, True, False]
+    assert bucket.take(0.5)  # one token back after 0.5 s at 2/s
+    assert not bucket.take(0.5)
+    assert not bucket.take(0.5, 0.5) and bucket.available(0.5) == 0.0  # a refusal spends nothing
+    assert [bucket.take(100.0) for _ in range(4)] == [True, True, True, False], "refill caps at burst"
+
+
+def test_token_bucket_ignores_time_running_backwards() -> None:
+    bucket = TokenBucket(rate=1.0, burst=1.0, updated=10.0)
+    assert bucket.take(10.0)
+    assert not bucket.take(5.0)
+    assert not bucket.take(10.5)
+    assert bucket.take(11.0)
+
+
+def test_token_bucket_spent_into_debt_repays_before_granting_again() -> None:
+    bucket = TokenBucket(rate=1.0, burst=2.0, tokens=0.5, updated=0.0)
+    bucket.spend(0.0, 2.5)  # a cost known only afterwards
+    assert bucket.available(0.0) == -2.0 and not bucket.is_full(0.0)
+    assert not bucket.take(2.5)  # 0.5 tokens: still short of one
+    assert bucket.take(3.0) and bucket.is_full(100.0)
 
 
 @given(st.lists(st.tuples(st.floats(0, 5), st.integers(0, 6)), max_size=40))
 def test_token_bucket_never_grants_more_than_burst_plus_rate_times_time(
     steps: list[tuple[float, int]],
 ) -> None:
-    bucket = TokenBucket.full(rate=1.5, burst=3.0, now=0.0)
+    bucket = TokenBucket(rate=1.5, burst=3.0, updated=0.0)
     now, log = 0.0, []
     for dt, want in steps:
         now += dt
-        granted = min(want, int(bucket.available(now)))
-        bucket.take(granted, now)
+        granted = want if bucket.take(now, want) else 0
         log.append((now, granted))
     for i in range(len(log)):
         for j in range(i, len(log)):

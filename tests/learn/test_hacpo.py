@@ -11,7 +11,6 @@ from swarmnode.learn import (
     discrepancy_coefficients,
     exponential_is,
     gspo_loss,
-    hacpo_hete_loss,
     hacpo_loss,
     sequence_mean_logp,
     stepwise_clip_lower,
@@ -124,20 +123,44 @@ HETE_ADV = torch.tensor([1.0, -0.5], dtype=torch.float64)
 HETE_W = torch.tensor([2.0, 0.5], dtype=torch.float64)
 
 
+def foreign_loss(
+    logp: torch.Tensor,
+    mask: torch.Tensor,
+    source_mean_logp: torch.Tensor,
+    advantages: torch.Tensor,
+    capability_ratio: torch.Tensor,
+    *,
+    update_index: int,
+    alpha: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """``hacpo_loss`` on foreign responses only: ``-J_hete`` averaged over them."""
+    is_self = torch.zeros(logp.shape[0], dtype=torch.bool)
+    return hacpo_loss(
+        logp,
+        mask,
+        source_mean_logp,
+        advantages,
+        capability_ratio,
+        is_self,
+        update_index=update_index,
+        alpha=alpha,
+    )
+
+
 def test_hete_loss_by_hand() -> None:
     # row 0: clip(0.9, 0.8, 1) * 0.9^1 * w 2 * A 1 = 1.62 ; row 1: clip(1.5) = 1 -> 1 * 1 * 0.5 * -0.5 = -0.25
-    loss, stats = hacpo_hete_loss(HETE_LOGP, HETE_MASK, HETE_SOURCE, HETE_ADV, HETE_W, update_index=0)
+    loss, stats = foreign_loss(HETE_LOGP, HETE_MASK, HETE_SOURCE, HETE_ADV, HETE_W, update_index=0)
     assert loss.item() == pytest.approx(-(1.62 - 0.25) / 2)
-    assert stats["clip_upper_frac"] == pytest.approx(0.5)
+    assert stats["cross_clip_upper_frac"] == pytest.approx(0.5)
     assert stats["clip_lower"] == pytest.approx(0.8)
     # alpha 3: row 0 becomes 0.9^4 * 2 = 1.3122
-    loss3, _ = hacpo_hete_loss(HETE_LOGP, HETE_MASK, HETE_SOURCE, HETE_ADV, HETE_W, update_index=0, alpha=3.0)
+    loss3, _ = foreign_loss(HETE_LOGP, HETE_MASK, HETE_SOURCE, HETE_ADV, HETE_W, update_index=0, alpha=3.0)
     assert loss3.item() == pytest.approx(-(1.3122 - 0.25) / 2)
 
 
 def test_hete_gradient_by_hand_zero_above_one() -> None:
     logp = HETE_LOGP.clone().requires_grad_(True)
-    loss, _ = hacpo_hete_loss(logp, HETE_MASK, HETE_SOURCE, HETE_ADV, HETE_W, update_index=0)
+    loss, _ = foreign_loss(logp, HETE_MASK, HETE_SOURCE, HETE_ADV, HETE_W, update_index=0)
     loss.backward()
     # row 0: d/dlogp_t of -(s * sg[s] * w * A) / B = -(0.9 * 2 * 1) * (0.9 / 2) / 2 = -0.405; row 1 clipped: 0
     torch.testing.assert_close(logp.grad, torch.tensor([[-0.405, -0.405], [0.0, 0.0]], dtype=torch.float64))
@@ -149,7 +172,7 @@ def test_stepwise_clipping_stops_the_gradient_of_a_sample_below_the_rising_bound
     grads = []
     for m in (0, 4):
         logp = HETE_LOGP[:1].clone().requires_grad_(True)
-        loss, _ = hacpo_hete_loss(logp, HETE_MASK[:1], source, HETE_ADV[:1], HETE_W[:1], update_index=m)
+        loss, _ = foreign_loss(logp, HETE_MASK[:1], source, HETE_ADV[:1], HETE_W[:1], update_index=m)
         loss.backward()
         assert logp.grad is not None
         grads.append(logp.grad.abs().sum().item())
@@ -190,7 +213,7 @@ def test_hacpo_loss_weighs_every_response_equally_across_own_and_foreign() -> No
         adv[own],
         mask[own],
     )
-    hete, _ = hacpo_hete_loss(logp[~own], mask[~own], old_mean[~own], adv[~own], w[~own], update_index=2)
+    hete, _ = foreign_loss(logp[~own], mask[~own], old_mean[~own], adv[~own], w[~own], update_index=2)
     assert total.item() == pytest.approx((2 * homo.item() + 3 * hete.item()) / 5, abs=1e-12)
 
 

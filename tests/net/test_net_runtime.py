@@ -20,7 +20,6 @@ import pytest
 from hivemind.dht.routing import DHTID
 
 from swarmnode.errors import ConfigError
-from swarmnode.net.config import DEFAULT_UNARY_MAX_BYTES
 from swarmnode.net.errors import CallFailure, NetError, PeerCallError
 from swarmnode.net.hivemind_runtime import HivemindRuntime, RequestRefused
 from swarmnode.net.libp2p_identity import load_or_create_identity
@@ -148,7 +147,7 @@ def test_store_refuses_values_over_the_record_limit_before_sending(trio: Trio) -
     trio.run(scenario())
 
 
-# ---------------------------------------------------------------- streams and unary calls
+# ---------------------------------------------------------------- streams
 
 
 def test_stream_carries_megabytes_intact_in_both_directions(trio: Trio) -> None:
@@ -219,15 +218,13 @@ def test_handler_refusals_and_failures_reach_the_caller_as_remote_errors(
 
         await a.add_stream_handler("refuse", refuse, max_request_bytes=16)
         await a.add_stream_handler("broken", broken, max_request_bytes=16)
-        await a.add_unary_handler("broken", broken)
         with pytest.raises(PeerCallError, match="refused: rate limited") as caught:
             await b.call_stream(a.peer_id, "refuse", b"", timeout=T)
         assert caught.value.reason is CallFailure.REMOTE_ERROR
-        for call in (b.call_stream, b.call_unary):
-            with pytest.raises(PeerCallError) as caught:
-                await call(a.peer_id, "broken", b"", timeout=T)
-            assert caught.value.reason is CallFailure.REMOTE_ERROR
-            assert "internal detail" not in str(caught.value)  # never show peers our internals
+        with pytest.raises(PeerCallError) as caught:
+            await b.call_stream(a.peer_id, "broken", b"", timeout=T)
+        assert caught.value.reason is CallFailure.REMOTE_ERROR
+        assert "internal detail" not in str(caught.value)  # never show peers our internals
 
     with caplog.at_level(logging.ERROR, logger="swarmnode.net.hivemind_runtime"):
         trio.run(scenario())
@@ -243,35 +240,12 @@ def test_calls_to_a_slow_handler_time_out_and_unknown_handlers_fail_fast(trio: T
             return b""
 
         await a.add_stream_handler("slow", slow, max_request_bytes=16)
-        await a.add_unary_handler("slow", slow)
-        for call in (b.call_stream, b.call_unary):
-            with pytest.raises(PeerCallError) as caught:
-                await call(a.peer_id, "slow", b"", timeout=1.0)
-            assert caught.value.reason is CallFailure.TIMEOUT
-        for call in (b.call_stream, b.call_unary):
-            with pytest.raises(PeerCallError) as caught:
-                await call(a.peer_id, "nobody-serves-this", b"", timeout=T)
-            assert caught.value.reason in (CallFailure.UNREACHABLE, CallFailure.REMOTE_ERROR)
-
-    trio.run(scenario())
-
-
-def test_unary_calls_are_capped_on_both_sides_instead_of_hanging(trio: Trio) -> None:
-    async def scenario() -> None:
-        a, b = trio.a, trio.b
-
-        async def answer(peer: str, data: bytes) -> bytes:
-            return b"r" * int(data)
-
-        await a.add_unary_handler("answer", answer)
-        assert await b.call_unary(a.peer_id, "answer", b"10", timeout=T) == b"r" * 10
         with pytest.raises(PeerCallError) as caught:
-            await b.call_unary(a.peer_id, "answer", b"1" * (DEFAULT_UNARY_MAX_BYTES + 1), timeout=T)
-        assert caught.value.reason is CallFailure.TOO_LARGE
-        # hivemind alone would hang here (an oversize unary answer is dropped); we get an error.
+            await b.call_stream(a.peer_id, "slow", b"", timeout=1.0)
+        assert caught.value.reason is CallFailure.TIMEOUT
         with pytest.raises(PeerCallError) as caught:
-            await b.call_unary(a.peer_id, "answer", b"5000000", timeout=T)
-        assert caught.value.reason is CallFailure.REMOTE_ERROR
+            await b.call_stream(a.peer_id, "nobody-serves-this", b"", timeout=T)
+        assert caught.value.reason in (CallFailure.UNREACHABLE, CallFailure.REMOTE_ERROR)
 
     trio.run(scenario())
 

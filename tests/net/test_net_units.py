@@ -220,7 +220,7 @@ def test_initial_peers_merge_config_and_file_without_duplicates(tmp_path: Path) 
         ({"host_maddrs": ("not-an-address",)}, "host_maddrs"),
         ({"host_maddrs": ()}, "host_maddrs is empty"),
         ({"announce_maddrs": ("/ip4/1.2.3.4/tcp/0",)}, "port 0"),
-        ({"unary_max_bytes": 5 * 1024 * 1024}, "use streams"),
+        ({"max_record_bytes": 0}, "max_record_bytes"),
         ({"startup_timeout": 0.0}, "startup_timeout"),
         ({"peers_file": Path("/nonexistent/peers.txt")}, "cannot read peers file"),
     ],

@@ -55,6 +55,26 @@ def test_a_scorer_stuck_in_one_c_call_is_killed_within_its_cpu_limit(
     assert time.monotonic() - started < 10.0  # never returns by itself
 
 
+def spin(cpu_s: float) -> str:
+    """An answer upstream's scorer evals into a loop that burns ``cpu_s`` of the worker's CPU time."""
+    return (
+        f"(lambda clock, t: [0 for _ in iter(lambda: clock() - t < {cpu_s!r}, False)])"
+        "(__import__('time').process_time, __import__('time').process_time())"
+    )
+
+
+def test_the_cpu_limit_is_per_completion_not_per_batch(raw_pool: VerifierPool, task: Task) -> None:
+    """Four completions of 0.3 s each use more than one completion's 0.5 s, and are all scored."""
+    outcome = raw_pool.score([(task, [spin(0.3)] * 4)])
+    assert outcome == Scored(((0.0,) * 4,), outcome.cpu_s)
+
+
+def test_one_completion_past_its_cpu_limit_times_out(raw_pool: VerifierPool, task: Task) -> None:
+    """0.8 s of Python is under the batch's 2 s: only the per-completion timer can stop it."""
+    outcome = raw_pool.score([(task, ["0", spin(0.8), "0"])])
+    assert isinstance(outcome, VerifierFailure) and outcome.reason is VerifierReason.TIMEOUT
+
+
 def test_a_scorer_that_sleeps_is_killed_at_the_wall_deadline(raw_pool: VerifierPool, task: Task) -> None:
     started = time.monotonic()
     outcome = score(raw_pool, task, "__import__('time').sleep(25)")

@@ -68,3 +68,101 @@ def test_add_protocol_parser_plugs_into_any_argparse_cli() -> None:
     add_protocol_parser(parser.add_subparsers(dest="command"))
     args = parser.parse_args(["protocol", "check", "f.bin"])
     assert callable(args.func) and args.file == Path("f.bin")
+
+
+def test_check_judges_a_vector_in_its_own_context_through_the_sandbox(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A copy of the vector (same bytes, another name) gets the vector's context: upstream's scorer
+    runs, inside the sandbox, and its SystemExit is a verdict."""
+    copy = tmp_path / "received.bin"
+    copy.write_bytes((VECTORS / "scorer_raises_system_exit.bin").read_bytes())
+    code = main(["protocol", "check", str(copy), *CONTEXT])
+    out = capsys.readouterr().out
+    assert code == EXIT_REJECTED
+    assert out.startswith("rejected verifier_failed (step: rescore)")
+    assert "judged as vector scorer_raises_system_exit.bin, in its own context" in out
+
+
+def test_a_vectors_context_never_applies_to_other_bytes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The same attack signed again (other bytes): judged by the manifest's receiver, which does not
+    train on the family, so no scorer runs and no switch of the vector applies."""
+    from swarmnode.tasks import TaskId, regenerate
+    from swarmnode.wire import vectors
+    from swarmnode.wire.envelope import encode_envelope
+    from swarmnode.wire.messages import RolloutBatch
+
+    family = regenerate(TaskId(*vectors.BINARY_MATRIX[:2], vectors.TASK_SEED, 0, vectors.BINARY_MATRIX[2]))
+    group = vectors.vector_group(family, ["<answer>exit(3)</answer>"], claimed=[1.0])
+    resigned = vectors._envelope(RolloutBatch(groups=(group,)), sent_at_ms=vectors.SENT_AT_MS + 1)
+    path = tmp_path / "received.bin"
+    path.write_bytes(encode_envelope(resigned))
+    code = main(["protocol", "check", str(path), *CONTEXT])
+    out = capsys.readouterr().out
+    assert code == EXIT_REJECTED
+    assert out.startswith("rejected task_not_allowed") and "judged as vector" not in out
+
+
+def test_a_manifest_cannot_switch_the_sandbox_on_for_every_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    manifest = json.loads((VECTORS / "manifest.json").read_text(encoding="utf-8"))
+    manifest["context"]["sandbox_upstream"] = ["binary_matrix"]
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    code = main(
+        ["protocol", "check", str(VECTORS / "heartbeat.bin"), "--context", str(tmp_path / "manifest.json")]
+    )
+    assert code == EXIT_UNREADABLE
+    assert "sandbox_upstream" in capsys.readouterr().err
+
+
+def test_a_strangers_manifest_cannot_switch_the_sandbox_on_for_its_own_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A manifest is an input too: one that names a stranger's file in a vector with
+    ``sandbox_upstream`` would have upstream's eval scorer run that file's answers. Only the
+    project's own two conformance vectors may be judged with the switch on."""
+    import json
+
+    from swarmnode.tasks import TaskId, regenerate
+    from swarmnode.wire import vectors
+    from swarmnode.wire.envelope import encode_envelope
+    from swarmnode.wire.messages import RolloutBatch
+
+    family = regenerate(TaskId(*vectors.BINARY_MATRIX[:2], vectors.TASK_SEED, 0, vectors.BINARY_MATRIX[2]))
+    group = vectors.vector_group(family, ["<answer>open('pwned', 'w').write('x')</answer>"], claimed=[1.0])
+    hostile = encode_envelope(vectors._envelope(RolloutBatch(groups=(group,)), sent_at_ms=vectors.SENT_AT_MS))
+    (tmp_path / "hostile.bin").write_bytes(hostile)
+    manifest = json.loads((VECTORS / "manifest.json").read_text(encoding="utf-8"))
+    sandboxed = next(v for v in manifest["vectors"] if "sandbox_upstream" in v.get("context", {}))
+    manifest["vectors"] = [{**sandboxed, "file": "hostile.bin"}]
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    code = main(
+        ["protocol", "check", str(tmp_path / "hostile.bin"), "--context", str(tmp_path / "manifest.json")]
+    )
+    assert code == EXIT_UNREADABLE
+    assert "only to the project's own conformance vectors" in capsys.readouterr().err
+    assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
+
+
+def test_the_conformance_digests_are_those_of_the_committed_vectors() -> None:
+    import hashlib
+
+    from swarmnode.wire.cli_protocol import CONFORMANCE_SHA256
+
+    for digest, name in CONFORMANCE_SHA256.items():
+        assert hashlib.sha256((VECTORS / name).read_bytes()).hexdigest() == digest, name
+
+
+def test_check_renders_with_the_builtin_tokenizer_a_vector_names(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["protocol", "check", str(VECTORS / "completion_over_max_new_tokens.bin"), *CONTEXT])
+    out = capsys.readouterr().out
+    assert code == EXIT_REJECTED
+    assert out.startswith("rejected completion_too_long (step: rescore)")
+    code = main(["protocol", "check", str(VECTORS / "completion_within_max_new_tokens.bin"), *CONTEXT])
+    assert code == EXIT_ACCEPTED
+    assert "local rewards [1, 1, 1, 0]" in capsys.readouterr().out
