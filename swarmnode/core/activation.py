@@ -303,6 +303,16 @@ def _order(offer: WorkerOffer) -> tuple[float, float, PeerId]:
     return (offer.price_per_completion_rate, -offer.rate, offer.peer)
 
 
+def _utilization(rate: float, need: Need) -> float:
+    """Share of the learner's time a set delivering ``rate`` completions/s keeps it stepping."""
+    return min(1.0, rate * need.step_time / need.batch)
+
+
+def _cost_per_step(workers: Iterable[WorkerOffer], need: Need) -> float:
+    """What ``workers`` cost for one step's worth of completions at their planned rates."""
+    return sum(w.price / 1000.0 * w.rate * need.step_time for w in workers)
+
+
 def plan(
     offers: Iterable[WorkerOffer], need: Need, *, all_on: bool = False, check_latency: bool = True
 ) -> Plan:
@@ -335,8 +345,8 @@ def plan(
         active.append(offer)
         rate += offer.rate
     feasible = bool(active) and rate >= required * (1 - _EPS)
-    utilization = min(1.0, rate * need.step_time / need.batch)
-    cost = sum(w.price / 1000.0 * w.rate * need.step_time for w in active)
+    utilization = _utilization(rate, need)
+    cost = _cost_per_step(active, need)
     reason = ""
     if not qualified:
         reason = (
@@ -914,8 +924,8 @@ class ActivationCore:
             need=need,
             predicted_rate=rate,
             required_rate=need.required_rate,
-            predicted_utilization=min(1.0, rate * need.step_time / need.batch),
-            cost_per_step=sum(w.price / 1000.0 * w.rate * need.step_time for w in workers),
+            predicted_utilization=_utilization(rate, need),
+            cost_per_step=_cost_per_step(workers, need),
             feasible=feasible,
             reason=reason,
             excluded=full.excluded,

@@ -50,8 +50,7 @@ from swarmnode.wire import (
     Kind,
     PeerRecord,
     Role,
-    WireError,
-    decode_envelope,
+    encode_envelope,
     seal,
     to_ms,
 )
@@ -61,7 +60,6 @@ from swarmnode.workers.records import (
     peer_address,
     publish_record,
     read_records,
-    signed_record,
     workers_key,
 )
 from swarmnode.workers.weights import WeightReceiver
@@ -228,18 +226,18 @@ class WorkerNode:
                     software_version=f"swarmnode/{__version__}",
                 ),
             )
-            signed = signed_record(self.identity, record, now)
-            await publish_record(self.runtime, workers_key("default", self.learner_id), signed, RECORD_TTL)
-            await self._offer_directly(signed)
+            # One signed envelope: stored in the DHT and handed to the learner as it is.
+            envelope = seal(self.identity, record, to_ms(now))
+            key = workers_key("default", self.learner_id)
+            await publish_record(self.runtime, key, encode_envelope(envelope), RECORD_TTL)
+            await self._offer_directly(envelope)
             await asyncio.sleep(ADVERTISE_SECONDS)
 
-    async def _offer_directly(self, signed: bytes) -> None:
+    async def _offer_directly(self, envelope: Envelope) -> None:
         """Hand the same signed offer to the learner's data plane: the DHT key can be filled by
         Sybils, the learner's per-network table cannot (workers.offers)."""
         if self.learner_address is None:
             return
-        envelope = decode_envelope(signed)
-        assert not isinstance(envelope, WireError)  # we just encoded it
         learner = self.learner_record
         addresses = learner.addresses if learner is not None else (self.learner_address,)
         libp2p_id = learner.libp2p_peer_id if learner is not None else None

@@ -165,3 +165,31 @@ def wait_gone(pid: int, timeout: float) -> bool:
             return True
         time.sleep(0.05)
     return not alive(pid)
+
+
+def sybil(runtime: HivemindRuntime) -> Any:
+    """A fresh RSA identity for ``runtime`` to store as: a context manager that makes its DHT node
+    sign (and validate) records with that key, with the validators every swarmnode peer runs.
+    Identities cost an attacker one key generation: that is what the tests of issue 19 spend."""
+    from hivemind.dht.crypto import RSASignatureValidator
+    from hivemind.dht.validation import CompositeValidator
+    from hivemind.utils.crypto import RSAPrivateKey
+
+    from swarmnode.net.record_rules import RecordRulesValidator
+    from swarmnode.net.records import OwnedRecordsOnlyValidator
+
+    signer = RSASignatureValidator(RSAPrivateKey())
+    validator = CompositeValidator([signer, OwnedRecordsOnlyValidator(), RecordRulesValidator()])
+    dht = runtime._dht
+    assert dht is not None
+
+    @contextlib.contextmanager
+    def as_identity() -> Any:
+        saved = dht.protocol.record_validator
+        dht.protocol.record_validator = validator
+        try:
+            yield signer.local_public_key  # the owner marker to prefix subkeys with
+        finally:
+            dht.protocol.record_validator = saved
+
+    return as_identity()

@@ -13,18 +13,13 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.routing import DHTID
-from hivemind.dht.validation import CompositeValidator
 from hivemind.p2p import PeerID
 from hivemind.proto import dht_pb2
-from hivemind.utils.crypto import RSAPrivateKey
 
 from swarmnode.net.hivemind_runtime import HivemindRuntime
-from swarmnode.net.record_rules import RecordRulesValidator
-from swarmnode.net.records import OwnedRecordsOnlyValidator
 
-from .support import LOOPBACK, Swarm, run
+from .support import LOOPBACK, Swarm, run, sybil
 
 BOOTSTRAP = "swarmnode.net.bootstrap"
 OWNERS = 32  # x 8 `other` subkeys of 4,000 bytes: the key's 256-record cap, ~1 MiB per answer
@@ -40,20 +35,12 @@ def rss_mib(pid: int) -> float:
 async def fill(attacker: HivemindRuntime, key: str) -> int:
     dht = attacker._dht
     assert dht is not None
-    saved = dht.protocol.record_validator
     stored = 0
-    try:
-        for _ in range(OWNERS):
-            signer = RSASignatureValidator(RSAPrivateKey())
-            dht.protocol.record_validator = CompositeValidator(
-                [signer, OwnedRecordsOnlyValidator(), RecordRulesValidator()]
-            )
+    for _ in range(OWNERS):
+        with sybil(attacker) as marker:
             for j in range(8):
-                subkey = signer.local_public_key + b"x%d" % j
                 expiration = HivemindRuntime.dht_time() + 600
-                stored += bool(await dht.store(key, os.urandom(4000), expiration, subkey=subkey))
-    finally:
-        dht.protocol.record_validator = saved
+                stored += bool(await dht.store(key, os.urandom(4000), expiration, subkey=marker + b"x%d" % j))
     return stored
 
 

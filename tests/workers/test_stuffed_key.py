@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -22,7 +21,7 @@ from swarmnode.net.config import NetConfig
 from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.wire import PeerRecord, Role
 from swarmnode.workers.records import RECORD_SUBKEY, select_records, signed_record, workers_key
-from tests.net.support import LoopThread
+from tests.net.support import LoopThread, sybil
 from tests.swarm.support import LocalSwarm
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
@@ -30,37 +29,14 @@ pytestmark = [pytest.mark.network, pytest.mark.slow]
 SYBILS = 256  # RecordRules.max_records_per_key
 
 
-def sybil_validators(n: int) -> list[tuple[bytes, Any]]:
-    """``n`` fresh RSA identities, each with the validators every swarmnode peer runs."""
-    from hivemind.dht.crypto import RSASignatureValidator
-    from hivemind.dht.validation import CompositeValidator
-    from hivemind.utils.crypto import RSAPrivateKey
-
-    from swarmnode.net.record_rules import RecordRulesValidator
-    from swarmnode.net.records import OwnedRecordsOnlyValidator
-
-    out = []
-    for _ in range(n):
-        signer = RSASignatureValidator(RSAPrivateKey())
-        validator = CompositeValidator([signer, OwnedRecordsOnlyValidator(), RecordRulesValidator()])
-        out.append((signer.local_public_key, validator))
-    return out
-
-
-async def store_as(attacker: HivemindRuntime, identity: tuple[bytes, Any], key: str, value: bytes) -> bool:
-    """Store ``value`` under ``key`` as ``identity``'s own ``record`` (hivemind's DHTNode directly)."""
-    marker, validator = identity
+async def store_as_sybil(attacker: HivemindRuntime, key: str, value: bytes) -> bool:
+    """Store ``value`` under ``key`` as a fresh identity's own ``record`` (hivemind's DHTNode directly)."""
     dht = attacker._dht
     assert dht is not None
-    saved = dht.protocol.record_validator
-    dht.protocol.record_validator = validator
-    try:
+    with sybil(attacker) as marker:
         async with asyncio.timeout(10):
-            return bool(
-                await dht.store(key, value, HivemindRuntime.dht_time() + 175.0, subkey=marker + RECORD_SUBKEY)
-            )
-    finally:
-        dht.protocol.record_validator = saved
+            expiration = HivemindRuntime.dht_time() + 175.0
+            return bool(await dht.store(key, value, expiration, subkey=marker + RECORD_SUBKEY))
 
 
 def test_a_new_worker_is_recruited_while_sybils_fill_its_learners_offer_key(
@@ -81,15 +57,12 @@ def test_a_new_worker_is_recruited_while_sybils_fill_its_learners_offer_key(
         attacker = loop.run(
             HivemindRuntime.create(NetConfig(initial_peers=tuple(maddrs), client_mode=True)), timeout=90
         )
-        sybils = sybil_validators(SYBILS + 1)
-        stored = sum(loop.run(store_as(attacker, s, key, b"x" * 4000)) for s in sybils[:SYBILS])
+        stored = sum(loop.run(store_as_sybil(attacker, key, b"x" * 4000)) for _ in range(SYBILS))
         assert stored == SYBILS
         # The attack holds: one more identity's well-formed offer is refused by every replica.
         newcomer = NodeIdentity.from_seed(b"n" * 32)
         offer = PeerRecord(peer_id=newcomer.peer_id, addresses=("127.0.0.1:9",), roles=(Role.WORKER,))
-        assert not loop.run(
-            store_as(attacker, sybils[SYBILS], key, signed_record(newcomer, offer, time.time()))
-        )
+        assert not loop.run(store_as_sybil(attacker, key, signed_record(newcomer, offer, time.time())))
 
         worker_home = swarm.write_node_config(
             "worker", 10, **{"node.role": "worker", "worker.learner": learner_id}
