@@ -16,6 +16,12 @@ peer responsible for it, and only that peer.
 - ``BANNED``, ``NOT_ALLOWLISTED``, ``NEW_IDENTITY_LIMIT``, ``CPU_BUDGET`` and
   ``REPLAY_CACHE_FULL`` charge nobody: the first is already banned, and the
   others must not create per-peer state for identities we refuse to track.
+- ``STALE_POLICY``, ``TASK_NOT_ALLOWED`` and ``COMPLETION_TOO_LONG`` charge nobody: they
+  depend on the receiver's own settings (the versions it knows, the families it trains, the
+  tokens it generates), so an honest signer's valid envelope, handed by anyone to a receiver set
+  up otherwise (or held until the receiver's version moved on), must not get the signer banned
+  (red team: 20 such envelopes banned it). What judging them cost is still charged to the signer
+  and the delivering peer through the CPU budget.
 - Everything else is signed content and charged to the signer.
 """
 
@@ -132,14 +138,14 @@ CHARGE: dict[RejectReason, Charge] = {
     RejectReason.REPLAY_CACHE_FULL: Charge.NOBODY,
     RejectReason.TOO_OLD: Charge.VIA,
     RejectReason.FROM_FUTURE: Charge.SIGNER,
-    RejectReason.STALE_POLICY: Charge.SIGNER,
-    RejectReason.TASK_NOT_ALLOWED: Charge.SIGNER,
+    RejectReason.STALE_POLICY: Charge.NOBODY,  # depends on the receiver (module docstring)
+    RejectReason.TASK_NOT_ALLOWED: Charge.NOBODY,  # receiver-dependent
     RejectReason.TASK_INVALID: Charge.SIGNER,
     RejectReason.PROMPT_MISMATCH: Charge.SIGNER,
     RejectReason.CPU_BUDGET: Charge.NOBODY,  # the budget itself is the consequence
     RejectReason.REPLAY_QUOTA_SIGNER: Charge.SIGNER,
     RejectReason.REPLAY_QUOTA_VIA: Charge.VIA,
-    RejectReason.COMPLETION_TOO_LONG: Charge.SIGNER,
+    RejectReason.COMPLETION_TOO_LONG: Charge.NOBODY,  # receiver-dependent
     RejectReason.COMPLETION_UNTRAINABLE: Charge.SIGNER,
     RejectReason.VERIFIER_TIMEOUT: Charge.SIGNER,
     RejectReason.VERIFIER_FAILED: Charge.SIGNER,

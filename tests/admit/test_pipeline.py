@@ -124,6 +124,23 @@ def test_replays_by_a_third_party_never_lower_the_signers_score(pipeline: Admiss
     assert reason(pipeline.admit(envelope(heartbeat(), ALICE, T0 + 1), T0 + 1)) == "accepted"
 
 
+def test_an_honest_signers_valid_envelopes_handed_to_a_receiver_set_up_otherwise_never_ban_it(
+    config: AdmissionConfig,
+) -> None:
+    """Red team: 20 of Alice's valid batches, relayed to a node that trains other families or
+    knows a newer version, banned Alice. Those verdicts depend on the receiver, not on Alice."""
+    other_families = AdmissionPipeline(replace(config, allowed_tasks=frozenset()), now=T0)
+    moved_on = AdmissionPipeline(config, now=T0)
+    moved_on.set_policy_version(vectors.MODEL_ID, 1000)
+    for receiver, expected in ((other_families, "task_not_allowed"), (moved_on, "stale_policy")):
+        for n in range(40):
+            data = envelope(batch(make_group(1, (str(n),))), ALICE, T0 + n * 0.01)  # 40 distinct, valid
+            assert reason(receiver.admit(data, T0 + 1, via="transport-mallory")) == expected
+        assert receiver.banned_until(ALICE.peer_id, T0 + 1) is None
+        assert receiver.peers.score(ALICE.peer_id) >= 0
+        assert reason(receiver.admit(envelope(heartbeat(), ALICE, T0 + 1), T0 + 1)) == "accepted"
+
+
 def test_unattributable_rejections_are_counted_but_charge_nobody_without_via(
     pipeline: AdmissionPipeline,
 ) -> None:
