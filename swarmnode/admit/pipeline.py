@@ -205,6 +205,11 @@ class AdmissionPipeline:
     ) -> Rejected:
         self.counters[reason.value] += 1
         charge = CHARGE[reason]
+        if reason is RejectReason.REPLAY and via == signer:
+            # A signer delivering its own envelope after another peer relayed it first lost a race
+            # it cannot see (red team: 34 such races banned an honest signer). Re-sending on purpose
+            # gains nothing: each delivery already took a token from its own rate bucket (step 4).
+            charge = Charge.NOBODY
         target = signer if charge is Charge.SIGNER else via if charge is Charge.VIA else None
         if target is not None:
             self.peers.penalize(target, self.config.penalties[reason], reason.value, now)

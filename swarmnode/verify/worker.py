@@ -91,13 +91,20 @@ def _private_pipes() -> tuple[int, int]:
 
 def _warm(families: list[str]) -> None:
     """Import and exercise each family's generator and scorer once, before the lock-down."""
-    from swarmnode.tasks import TaskId, check_family, regenerate
+    from swarmnode.errors import TaskError
+    from swarmnode.tasks import TaskId, UnsafeScorerError, check_family, regenerate
     from swarmnode.tasks.scoring import score_completion
 
     for spec in families:
         dataset, config, prompt_format = json.loads(spec)
-        check_family(dataset)  # the audit reads upstream's source: here, while it can
-        task = regenerate(TaskId(dataset, config, 0, 0, prompt_format))
+        try:
+            check_family(dataset)  # the audit reads upstream's source: here, while it can
+            task = regenerate(TaskId(dataset, config, 0, 0, prompt_format))
+        except (UnsafeScorerError, TaskError):
+            # Admission refuses this family's tasks before they reach a worker (task_not_allowed,
+            # task_invalid); a request for one anyway fails here as verifier_failed. One such family
+            # in a checked file must not keep the worker from judging the rest.
+            continue
         score_completion(task, str(task.entry.get("answer", "")))
         score_completion(task, "not an answer")
 

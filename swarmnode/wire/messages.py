@@ -17,7 +17,7 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, TypeAlias
 
 from google.protobuf.message import DecodeError
@@ -207,8 +207,36 @@ def _task_from(msg: pb.TaskId) -> TaskId:
         raise _Invalid(WireReason.INVALID_PAYLOAD, f"task id: {exc}") from exc
 
 
+# Admission decodes every completion a peer sends (64 x 64 per batch at most), so this path is
+# written out by hand: the checks are _int_range, _finite and _text's, inlined (the helper calls
+# cost more than the checks), and a Completion is built through its slot descriptors, skipping
+# the frozen dataclass's __setattr__ guard, which is what makes frozen construction slow. The
+# result is the same frozen, equal object; tests/wire pins the two paths to the same verdicts.
+_new_completion = object.__new__
+_COMPLETION_FIELDS = (
+    "text",
+    "token_count",
+    "mean_logprob",
+    "claimed_reward_informational",
+    "token_ids",
+    "token_logprobs",
+)
+if tuple(f.name for f in fields(Completion)) != _COMPLETION_FIELDS:  # a field added without its setter
+    raise RuntimeError(f"_completion_from sets {_COMPLETION_FIELDS}; Completion has {fields(Completion)}")
+_COMPLETION_SLOTS = tuple(Completion.__dict__[name].__set__ for name in _COMPLETION_FIELDS)
+_MAX_COMPLETION_TOKENS = limits.MAX_COMPLETION_TOKENS
+_MAX_COMPLETION_BYTES = limits.MAX_COMPLETION_BYTES
+_INF = math.inf
+
+
 def _completion_from(c: pb.Completion) -> Completion:
-    token_count = _int_range(c.token_count, "token_count", 0, limits.MAX_COMPLETION_TOKENS)
+    token_count = c.token_count
+    if not 0 <= token_count <= _MAX_COMPLETION_TOKENS:
+        raise _Invalid(
+            WireReason.LIMIT_EXCEEDED, f"token_count={token_count} is outside [0, {_MAX_COMPLETION_TOKENS}]"
+        )
+    token_ids: tuple[int, ...] = ()
+    token_logprobs: tuple[float, ...] = ()
     if c.token_ids or c.token_logprobs:
         if len(c.token_ids) != token_count or len(c.token_logprobs) != token_count:
             raise _Invalid(
@@ -216,16 +244,31 @@ def _completion_from(c: pb.Completion) -> Completion:
                 f"token_ids ({len(c.token_ids)}) and token_logprobs ({len(c.token_logprobs)}) "
                 f"must both have token_count={token_count} entries",
             )
-        if not all(math.isfinite(v) and v <= 0.0 for v in c.token_logprobs):
+        token_ids = tuple(c.token_ids)
+        token_logprobs = tuple(c.token_logprobs)
+        # -inf < v <= 0 is false for NaN, -inf and anything positive.
+        if not all(-_INF < v <= 0.0 for v in token_logprobs):
             raise _Invalid(WireReason.INVALID_PAYLOAD, "token_logprobs must be finite and <= 0")
-    return Completion(
-        text=_text(c.text, limits.MAX_COMPLETION_BYTES, "text"),
-        token_count=token_count,
-        mean_logprob=_finite(c.mean_logprob, "mean_logprob", high=0.0),
-        claimed_reward_informational=_finite(c.claimed_reward_informational, "claimed_reward_informational"),
-        token_ids=tuple(c.token_ids),
-        token_logprobs=tuple(c.token_logprobs),
-    )
+    text = c.text
+    if len(text) > _MAX_COMPLETION_BYTES or (
+        not text.isascii() and len(text.encode("utf-8")) > _MAX_COMPLETION_BYTES
+    ):
+        raise _Invalid(WireReason.LIMIT_EXCEEDED, f"text is over {_MAX_COMPLETION_BYTES} UTF-8 bytes")
+    mean_logprob = c.mean_logprob
+    if not -_INF < mean_logprob <= 0.0:
+        _finite(mean_logprob, "mean_logprob", high=0.0)  # raises, with the usual message
+    claimed = c.claimed_reward_informational
+    if not -_INF < claimed < _INF:
+        _finite(claimed, "claimed_reward_informational")
+    completion = _new_completion(Completion)
+    set_text, set_count, set_mean, set_claimed, set_ids, set_logprobs = _COMPLETION_SLOTS
+    set_text(completion, text)
+    set_count(completion, token_count)
+    set_mean(completion, mean_logprob)
+    set_claimed(completion, claimed)
+    set_ids(completion, token_ids)
+    set_logprobs(completion, token_logprobs)
+    return completion
 
 
 def _group_from(msg: pb.RolloutGroup, where: str) -> RolloutGroup:

@@ -124,6 +124,25 @@ def test_replays_by_a_third_party_never_lower_the_signers_score(pipeline: Admiss
     assert reason(pipeline.admit(envelope(heartbeat(), ALICE, T0 + 1), T0 + 1)) == "accepted"
 
 
+def test_a_signer_that_loses_the_race_to_a_relay_of_its_own_envelopes_is_never_charged(
+    pipeline: AdmissionPipeline,
+) -> None:
+    """Red team: a forwarder that delivered each of Alice's envelopes first turned Alice's own
+    deliveries into replays charged to her as the delivering peer; 34 races banned her."""
+    for n in range(60):
+        now = T0 + 5 * n  # Alice's own pace: within her rate bucket
+        data = envelope(batch(make_group(1, (str(n),))), ALICE, now)
+        assert reason(pipeline.admit(data, now, via="transport-relay")) == "accepted"
+        verdict = pipeline.admit(data, now, via=ALICE.peer_id)
+        assert isinstance(verdict, Rejected) and verdict.reason is RejectReason.REPLAY
+        assert verdict.charged is None
+    assert pipeline.banned_until(ALICE.peer_id, now) is None
+    assert pipeline.peers.score(ALICE.peer_id) > 0
+    # A third party replaying the same envelope is still charged.
+    verdict = pipeline.admit(data, now, via="transport-mallory")
+    assert isinstance(verdict, Rejected) and verdict.charged == "transport-mallory"
+
+
 def test_an_honest_signers_valid_envelopes_handed_to_a_receiver_set_up_otherwise_never_ban_it(
     config: AdmissionConfig,
 ) -> None:

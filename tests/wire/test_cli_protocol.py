@@ -166,3 +166,12 @@ def test_check_renders_with_the_builtin_tokenizer_a_vector_names(capsys: pytest.
     code = main(["protocol", "check", str(VECTORS / "completion_within_max_new_tokens.bin"), *CONTEXT])
     assert code == EXIT_ACCEPTED
     assert "local rewards [1, 1, 1, 0]" in capsys.readouterr().out
+
+
+def test_check_judges_a_file_naming_a_family_the_audit_refuses(capsys: pytest.CaptureFixture[str]) -> None:
+    """Red team: a file naming spiral_matrix (its upstream scorer eval()s the answer) made the
+    verifier worker fail its warm-up, so the tool said 'unreadable' instead of judging the file."""
+    code = main(["protocol", "check", str(VECTORS / "unsafe_scorer_family.bin"), *CONTEXT])
+    out = capsys.readouterr().out
+    assert code == EXIT_REJECTED
+    assert out.startswith("rejected task_not_allowed") and "spiral_matrix" in out and "eval" in out

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from dataclasses import replace
+from dataclasses import FrozenInstanceError, replace
 
 import pytest
 
@@ -153,6 +153,7 @@ def test_text_limits_count_utf8_bytes_not_characters(text: str, ok: bool) -> Non
         ("mean_logprob", math.nan, WireReason.INVALID_PAYLOAD),
         ("mean_logprob", -math.inf, WireReason.INVALID_PAYLOAD),
         ("claimed_reward_informational", math.inf, WireReason.INVALID_PAYLOAD),
+        ("claimed_reward_informational", math.nan, WireReason.INVALID_PAYLOAD),
     ],
 )
 def test_completion_numbers_must_be_finite_and_in_range(field: str, value: float, reason: WireReason) -> None:
@@ -291,3 +292,51 @@ def test_completion_dataclass_keeps_claimed_reward_marked_informational() -> Non
     c = Completion(text="1", token_count=1, mean_logprob=-0.1, claimed_reward_informational=1.0)
     assert c.claimed_reward_informational == 1.0
     assert not hasattr(c, "reward")
+
+
+@pytest.mark.parametrize(
+    ("ids", "logprobs", "ok"),
+    [
+        ([5, 6], [-0.5, 0.0], True),
+        ([5, 6], [-0.5], False),  # one log-prob short
+        ([5], [-0.5, -0.1], False),  # ids and token_count disagree
+        ([5, 6], [-0.5, 1e-9], False),  # a probability above 1
+        ([5, 6], [-0.5, math.nan], False),
+        ([5, 6], [-math.inf, -0.1], False),
+    ],
+)
+def test_token_ids_and_logprobs_travel_together_finite_and_non_positive(
+    ids: list[int], logprobs: list[float], ok: bool
+) -> None:
+    g = raw_group()
+    g.completions[0].token_count = 2
+    g.completions[0].token_ids.extend(ids)
+    g.completions[0].token_logprobs.extend(logprobs)
+    result = decode_group(g)
+    if ok:
+        assert isinstance(result, RolloutBatch)
+        completion = result.groups[0].completions[0]
+        assert completion.token_ids == (5, 6) and completion.token_logprobs == (-0.5, 0.0)
+    else:
+        assert isinstance(result, WireError) and result.reason is WireReason.INVALID_PAYLOAD, result
+
+
+def test_a_decoded_completion_equals_the_one_encoded_and_stays_frozen() -> None:
+    # The decoder builds completions through their slots (the hot path of admission): the result
+    # must be the same immutable value the dataclass constructor makes.
+    sent = Completion(
+        text="42",
+        token_count=2,
+        mean_logprob=-0.25,
+        claimed_reward_informational=1.0,
+        token_ids=(7, 8),
+        token_logprobs=(-0.5, -0.125),  # float32 on the wire: exact values
+    )
+    batch = decode_payload(
+        Kind.ROLLOUT_BATCH, encode_payload(RolloutBatch(groups=(replace(group(), completions=(sent,)),)))
+    )
+    assert isinstance(batch, RolloutBatch)
+    received = batch.groups[0].completions[0]
+    assert received == sent and hash(received) == hash(sent)
+    with pytest.raises(FrozenInstanceError):
+        received.text = "0"  # type: ignore[misc]
