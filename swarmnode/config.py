@@ -72,8 +72,23 @@ class LearnConfig(Section):
     lr: float = Field(1e-4, gt=0.0, le=1.0, description="AdamW learning rate.")
     weight_decay: float = Field(0.0, ge=0.0, description="AdamW weight decay.")
     updates_per_round: int = Field(1, ge=1, le=64, description="Optimizer steps per round (k).")
-    eps_low: float = Field(0.2, ge=0.0, le=1.0, description="Lower clip range.")
-    eps_high: float = Field(0.28, ge=0.0, le=10.0, description="Upper clip range (clip-higher).")
+    eps_low: float = Field(
+        0.2,
+        ge=0.0,
+        le=1.0,
+        description=(
+            "Lower clip range (token ratio: GRPO, DAPO). GSPO and HACPO's own samples clip a "
+            "sequence ratio: 3e-4 unless set to a value other than 0.2."
+        ),
+    )
+    eps_high: float = Field(
+        0.28,
+        ge=0.0,
+        le=10.0,
+        description=(
+            "Upper clip range (clip-higher; GSPO and HACPO: 4e-4 unless set to a value other than 0.28)."
+        ),
+    )
     beta: float = Field(0.0, ge=0.0, description="k3 KL coefficient to the initial policy; 0 disables.")
     aggregation: Literal[
         "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"

@@ -10,7 +10,8 @@ Steps, in order (protocol/SPEC.md "Admission"; ``reasons.STEPS`` names them):
 0. the transport peer (``via``) is not banned
 1. size: raw bytes <= ``MAX_ENVELOPE_BYTES``
 2. decode: field scan, then the envelope parses; version, kind, key/signature
-   lengths, payload cap
+   lengths, payload cap; an envelope id already seen is a ``replay`` here, before
+   anything it would cost its signer (step 6's id check, done early)
 3. signature over the exact received bytes (``wire.envelope`` signing rule)
 4. sender: not banned, on the allowlist if there is one, a slot for a new
    identity if we have never seen it, ``1 + payload bytes // 64 KiB`` tokens
@@ -201,15 +202,17 @@ class AdmissionPipeline:
     # -- the pipeline ------------------------------------------------------------------------
 
     def _reject(
-        self, reason: RejectReason, detail: str, now: float, *, signer: str | None, via: str | None
+        self,
+        reason: RejectReason,
+        detail: str,
+        now: float,
+        *,
+        signer: str | None,
+        via: str | None,
+        charge: Charge | None = None,
     ) -> Rejected:
         self.counters[reason.value] += 1
-        charge = CHARGE[reason]
-        if reason is RejectReason.REPLAY and via == signer:
-            # A signer delivering its own envelope after another peer relayed it first lost a race
-            # it cannot see (red team: 34 such races banned an honest signer). Re-sending on purpose
-            # gains nothing: each delivery already took a token from its own rate bucket (step 4).
-            charge = Charge.NOBODY
+        charge = CHARGE[reason] if charge is None else charge
         target = signer if charge is Charge.SIGNER else via if charge is Charge.VIA else None
         if target is not None:
             self.peers.penalize(target, self.config.penalties[reason], reason.value, now)
@@ -249,6 +252,24 @@ class AdmissionPipeline:
         envelope = decode_envelope(data)
         if isinstance(envelope, WireError):
             return self._wire(envelope, now, signer=None, via=via)
+        # 2b. an envelope id already seen: refused by its id alone, before anything that costs the
+        # signer (signature check, rate tokens, CPU budget). The id hashes the key and the signed
+        # bytes, and ids are remembered only once they verified, so it names the signer's own
+        # content: re-sending it is the deliverer's doing (red team: 100 re-sends of one valid
+        # envelope by free identities spent the signer's rate bucket and got it banned).
+        envelope_id = envelope.envelope_id()
+        if self.replay.seen(envelope_id, now):
+            # Delivered by its own signer after another peer relayed it first: a race the signer
+            # cannot see (red team: 34 such races banned an honest signer), so nobody is charged.
+            self_delivered = via is not None and via == envelope.sender_id
+            return self._reject(
+                RejectReason.REPLAY,
+                f"envelope {envelope_id.hex()[:16]} already seen",
+                now,
+                signer=None,
+                via=via,
+                charge=Charge.NOBODY if self_delivered else None,
+            )
         # 3. signature
         if not envelope.verify():
             return self._reject(
@@ -276,17 +297,8 @@ class AdmissionPipeline:
         rejected = self._check_kind(message, signer, now, via)
         if rejected is not None:
             return rejected
-        # 6. replay / duplicate
-        envelope_id = envelope.envelope_id()
+        # 6. replay / duplicate (the envelope id was looked up at 2b)
         group_keys: list[bytes] = []
-        if self.replay.seen(envelope_id, now):
-            return self._reject(
-                RejectReason.REPLAY,
-                f"envelope {envelope_id.hex()[:16]} already seen",
-                now,
-                signer=signer,
-                via=via,
-            )
         if isinstance(message, RolloutBatch):
             for i, group in enumerate(message.groups):
                 key = envelope.sender_key + group.content_digest()

@@ -7,7 +7,7 @@ Shapes: logp / old_logp / ref_logp / mask are (B, T) float, advantages (B,); a l
 talk to peers.
 """
 
-from swarmnode.learn.advantages import group_advantages
+from swarmnode.learn.advantages import group_advantages, zero_advantage
 from swarmnode.learn.aggregate import AGG_MODES, AggMode, aggregate
 from swarmnode.learn.dapo import dapo_loss
 from swarmnode.learn.grpo import clip_stats, grpo_loss, k3_kl
@@ -47,4 +47,5 @@ __all__ = [
     "sequence_log_ratio",
     "sequence_mean_logp",
     "stepwise_clip_lower",
+    "zero_advantage",
 ]

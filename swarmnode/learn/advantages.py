@@ -1,6 +1,7 @@
 """Group-relative advantages for outcome rewards (one scalar reward per completion).
 
-Owns: turning a (n_groups, G) reward matrix into a (n_groups, G) advantage matrix.
+Owns: turning a (n_groups, G) reward matrix into a (n_groups, G) advantage matrix, and the one
+definition of a zero-advantage group (``zero_advantage``).
 Must not: know where rewards come from, or touch tokens (every token of completion i gets A_i).
 
 Equation (DeepSeekMath, arXiv 2402.03300, Sec. 4.1.2, outcome supervision)::
@@ -20,10 +21,16 @@ Reference implementations:
 A group of one completion gets advantage 0 (it has no baseline to compare with). This is our rule, and
 it differs from verl, which gives such a group mean 0 / std 1, i.e. ``A = r / (1 + eps)``; TRL never
 trains on G = 1. A group whose rewards are all equal gets advantage 0 under every scale.
+
+Zero-advantage group: all its rewards equal (compared exactly; a group of one or none counts). Its
+advantages are 0 under every scale above, so it carries no learning signal. Every rule that tests for it
+calls ``zero_advantage``: the trainer's ``learn.drop_zero_advantage``, SAPO's filter (``sapo.has_signal``),
+HACPO's baseline guard (``hacpo.capability_advantages``) and the simulator's early skip.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Literal
 
 import torch
@@ -61,3 +68,10 @@ def group_advantages(
     # With eps = 0 an all-equal group would be 0 / 0; its advantages are 0 by definition.
     safe = denominator.clamp(min=torch.finfo(rewards.dtype).tiny)
     return torch.where(denominator > 0, centered / safe, 0.0)
+
+
+def zero_advantage(rewards: Iterable[float]) -> bool:
+    """True when a group with these rewards is a zero-advantage group: its rewards are all equal."""
+    values = iter(rewards)
+    first = next(values, None)
+    return first is None or all(value == first for value in values)

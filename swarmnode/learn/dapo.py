@@ -12,7 +12,7 @@ Reference implementation: TRL ``GRPOTrainer._compute_loss`` with ``loss_type="da
 ``num_items_in_batch``).
 DAPO's other rules are not implemented here. Dynamic sampling (Eq. 11, keep groups with
 ``0 < #correct < G``) is, for 0/1 rewards, the sampler's rule of dropping groups whose rewards are all
-equal (``swarmnode.learn.sapo.has_signal``); the soft overlong punishment (Eq. 13) and overlong
+equal (``swarmnode.learn.advantages.zero_advantage``); the soft overlong punishment (Eq. 13) and overlong
 filtering are not used by the trainer (unused functions for them were removed, issue #13).
 """
 

@@ -46,8 +46,10 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
+from swarmnode.learn.advantages import zero_advantage
 from swarmnode.learn.aggregate import aggregate
 from swarmnode.learn.grpo import k3_kl
+from swarmnode.learn.gspo import EPS_HIGH, EPS_LOW
 
 
 class CapabilityTracker:
@@ -134,7 +136,7 @@ def capability_advantages(
         raise ValueError("rewards must all be finite")
     if rewards.numel() == 0:
         return rewards.clone()
-    if bool((rewards == rewards[0]).all()):
+    if zero_advantage(rewards.tolist()):
         return torch.zeros_like(rewards)
     weights = rewards.new_tensor([tracker.ratio(learner, source) for source in sources])
     baseline = (weights * rewards).mean()
@@ -196,8 +198,8 @@ def hacpo_loss(
     is_self: Tensor,
     *,
     update_index: int,
-    eps_low: float = 3e-4,
-    eps_high: float = 4e-4,
+    eps_low: float = EPS_LOW,
+    eps_high: float = EPS_HIGH,
     alpha: float = 1.0,
     delta: float = 0.2,
     delta_step: float = 0.025,

@@ -9,9 +9,10 @@ Rule (SAPO paper, as summarised in ALGORITHMS.md Sec. 2: drop zero-advantage gro
               + uniform sample of J external groups among external groups with a non-zero advantage
 
 A group has all-zero advantages exactly when all its rewards are equal, under any advantage scale, so
-that is the test. Gensyn's released code (rl-swarm/genrl) keeps the top-scoring groups instead; we follow
-the paper (ALGORITHMS.md Sec. 2). Paper setup: I + J = 8, best at I = J = 4. After selection every group
-gets the same GRPO update, with no importance correction toward its generator.
+that is the test (``advantages.zero_advantage``, the project's one definition). Gensyn's released code
+(rl-swarm/genrl) keeps the top-scoring groups instead; we follow the paper (ALGORITHMS.md Sec. 2).
+Paper setup: I + J = 8, best at I = J = 4. After selection every group gets the same GRPO update, with
+no importance correction toward its generator.
 
 The contract's ``I`` and ``J`` are ``n_local`` and ``n_external`` here (ruff forbids a variable named I).
 """
@@ -21,6 +22,8 @@ from __future__ import annotations
 import random
 from collections.abc import Sequence
 from typing import Protocol, TypeVar
+
+from swarmnode.learn.advantages import zero_advantage
 
 
 class ScoredGroup(Protocol):
@@ -35,8 +38,7 @@ GroupT = TypeVar("GroupT", bound=ScoredGroup)
 
 def has_signal(group: ScoredGroup) -> bool:
     """True when the group's advantages are not all zero, i.e. its rewards are not all equal."""
-    rewards = list(group.rewards)
-    return any(reward != rewards[0] for reward in rewards[1:])
+    return not zero_advantage(group.rewards)
 
 
 def select_groups(

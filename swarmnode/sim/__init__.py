@@ -10,5 +10,21 @@ Owns
 
 Must not
     Re-implement protocol logic: a simulated result speaks for the real node only because the
-    same cores decide.
+    same cores decide. Be imported by the node: trio and matplotlib come with the ``sim`` extra
+    (``pip install 'swarmnode[sim]'``), not with the node, and are imported only on the paths
+    that use them (network mode's ``engine``, ``plots``).
 """
+
+from __future__ import annotations
+
+from swarmnode.errors import SwarmError
+
+SIM_EXTRA = "pip install 'swarmnode[sim]'"
+
+
+def sim_extra_missing(package: str) -> SwarmError:
+    """The error for a simulator path that needs ``package`` where the ``sim`` extra is not installed."""
+    return SwarmError(
+        f"the simulator needs {package}, which comes with the 'sim' extra, not with the node: "
+        f"{SIM_EXTRA} (scripts/setup-env installs it)"
+    )

@@ -28,8 +28,13 @@ import random
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-import trio
-import trio.testing
+from swarmnode.sim import sim_extra_missing
+
+try:
+    import trio
+    import trio.testing
+except ImportError as exc:  # installed without the simulator's extra
+    raise sim_extra_missing("trio") from exc
 
 # Yield to trio's scheduler at least this often even when no process task is due, so that
 # cancellation (Ctrl-C) and trio's own housekeeping are never starved by a long calendar run.

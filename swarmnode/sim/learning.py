@@ -109,6 +109,7 @@ from swarmnode.core.gossip import (
 from swarmnode.errors import ConfigError
 from swarmnode.exchange import envelope_digest
 from swarmnode.identity import NodeIdentity
+from swarmnode.learn import zero_advantage
 from swarmnode.node import rollout_batch, to_scored
 from swarmnode.policy import Policy, load_policy
 from swarmnode.policy.evaluate import evaluate_accuracy
@@ -383,7 +384,7 @@ class Agent:
         for admitted in verdict.groups:
             self.received += 1
             self.sources[admitted.sender] = self.sources.get(admitted.sender, 0) + 1
-            if self.sapo and len(set(admitted.rewards)) <= 1:
+            if self.sapo and zero_advantage(admitted.rewards):
                 # SAPO drops groups without signal before its uniform draw (learn.sapo.select_groups),
                 # so skipping their re-tokenization changes nothing but the time (~5 ms a group).
                 continue

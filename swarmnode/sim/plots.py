@@ -8,9 +8,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from swarmnode.sim import sim_extra_missing
+
 
 def _pyplot() -> Any:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as exc:  # installed without the simulator's extra
+        raise sim_extra_missing("matplotlib") from exc
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from functools import cache
 from typing import Any
 
+from swarmnode.tasks.safe_scorers import SAFE_SCORER_NOTES
+
 _CODE_BUILTINS = {"eval", "exec", "compile", "__import__"}
 #: (module prefix, attribute) pairs that deserialize or evaluate their input.
 _CODE_FUNCTIONS = {
@@ -228,8 +230,6 @@ def all_families() -> list[str]:
 
 def verdict(name: str) -> str:
     """What swarmnode does about family ``name``: its own scorer, upstream's, or a refusal."""
-    from swarmnode.tasks.safe_scorers import SAFE_SCORER_NOTES
-
     if name in SAFE_SCORER_NOTES:
         return SAFE_SCORER_NOTES[name]
     return "upstream scorer" if audit_family(name).safe else "refused (task_not_allowed)"

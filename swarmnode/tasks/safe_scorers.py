@@ -29,6 +29,8 @@ import ast
 from collections.abc import Callable
 from typing import Any
 
+from swarmnode.tasks.upstream import upstream_scorer
+
 #: Answers longer than this many times the oracle's length (plus a small constant) are not read.
 MATRIX_CHARS_PER_ORACLE_CHAR = 8
 MAX_LITERAL_DEPTH = 4  # brackets: a matrix needs 2
@@ -104,13 +106,7 @@ def score_propositional_logic(answer: str | None, entry: dict[str, Any]) -> floa
     variables = set(entry["metadata"]["variables"])
     if any(leaf not in variables for leaf in _proposition_leaves(answer)):
         return 0.0
-    return float(_upstream("propositional_logic")(answer, entry))
-
-
-def _upstream(name: str) -> Callable[[str | None, dict[str, Any]], float]:
-    from swarmnode.tasks.scoring import upstream_scorer
-
-    return upstream_scorer(name)
+    return float(upstream_scorer("propositional_logic")(answer, entry))
 
 
 #: family -> the project's scorer; these replace upstream's for every completion we score.

@@ -14,15 +14,13 @@ and tools over our own rollouts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import cache
 from typing import Any
 
 from swarmnode.errors import TaskError
 from swarmnode.tasks.safe_scorers import SAFE_SCORERS
 from swarmnode.tasks.source import Task
-
-Scorer = Callable[[str | None, dict[str, Any]], float]
+from swarmnode.tasks.upstream import Scorer, upstream_scorer
 
 ANSWER_OPEN = "<answer>"
 ANSWER_CLOSE = "</answer>"
@@ -53,18 +51,6 @@ def extract_answer(completion: str) -> str:
         if end >= 0:
             return completion[start + len(ANSWER_OPEN) : end].strip()
     return completion.strip()
-
-
-@cache
-def upstream_scorer(name: str) -> Scorer:
-    """reasoning-gym's ``score_answer`` for ``name``, built once (upstream builds a dataset per call)."""
-    import reasoning_gym
-
-    try:
-        scorer: Scorer = reasoning_gym.get_score_answer_fn(name)
-    except ValueError as exc:
-        raise TaskError(f"unknown reasoning-gym dataset {name!r}") from exc
-    return scorer
 
 
 @cache

@@ -7,6 +7,7 @@ claimed answer).
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
@@ -29,6 +30,24 @@ class Task:
     entry: dict[str, Any]
 
 
+#: Upstream modules that print to stdout while generating a task: bf's optimizer prints "." for
+#: every task, so each regenerated bf task wrote a byte to the node's (and `protocol check`'s)
+#: stdout. Their module-level ``print`` is shadowed with a no-op: thread-safe, unlike swapping
+#: ``sys.stdout`` while other threads write.
+_PRINTING_MODULES = ("reasoning_gym.code.contrib.bfit.Compiler.Optimizer",)
+
+
+def _no_print(*args: object, **kwargs: object) -> None:
+    return None
+
+
+def _silence_upstream_prints() -> None:
+    for name in _PRINTING_MODULES:
+        module = sys.modules.get(name)
+        if module is not None:
+            module.print = _no_print  # type: ignore[attr-defined]
+
+
 @lru_cache(maxsize=256)
 def _dataset(name: str, config: str, seed: int) -> Any:
     import reasoning_gym  # imported lazily: it pulls in many generators
@@ -37,9 +56,11 @@ def _dataset(name: str, config: str, seed: int) -> Any:
     if "seed" in kwargs or "size" in kwargs:
         raise TaskError("task config must not set 'seed' or 'size': they are part of the task id")
     try:
-        return reasoning_gym.create_dataset(name, seed=seed, size=MAX_TASK_INDEX, **kwargs)
+        dataset = reasoning_gym.create_dataset(name, seed=seed, size=MAX_TASK_INDEX, **kwargs)
     except Exception as exc:  # third-party code on a config a stranger may have chosen: any error = no task
         raise TaskError(f"cannot build reasoning-gym dataset {name!r} with config {config}: {exc}") from exc
+    _silence_upstream_prints()  # after the import that loaded them
+    return dataset
 
 
 def render_prompt(entry: dict[str, Any], prompt_format: str) -> str:

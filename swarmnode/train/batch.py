@@ -36,9 +36,6 @@ class ScoredGroup:
     def size(self) -> int:
         return len(self.completion_ids)
 
-    def all_equal(self) -> bool:
-        return max(self.rewards) - min(self.rewards) < 1e-9
-
 
 def pad_right(rows: Sequence[Sequence[float]], value: float, dtype: torch.dtype) -> torch.Tensor:
     width = max((len(r) for r in rows), default=0)

@@ -25,8 +25,10 @@ from typing import Any
 
 import torch
 
-from swarmnode.config import Config
-from swarmnode.learn import dapo_loss, group_advantages, grpo_loss, gspo_loss, select_groups
+from swarmnode.config import Config, LearnConfig
+from swarmnode.learn import dapo_loss, group_advantages, grpo_loss, gspo_loss, select_groups, zero_advantage
+from swarmnode.learn.gspo import EPS_HIGH as GSPO_EPS_HIGH
+from swarmnode.learn.gspo import EPS_LOW as GSPO_EPS_LOW
 from swarmnode.learn.hacpo import (
     CapabilityTracker,
     capability_advantages,
@@ -43,6 +45,22 @@ from swarmnode.train.batch import ScoredGroup, completion_logprobs, pad_right
 from swarmnode.verify import GroupScorer, Scored, score_in_process
 
 log = logging.getLogger(__name__)
+
+
+def clip_range(learn: LearnConfig, *, sequence: bool) -> tuple[float, float]:
+    """``(eps_low, eps_high)`` of the clip band a loss uses, from ``learn.eps_low`` / ``learn.eps_high``.
+
+    Token ratios (GRPO, DAPO): the config's values. Sequence ratios (GSPO, and HACPO's own samples, which
+    are GSPO): a band about 1000x narrower (ALGORITHMS.md §1, §3), so a key left at its token-level
+    default (0.2 / 0.28) means GSPO's own value (3e-4 / 4e-4) and any other value is used as given.
+    M2PO (stale steps) has no clip band and HACPO's foreign samples use its stepwise clip instead.
+    """
+    if not sequence:
+        return learn.eps_low, learn.eps_high
+    fields = LearnConfig.model_fields
+    low = GSPO_EPS_LOW if learn.eps_low == fields["eps_low"].default else learn.eps_low
+    high = GSPO_EPS_HIGH if learn.eps_high == fields["eps_high"].default else learn.eps_high
+    return low, high
 
 
 @dataclass
@@ -231,7 +249,9 @@ class Trainer:
         """Which groups this round trains on (ALGORITHMS.md §2 for SAPO)."""
         swarm = self.config.swarm
         if swarm.mixing == "none" or not external:
-            keep = [g for g in own if not (self.config.learn.drop_zero_advantage and g.all_equal())]
+            keep = [
+                g for g in own if not (self.config.learn.drop_zero_advantage and zero_advantage(g.rewards))
+            ]
             if swarm.mixing == "sapo":  # no external groups yet: still at most I local groups
                 keep = self.mixing_rng.sample(keep, min(swarm.local_groups, len(keep)))
             return keep, []
@@ -244,7 +264,7 @@ class Trainer:
         # same prompt) can have signal: a peer's all-correct group beside our all-wrong one is
         # exactly the cross-agent signal HACPO uses.
         own_keys = {g.task.id.key() for g in own}
-        ext_ok = [g for g in external if not g.all_equal() or g.task.id.key() in own_keys]
+        ext_ok = [g for g in external if not zero_advantage(g.rewards) or g.task.id.key() in own_keys]
         ext = self.mixing_rng.sample(ext_ok, min(swarm.external_groups, len(ext_ok)))
         return list(own), ext
 
@@ -319,12 +339,9 @@ class Trainer:
         if self.reference is not None:
             with torch.no_grad():
                 ref_logp, _ = completion_logprobs(self.reference, prompts, completions, temperature, pad)
-        clip: dict[str, Any] = {
-            "eps_low": learn.eps_low,
-            "eps_high": learn.eps_high,
-            "beta": learn.beta,
-            "ref_logp": ref_logp,
-        }
+        token_low, token_high = clip_range(learn, sequence=False)
+        sequence_low, sequence_high = clip_range(learn, sequence=True)
+        clip: dict[str, Any] = {"beta": learn.beta, "ref_logp": ref_logp}
         self.policy.model.train()
         losses = []
         for step in range(learn.updates_per_round):
@@ -339,18 +356,32 @@ class Trainer:
                     ratio,
                     is_self,
                     update_index=step,
-                    beta=learn.beta,
-                    ref_logp=ref_logp,
+                    eps_low=sequence_low,
+                    eps_high=sequence_high,
+                    **clip,
                 )
             elif stale:
                 loss, stats = m2po_loss(logp, old, advantages, mask, tau=learn.m2po_tau)
                 self.last_m2po_masked = stats.get("masked_frac", float("nan"))
             elif learn.algorithm == "gspo":
-                loss, _ = gspo_loss(logp, old, advantages, mask, beta=learn.beta, ref_logp=ref_logp)
+                loss, _ = gspo_loss(
+                    logp, old, advantages, mask, eps_low=sequence_low, eps_high=sequence_high, **clip
+                )
             elif learn.algorithm == "dapo":
-                loss, _ = dapo_loss(logp, old, advantages, mask, **clip)
+                loss, _ = dapo_loss(
+                    logp, old, advantages, mask, eps_low=token_low, eps_high=token_high, **clip
+                )
             else:
-                loss, _ = grpo_loss(logp, old, advantages, mask, **clip, agg=learn.aggregation)
+                loss, _ = grpo_loss(
+                    logp,
+                    old,
+                    advantages,
+                    mask,
+                    eps_low=token_low,
+                    eps_high=token_high,
+                    **clip,
+                    agg=learn.aggregation,
+                )
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), learn.max_grad_norm)

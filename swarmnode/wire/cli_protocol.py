@@ -17,18 +17,29 @@ import argparse
 import functools
 import hashlib
 import json
+import math
 import os
+import stat
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from swarmnode.admit import STEPS, Accepted, AdmissionConfig, AdmissionPipeline, RejectReason, Verdict
+from swarmnode.admit import (
+    STEPS,
+    Accepted,
+    AdmissionConfig,
+    AdmissionPipeline,
+    RejectReason,
+    Verdict,
+    task_families,
+)
 from swarmnode.admit.verdict import TrainedText
 from swarmnode.identity import KeyAllowlist
 from swarmnode.verify import GroupScorer, VerifierLimits, VerifierPool, score_in_process
 from swarmnode.wire.envelope import decode_envelope
+from swarmnode.wire.limits import MAX_ENVELOPE_BYTES
 from swarmnode.wire.messages import RolloutBatch, decode_payload
 from swarmnode.wire.reasons import WireError
 
@@ -82,14 +93,13 @@ def pipeline_for_context(
 
     Scoring is ``score_groups``'s; ``verifier_for_context`` gives the boundary a context asks for.
     Raises ``ValueError`` (or ``KeyError``/``TypeError``) for a context it cannot build."""
-    allowed = ctx.get("allowed_tasks")
     publishers = ctx.get("trusted_publishers")
     allowlist = ctx.get("allowlist")
     config = AdmissionConfig(
         max_age_s=float(ctx["max_age_s"]),
         max_future_s=float(ctx["max_future_s"]),
         max_policy_lag=int(ctx["max_policy_lag"]),
-        allowed_tasks=None if allowed is None else frozenset((str(a), str(b), str(c)) for a, b, c in allowed),
+        allowed_tasks=receiver_families(ctx),
         trusted_publishers=None if publishers is None else frozenset(bytes.fromhex(k) for k in publishers),
         allowlist=None if allowlist is None else KeyAllowlist.from_keys(bytes.fromhex(k) for k in allowlist),
         local_peer_id=ctx.get("local_peer_id"),
@@ -183,11 +193,38 @@ def describe(verdict: Verdict) -> str:
     return line
 
 
+def read_envelope_file(path: Path) -> bytes:
+    """At most one byte more than any envelope a receiver reads (so a longer file is judged
+    ``too_large``), from a regular file only. Raises ``OSError`` naming what is wrong.
+
+    Red team: the whole file was read first (an 8-GiB file: 35 s and 8.4 GB of memory before
+    ``too_large``; ``/dev/zero`` was killed, a FIFO without a writer hung)."""
+    # O_NONBLOCK: opening a FIFO without a writer must not wait; regular files ignore it.
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        with os.fdopen(fd, "rb", closefd=False) as file:
+            return file.read(MAX_ENVELOPE_BYTES + 1)
+    finally:
+        os.close(fd)
+
+
+def _finite_now(value: Any, where: str) -> float:
+    now = float(value)
+    if not math.isfinite(now):
+        raise ValueError(f"{where} must be a finite Unix time, not {value!r}")
+    return now
+
+
 def _run_check(args: argparse.Namespace) -> int:
     try:
-        data = Path(args.file).read_bytes()
+        data = read_envelope_file(Path(args.file))
     except OSError as exc:
         print(f"unreadable: cannot read {args.file}: {exc.strerror or exc}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    if args.now is not None and not math.isfinite(args.now):
+        print(f"unreadable: --now must be a finite Unix time, not {args.now}", file=sys.stderr)
         return EXIT_UNREADABLE
     ctx: dict[str, Any] | None = None
     vector: dict[str, Any] | None = None
@@ -198,6 +235,7 @@ def _run_check(args: argparse.Namespace) -> int:
                 raise ValueError("not a JSON object")
             vector = vector_with_bytes(manifest, Path(args.context).parent, data)
             ctx = vector_context(manifest, vector)
+            _finite_now(ctx["now"], "the context's now")
             if SANDBOX_UPSTREAM in ctx and hashlib.sha256(data).hexdigest() not in CONFORMANCE_SHA256:
                 raise ValueError(
                     f"{SANDBOX_UPSTREAM} applies only to the project's own conformance vectors "
@@ -211,8 +249,11 @@ def _run_check(args: argparse.Namespace) -> int:
         if args.now is not None:
             ctx = {**ctx, "now": args.now}
     # The file is a stranger's bytes: its completions are scored behind the verification boundary,
-    # whose worker warms the families the file names before it locks itself in.
-    families = families_named(data)
+    # whose worker warms, before it locks itself in, the families the file names that this receiver
+    # accepts (red team: warming a family with the file's own config, 1,000-digit numbers, stalled
+    # the tool for 60 s; a receiver refuses such a task before regenerating it).
+    allowed = receiver_families(ctx)
+    families = [f for f in families_named(data) if allowed is None or f in allowed]
     if len(families) > MAX_CHECKED_FAMILIES:
         print(
             f"unreadable: the file names {len(families)} task families; this tool checks at most "
@@ -258,6 +299,17 @@ def _limit_cpu(seconds: int) -> None:
     resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
 
+def receiver_families(ctx: dict[str, Any] | None) -> frozenset[tuple[str, str, str]] | None:
+    """The task families the receiver accepts: the context's (None there: any), else those of the
+    built-in task mixtures (the default one and ``sapo``), as a node set up by default accepts."""
+    if ctx is not None:
+        allowed = ctx.get("allowed_tasks")
+        return None if allowed is None else frozenset((str(a), str(b), str(c)) for a, b, c in allowed)
+    from swarmnode.tasks import default_mixture, sapo_mixture
+
+    return task_families(default_mixture(0)) | task_families(sapo_mixture(0))
+
+
 def families_named(data: bytes) -> list[tuple[str, str, str]]:
     """The task families a rollout batch's groups name, or [] for anything else."""
     envelope = decode_envelope(data)
@@ -285,9 +337,11 @@ def _check_with(
         now = float(ctx["now"])
     else:
         now = time.time() if args.now is None else float(args.now)
-        # A local tool on a file the user chose: any task family (a node restricts them).
+        # Judged as a node with the default settings would: the built-in mixtures' families only.
+        # A stranger's file must not choose what this process regenerates (a config of 10**6-digit
+        # numbers costs what its author wants it to).
         pipeline = AdmissionPipeline(
-            AdmissionConfig(allowed_tasks=None), now=now, score_groups=verifier.score
+            AdmissionConfig(allowed_tasks=receiver_families(None)), now=now, score_groups=verifier.score
         )
     verdict = pipeline.admit(data, now)
     print(describe(verdict))
@@ -322,7 +376,8 @@ def add_protocol_parser(subparsers: Any) -> argparse.ArgumentParser:
         type=Path,
         default=None,
         help="a vectors manifest.json: judge as its receiver (its now, policy versions, allowed tasks); "
-        "a file holding exactly the bytes of one of its vectors is judged in that vector's own context",
+        "a file holding exactly the bytes of one of its vectors is judged in that vector's own context; "
+        "without it, as a node with default settings (the built-in mixtures' task families)",
     )
     check.set_defaults(func=_run_check)
     vectors = sub.add_parser("vectors", help="regenerate the protocol test vectors into DIR")

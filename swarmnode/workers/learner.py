@@ -49,7 +49,6 @@ from swarmnode.identity import load_or_create_identity
 from swarmnode.metrics import Metrics
 from swarmnode.net.dataplane import DataPlane, DataPlaneError, Refuse, request_source
 from swarmnode.net.hivemind_runtime import HivemindRuntime
-from swarmnode.rollout import make_engine
 from swarmnode.solo import build_mixture, build_policy, configure_threads
 from swarmnode.store import CheckpointStore, Ledger
 from swarmnode.supervise import run_jobs
@@ -77,6 +76,7 @@ from swarmnode.workers.records import (
     signed_record,
     workers_key,
 )
+from swarmnode.workers.run import model_family, role_engine
 from swarmnode.workers.weights import WeightPublisher
 
 log = logging.getLogger(__name__)
@@ -151,7 +151,7 @@ class LearnerNode:
         self.trainer = Trainer(
             self.config,
             policy,
-            make_engine("torch", policy),
+            role_engine(self.config, policy),
             self.mixture,
             self.ledger,
             CheckpointStore(self.home.checkpoints, self.config.checkpoint.keep),
@@ -421,16 +421,20 @@ class LearnerNode:
             self.told.pop(record.peer_id, None)
             self._tell_latest(record.peer_id)
 
-    async def _recruit(self) -> None:
-        key = workers_key("default", self.identity.peer_id)
-        own = PeerRecord(
+    def own_record(self) -> PeerRecord:
+        """What this learner advertises under its learner key (workers find its data plane there)."""
+        return PeerRecord(
             peer_id=self.identity.peer_id,
             libp2p_peer_id=self.runtime.peer_id,
             addresses=(self.config.dataplane.advertise or self.dataplane.address,),
             roles=(Role.LEARNER,),
-            model_family="llama",
+            model_family=model_family(self.trainer.policy),
             model_id=self.trainer.policy.model_id,
         )
+
+    async def _recruit(self) -> None:
+        key = workers_key("default", self.identity.peer_id)
+        own = self.own_record()
         while True:
             now = time.time()
             await publish_record(

@@ -2,6 +2,10 @@
 
 A first SIGINT/SIGTERM stops after the step (learner) or batch (worker) in progress; a
 second aborts at once (the learner's last checkpoint stays its resume point).
+
+Also what both roles take from the config and the model the same way: the rollout engine
+(``model.engine``, through the factory the trainer node and ``swarmnode train`` use) and the
+model family they advertise in their PeerRecord (the model's own ``model_type``).
 """
 
 from __future__ import annotations
@@ -12,8 +16,31 @@ import signal
 import torch
 
 from swarmnode.config import Config
+from swarmnode.errors import EngineUnavailable
 from swarmnode.home import NodeHome
 from swarmnode.net.hivemind_runtime import HivemindRuntime
+from swarmnode.policy import Policy
+from swarmnode.rollout import RolloutEngine, make_engine
+
+
+def role_engine(config: Config, policy: Policy) -> RolloutEngine:
+    """The rollout engine ``model.engine`` names, serving ``policy`` (``rollout.make_engine``).
+
+    Every engine runs for both roles: a learner uses it for held-out evaluation and keeps it in step
+    with each new version; a worker generates with it and loads each received version into it. One
+    that cannot run here fails at start, naming the key and its value.
+    """
+    try:
+        return make_engine(config.model.engine, policy)
+    except EngineUnavailable as exc:
+        raise EngineUnavailable(
+            f"model.engine = {config.model.engine!r} cannot run the {config.node.role} here: {exc}"
+        ) from exc
+
+
+def model_family(policy: Policy) -> str:
+    """The family a PeerRecord advertises: the model's HF ``model_type`` ("llama", "qwen2", ...)."""
+    return str(getattr(getattr(policy.model, "config", None), "model_type", "") or "")
 
 
 def run_role(

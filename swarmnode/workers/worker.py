@@ -36,7 +36,7 @@ from swarmnode.identity import load_or_create_identity
 from swarmnode.metrics import Metrics
 from swarmnode.net.dataplane import DataPlane, DataPlaneError, PeerRefused
 from swarmnode.net.hivemind_runtime import HivemindRuntime
-from swarmnode.rollout import SamplingParams, make_engine
+from swarmnode.rollout import SamplingParams
 from swarmnode.solo import build_mixture, build_policy, configure_threads
 from swarmnode.supervise import run_jobs
 from swarmnode.tasks import score_completion
@@ -62,6 +62,7 @@ from swarmnode.workers.records import (
     read_records,
     workers_key,
 )
+from swarmnode.workers.run import model_family, role_engine
 from swarmnode.workers.weights import WeightReceiver
 
 log = logging.getLogger(__name__)
@@ -101,7 +102,7 @@ class WorkerNode:
         # The model skeleton and tokenizer; weights come from the learner before any generation.
         self.policy = build_policy(self.config, self.home, self.mixture)
         self.policy.version = -1
-        self.engine = make_engine("torch", self.policy)
+        self.engine = role_engine(self.config, self.policy)
         import torch
 
         self.generator = torch.Generator().manual_seed(self.config.node.seed)
@@ -212,26 +213,29 @@ class WorkerNode:
             if self.learner_address is not None:
                 peers[self.learner_id] = self.learner_address
             self.weights.set_peers(peers)
-            record = PeerRecord(
-                peer_id=self.identity.peer_id,
-                libp2p_peer_id=self.runtime.peer_id,
-                addresses=(self.config.dataplane.advertise or self.dataplane.address,),
-                roles=(Role.WORKER,),
-                model_family="llama",
-                model_id=self.policy.model_id,
-                capabilities=Capabilities(
-                    rollout_rate=self.rate,
-                    price=self.config.worker.price,
-                    hardware=self.config.worker.hardware or f"cpu:{os.cpu_count()}",
-                    software_version=f"swarmnode/{__version__}",
-                ),
-            )
             # One signed envelope: stored in the DHT and handed to the learner as it is.
-            envelope = seal(self.identity, record, to_ms(now))
+            envelope = seal(self.identity, self.own_record(), to_ms(now))
             key = workers_key("default", self.learner_id)
             await publish_record(self.runtime, key, encode_envelope(envelope), RECORD_TTL)
             await self._offer_directly(envelope)
             await asyncio.sleep(ADVERTISE_SECONDS)
+
+    def own_record(self) -> PeerRecord:
+        """This worker's offer: where to reach it, what it runs, its measured rate and its price."""
+        return PeerRecord(
+            peer_id=self.identity.peer_id,
+            libp2p_peer_id=self.runtime.peer_id,
+            addresses=(self.config.dataplane.advertise or self.dataplane.address,),
+            roles=(Role.WORKER,),
+            model_family=model_family(self.policy),
+            model_id=self.policy.model_id,
+            capabilities=Capabilities(
+                rollout_rate=self.rate,
+                price=self.config.worker.price,
+                hardware=self.config.worker.hardware or f"cpu:{os.cpu_count()}",
+                software_version=f"swarmnode/{__version__}",
+            ),
+        )
 
     async def _offer_directly(self, envelope: Envelope) -> None:
         """Hand the same signed offer to the learner's data plane: the DHT key can be filled by

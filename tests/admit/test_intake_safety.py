@@ -16,7 +16,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from swarmnode.admit import Accepted, AdmissionConfig, AdmissionPipeline, Rejected, RejectReason
+from swarmnode.admit import Accepted, AdmissionConfig, AdmissionPipeline, Rejected, RejectReason, Verdict
 from swarmnode.admit.intake import Intake
 from swarmnode.identity import NodeIdentity
 from swarmnode.node import completion_token_rows, to_scored, trained_texts
@@ -228,3 +228,50 @@ def test_a_new_identity_starts_with_a_small_cpu_allowance() -> None:
     pipeline.charge_cpu(newcomer.peer_id, None, 0.3, T0)
     refused = pipeline.admit(heartbeat_from(newcomer, 1), T0, via="x")
     assert isinstance(refused, Rejected) and refused.reason.value == "cpu_budget"
+
+
+def test_a_third_party_resending_a_signers_envelope_spends_nothing_of_the_signers() -> None:
+    """Red team: 100 unsolicited re-sends of one of Alice's valid envelopes, each from a fresh (free)
+    transport id, spent Alice's rate bucket before the replay check ran, and banned her for an hour.
+    An envelope id already seen is refused by its id, before the signer's bucket or budget is read."""
+    pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=FAMILIES), now=T0)
+    data = envelope(batch(make_group(1)), ALICE)
+    assert isinstance(pipeline.admit(data, T0, via="alice-transport"), Accepted)
+    tokens = pipeline.peers.state(ALICE.peer_id, T0).bucket.available(T0)
+    for n in range(200):
+        verdict = pipeline.admit(data, T0, via=f"mallory-{n}")
+        assert isinstance(verdict, Rejected) and verdict.reason is RejectReason.REPLAY
+        assert verdict.charged == f"mallory-{n}" and verdict.sender is None
+    assert pipeline.peers.state(ALICE.peer_id, T0).bucket.available(T0) == tokens
+    assert pipeline.banned_until(ALICE.peer_id, T0) is None
+    fresh = envelope(batch(make_group(2)), ALICE, T0 + 1)
+    assert isinstance(pipeline.admit(fresh, T0 + 1, via="bob"), Accepted)
+
+
+def test_the_cpu_a_replay_costs_is_charged_to_whoever_delivered_it() -> None:
+    """Red team: replays of Alice's 64 x 64 envelope pulled from Mallory cost ~18 ms each (signature,
+    payload parse) charged to Alice, until her envelopes were refused cpu_budget even from Bob."""
+    pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=FAMILIES), now=time.time())
+    intake = Intake(pipeline)
+    data = envelope(batch(make_group(1), make_group(2)), ALICE, at=time.time())
+
+    async def scenario() -> list[Verdict]:
+        first = await intake.admit(data, via="bob", solicited=True)
+        after_first.append(pipeline.cpu.level(ALICE.peer_id))
+        return [first, *[await intake.admit(data, via="mallory", solicited=True) for _ in range(50)]]
+
+    after_first: list[float | None] = []
+    try:
+        first, *replays = asyncio.run(scenario())
+    finally:
+        intake.close()
+    assert isinstance(first, Accepted)
+    assert all(isinstance(v, Rejected) for v in replays)
+    # Mallory is refused by id, then for its spent budget or its ban; none of it falls on Alice.
+    reasons = {v.reason for v in replays if isinstance(v, Rejected)}
+    assert RejectReason.REPLAY in reasons
+    assert reasons <= {RejectReason.REPLAY, RejectReason.CPU_BUDGET, RejectReason.BANNED}
+    assert pipeline.banned_until(ALICE.peer_id, time.time()) is None
+    assert pipeline.cpu.level(ALICE.peer_id) == after_first[0]  # not a microsecond of Alice's
+    mallory = pipeline.cpu.level("mallory")
+    assert mallory is not None and mallory < pipeline.config.cpu_initial

@@ -136,3 +136,13 @@ def test_mixture_refuses_empty_or_nonpositive_weights() -> None:
         TaskMixture([])
     with pytest.raises(TaskError):
         TaskMixture([DatasetSpec("chain_sum", {}, 0.0)])
+
+
+def test_regenerating_tasks_writes_nothing_to_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    """reasoning-gym's bf optimizer printed "." for every task: to the node's stdout, and before the
+    verdict of `swarmnode protocol check`."""
+    from swarmnode.tasks import TaskId, regenerate
+
+    for index in range(3):
+        regenerate(TaskId("bf", "{}", 11, index))
+    assert capsys.readouterr().out == ""

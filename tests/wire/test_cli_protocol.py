@@ -175,3 +175,61 @@ def test_check_judges_a_file_naming_a_family_the_audit_refuses(capsys: pytest.Ca
     out = capsys.readouterr().out
     assert code == EXIT_REJECTED
     assert out.startswith("rejected task_not_allowed") and "spiral_matrix" in out and "eval" in out
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "oversized"])
+def test_check_reads_at_most_one_envelope_from_a_regular_file(
+    kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Red team: the whole file was read first (8 GiB: 35 s, 8.4 GB of memory); /dev/zero was
+    killed; a FIFO without a writer hung."""
+    import os
+
+    if kind == "fifo":
+        target = tmp_path / "pipe"
+        os.mkfifo(target)
+        assert main(["protocol", "check", str(target)]) == EXIT_UNREADABLE
+        assert "not a regular file" in capsys.readouterr().err
+    elif kind == "device":
+        assert main(["protocol", "check", "/dev/zero"]) == EXIT_UNREADABLE
+        assert "not a regular file" in capsys.readouterr().err
+    else:
+        target = tmp_path / "huge.bin"
+        with target.open("wb") as file:
+            file.truncate(8 * 1024**3)  # sparse: 8 GiB of zeros, no disk used
+        assert main(["protocol", "check", str(target)]) == EXIT_REJECTED
+        assert capsys.readouterr().out.startswith("rejected too_large")
+
+
+def test_check_refuses_a_clock_that_is_not_a_number(capsys: pytest.CaptureFixture[str]) -> None:
+    """Red team: --now nan turned freshness off (every comparison with NaN is false)."""
+    assert main(["protocol", "check", str(VECTORS / "heartbeat.bin"), "--now", "nan"]) == EXIT_UNREADABLE
+    assert "finite" in capsys.readouterr().err
+
+
+def test_check_never_regenerates_a_task_config_its_receiver_would_refuse(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Red team: chain_sum with 1,000-digit numbers stalled the tool 60 s in the verifier's warm-up,
+    then said 'unreadable'; without --context it ran into the CPU limit. Both are task_not_allowed."""
+    import time
+    from dataclasses import replace
+
+    from swarmnode.tasks import TaskId
+    from swarmnode.wire import vectors
+    from swarmnode.wire.envelope import encode_envelope, seal
+    from swarmnode.wire.messages import RolloutBatch
+
+    group = vectors.vector_group(vectors.vector_task(1), ["84"])
+    hostile = TaskId("chain_sum", '{"max_digits":' + "9" * 1000 + "}", 7, 0, "compact")
+    target = tmp_path / "bigint.bin"
+    sealed = seal(
+        vectors.KEYS["sender"], RolloutBatch(groups=(replace(group, task=hostile),)), vectors.SENT_AT_MS
+    )
+    target.write_bytes(encode_envelope(sealed))
+    for extra in ([], CONTEXT):
+        started = time.monotonic()
+        code = main(["protocol", "check", str(target), "--now", "1767225600", *extra])
+        out = capsys.readouterr().out
+        assert code == EXIT_REJECTED and out.startswith("rejected task_not_allowed"), out
+        assert time.monotonic() - started < 30
