@@ -43,8 +43,8 @@ import torch
 from swarmnode.admit import Accepted, AdmissionConfig, AdmissionPipeline, task_families
 from swarmnode.admit.intake import Intake
 from swarmnode.identity import NodeIdentity
-from swarmnode.node import trained_texts
 from swarmnode.policy import build_tiny_policy
+from swarmnode.roles.convert import trained_texts
 from swarmnode.tasks import Task, default_mixture, regenerate, sapo_mixture
 from swarmnode.verify import VerifierPool
 from swarmnode.wire.envelope import encode_envelope, seal, to_ms

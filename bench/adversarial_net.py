@@ -60,7 +60,7 @@ class _Bootstrap:
         ready = home / "ready.json"
         self.log = open(home / "log.txt", "wb")  # closed in stop()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "swarmnode.net.bootstrap", "--home", str(home), "--listen",
+            [sys.executable, "-m", "swarmnode.roles.bootstrap", "--home", str(home), "--listen",
              "/ip4/127.0.0.1/tcp/0", "--ready-file", str(ready)],
             stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
             env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"),

@@ -39,8 +39,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import base_parser, machine, median, print_table, write_json
-from swarmnode.broadcast import BroadcastNode, build_manifest
-from swarmnode.core.broadcast import BroadcastConfig
+from swarmnode.broadcast.core import BroadcastConfig
+from swarmnode.broadcast.driver import BroadcastNode, build_manifest
 from swarmnode.identity import NodeIdentity
 from swarmnode.net.dataplane import DataPlane, Reply
 from swarmnode.wire.envelope import Envelope, decode_envelope, encode_envelope

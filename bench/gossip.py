@@ -5,7 +5,7 @@ until each other node has admitted it (per peer, and until the last peer), besid
 protocol's own timers set; and what the exchange costs each node in CPU and resident memory.
 
 Setup, all real and on 127.0.0.1 only: one bootstrap process (``python -m
-swarmnode.net.bootstrap``) and ``--nodes`` node processes. Each node runs ``HivemindRuntime`` +
+swarmnode.roles.bootstrap``) and ``--nodes`` node processes. Each node runs ``HivemindRuntime`` +
 ``GossipCore`` + ``GossipDriver`` + ``AdmissionPipeline`` wired as ``SwarmNode._run_jobs`` wires
 them (the same ``GossipConfig`` rule for the read interval, ``AdmissionConfig(allowed_tasks=
 task_families(mixture))``, ``digest_of=envelope_digest``), but without a model: once per swarm
@@ -29,7 +29,7 @@ its round is at most ``read_back_rounds`` (1) behind, so with 2 s rounds a batch
 announcement takes more than ~2-4 s to store and read (a saturated machine) is never pulled: the
 last line of the report says where each undelivered batch stopped.
 
-Floor (from the protocol's timers, ``swarmnode.core.gossip``): an own item is announced
+Floor (from the protocol's timers, ``swarmnode.gossip.core``): an own item is announced
 ``announce_delay`` after ``publish``; each peer reads announcements every ``read_interval`` at a
 phase that is uniform relative to the announcement; then one DHT read, one pull and admission
 follow. So a peer's latency is at least ``announce_delay + U * read_interval`` (U uniform in
@@ -94,16 +94,16 @@ from swarmnode.admit import (
     task_families,
 )
 from swarmnode.config import load_config
-from swarmnode.core.gossip import GossipConfig, GossipCore
 from swarmnode.core.rounds import round_at, round_start
-from swarmnode.exchange import ExternalPool, GossipDriver, announcement_key, envelope_digest
+from swarmnode.gossip.core import GossipConfig, GossipCore
+from swarmnode.gossip.driver import ExternalPool, GossipDriver, announcement_key, envelope_digest
 from swarmnode.identity import NodeIdentity
-from swarmnode.metrics import Metrics
 from swarmnode.net.config import NetConfig, default_identity_path
 from swarmnode.net.errors import NetError, PeerCallError
 from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.net.records import DhtRecord
-from swarmnode.node import rollout_batch
+from swarmnode.ops.metrics import Metrics
+from swarmnode.roles.convert import rollout_batch
 from swarmnode.tasks import Task, TaskMixture, default_mixture, score_completion
 from swarmnode.train import ScoredGroup
 from swarmnode.wire import RolloutBatch, encode_envelope, seal, to_ms
@@ -684,7 +684,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
             "bootstrap",
             [
                 "-m",
-                "swarmnode.net.bootstrap",
+                "swarmnode.roles.bootstrap",
                 "--home",
                 str(workdir / "boot"),
                 "--listen",

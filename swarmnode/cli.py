@@ -112,15 +112,15 @@ def cmd_run(args: argparse.Namespace) -> int:
         if args.summary_json:
             raise ConfigError("--summary-json is for --solo runs; a swarm node's metrics are at /metrics")
         if config.node.role == "trainer":
-            from swarmnode.node import run_node
+            from swarmnode.roles.trainer import run_node
 
             run_node(config, home, max_rounds=args.max_rounds, max_seconds=args.max_seconds)
         else:
-            from swarmnode.workers.run import run_role
+            from swarmnode.roles.run import run_role
 
             run_role(config, home, max_steps=args.max_rounds, max_seconds=args.max_seconds)
         return EXIT_OK
-    from swarmnode.solo import run_solo
+    from swarmnode.roles.solo import run_solo
 
     run_solo(
         config,
@@ -133,7 +133,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from swarmnode.solo import run_solo
+    from swarmnode.roles.solo import run_solo
 
     home = NodeHome(Path(args.home)).ensure()
     config = load_config(
@@ -155,13 +155,13 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
-    from swarmnode.status import print_status
+    from swarmnode.ops.status import print_status
 
     return print_status(NodeHome(Path(args.home)), as_json=args.json)
 
 
 def cmd_swarm(args: argparse.Namespace) -> int:
-    from swarmnode.launch import LocalSwarm
+    from swarmnode.tools.launch import LocalSwarm
 
     return LocalSwarm(
         Path(args.home),
@@ -265,7 +265,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--all", action="store_true", help="every reasoning-gym family, not only the mixtures'")
     p.set_defaults(handler=cmd_tasks_audit)
 
-    from swarmnode.wire.cli_protocol import add_protocol_parser
+    from swarmnode.tools.protocol_cli import add_protocol_parser
 
     add_protocol_parser(sub)
 
@@ -280,7 +280,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "bootstrap" in argv:  # its flags are the bootstrap module's own (global flags may precede it)
         at = argv.index("bootstrap")
         if all(a.startswith("-") for a in argv[:at]):
-            from swarmnode.net.bootstrap import main as bootstrap_main
+            from swarmnode.roles.bootstrap import main as bootstrap_main
 
             return bootstrap_main(argv[at + 1 :])
     parser = build_parser()

@@ -17,14 +17,14 @@ import pytest
 
 ROLE_MODULES = [
     "swarmnode.cli",  # `swarmnode run|train|swarm|...`, every role's entry point
-    "swarmnode.node",  # role trainer
-    "swarmnode.solo",  # `swarmnode train`
-    "swarmnode.workers.learner",
-    "swarmnode.workers.worker",
-    "swarmnode.workers.run",
-    "swarmnode.launch",  # `swarmnode swarm` (the demo)
+    "swarmnode.roles.trainer",  # role trainer
+    "swarmnode.roles.solo",  # `swarmnode train`
+    "swarmnode.roles.learner",
+    "swarmnode.roles.worker",
+    "swarmnode.roles.run",
+    "swarmnode.tools.launch",  # `swarmnode swarm` (the demo)
     "swarmnode.verify.worker",  # the verification boundary's process
-    "swarmnode.net.bootstrap",
+    "swarmnode.roles.bootstrap",
 ]
 
 PROBE = textwrap.dedent(

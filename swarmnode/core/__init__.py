@@ -1,58 +1,12 @@
-"""Sans-IO protocol cores: plain state machines driven by events and a ``now``, returning actions.
+"""Sans-IO building blocks every protocol core shares: events and ids, swarm rounds, token buckets.
 
-Owns: protocol logic: gossip, weight broadcast, worker activation, bounded staleness, spot-check
-policy, swarm rounds, and the bounded building blocks they share (``limits``).
-Must not: import sockets, clocks, threads or event loops. The node (asyncio + hivemind) and the
-simulator (trio + virtual clock) drive the same cores; see each module's "Driving it" section.
+Owns: ``events`` (ids and the events several cores use), ``rounds`` (the swarm's round clock as a
+pure function of time), ``limits`` (the one token bucket). Must not: import sockets, clocks,
+threads or event loops. The protocol cores themselves live with their drivers, one folder per
+protocol: ``swarmnode.gossip``, ``swarmnode.broadcast``, ``swarmnode.activation``.
 """
 
 from swarmnode.core.events import Digest, PeerBanned, PeerId
-from swarmnode.core.gossip import (
-    AdmissionResult,
-    Admit,
-    Announce,
-    Announced,
-    CancelPull,
-    GossipAction,
-    GossipConfig,
-    GossipCore,
-    GossipEvent,
-    GossipSizes,
-    GossipStats,
-    Publish,
-    Pull,
-    PullFailed,
-    PullRequest,
-    PullSucceeded,
-    ReadAnnouncements,
-    Retire,
-    Serve,
-)
 from swarmnode.core.rounds import round_at, round_start
 
-__all__ = [
-    "AdmissionResult",
-    "Admit",
-    "Announce",
-    "Announced",
-    "CancelPull",
-    "Digest",
-    "GossipAction",
-    "GossipConfig",
-    "GossipCore",
-    "GossipEvent",
-    "GossipSizes",
-    "GossipStats",
-    "PeerBanned",
-    "PeerId",
-    "Publish",
-    "Pull",
-    "PullFailed",
-    "PullRequest",
-    "PullSucceeded",
-    "ReadAnnouncements",
-    "Retire",
-    "Serve",
-    "round_at",
-    "round_start",
-]
+__all__ = ["Digest", "PeerBanned", "PeerId", "round_at", "round_start"]

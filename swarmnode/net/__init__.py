@@ -12,6 +12,6 @@ Modules (import them directly; this package imports nothing heavy):
 - ``framing``: size-limited request/response frames on streams
 - ``libp2p_identity``, ``identity_lock``: the persistent libp2p key
 - ``child_guard``: p2pd dies with the node, SIGKILL included
-- ``bootstrap``: the bootstrap daemon (``python -m swarmnode.net.bootstrap``)
+- ``bootstrap``: the bootstrap daemon (``python -m swarmnode.roles.bootstrap``)
 - ``errors``: NetError, PeerCallError, CallFailure
 """

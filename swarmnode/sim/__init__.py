@@ -1,8 +1,8 @@
 """The swarm simulator (``swarmnode simulate``).
 
 Owns
-    Network mode: the node's real sans-IO cores (``swarmnode.core.gossip``,
-    ``swarmnode.core.broadcast``, ``swarmnode.core.activation``) driven by trio on a virtual
+    Network mode: the node's real sans-IO cores (``swarmnode.gossip.core``,
+    ``swarmnode.broadcast.core``, ``swarmnode.activation.core``) driven by trio on a virtual
     clock (``trio.testing.MockClock``) over a modelled network with churn, heterogeneity and
     adversaries (``engine``, ``network``, ``world``, ``gossip``, ``broadcast``, ``activation``);
     scenario files (``scenario``); results and plots (``run``, ``plots``); the CLI (``cli``).

@@ -29,13 +29,12 @@ from __future__ import annotations
 import math
 import statistics
 from collections import deque
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
-from swarmnode.core import activation as act
-from swarmnode.errors import ConfigError
+from swarmnode.activation import core as act
 from swarmnode.sim.engine import Simulation
-from swarmnode.sim.scenario import ActivationSpec, ScenarioError
+from swarmnode.sim.scenario import ActivationSpec, activation_config
 
 CONTROL_LATENCY = 0.05  # an Activate/Deactivate message's trip to a worker
 
@@ -58,24 +57,6 @@ def draw_workers(spec: ActivationSpec, seed: int) -> list[Worker]:
         Worker(f"w{i}", spec.worker_rate.sample(sim_rng), spec.worker_price.sample(sim_rng))
         for i in range(spec.workers)
     ]
-
-
-def activation_config(spec: ActivationSpec) -> act.ActivationConfig:
-    known = {f.name for f in fields(act.ActivationConfig)}
-    for key in spec.core:
-        if key not in known:
-            raise ScenarioError(f"scenario key activation.core.{key}: unknown key (see ActivationConfig)")
-    base = {
-        "batch": spec.batch,
-        "staleness": spec.staleness,
-        "step_time": spec.step_seconds,
-        "dissemination": spec.broadcast_seconds,
-        "margin": spec.margin,
-    }
-    try:
-        return act.ActivationConfig(**{**base, **spec.core})
-    except (ConfigError, TypeError) as exc:
-        raise ScenarioError(f"scenario key activation.core: {exc}") from exc
 
 
 def fixed_active_set(policy: str, workers: list[Worker], seed: int) -> list[Worker]:

@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import fields
 from typing import Any
 
-from swarmnode.core.broadcast import (
+from swarmnode.broadcast.core import (
     Blame,
-    BroadcastConfig,
     BroadcastCore,
     ChunkLayout,
     ChunkReceived,
@@ -47,21 +45,10 @@ from swarmnode.core.broadcast import (
     UploadFinished,
 )
 from swarmnode.errors import ConfigError
-from swarmnode.sim.scenario import BroadcastSpec, ScenarioError
+from swarmnode.sim.scenario import BroadcastSpec, ScenarioError, broadcast_config
 from swarmnode.sim.world import CORRUPT, SimNode, World
 
 DIGEST = b"weights-v1".ljust(32, b"\x00")
-
-
-def broadcast_config(spec: BroadcastSpec) -> BroadcastConfig:
-    known = {f.name for f in fields(BroadcastConfig)}
-    for key in spec.core:
-        if key not in known:
-            raise ScenarioError(f"scenario key broadcast.core.{key}: unknown key (see BroadcastConfig)")
-    try:
-        return BroadcastConfig(**spec.core)
-    except (ConfigError, TypeError) as exc:
-        raise ScenarioError(f"scenario key broadcast.core: {exc}") from exc
 
 
 class BroadcastPeer:

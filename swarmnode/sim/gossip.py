@@ -1,7 +1,7 @@
 """Gossip in the simulator: the node's real ``GossipCore`` on every simulated node.
 
 Owns
-    A simulated driver per node (the counterpart of ``swarmnode.exchange.GossipDriver``): it
+    A simulated driver per node (the counterpart of ``swarmnode.gossip.driver.GossipDriver``): it
     performs the core's actions over the modelled network and a modelled DHT, and feeds the
     results back as events. Also the round workload (who publishes which items when: producing
     a rollout is a modelled cost of ``1 / rollout_rate`` seconds), modelled admission (a forged
@@ -28,16 +28,16 @@ from __future__ import annotations
 
 import math
 import statistics
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 from swarmnode.core.events import Digest, PeerBanned
-from swarmnode.core.gossip import (
+from swarmnode.core.rounds import round_start
+from swarmnode.gossip.core import (
     AdmissionResult,
     Admit,
     Announce,
     Announced,
-    GossipConfig,
     GossipCore,
     GossipEvent,
     Publish,
@@ -48,9 +48,7 @@ from swarmnode.core.gossip import (
     ReadAnnouncements,
     Serve,
 )
-from swarmnode.core.rounds import round_start
-from swarmnode.errors import ConfigError
-from swarmnode.sim.scenario import GossipSpec, ScenarioError
+from swarmnode.sim.scenario import GossipSpec, gossip_config
 from swarmnode.sim.world import CORRUPT, FORGER, HONEST, SLOW, SimNode, World
 
 REQUEST_OVERHEAD = 64  # bytes of a pull response's framing
@@ -58,21 +56,6 @@ REQUEST_OVERHEAD = 64  # bytes of a pull response's framing
 
 def _identity(payload: bytes) -> Digest:
     return payload
-
-
-def gossip_config(spec: GossipSpec) -> GossipConfig:
-    known = {f.name for f in fields(GossipConfig)}
-    for key in spec.core:
-        if key not in known:
-            raise ScenarioError(f"scenario key gossip.core.{key}: unknown key (see GossipConfig)")
-    if "round_seconds" in spec.core:
-        raise ScenarioError("scenario key gossip.core.round_seconds: set gossip.round_seconds instead")
-    try:
-        return GossipConfig(**{"round_seconds": spec.round_seconds, **spec.core})
-    except ConfigError as exc:
-        raise ScenarioError(f"scenario key gossip.core: {exc}") from exc
-    except TypeError as exc:
-        raise ScenarioError(f"scenario key gossip.core: {exc}") from exc
 
 
 @dataclass

@@ -15,14 +15,14 @@ agent in index order:
 
 1. generates its groups with its own policy (``Trainer.generate_groups``), scored by its verifier;
 2. if it exchanges (``mixing != "none"`` and ``external_groups > 0``): seals them as one signed
-   ``RolloutBatch`` envelope (``swarmnode.node.rollout_batch``, sent at ``t0 + 1``) and publishes it
+   ``RolloutBatch`` envelope (``swarmnode.roles.convert.rollout_batch``, sent at ``t0 + 1``) and publishes it
    to its gossip core;
 3. the in-memory network runs every core until ``t0 + train_at * round_seconds``, jumping the
    virtual clock from one ``next_deadline()`` to the next: ``Announce`` writes a record into a
    shared table, ``ReadAnnouncements`` reads the other agents' records, ``Pull`` is answered at
    once by the target core (``PullRequest`` -> ``Serve``), ``Admit`` runs the receiver's real
    ``AdmissionPipeline`` (signature, replay, freshness, task re-derivation, re-scoring by the
-   receiver's verifier) and admitted groups are re-tokenized (``swarmnode.node.to_scored``) into
+   receiver's verifier) and admitted groups are re-tokenized (``swarmnode.roles.convert.to_scored``) into
    the receiver's pool, exactly as the node's ``GossipDriver`` does (under SAPO, groups without
    signal are not re-tokenized: ``select_groups`` drops them before its draw, so only time changes);
 4. every agent trains (``Trainer.train_round``) on its own groups plus everything admitted this
@@ -90,7 +90,8 @@ import torch
 from swarmnode.admit import AdmissionConfig, AdmissionPipeline, Rejected, task_families
 from swarmnode.config import load_config
 from swarmnode.core.events import PeerBanned
-from swarmnode.core.gossip import (
+from swarmnode.errors import ConfigError
+from swarmnode.gossip.core import (
     AdmissionResult,
     Admit,
     Announce,
@@ -106,14 +107,13 @@ from swarmnode.core.gossip import (
     Retire,
     Serve,
 )
-from swarmnode.errors import ConfigError
-from swarmnode.exchange import envelope_digest
+from swarmnode.gossip.driver import envelope_digest
 from swarmnode.identity import NodeIdentity
 from swarmnode.learn import zero_advantage
-from swarmnode.node import rollout_batch, to_scored
 from swarmnode.policy import Policy, load_policy
 from swarmnode.policy.evaluate import evaluate_accuracy
 from swarmnode.policy.warmstart import WarmStartSettings, warm_start
+from swarmnode.roles.convert import rollout_batch, to_scored
 from swarmnode.rollout import make_engine
 from swarmnode.store import CheckpointStore, Ledger
 from swarmnode.tasks import Task, TaskMixture, default_mixture

@@ -24,11 +24,14 @@ import math
 import random
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from swarmnode.activation import core as act
+from swarmnode.broadcast.core import BroadcastConfig
 from swarmnode.errors import ConfigError
+from swarmnode.gossip.core import GossipConfig
 
 MODES = ("network", "learning")
 
@@ -540,21 +543,61 @@ def parse_scenario(data: Mapping[str, Any], name: str = "scenario") -> Scenario:
     )  # fmt: skip
 
 
+# The core configuration each [x.core] table names: built while parsing, so a bad value fails
+# before anything runs; the layers build their cores from these same functions.
+def broadcast_config(spec: BroadcastSpec) -> BroadcastConfig:
+    known = {f.name for f in fields(BroadcastConfig)}
+    for key in spec.core:
+        if key not in known:
+            raise ScenarioError(f"scenario key broadcast.core.{key}: unknown key (see BroadcastConfig)")
+    try:
+        return BroadcastConfig(**spec.core)
+    except (ConfigError, TypeError) as exc:
+        raise ScenarioError(f"scenario key broadcast.core: {exc}") from exc
+
+
+def gossip_config(spec: GossipSpec) -> GossipConfig:
+    known = {f.name for f in fields(GossipConfig)}
+    for key in spec.core:
+        if key not in known:
+            raise ScenarioError(f"scenario key gossip.core.{key}: unknown key (see GossipConfig)")
+    if "round_seconds" in spec.core:
+        raise ScenarioError("scenario key gossip.core.round_seconds: set gossip.round_seconds instead")
+    try:
+        return GossipConfig(**{"round_seconds": spec.round_seconds, **spec.core})
+    except ConfigError as exc:
+        raise ScenarioError(f"scenario key gossip.core: {exc}") from exc
+    except TypeError as exc:
+        raise ScenarioError(f"scenario key gossip.core: {exc}") from exc
+
+
+def activation_config(spec: ActivationSpec) -> act.ActivationConfig:
+    known = {f.name for f in fields(act.ActivationConfig)}
+    for key in spec.core:
+        if key not in known:
+            raise ScenarioError(f"scenario key activation.core.{key}: unknown key (see ActivationConfig)")
+    base = {
+        "batch": spec.batch,
+        "staleness": spec.staleness,
+        "step_time": spec.step_seconds,
+        "dissemination": spec.broadcast_seconds,
+        "margin": spec.margin,
+    }
+    try:
+        return act.ActivationConfig(**{**base, **spec.core})
+    except (ConfigError, TypeError) as exc:
+        raise ScenarioError(f"scenario key activation.core: {exc}") from exc
+
+
 def _check_cores(
     broadcast: BroadcastSpec | None, gossip: GossipSpec | None, activation: ActivationSpec | None
 ) -> None:
     """Build each core's config now, so a bad ``[x.core]`` value fails before anything runs."""
     if broadcast is not None:
-        from swarmnode.sim.broadcast import broadcast_config
-
         broadcast_config(broadcast)
     if gossip is not None:
-        from swarmnode.sim.gossip import gossip_config
-
         gossip_config(gossip)
     if activation is not None:
-        from swarmnode.sim.activation import activation_config
-
         activation_config(activation)
 
 

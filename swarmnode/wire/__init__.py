@@ -5,7 +5,7 @@ normative). Must not: decide whether a peer's message is acceptable beyond its
 form (that is ``swarmnode.admit``), read a clock, or do I/O.
 
 ``swarm_pb2.py`` / ``swarm_pb2.pyi`` are generated from ``swarm.proto`` (a copy of
-protocol/swarm.proto) by ``python -m swarmnode.wire.generate``; never edit them.
+protocol/swarm.proto) by ``python -m swarmnode.tools.generate_proto``; never edit them.
 """
 
 from swarmnode.wire.envelope import (

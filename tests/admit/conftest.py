@@ -9,7 +9,7 @@ import pytest
 
 from swarmnode.admit import AdmissionConfig, AdmissionPipeline
 from swarmnode.identity import NodeIdentity
-from swarmnode.wire import vectors
+from swarmnode.tools import vectors
 from swarmnode.wire.envelope import encode_envelope, seal, to_ms
 from swarmnode.wire.messages import Heartbeat, Message, RolloutBatch, RolloutGroup
 

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from swarmnode.admit import Accepted, AdmissionConfig, AdmissionPipeline, Rejected, RejectReason, Verdict
 from swarmnode.admit.intake import Intake
 from swarmnode.identity import NodeIdentity
-from swarmnode.node import completion_token_rows, to_scored, trained_texts
 from swarmnode.policy import Policy, build_tiny_policy
+from swarmnode.roles.convert import completion_token_rows, to_scored, trained_texts
 from swarmnode.tasks import Task, TaskId, regenerate, score_completion
 from swarmnode.verify import Scored, score_in_process
 from swarmnode.wire.messages import Heartbeat

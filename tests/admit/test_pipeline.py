@@ -21,8 +21,8 @@ from swarmnode.admit import (
 from swarmnode.identity import KeyAllowlist
 from swarmnode.store import Ledger
 from swarmnode.tasks import Task, TaskId, default_mixture
+from swarmnode.tools import vectors
 from swarmnode.verify import Scored, VerifierFailure, VerifierReason
-from swarmnode.wire import vectors
 from swarmnode.wire.envelope import encode_envelope, seal, seal_payload, sign_manifest, to_ms
 from swarmnode.wire.kinds import Kind
 from swarmnode.wire.messages import (

@@ -15,8 +15,8 @@ import json
 import sys
 from pathlib import Path
 
-from swarmnode.broadcast import BroadcastNode
-from swarmnode.core.broadcast import BroadcastConfig
+from swarmnode.broadcast.core import BroadcastConfig
+from swarmnode.broadcast.driver import BroadcastNode
 from swarmnode.identity import NodeIdentity
 from swarmnode.net.dataplane import DataPlane
 from swarmnode.wire.envelope import Envelope, decode_envelope

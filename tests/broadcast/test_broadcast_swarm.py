@@ -17,8 +17,8 @@ from pathlib import Path
 import torch
 
 from bench.broadcast import CorruptingNode  # the bench's attacker: one definition
-from swarmnode.broadcast import BroadcastNode, blob_to_state_dict
-from swarmnode.core.broadcast import BroadcastConfig
+from swarmnode.broadcast.core import BroadcastConfig
+from swarmnode.broadcast.driver import BroadcastNode, blob_to_state_dict
 from swarmnode.identity import NodeIdentity
 from swarmnode.net.dataplane import DataPlane
 from swarmnode.wire.envelope import encode_envelope

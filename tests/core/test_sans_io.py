@@ -4,8 +4,10 @@ DESIGN.md principle 1 and STYLE.md "Sans-IO cores": protocol logic is plain stat
 sockets, no clocks and no event loop; inputs are events and a ``now``, outputs are actions. The modules
 held to it are the ones documented that way (README's architecture table, each package's docstring):
 
-- every module under ``swarmnode/core/`` (globbed, so a new core is checked the day it lands);
-- ``swarmnode/admit/``, but ``intake.py`` (the admission thread, the one admit module that may read a clock);
+- each protocol's ``core.py`` (``swarmnode/*/core.py``) and every module under ``swarmnode/core/`` (globbed,
+  so a new core is checked the day it lands);
+- ``swarmnode/admit/``, but ``intake.py`` (the admission thread, the one admit module that may read a clock)
+  and ``recompute.py`` (the torch half of spot checks);
 - ``swarmnode/learn/`` (pure torch losses that "must not run models, read files or talk to peers"), held
   to the I/O, clock and loop rules only: torch is its subject and ``random.Random`` its callers' seeded rng.
 
@@ -38,24 +40,35 @@ IO_CLOCKS_AND_LOOPS = (
     # imports by a name computed at run time, which this check could not see
     "importlib",
     # the package's drivers and other layers that do I/O
-    "swarmnode.net", "swarmnode.sim", "swarmnode.node", "swarmnode.exchange", "swarmnode.broadcast",
-    "swarmnode.workers", "swarmnode.store", "swarmnode.api", "swarmnode.launch", "swarmnode.supervise",
+    "swarmnode.net", "swarmnode.sim", "swarmnode.roles", "swarmnode.gossip.driver",
+    "swarmnode.broadcast.driver", "swarmnode.broadcast.weights", "swarmnode.activation.records",
+    "swarmnode.activation.offers", "swarmnode.store", "swarmnode.ops", "swarmnode.tools",
     "swarmnode.verify.pool", "swarmnode.verify.worker", "swarmnode.admit.intake",
 )  # fmt: skip
 #: ... and what a protocol core or admission may not import either: hidden randomness (the caller seeds
 #: any choice), torch (no model runs in a core).
 STATE_AND_MODELS = ("random", "secrets", "torch", "numpy")
-#: The only parts of the package a core may import: the cores sit below swarmnode.wire and every other layer.
+#: The only parts of the package a protocol core may import: the shared building blocks and the errors;
+#: the cores sit below swarmnode.wire and every other layer.
 CORE_MAY_IMPORT = ("swarmnode.core", "swarmnode.errors")
+
+
+#: Admission modules that are not sans-IO: the admission thread, and the torch half of spot checks.
+ADMIT_WITH_IO = ("intake.py", "recompute.py")
+
+
+def protocol_cores() -> list[Path]:
+    """Each protocol folder's ``core.py`` and the shared building blocks under ``swarmnode/core/``."""
+    return sorted([*PACKAGE.glob("*/core.py"), *(PACKAGE / "core").rglob("*.py")])
 
 
 def modules() -> Iterator[tuple[Path, tuple[str, ...]]]:
     """(path, forbidden names) for every module held to the rule."""
     protocol = IO_CLOCKS_AND_LOOPS + STATE_AND_MODELS
-    for path in sorted((PACKAGE / "core").rglob("*.py")):
+    for path in protocol_cores():
         yield path, protocol
     for path in sorted((PACKAGE / "admit").rglob("*.py")):
-        if path.name != "intake.py":
+        if path.name not in ADMIT_WITH_IO:
             yield path, protocol
     for path in sorted((PACKAGE / "learn").rglob("*.py")):
         yield path, IO_CLOCKS_AND_LOOPS
@@ -103,8 +116,10 @@ CHECKED = list(modules())
 def test_the_guard_sees_every_core_module_and_the_other_sans_io_packages() -> None:
     checked = {path.relative_to(PACKAGE.parent).as_posix() for path, _ in CHECKED}
     on_disk = {p.relative_to(PACKAGE.parent).as_posix() for p in (PACKAGE / "core").rglob("*.py")}
-    assert on_disk <= checked and "swarmnode/core/broadcast.py" in checked
-    assert {"swarmnode/admit/pipeline.py", "swarmnode/learn/hacpo.py"} <= checked
+    cores = {f"swarmnode/{protocol}/core.py" for protocol in ("gossip", "broadcast", "activation")}
+    assert on_disk <= checked and cores <= checked
+    assert {"swarmnode/admit/pipeline.py", "swarmnode/admit/spotcheck.py"} <= checked
+    assert "swarmnode/learn/hacpo.py" in checked
     assert "swarmnode/admit/intake.py" not in checked
 
 
@@ -124,7 +139,7 @@ def test_a_sans_io_module_imports_nothing_that_does_io_reads_a_clock_or_runs_an_
 
 @pytest.mark.parametrize(
     "path",
-    [path for path, _ in CHECKED if module_name(path).startswith("swarmnode.core")],
+    protocol_cores(),
     ids=lambda path: path.relative_to(PACKAGE.parent).as_posix(),
 )
 def test_a_core_imports_from_the_package_only_other_cores_and_its_errors(path: Path) -> None:

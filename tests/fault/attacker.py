@@ -39,7 +39,7 @@ from typing import Any
 
 from hivemind.p2p import P2PDaemonError, P2PHandlerError, PeerID
 
-from swarmnode.exchange import MAX_PULL_REQUEST, PULL_HANDLER, announcement_key
+from swarmnode.gossip.driver import MAX_PULL_REQUEST, PULL_HANDLER, announcement_key
 from swarmnode.identity import NodeIdentity
 from swarmnode.net.config import NetConfig
 from swarmnode.net.errors import NetError, PeerCallError

@@ -17,7 +17,7 @@ Phases:
 ``ckpt_unrenamed``  every checkpoint file and the manifest are written and synced, not yet renamed.
 ``ckpt_unpruned``   the new checkpoint is under its final name, the oldest not yet pruned.
 ``receive``         admission of a group pulled from a peer begins (``GossipDriver._admit``).
-``receive_chunk``   a weight-broadcast chunk fetch begins (``swarmnode.broadcast.BroadcastNode._fetch``;
+``receive_chunk``   a weight-broadcast chunk fetch begins (``broadcast.driver.BroadcastNode._fetch``;
                     worker mode). Marker only: the fetch runs on the event loop, so no pause.
 
 ``SWARMNODE_ADMIT_LOG=PATH``: append one JSON line per admission verdict (time, delivering
@@ -100,7 +100,7 @@ def log_admissions(path: Path) -> None:
 
 
 def install() -> None:
-    from swarmnode import exchange
+    from swarmnode.gossip import driver as exchange
     from swarmnode.store import checkpoint
     from swarmnode.train import trainer
 
@@ -113,7 +113,7 @@ def install() -> None:
     _wrap(checkpoint.CheckpointStore, "_prune", "ckpt_unpruned")
     _wrap(exchange.GossipDriver, "_admit", "receive")
     try:
-        from swarmnode import broadcast
+        from swarmnode.broadcast import driver as broadcast
     except ImportError:  # a checkout without the weight broadcast
         return
     original_fetch = broadcast.BroadcastNode._fetch

@@ -2,7 +2,7 @@
 
 Not collected by pytest (the default suite runs the bounded hypothesis properties in
 this folder); run it when touching ``swarmnode/wire``, ``swarmnode/admit``,
-``swarmnode/net`` or ``swarmnode/exchange.py``:
+``swarmnode/net`` or ``swarmnode/gossip/driver.py``:
 
     pip install -e '.[fuzz]'                      # atheris >= 2.3 (a manylinux wheel, no compiler needed)
     python tests/fuzz/atheris_wire.py --seeds /tmp/swarmnode-corpus   # vectors, once per target
@@ -59,9 +59,10 @@ sys.path.insert(0, str(REPO))  # run from a checkout without installing it
 with atheris.instrument_imports(include=["swarmnode"]):
     from hivemind.dht.validation import DHTRecord
 
+    from swarmnode.activation.records import read_record
     from swarmnode.admit import Accepted, Rejected
-    from swarmnode.core.gossip import Announced, GossipConfig, GossipCore, PullRequest
-    from swarmnode.exchange import DIGEST_BYTES, decode_items, envelope_digest
+    from swarmnode.gossip.core import Announced, GossipConfig, GossipCore, PullRequest
+    from swarmnode.gossip.driver import DIGEST_BYTES, decode_items, envelope_digest
     from swarmnode.identity import NodeIdentity
     from swarmnode.net.dataplane import DataPlane
     from swarmnode.net.framing import FramingError, MessageTooLarge, RemoteRefused, read_message
@@ -72,13 +73,12 @@ with atheris.instrument_imports(include=["swarmnode"]):
         records_from_dictionary,
     )
     from swarmnode.tasks import TaskId, regenerate
+    from swarmnode.tools.protocol_cli import pipeline_for_context
     from swarmnode.wire import Announce, PeerRecord, WeightManifest
-    from swarmnode.wire.cli_protocol import pipeline_for_context
     from swarmnode.wire.envelope import Envelope, decode_envelope, verify_manifest
     from swarmnode.wire.kinds import Kind
     from swarmnode.wire.messages import decode_manifest_body, decode_payload
     from swarmnode.wire.reasons import WireError
-    from swarmnode.workers.records import read_record
 
 CONTEXT = json.loads((REPO / "protocol" / "vectors" / "manifest.json").read_text())["context"]
 NOW = float(CONTEXT["now"])
@@ -181,7 +181,7 @@ def fuzz_dht_records(data: bytes) -> None:
 
 
 def fuzz_peer_record(data: bytes) -> None:
-    # A worker's / learner's signed PeerRecord read from the DHT (swarmnode.workers.records).
+    # A worker's / learner's signed PeerRecord read from the DHT (swarmnode.activation.records).
     assert isinstance(read_record(data), str | PeerRecord)
 
 

@@ -17,13 +17,13 @@ from hypothesis import strategies as st
 from swarmnode.admit import STEPS, Accepted, AdmissionPipeline, Rejected, RejectReason, Verdict
 from swarmnode.identity import NodeIdentity
 from swarmnode.tasks import TaskId, regenerate
+from swarmnode.tools.protocol_cli import pipeline_for_context
+from swarmnode.tools.vectors import ALLOWED_TASKS, MANIFEST, MODEL_ID, TASK_SEED
 from swarmnode.wire import limits
 from swarmnode.wire import swarm_pb2 as pb
-from swarmnode.wire.cli_protocol import pipeline_for_context
 from swarmnode.wire.envelope import Envelope, decode_envelope, encode_envelope, seal_payload
 from swarmnode.wire.kinds import MAX_PAYLOAD_BYTES, Kind
 from swarmnode.wire.messages import RolloutBatch, kind_of
-from swarmnode.wire.vectors import ALLOWED_TASKS, MANIFEST, MODEL_ID, TASK_SEED
 
 from .strategies import DOUBLES, EDGE_INTS, VECTOR_BYTES, VECTORS, mutated_vector, proto_message
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from swarmnode.net.bootstrap import BootstrapInfo, run_bootstrap
+from swarmnode.roles.bootstrap import BootstrapInfo, run_bootstrap
 
 from .support import LOOPBACK, REPO, START_TIMEOUT, LoopThread, PeerProcess, Swarm, Trio
 

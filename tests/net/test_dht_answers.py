@@ -21,7 +21,7 @@ from swarmnode.net.hivemind_runtime import HivemindRuntime
 
 from .support import LOOPBACK, Swarm, run, sybil
 
-BOOTSTRAP = "swarmnode.net.bootstrap"
+BOOTSTRAP = "swarmnode.roles.bootstrap"
 OWNERS = 32  # x 8 `other` subkeys of 4,000 bytes: the key's 256-record cap, ~1 MiB per answer
 
 

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 
 from swarmnode.admit import AdmissionConfig, AdmissionPipeline
-from swarmnode.core.gossip import GossipConfig, GossipCore
-from swarmnode.exchange import ExternalPool, GossipDriver, announcement_key, envelope_digest
+from swarmnode.gossip.core import GossipConfig, GossipCore
+from swarmnode.gossip.driver import ExternalPool, GossipDriver, announcement_key, envelope_digest
 from swarmnode.identity import NodeIdentity
-from swarmnode.metrics import Metrics
 from swarmnode.net.hivemind_runtime import DhtTimeout, HivemindRuntime
+from swarmnode.ops.metrics import Metrics
 from swarmnode.wire import Announce, Heartbeat, Kind, decode_payload, encode_envelope, seal, to_ms
 
 from .support import Trio

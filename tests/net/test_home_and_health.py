@@ -10,7 +10,7 @@ from typing import Any
 from aiohttp.test_utils import TestClient, TestServer
 
 from swarmnode.home import NodeHome
-from swarmnode.net import bootstrap
+from swarmnode.roles import bootstrap
 from swarmnode.store.atomic import atomic_write_text
 from swarmnode.store.ledger import Ledger
 

@@ -14,14 +14,14 @@ from typing import Any
 import aiohttp
 import pytest
 
-from swarmnode.net import bootstrap
-from swarmnode.net.bootstrap import BootstrapInfo, run_bootstrap
+from swarmnode.roles import bootstrap
+from swarmnode.roles.bootstrap import BootstrapInfo, run_bootstrap
 
 from .support import LOOPBACK, Swarm, alive, run, wait_gone
 
 pytestmark = pytest.mark.network
 
-BOOTSTRAP = "swarmnode.net.bootstrap"
+BOOTSTRAP = "swarmnode.roles.bootstrap"
 NODE = "tests.net.node_process"
 LISTEN = ("--listen", LOOPBACK[0])
 

@@ -1,13 +1,13 @@
-"""Issue 19: which PeerRecords a reader accepts (swarmnode.workers.records.select_records)."""
+"""Issue 19: which PeerRecords a reader accepts (swarmnode.activation.records.select_records)."""
 
 from __future__ import annotations
 
 import time
 
+from swarmnode.activation.records import RECORD_SUBKEY, select_records, signed_record
 from swarmnode.identity import NodeIdentity
 from swarmnode.net.records import DhtRecord
 from swarmnode.wire import PeerRecord, Role
-from swarmnode.workers.records import RECORD_SUBKEY, select_records, signed_record
 
 LIBP2P = "QmWorkerLibp2pId"
 

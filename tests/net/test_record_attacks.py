@@ -12,14 +12,14 @@ from typing import Any
 
 import pytest
 
+from swarmnode.activation.records import RECORD_SUBKEY, read_records, signed_record, workers_key
 from swarmnode.identity import NodeIdentity
 from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.wire import PeerRecord, Role
-from swarmnode.workers.records import RECORD_SUBKEY, read_records, signed_record, workers_key
 
 from .support import LOOPBACK, Swarm, run
 
-BOOTSTRAP = "swarmnode.net.bootstrap"
+BOOTSTRAP = "swarmnode.roles.bootstrap"
 TEN_YEARS = 10 * 365 * 86400.0
 
 

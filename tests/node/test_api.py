@@ -7,8 +7,8 @@ import json
 
 import aiohttp
 
-from swarmnode.api import ApiServer, build_app
-from swarmnode.metrics import Metrics
+from swarmnode.ops.api import ApiServer, build_app
+from swarmnode.ops.metrics import Metrics
 
 
 def test_api_endpoints_on_loopback() -> None:

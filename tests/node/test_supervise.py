@@ -7,8 +7,8 @@ import logging
 
 import pytest
 
-from swarmnode.metrics import Metrics
-from swarmnode.supervise import JobFailed, SupervisionPolicy, supervise
+from swarmnode.ops.metrics import Metrics
+from swarmnode.ops.supervise import JobFailed, SupervisionPolicy, supervise
 
 FAST = SupervisionPolicy(max_failures=3, backoff_initial=0.001, backoff_max=0.002, healthy_after=60)
 

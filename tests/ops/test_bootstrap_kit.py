@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from swarmnode.net.bootstrap import _parse_args
 from swarmnode.net.config import NetConfig, read_peers_file
+from swarmnode.roles.bootstrap import _parse_args
 
 from .support import BOOTSTRAP_KIT
 

@@ -2,7 +2,7 @@
 
 Run as ``python -m tests.swarm.adversary --home DIR --peer BOOTSTRAP_MADDR --round-seconds S``.
 It joins the DHT through the bootstrap peer with a ``HivemindRuntime``, serves
-``swarmnode.pull.v1`` exactly as ``swarmnode.exchange.GossipDriver`` does (request:
+``swarmnode.pull.v1`` exactly as ``swarmnode.gossip.driver.GossipDriver`` does (request:
 32-byte envelope ids; response: length-prefixed envelopes), and writes
 announcement records under ``swarmnode/<swarm>/round/<r>``. The test drives it
 through files in ``--home``:
@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from swarmnode.core.rounds import round_at
-from swarmnode.exchange import (
+from swarmnode.gossip.driver import (
     DIGEST_BYTES,
     MAX_PULL_REQUEST,
     MAX_PULL_RESPONSE,

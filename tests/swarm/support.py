@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 from swarmnode.config import load_config, render_commented_config
 from swarmnode.errors import SwarmError
 from swarmnode.home import NodeHome
-from swarmnode.status import fetch_status
+from swarmnode.ops.status import fetch_status
 from swarmnode.store import Ledger, RoundRecord
 from swarmnode.store.atomic import atomic_write_text
 

@@ -8,11 +8,11 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from swarmnode.core.spotcheck import SpotCheckConfig, SpotChecker, Verdict
+from swarmnode.admit.recompute import recompute_logprobs, recompute_request
+from swarmnode.admit.spotcheck import SpotCheckConfig, SpotChecker, Verdict
 from swarmnode.policy.model import Policy, build_tiny_policy
 from swarmnode.rollout import SamplingParams, make_engine
 from swarmnode.rollout.types import GenerationResult
-from swarmnode.train.spotcheck import recompute_logprobs, recompute_request
 
 TEMPERATURE = 0.8
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmnode.wire.cli_protocol import EXIT_ACCEPTED, EXIT_REJECTED, EXIT_UNREADABLE, main
+from swarmnode.tools.protocol_cli import EXIT_ACCEPTED, EXIT_REJECTED, EXIT_UNREADABLE, main
 
 VECTORS = Path(__file__).resolve().parents[2] / "protocol" / "vectors"
 CONTEXT = ["--context", str(VECTORS / "manifest.json")]
@@ -62,7 +62,7 @@ def test_vectors_subcommand_writes_the_committed_vectors(tmp_path: Path) -> None
 def test_add_protocol_parser_plugs_into_any_argparse_cli() -> None:
     import argparse
 
-    from swarmnode.wire.cli_protocol import add_protocol_parser
+    from swarmnode.tools.protocol_cli import add_protocol_parser
 
     parser = argparse.ArgumentParser(prog="swarmnode")
     add_protocol_parser(parser.add_subparsers(dest="command"))
@@ -90,7 +90,7 @@ def test_a_vectors_context_never_applies_to_other_bytes(
     """The same attack signed again (other bytes): judged by the manifest's receiver, which does not
     train on the family, so no scorer runs and no switch of the vector applies."""
     from swarmnode.tasks import TaskId, regenerate
-    from swarmnode.wire import vectors
+    from swarmnode.tools import vectors
     from swarmnode.wire.envelope import encode_envelope
     from swarmnode.wire.messages import RolloutBatch
 
@@ -129,7 +129,7 @@ def test_a_strangers_manifest_cannot_switch_the_sandbox_on_for_its_own_file(
     import json
 
     from swarmnode.tasks import TaskId, regenerate
-    from swarmnode.wire import vectors
+    from swarmnode.tools import vectors
     from swarmnode.wire.envelope import encode_envelope
     from swarmnode.wire.messages import RolloutBatch
 
@@ -152,7 +152,7 @@ def test_a_strangers_manifest_cannot_switch_the_sandbox_on_for_its_own_file(
 def test_the_conformance_digests_are_those_of_the_committed_vectors() -> None:
     import hashlib
 
-    from swarmnode.wire.cli_protocol import CONFORMANCE_SHA256
+    from swarmnode.tools.protocol_cli import CONFORMANCE_SHA256
 
     for digest, name in CONFORMANCE_SHA256.items():
         assert hashlib.sha256((VECTORS / name).read_bytes()).hexdigest() == digest, name
@@ -216,7 +216,7 @@ def test_check_never_regenerates_a_task_config_its_receiver_would_refuse(
     from dataclasses import replace
 
     from swarmnode.tasks import TaskId
-    from swarmnode.wire import vectors
+    from swarmnode.tools import vectors
     from swarmnode.wire.envelope import encode_envelope, seal
     from swarmnode.wire.messages import RolloutBatch
 

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from swarmnode.wire import generate
+from swarmnode.tools import generate_proto as generate
 from swarmnode.wire import swarm_pb2 as pb
 from swarmnode.wire.kinds import MANIFEST_BODY_PREFIX, Kind, Role, signing_prefix
 
@@ -22,7 +22,7 @@ def test_committed_generated_code_matches_a_fresh_protoc_run_byte_for_byte() -> 
         fresh = generate.generate_into(generate.PACKAGE_PROTO, Path(tmp))
     for name, content in fresh.items():
         committed = (generate.WIRE_DIR / name).read_bytes()
-        assert committed == content, f"{name} is stale: run `python -m swarmnode.wire.generate`"
+        assert committed == content, f"{name} is stale: run `python -m swarmnode.tools.generate_proto`"
 
 
 def test_python_kind_and_role_enums_match_the_proto_numbers() -> None:

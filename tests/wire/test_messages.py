@@ -9,6 +9,7 @@ from dataclasses import FrozenInstanceError, replace
 import pytest
 
 from swarmnode.tasks import TaskId
+from swarmnode.tools.vectors import KEYS, vector_group, vector_task
 from swarmnode.wire import limits
 from swarmnode.wire import swarm_pb2 as pb
 from swarmnode.wire.kinds import MAX_PAYLOAD_BYTES, Kind, Role
@@ -34,7 +35,6 @@ from swarmnode.wire.messages import (
     kind_of,
 )
 from swarmnode.wire.reasons import WireError, WireReason
-from swarmnode.wire.vectors import KEYS, vector_group, vector_task
 
 TASK = vector_task(1)  # 58+26=
 

@@ -14,14 +14,14 @@ from typing import Any
 import pytest
 
 from swarmnode.admit import Accepted, AdmissionPipeline, RejectReason, Verdict
-from swarmnode.verify import GroupScorer, VerifierPool, score_in_process
-from swarmnode.wire import vectors
-from swarmnode.wire.cli_protocol import (
+from swarmnode.tools import vectors
+from swarmnode.tools.protocol_cli import (
     families_named,
     pipeline_for_context,
     vector_context,
     verifier_for_context,
 )
+from swarmnode.verify import GroupScorer, VerifierPool, score_in_process
 
 VECTORS = Path(__file__).resolve().parents[2] / "protocol" / "vectors"
 MANIFEST: dict[str, Any] = json.loads((VECTORS / vectors.MANIFEST).read_text(encoding="utf-8"))
@@ -73,7 +73,7 @@ def test_regenerating_the_vectors_gives_byte_identical_files(tmp_path: Path) -> 
     committed = {p.name: p.read_bytes() for p in VECTORS.iterdir()}
     assert sorted(fresh) == sorted(committed)
     stale = [name for name in fresh if fresh[name] != committed[name]]
-    assert not stale, f"stale vectors {stale}: run `python -m swarmnode.wire.vectors --out protocol/vectors`"
+    assert not stale, f"stale vectors {stale}: run `python -m swarmnode.tools.vectors --out protocol/vectors`"
 
 
 def test_manifest_lists_every_file_once() -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 
 from swarmnode.config import load_config
 from swarmnode.home import NodeHome
+from swarmnode.roles import worker as worker_module
+from swarmnode.roles.run import run_role
 from swarmnode.train import ScoredGroup
-from swarmnode.workers import worker as worker_module
-from swarmnode.workers.run import run_role
 
 LIE = 0.5  # nats added to every reported log-prob (clipped at 0): a worker claiming a sharper policy
 

@@ -13,11 +13,11 @@ from swarmnode.admit import AdmissionConfig, AdmissionPipeline, task_families
 from swarmnode.admit.verdict import Accepted
 from swarmnode.identity import NodeIdentity
 from swarmnode.policy import Policy, build_tiny_policy
+from swarmnode.roles.convert import WorkerDataError, from_worker, worker_batch
 from swarmnode.rollout import SamplingParams, make_engine
 from swarmnode.tasks import default_mixture, score_completion
 from swarmnode.train import ScoredGroup
 from swarmnode.wire import encode_envelope, seal, to_ms
-from swarmnode.workers.convert import WorkerDataError, from_worker, worker_batch
 
 
 @pytest.fixture(scope="module")

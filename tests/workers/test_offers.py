@@ -1,4 +1,4 @@
-"""Offers pushed to a learner (swarmnode/workers/offers.py): rationed by the network they come
+"""Offers pushed to a learner (swarmnode/activation/offers.py): rationed by the network they come
 from, so identities, which cost nothing, cannot crowd out a worker on another network."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import asyncio
 import time
 
+from swarmnode.activation.offers import DirectOffers, network_of
 from swarmnode.identity import NodeIdentity
 from swarmnode.net.dataplane import DataPlane, PeerRefused, Refuse, request_source
 from swarmnode.wire import Envelope, Kind, PeerRecord, Role, seal, to_ms
-from swarmnode.workers.offers import DirectOffers, network_of
 
 NOW = 1_800_000_000.0
 

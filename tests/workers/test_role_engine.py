@@ -13,10 +13,10 @@ from swarmnode.config import Config, load_config
 from swarmnode.errors import EngineUnavailable
 from swarmnode.home import NodeHome
 from swarmnode.policy import build_tiny_policy, save_policy
+from swarmnode.roles.common import model_family
+from swarmnode.roles.learner import LearnerNode
+from swarmnode.roles.worker import WorkerNode
 from swarmnode.rollout import HFEngine, TorchEngine
-from swarmnode.workers.learner import LearnerNode
-from swarmnode.workers.run import model_family
-from swarmnode.workers.worker import WorkerNode
 
 LEARNER_ID = "12D3KooWLearnerPeerIdForTests"
 

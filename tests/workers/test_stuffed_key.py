@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from swarmnode.activation.records import RECORD_SUBKEY, select_records, signed_record, workers_key
 from swarmnode.identity import NodeIdentity, load_or_create_identity
 from swarmnode.net.config import NetConfig
 from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.wire import PeerRecord, Role
-from swarmnode.workers.records import RECORD_SUBKEY, select_records, signed_record, workers_key
 from tests.net.support import LoopThread, sybil
 from tests.swarm.support import LocalSwarm
 

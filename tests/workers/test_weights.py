@@ -17,13 +17,13 @@ from collections.abc import Awaitable, Callable
 
 import torch
 
+from swarmnode.broadcast.weights import WeightPublisher, WeightReceiver
 from swarmnode.identity import NodeIdentity
-from swarmnode.metrics import Metrics
 from swarmnode.net.dataplane import DataPlane
+from swarmnode.ops.metrics import Metrics
 from swarmnode.policy import build_tiny_policy
 from swarmnode.rollout import make_engine
 from swarmnode.wire import Envelope, PeerRecord
-from swarmnode.workers.weights import WeightPublisher, WeightReceiver
 
 STALENESS = 2
 

@@ -1,0 +1,73 @@
+"""Recomputing a worker's reported log-probs for a spot-check (the torch half of ``core.spotcheck``).
+
+Owns: one forward pass that scores completion tokens under our policy, with the same rule as the
+trainer and the rollout engines (``completion_logprobs``: logits / temperature, log-softmax, before
+any top-p truncation). Must not: decide what to check or judge the result (``core.spotcheck``).
+
+The caller passes the policy *version the group claims* it was generated with, in eval mode
+(dropout off), and runs this off the event loop like any torch work.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from swarmnode.admit.spotcheck import SpotCheckRequest
+from swarmnode.policy.model import Policy
+from swarmnode.train.batch import completion_logprobs
+
+
+def _model(policy: Policy | torch.nn.Module) -> torch.nn.Module:
+    return policy.model if isinstance(policy, Policy) else policy
+
+
+def recompute_logprobs(
+    policy: Policy | torch.nn.Module,
+    prompt_ids: Sequence[int],
+    completion_token_ids: Sequence[int],
+    temperature: float = 1.0,
+) -> list[float]:
+    """Log-prob of each completion token under ``policy`` (one value per token, in order).
+
+    ``policy`` may be a bare causal LM (e.g. a scratch model loaded with an older version's
+    weights). One row is never padded, so no pad token is needed.
+    """
+    if not completion_token_ids:
+        return []
+    with torch.no_grad():
+        values, _ = completion_logprobs(
+            _model(policy), [list(prompt_ids)], [list(completion_token_ids)], temperature
+        )
+    return [float(v) for v in values[0, : len(completion_token_ids)]]
+
+
+def recompute_request(
+    policy: Policy | torch.nn.Module,
+    request: SpotCheckRequest,
+    prompt_ids: Sequence[int],
+    completions: Sequence[Sequence[int]],
+    temperature: float = 1.0,
+    pad_token_id: int = 0,
+) -> list[float]:
+    """Our log-probs at ``request``'s tokens, in its order (pass the result as ``recomputed``).
+
+    One batched forward over only the completions the request names, each cut at the last token
+    it needs (a causal LM scores a token from its prefix alone, so the cut changes nothing).
+    Rows are right-padded with ``pad_token_id`` under an attention mask, so its value does not
+    change the result.
+    """
+    wanted = request.completions
+    if not wanted:
+        return []
+    for i in wanted:
+        if i >= len(completions) or request.prefix(i) > len(completions[i]):
+            raise ValueError(f"spot-check request names completion {i} beyond the group it was made for")
+    rows = [list(completions[i][: request.prefix(i)]) for i in wanted]
+    with torch.no_grad():
+        values, _ = completion_logprobs(
+            _model(policy), [list(prompt_ids)] * len(rows), rows, temperature, pad_token_id
+        )
+    row_of = {completion: r for r, completion in enumerate(wanted)}
+    return [float(values[row_of[t.completion], t.position]) for t in request.tokens]

@@ -1,0 +1,586 @@
+"""Weight broadcast driver: the sans-IO ``BroadcastCore`` over the direct ``DataPlane``.
+
+Owns
+    Turning a state_dict into a blob plus a signed ``WeightManifest`` (per-chunk SHA-256), the
+    bytes of every version this node publishes or receives, hashing each arrived chunk against
+    the manifest, the ChunkRequest / ChunkHave handlers, performing the core's actions
+    (fetch in slices, announce, serve under an upload slot, refuse, blame) and its timers, and
+    handing back the assembled blob / state_dict when a version completes.
+
+Must not
+    Decide which chunk comes from whom (the core does), apply weights to a model (the caller
+    does, atomically, on the returned state_dict), or write files (callers that persist use
+    ``swarmnode.store.atomic``).
+
+Usage
+    ``bn = BroadcastNode(identity, dataplane, config)`` registers its handlers on the data
+    plane (before or after ``dataplane.start()``); ``bn.add_peer(peer_id, address)`` for every
+    other peer of the swarm; ``await bn.start()`` (the timer task); publisher:
+    ``version = bn.publish_state_dict(state_dict, model_id, version, chunk_size)`` (or
+    ``publish_blob``) returns a ``Published`` whose ``manifest_envelope`` receivers need;
+    receiver: ``blob = await bn.receive(manifest_envelope, timeout=...)``, then
+    ``blob_to_state_dict(blob, body.tensors)``; ``bn.retire(digest)`` drops a version;
+    ``on_peer_complete(peer, digest)`` is called once a peer has announced every chunk of a
+    version this node holds (a publisher times dissemination with it);
+    ``await bn.close()``. A chunk request for a version in flight is answered from verified
+    chunks at once (pipelined relay).
+
+A chunk travels as slices of at most ``MAX_CHUNK_SLICE`` (1 MiB) on one connection: the first
+slice request takes an upload slot from the core (``ChunkRequested`` -> ``Upload`` or
+``Refuse``); the following slices of that chunk from that peer ride on the same lease, which
+ends (``UploadFinished``) once the last slice is written, or lapses after ``upload_timeout``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from swarmnode.broadcast import core as bc
+from swarmnode.core.events import PeerId
+from swarmnode.identity import peer_id_from_key
+from swarmnode.net.dataplane import (
+    DataPlane,
+    DataPlaneError,
+    PeerRefused,
+    Refuse,
+    Reply,
+    RequestTimeout,
+)
+from swarmnode.wire import limits
+from swarmnode.wire.envelope import Envelope, Signer, seal, sign_manifest, to_ms, verify_manifest
+from swarmnode.wire.kinds import Kind
+from swarmnode.wire.messages import (
+    ChunkData,
+    ChunkHave,
+    ChunkRequest,
+    Message,
+    TensorEntry,
+    WeightManifest,
+    WeightManifestBody,
+    decode_payload,
+)
+from swarmnode.wire.reasons import WireError
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+DEFAULT_CHUNK_SIZE = 4 * limits.MIB
+HAVE_TIMEOUT = 10.0
+
+
+def _dtype_names() -> dict[torch.dtype, str]:
+    # torch is imported only by the state_dict helpers: relay-only processes never need it.
+    import torch
+
+    return {
+        torch.bool: "BOOL",
+        torch.uint8: "U8",
+        torch.int8: "I8",
+        torch.int16: "I16",
+        torch.float16: "F16",
+        torch.bfloat16: "BF16",
+        torch.int32: "I32",
+        torch.float32: "F32",
+        torch.int64: "I64",
+        torch.float64: "F64",
+    }
+
+
+class BroadcastError(Exception):
+    """A version could not be published or received (bad manifest, timeout, retired)."""
+
+
+# --------------------------------------------------------------------------- blobs and manifests
+
+
+def state_dict_to_blob(state_dict: Mapping[str, torch.Tensor]) -> tuple[bytes, tuple[TensorEntry, ...]]:
+    """Concatenate tensors (sorted by name, contiguous CPU bytes) and describe each."""
+    import torch
+
+    names = _dtype_names()
+    parts: list[bytes] = []
+    entries: list[TensorEntry] = []
+    offset = 0
+    for name in sorted(state_dict):
+        tensor = state_dict[name].detach().to("cpu").contiguous()
+        dtype = names.get(tensor.dtype)
+        if dtype is None:
+            raise BroadcastError(f"tensor {name!r} has dtype {tensor.dtype}, which the manifest cannot carry")
+        data = tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+        entries.append(TensorEntry(name, dtype, tuple(tensor.shape), offset, len(data)))
+        parts.append(data)
+        offset += len(data)
+    return b"".join(parts), tuple(entries)
+
+
+def blob_to_state_dict(blob: bytes, tensors: tuple[TensorEntry, ...]) -> dict[str, torch.Tensor]:
+    """The inverse of ``state_dict_to_blob`` (fresh tensors that own their memory)."""
+    import torch
+
+    dtypes = {name: dtype for dtype, name in _dtype_names().items()}
+    out: dict[str, torch.Tensor] = {}
+    for t in tensors:
+        dtype = dtypes[t.dtype]
+        if t.nbytes == 0:
+            out[t.name] = torch.empty(t.shape, dtype=dtype)
+            continue
+        raw = torch.frombuffer(bytearray(blob[t.offset : t.offset + t.nbytes]), dtype=torch.uint8)
+        out[t.name] = raw.view(dtype).reshape(t.shape)
+    return out
+
+
+def chunk_hashes(blob: bytes, chunk_size: int) -> tuple[bytes, ...]:
+    view = memoryview(blob)
+    return tuple(hashlib.sha256(view[i : i + chunk_size]).digest() for i in range(0, len(blob), chunk_size))
+
+
+def chunk_ok(body: WeightManifestBody, index: int, data: bytes | memoryview) -> bool:
+    """Does ``data`` match chunk ``index`` of the manifest (length and SHA-256)?"""
+    return len(data) == body.chunk_length(index) and hashlib.sha256(data).digest() == body.chunk_hashes[index]
+
+
+def build_manifest(
+    identity: Signer,
+    model_id: str,
+    version: int,
+    blob: bytes,
+    tensors: tuple[TensorEntry, ...],
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+) -> tuple[WeightManifest, Envelope]:
+    """The publisher's signed manifest and the envelope that carries it (its id names the version)."""
+    body = WeightManifestBody(
+        model_id=model_id,
+        version=version,
+        tensors=tensors,
+        chunk_size=chunk_size,
+        chunk_hashes=chunk_hashes(blob, chunk_size),
+        total_bytes=len(blob),
+    )
+    manifest = sign_manifest(identity, body)
+    return manifest, seal(identity, manifest, to_ms(time.time()))
+
+
+def open_manifest(envelope: Envelope, trusted_publishers: frozenset[bytes] | None = None) -> WeightManifest:
+    """Check a manifest envelope: signed, decodes, publisher signature valid (and trusted)."""
+    if envelope.kind != Kind.WEIGHT_MANIFEST:
+        raise BroadcastError(f"expected a weight_manifest envelope, got {envelope.kind.label}")
+    if not envelope.verify():
+        raise BroadcastError("manifest envelope signature does not verify")
+    manifest = decode_payload(envelope.kind, envelope.payload)
+    if isinstance(manifest, WireError):
+        raise BroadcastError(f"manifest does not decode: {manifest.reason.value}: {manifest.detail}")
+    assert isinstance(manifest, WeightManifest)
+    if not verify_manifest(manifest):
+        raise BroadcastError("manifest publisher signature does not verify")
+    if trusted_publishers is not None and manifest.publisher_key not in trusted_publishers:
+        raise BroadcastError("manifest publisher is not trusted")
+    return manifest
+
+
+# --------------------------------------------------------------------------- the node
+
+
+@dataclass
+class Published:
+    digest: bytes
+    manifest: WeightManifest
+    manifest_envelope: Envelope
+
+
+@dataclass
+class _Version:
+    digest: bytes
+    body: WeightManifestBody
+    buffer: bytearray | bytes
+    done: asyncio.Future[None]
+    greeted: set[PeerId] = field(default_factory=set)  # peers that got our full set
+
+    def chunk(self, index: int) -> memoryview:
+        start = index * self.body.chunk_size
+        return memoryview(self.buffer)[start : start + self.body.chunk_length(index)]
+
+
+@dataclass
+class _Lease:
+    request_id: int
+    expires: float
+
+
+@dataclass
+class BroadcastNodeStats:
+    chunks_fetched: int = 0
+    chunks_invalid: int = 0
+    slices_served: int = 0
+    chunks_served: int = 0
+    blames: int = 0
+    haves_sent: int = 0
+    have_failures: int = 0
+    tasks_failed: int = 0
+
+
+class BroadcastNode:
+    """One node's weight broadcast; see the module docstring."""
+
+    def __init__(
+        self,
+        identity: Signer,
+        dataplane: DataPlane,
+        config: bc.BroadcastConfig | None = None,
+        *,
+        on_blame: Callable[[bc.Blame], None] | None = None,
+        on_peer_complete: Callable[[PeerId, bytes], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.identity = identity
+        self.me: PeerId = peer_id_from_key(identity.public_key)
+        self.dataplane = dataplane
+        self.config = config or bc.BroadcastConfig()
+        self.core = bc.BroadcastCore(self.me, self.config)
+        self.stats = BroadcastNodeStats()
+        self.on_blame = on_blame
+        self.on_peer_complete = on_peer_complete  # (peer, digest): it announced every chunk
+        self._clock = clock
+        self._peers: dict[PeerId, str] = {}
+        self._versions: dict[bytes, _Version] = {}
+        self._waiting: dict[int, asyncio.Future[str | None]] = {}  # request id -> None (serve) / refusal
+        self._leases: dict[tuple[PeerId, bytes, int], _Lease] = {}
+        self._next_request = 0
+        self._outbox: dict[PeerId, set[tuple[bytes, int]]] = {}
+        self._senders: dict[PeerId, asyncio.Task[None]] = {}
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._changed = asyncio.Event()
+        self._timer: asyncio.Task[None] | None = None
+        dataplane.register(Kind.CHUNK_REQUEST, self._on_chunk_request)
+        dataplane.register(Kind.CHUNK_HAVE, self._on_chunk_have)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        self._timer = self._spawn(self._run_timers(), "broadcast timers")
+
+    async def close(self) -> None:
+        tasks = [t for t in (self._timer, *self._tasks, *self._senders.values()) if t is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for fut in self._waiting.values():
+            if not fut.done():
+                fut.set_result("gone")
+
+    def add_peer(self, peer: PeerId, address: str) -> None:
+        if peer != self.me:
+            self._peers[peer] = address
+
+    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self.stats.tasks_failed += 1
+            log.error("broadcast task %s failed", task.get_name(), exc_info=exc)
+
+    # ------------------------------------------------------------------ the core
+
+    def _feed(self, event: bc.Event) -> None:
+        self._perform(self.core.handle(event, self._clock()))
+
+    def _perform(self, actions: list[bc.Action]) -> None:
+        self._changed.set()
+        for action in actions:
+            if isinstance(action, bc.Fetch):
+                self._spawn(self._fetch(action), f"fetch {action.index} from {action.peer}")
+            elif isinstance(action, bc.Have):
+                self._announce(action.digest, action.index)
+            elif isinstance(action, bc.Upload | bc.Refuse):
+                fut = self._waiting.pop(action.request_id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(action.reason if isinstance(action, bc.Refuse) else None)
+                elif isinstance(action, bc.Upload):
+                    self._feed_later(bc.UploadFinished(action.request_id))  # requester gone already
+            elif isinstance(action, bc.Blame):
+                self.stats.blames += 1
+                log.warning("peer %s sent a bad chunk %d: %s", action.peer, action.index, action.reason)
+                if self.on_blame is not None:
+                    self.on_blame(action)
+            elif isinstance(action, bc.Completed):
+                v = self._versions.get(action.digest)
+                if v is not None and not v.done.done():
+                    v.done.set_result(None)
+
+    def _feed_later(self, event: bc.Event) -> None:
+        asyncio.get_running_loop().call_soon(self._feed, event)
+
+    async def _run_timers(self) -> None:
+        while True:
+            deadline = self.core.next_deadline()
+            self._changed.clear()
+            if deadline is None:
+                await self._changed.wait()
+            else:
+                delay = deadline - self._clock()
+                if delay > 0:
+                    # Not asyncio.wait_for: on Python 3.11 it swallows a cancel that lands in the
+                    # loop iteration where the wait also ends (an event fed just as close() runs),
+                    # and this loop would then never end. asyncio.timeout lets the cancel through.
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(delay):
+                            await self._changed.wait()
+            self._perform(self.core.poll(self._clock()))
+            self._changed.clear()
+
+    # ------------------------------------------------------------------ publishing
+
+    def publish_blob(
+        self, blob: bytes, tensors: tuple[TensorEntry, ...], model_id: str, version: int, chunk_size: int
+    ) -> Published:
+        manifest, envelope = build_manifest(self.identity, model_id, version, blob, tensors, chunk_size)
+        digest = envelope.envelope_id()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        self._versions[digest] = _Version(digest, manifest.body, blob, done)
+        self._feed(bc.Publish(digest, bc.ChunkLayout(len(blob), chunk_size)))
+        return Published(digest, manifest, envelope)
+
+    def publish_prepared(self, blob: bytes, manifest_envelope: Envelope) -> Published:
+        """Serve ``blob`` under a manifest envelope signed earlier (by this node's identity)."""
+        manifest = open_manifest(manifest_envelope, frozenset([self.identity.public_key]))
+        body = manifest.body
+        if body.total_bytes != len(blob) or chunk_hashes(blob, body.chunk_size) != body.chunk_hashes:
+            raise BroadcastError("blob does not match the manifest")
+        digest = manifest_envelope.envelope_id()
+        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        done.set_result(None)
+        self._versions[digest] = _Version(digest, body, blob, done)
+        self._feed(bc.Publish(digest, bc.ChunkLayout(len(blob), body.chunk_size)))
+        return Published(digest, manifest, manifest_envelope)
+
+    def publish_state_dict(
+        self,
+        state_dict: Mapping[str, torch.Tensor],
+        model_id: str,
+        version: int,
+        chunk_size: int = DEFAULT_CHUNK_SIZE,
+    ) -> Published:
+        blob, tensors = state_dict_to_blob(state_dict)
+        return self.publish_blob(blob, tensors, model_id, version, chunk_size)
+
+    def retire(self, digest: bytes) -> None:
+        v = self._versions.pop(digest, None)
+        if v is not None and not v.done.done():
+            v.done.set_exception(BroadcastError("version retired before it completed"))
+        self._feed(bc.Retire(digest))
+
+    # ------------------------------------------------------------------ receiving
+
+    async def receive(
+        self,
+        manifest_envelope: Envelope,
+        *,
+        timeout: float,
+        trusted_publishers: frozenset[bytes] | None = None,
+    ) -> bytes:
+        """Fetch the version ``manifest_envelope`` names from the peers; return the verified blob."""
+        manifest = open_manifest(manifest_envelope, trusted_publishers)
+        body = manifest.body
+        digest = manifest_envelope.envelope_id()
+        publisher = peer_id_from_key(manifest.publisher_key)
+        v = self._versions.get(digest)
+        if v is None:
+            done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+            v = self._versions[digest] = _Version(digest, body, bytearray(body.total_bytes), done)
+            self._feed(
+                bc.ManifestAccepted(digest, bc.ChunkLayout(body.total_bytes, body.chunk_size), publisher)
+            )
+            for peer in self._peers:
+                self._outbox.setdefault(peer, set())
+                self._kick(peer)  # an empty ChunkHave says hello; the answer is the peer's full set
+        try:
+            async with asyncio.timeout(timeout):  # not wait_for: see _run_timers
+                await asyncio.shield(v.done)
+        except TimeoutError as e:
+            have = len(self.core.holding(digest))
+            raise BroadcastError(
+                f"version {body.version} not complete after {timeout:g} s "
+                f"({have}/{len(body.chunk_hashes)} chunks)"
+            ) from e
+        return bytes(v.buffer)
+
+    async def _fetch(self, action: bc.Fetch) -> None:
+        v = self._versions.get(action.digest)
+        address = self._peers.get(action.peer)
+        if v is None or address is None:
+            self._feed(bc.FetchFailed(action.peer, action.digest, action.index, "error"))
+            return
+        body = v.body
+        length = body.chunk_length(action.index)
+        parts: list[bytes] = []
+        started = self._clock()
+        deadline = started + action.timeout
+        try:
+            offset = 0
+            while offset < length:
+                size = min(limits.MAX_CHUNK_SLICE, length - offset)
+                request = ChunkRequest(action.digest, action.index, offset, size)
+                reply = await self.dataplane.request(
+                    address,
+                    request,
+                    timeout=max(deadline - self._clock(), 0.001),
+                    expect_peer=action.peer,
+                )
+                if not (
+                    isinstance(reply, ChunkData)
+                    and reply.manifest_digest == action.digest
+                    and reply.chunk_index == action.index
+                    and reply.offset == offset
+                    and len(reply.data) == size
+                ):
+                    # A signed answer that is not the slice asked for: as bad as a wrong chunk.
+                    self._feed(bc.ChunkReceived(action.peer, action.digest, action.index, False, 0, 0.0))
+                    return
+                parts.append(reply.data)
+                offset += size
+        except PeerRefused as e:
+            reason = e.reason if e.reason in (bc.FAIL_BUSY, bc.FAIL_MISSING, bc.REFUSE_SEEDED) else "refused"
+            self._feed(bc.FetchFailed(action.peer, action.digest, action.index, reason))
+            return
+        except RequestTimeout:
+            self._feed(bc.FetchFailed(action.peer, action.digest, action.index, bc.FAIL_TIMEOUT))
+            return
+        except DataPlaneError as e:
+            log.debug("fetch of chunk %d from %s failed: %s", action.index, action.peer, e)
+            self._feed(bc.FetchFailed(action.peer, action.digest, action.index, "error"))
+            return
+        data = b"".join(parts)
+        # hashlib releases the GIL on large inputs: hash off the loop so serving goes on.
+        valid = (
+            await asyncio.to_thread(chunk_ok, body, action.index, data)
+            if length > 256 * 1024
+            else chunk_ok(body, action.index, data)
+        )
+        if valid and action.digest in self._versions and isinstance(v.buffer, bytearray):
+            start = action.index * body.chunk_size
+            v.buffer[start : start + length] = data
+            self.stats.chunks_fetched += 1
+        elif not valid:
+            self.stats.chunks_invalid += 1
+        self._feed(
+            bc.ChunkReceived(action.peer, action.digest, action.index, valid, length, self._clock() - started)
+        )
+
+    # ------------------------------------------------------------------ announcing
+
+    def _announce(self, digest: bytes, index: int) -> None:
+        for peer in self._peers:
+            self._outbox.setdefault(peer, set()).add((digest, index))
+            self._kick(peer)
+
+    def _kick(self, peer: PeerId) -> None:
+        task = self._senders.get(peer)
+        if task is None or task.done():
+            self._senders[peer] = self._spawn(self._send_haves(peer), f"haves to {peer}")
+
+    async def _send_haves(self, peer: PeerId) -> None:
+        """Drain this peer's outbox, one ChunkHave per version per round trip (natural batching)."""
+        while peer in self._outbox:
+            pending = self._outbox.pop(peer)
+            address = self._peers.get(peer)
+            if address is None:
+                return
+            by_digest: dict[bytes, list[int]] = {}
+            for digest, index in pending:
+                by_digest.setdefault(digest, []).append(index)
+            if not by_digest:
+                by_digest = {d: [] for d, v in self._versions.items() if isinstance(v.buffer, bytearray)}
+            for digest, indices in by_digest.items():
+                await self._send_have(peer, address, digest, indices)
+
+    async def _send_have(self, peer: PeerId, address: str, digest: bytes, indices: list[int]) -> None:
+        try:
+            reply = await self.dataplane.request(
+                address, ChunkHave(digest, tuple(sorted(indices))), timeout=HAVE_TIMEOUT, expect_peer=peer
+            )
+        except DataPlaneError as e:
+            self.stats.have_failures += 1
+            log.debug("ChunkHave to %s failed: %s", peer, e)
+            return
+        self.stats.haves_sent += 1
+        if isinstance(reply, ChunkHave) and reply.chunk_indices:
+            self._peer_have(peer, reply.manifest_digest, frozenset(reply.chunk_indices))
+
+    def _peer_have(self, peer: PeerId, digest: bytes, chunks: frozenset[int]) -> None:
+        already = self.core.peer_has_all(digest, peer)
+        self._feed(bc.PeerHave(peer, digest, chunks))
+        if not already and self.on_peer_complete is not None and self.core.peer_has_all(digest, peer):
+            self.on_peer_complete(peer, digest)
+
+    # ------------------------------------------------------------------ serving
+
+    async def _on_chunk_have(self, sender: str, envelope: Envelope, message: Message) -> Message | None:
+        assert isinstance(message, ChunkHave)
+        if sender not in self._peers:
+            return None  # no address to fetch from: it will show up through a peer record
+        if message.chunk_indices:
+            self._peer_have(sender, message.manifest_digest, frozenset(message.chunk_indices))
+        v = self._versions.get(message.manifest_digest)
+        if v is None or sender in v.greeted:
+            return None
+        v.greeted.add(sender)
+        held = self.core.holding(message.manifest_digest)
+        return ChunkHave(message.manifest_digest, tuple(held)) if held else None
+
+    async def _on_chunk_request(self, sender: str, envelope: Envelope, message: Message) -> Reply:
+        assert isinstance(message, ChunkRequest)
+        digest, index = message.manifest_digest, message.chunk_index
+        v = self._versions.get(digest)
+        if v is None or index >= len(v.body.chunk_hashes):
+            raise Refuse(bc.REFUSE_MISSING, "unknown version or chunk")
+        length = v.body.chunk_length(index)
+        if message.offset + message.length > length:
+            raise Refuse("invalid", f"slice past the end of chunk {index} ({length} bytes)")
+        key = (sender, digest, index)
+        now = self._clock()
+        lease = self._leases.get(key)
+        if lease is None or lease.expires <= now:
+            self._next_request += 1
+            rid = self._next_request
+            fut: asyncio.Future[str | None] = asyncio.get_running_loop().create_future()
+            self._waiting[rid] = fut
+            self._feed(bc.ChunkRequested(sender, digest, index, rid))
+            try:
+                refusal = await fut
+            finally:
+                self._waiting.pop(rid, None)
+            if refusal is not None:
+                raise Refuse(refusal)
+            lease = self._leases[key] = _Lease(rid, self._clock() + self.config.upload_timeout)
+        data = bytes(v.chunk(index)[message.offset : message.offset + message.length])
+        last = message.offset + message.length >= length
+        self.stats.slices_served += 1
+        rid = lease.request_id
+
+        def after(sent: bool) -> None:
+            # The slot is freed once the last slice is written, or at once if a write fails.
+            if last or not sent:
+                if self._leases.get(key) is lease:
+                    del self._leases[key]
+                if last and sent:
+                    self.stats.chunks_served += 1
+                self._feed(bc.UploadFinished(rid))
+
+        return Reply(ChunkData(digest, index, message.offset, data), after)

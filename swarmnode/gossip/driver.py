@@ -1,0 +1,408 @@
+"""The gossip driver: performs the sans-IO ``GossipCore``'s actions over hivemind.
+
+Owns: the DHT keys of announcements, the pull stream's framing, running every
+pulled payload through admission, and the pool of admitted external groups.
+Must not: decide what to pull or serve (the core does) or judge a payload (the
+admission pipeline does).
+
+Wire details (protocol/SPEC.md "Gossip transport"):
+- announcement record: DHT key ``swarmnode/<swarm>/round/<r>``, subkey ``part<k>``,
+  value = an encoded ``Announce`` payload; records are owned (signed by the
+  writer's libp2p key), so no peer can overwrite another's.
+- pull: stream handler ``swarmnode.pull.v1``; request = concatenated 32-byte
+  envelope ids; response = for each item found, a 4-byte big-endian length and
+  the envelope bytes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import struct
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+
+from swarmnode.admit import AdmissionPipeline, Rejected, RejectReason
+from swarmnode.admit.intake import Intake
+from swarmnode.core.events import PeerBanned
+from swarmnode.gossip.core import (
+    AdmissionResult,
+    Admit,
+    Announce,
+    Announced,
+    CancelPull,
+    GossipCore,
+    Publish,
+    Pull,
+    PullFailed,
+    PullRequest,
+    PullSucceeded,
+    ReadAnnouncements,
+    Retire,
+    Serve,
+)
+from swarmnode.net.errors import NetError, PeerCallError
+from swarmnode.net.hivemind_runtime import HivemindRuntime
+from swarmnode.ops.metrics import Metrics
+from swarmnode.train.batch import ScoredGroup
+from swarmnode.wire import Announce as AnnounceMessage
+from swarmnode.wire import Kind, RolloutGroup, WireError, decode_envelope, decode_payload, encode_payload
+
+log = logging.getLogger(__name__)
+
+PULL_HANDLER = "swarmnode.pull.v1"
+DIGEST_BYTES = 32
+MAX_PULL_REQUEST = 64 * DIGEST_BYTES
+MAX_PULL_RESPONSE = 32 * 1024 * 1024
+DHT_TIMEOUT = 10.0
+ANNOUNCE_ATTEMPTS = 4
+ANNOUNCE_RETRY_DELAY = 0.5  # seconds before the second attempt, doubled for each further one
+
+
+def envelope_digest(data: bytes) -> bytes:
+    """The envelope id a payload must hash to (b"" when it is not an envelope at all)."""
+    envelope = decode_envelope(data)
+    return b"" if isinstance(envelope, WireError) else envelope.envelope_id()
+
+
+def announcement_key(swarm: str, round_index: int) -> str:
+    return f"swarmnode/{swarm}/round/{round_index}"
+
+
+def encode_items(items: Sequence[bytes]) -> bytes:
+    return b"".join(struct.pack(">I", len(item)) + item for item in items)
+
+
+def decode_items(data: bytes, max_items: int) -> list[bytes]:
+    """Inverse of ``encode_items``; raises ValueError on a broken frame."""
+    items: list[bytes] = []
+    offset = 0
+    while offset < len(data):
+        if len(items) >= max_items or offset + 4 > len(data):
+            raise ValueError("pull response: too many items or a cut length prefix")
+        (size,) = struct.unpack_from(">I", data, offset)
+        offset += 4
+        if offset + size > len(data):
+            raise ValueError("pull response: item longer than the response")
+        items.append(data[offset : offset + size])
+        offset += size
+    return items
+
+
+MAX_TALLIED_SENDERS = 256
+
+
+@dataclass
+class SenderTally:
+    """What one signer's admitted groups brought: rewards as we scored them and as it claimed."""
+
+    groups: int = 0
+    completions: int = 0
+    reward_sum: float = 0.0  # our verifier's rewards: the ones training uses
+    claimed_reward_sum: float = 0.0  # the sender's own claims: informational, never used
+
+
+@dataclass
+class PoolEntry:
+    group: ScoredGroup
+    arrived_round: int
+
+
+class ExternalPool:
+    """Admitted external groups waiting to be trained on; bounded, oldest dropped first."""
+
+    def __init__(self, capacity: int = 512, keep_rounds: int = 2) -> None:
+        self._entries: deque[PoolEntry] = deque(maxlen=capacity)
+        self.keep_rounds = keep_rounds
+
+    def add(self, group: ScoredGroup, round_index: int) -> None:
+        self._entries.append(PoolEntry(group, round_index))
+
+    def take_all(self, current_round: int) -> list[ScoredGroup]:
+        """Every fresh group (arrived within ``keep_rounds``); each is handed out once."""
+        fresh = [e.group for e in self._entries if current_round - e.arrived_round <= self.keep_rounds]
+        self._entries.clear()
+        return fresh
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+class GossipDriver:
+    """Runs one node's gossip over a started ``HivemindRuntime``."""
+
+    def __init__(
+        self,
+        core: GossipCore,
+        runtime: HivemindRuntime,
+        admission: AdmissionPipeline,
+        pool: ExternalPool,
+        convert: Callable[..., ScoredGroup],
+        metrics: Metrics,
+        swarm: str,
+        intake: Intake | None = None,
+    ) -> None:
+        self.core = core
+        self.runtime = runtime
+        self.admission = admission
+        # Admission runs in its own thread (it regenerates, renders and scores): the loop only awaits.
+        self.intake = intake if intake is not None else Intake(admission)
+        self.pool = pool
+        self.convert = convert
+        self.metrics = metrics
+        self.swarm = swarm
+        self.own_payloads: dict[bytes, bytes] = {}
+        self._wake = asyncio.Event()
+        self._pending: list[object] = []
+        self._pulls: dict[int, asyncio.Task[None]] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self._senders: dict[str, SenderTally] = {}
+        self._announced: dict[tuple[int, int], float] = {}  # (round, part) -> expiry last stored
+
+    # ------------------------------------------------------------------ entry points
+
+    async def start(self) -> None:
+        await self.runtime.add_stream_handler(
+            PULL_HANDLER, self._serve_pull, max_request_bytes=MAX_PULL_REQUEST, timeout=30.0
+        )
+
+    def publish(self, envelope_bytes: bytes) -> bytes:
+        envelope = decode_envelope(envelope_bytes)
+        if isinstance(envelope, WireError):
+            raise ValueError(f"refusing to publish bytes that are not an envelope: {envelope.detail}")
+        digest = envelope.envelope_id()
+        # Our own envelope handed back to us by a peer is a replay. Admission only remembers
+        # what it admitted, so without this it would admit our own rollouts as a peer's once the
+        # core has forgotten the digest (measured: tests/swarm/test_adversary.py).
+        replay, expiry = self.admission.replay, envelope.sent_at_ms / 1000.0 + self.admission.config.max_age_s
+
+        def remember() -> None:  # in the admission thread, which owns the replay cache
+            if replay.room(time.time(), 1):
+                replay.add(digest, expiry)
+
+        self.intake.submit(remember)
+        self.own_payloads[digest] = envelope_bytes
+        self._feed(Publish(digest, len(envelope_bytes)))
+        self.metrics.inc("groups_published_batches", "Rollout batches published")
+        return digest
+
+    async def run(self) -> None:
+        """The exchange job: wait for the next deadline or event, perform the resulting actions."""
+        try:
+            while True:
+                deadline = self.core.next_deadline()
+                timeout = None if deadline is None else max(0.0, deadline - time.time())
+                if not self._pending:
+                    self._wake.clear()
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+                    except TimeoutError:
+                        pass
+                now = time.time()
+                events, self._pending = self._pending, []
+                actions = self.core.handle_all(events, now) if events else []  # type: ignore[arg-type]
+                actions += self.core.poll(now)
+                for action in actions:
+                    self._perform(action)
+        finally:
+            for task in [*self._pulls.values(), *self._background]:
+                task.cancel()
+            self.intake.close()
+
+    # ------------------------------------------------------------------ internals
+
+    def _feed(self, event: object) -> None:
+        self._pending.append(event)
+        self._wake.set()
+
+    def _spawn(self, coro: object, name: str) -> asyncio.Task[None]:
+        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        task.add_done_callback(self._report_crash)
+        return task
+
+    def _report_crash(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            # Each helper task handles its expected failures; anything else is a bug worth seeing.
+            log.error("gossip task %s crashed", task.get_name(), exc_info=task.exception())
+            self.metrics.inc("task_restarts", "Supervised job failures", job=f"gossip:{task.get_name()}")
+
+    def _perform(self, action: object) -> None:
+        if isinstance(action, Announce):
+            self._spawn(self._announce(action), "announce")
+        elif isinstance(action, ReadAnnouncements):
+            self._spawn(self._read(action), "read")
+        elif isinstance(action, Pull):
+            self._pulls[action.request_id] = self._spawn(self._pull(action), "pull")
+        elif isinstance(action, CancelPull):
+            task = self._pulls.pop(action.request_id, None)
+            if task is not None:
+                task.cancel()
+        elif isinstance(action, Admit):
+            self._spawn(self._admit(action), "admit")
+        elif isinstance(action, Retire):
+            self.own_payloads.pop(action.digest, None)
+        elif isinstance(action, Serve):
+            pass  # answered inline by _serve_pull
+        else:
+            log.warning("gossip driver: unknown action %r", action)
+
+    async def _announce(self, action: Announce) -> None:
+        """Store the record, retrying a failed or refused store (the core never re-announces a
+        part on its own: a lost store would lose every item in it) until a newer ``Announce`` of
+        the same part takes over, the record would have expired, or the attempts run out."""
+        value = encode_payload(AnnounceMessage(round=action.round, rollout_digests=tuple(action.digests)))
+        part = (action.round, action.part)
+        now = time.time()
+        for key in [k for k, expiry in self._announced.items() if expiry <= now]:
+            del self._announced[key]  # bounded: only parts whose records are still live
+        for attempt in range(ANNOUNCE_ATTEMPTS):
+            # hivemind keeps a subkey's record only if the new one expires strictly later, so
+            # each store of a part (a re-announcement with more digests, a retry) expires 1 ms
+            # after the previous one; otherwise the replicas would keep the first version.
+            expires_at = max(action.expires_at, self._announced.get(part, -math.inf) + 0.001)
+            if expires_at <= time.time():
+                return
+            self._announced[part] = expires_at
+            try:
+                if await self.runtime.dht_store(
+                    announcement_key(self.swarm, action.round),
+                    f"part{action.part}".encode(),
+                    value,
+                    expires_at,
+                    timeout=DHT_TIMEOUT,
+                    await_all_replicas=False,
+                ):
+                    return
+                failure = "no replica accepted it"
+            except (NetError, OSError) as exc:
+                failure = str(exc)
+            except ValueError as exc:  # not storable at all: retrying cannot help
+                log.warning("announcement for round %d not storable: %s", action.round, exc)
+                return
+            log.info(
+                "announcement for round %d not stored (attempt %d): %s", action.round, attempt + 1, failure
+            )
+            if attempt + 1 == ANNOUNCE_ATTEMPTS:
+                return
+            await asyncio.sleep(ANNOUNCE_RETRY_DELAY * 2**attempt)
+            if self._announced.get(part) != expires_at:
+                return  # a newer Announce of this part (a superset of these digests) took over
+
+    async def _read(self, action: ReadAnnouncements) -> None:
+        for round_index in action.rounds:
+            try:
+                records = await self.runtime.dht_get(
+                    announcement_key(self.swarm, round_index), timeout=DHT_TIMEOUT
+                )
+            except (NetError, OSError) as exc:  # retried at the next read interval
+                log.info("reading announcements of round %d failed: %r", round_index, exc)
+                continue
+            events = []
+            for record in records:
+                if record.owner == self.runtime.peer_id:
+                    continue
+                message = decode_payload(Kind.ANNOUNCE, record.value)
+                if isinstance(message, WireError):
+                    self.metrics.inc("announcements_invalid", "Unreadable announcement records")
+                    log.debug("bad announcement from %s: %s", record.owner, message)
+                    continue
+                if isinstance(message, AnnounceMessage):
+                    events.append(Announced(record.owner, message.round, tuple(message.rollout_digests)))
+            for event in events:
+                self._feed(event)
+
+    async def _pull(self, action: Pull) -> None:
+        try:
+            response = await self.runtime.call_stream(
+                action.peer,
+                PULL_HANDLER,
+                b"".join(action.digests),
+                timeout=action.timeout,
+                max_response_bytes=MAX_PULL_RESPONSE,
+            )
+            payloads = decode_items(response, len(action.digests))
+        except (PeerCallError, NetError, ValueError, OSError) as exc:
+            self._pulls.pop(action.request_id, None)
+            reason = exc.reason.value if isinstance(exc, PeerCallError) else type(exc).__name__
+            self._feed(PullFailed(action.request_id, action.peer, str(reason)))
+            return
+        self._pulls.pop(action.request_id, None)
+        items = []
+        for payload in payloads:
+            digest = envelope_digest(payload)
+            if digest:
+                items.append((digest, payload))
+            else:
+                # Not an envelope (too large, malformed, ...), so no digest ties it to a request
+                # and the core would drop it unseen: admission still judges it, and charges the
+                # peer that sent it, as for any other bytes from a peer.
+                self._spawn(self._refuse_non_envelope(action.peer, payload), "refuse")
+        self.metrics.inc("groups_received_batches", "Rollout batches received from peers", len(items))
+        self._feed(PullSucceeded(action.request_id, action.peer, tuple(items)))
+
+    async def _admit(self, action: Admit) -> None:
+        # Pulled by id, so solicited: the per-sender rate bucket is for unsolicited pushes; the CPU
+        # it costs is charged to the signer and to the peer that announced and served it (via).
+        judged = await self.intake.judge(action.payload, via=action.peer, solicited=True)
+        verdict, now = judged.verdict, time.time()
+        if isinstance(verdict, Rejected):
+            self._feed(AdmissionResult(action.peer, action.digest, False, verdict.reason.value))
+            self._rejected(action.peer, verdict, judged.banned_until)
+            return
+        self._feed(AdmissionResult(action.peer, action.digest, True, "accepted"))
+        round_index = self.core.current_round(now)
+        groups = verdict.groups
+        # Re-tokenizing peer text is work too: off the loop, in the admission thread.
+        converted = await self.intake.call(lambda: [self.convert(admitted) for admitted in groups])
+        for admitted, scored in zip(groups, converted, strict=True):
+            self.metrics.inc("groups_accepted", "External groups admitted")
+            self.pool.add(scored, round_index)
+            self._tally(admitted.sender, scored.rewards, admitted.group)
+
+    async def _refuse_non_envelope(self, peer: str, payload: bytes) -> None:
+        judged = await self.intake.judge(payload, via=peer, solicited=True)
+        if isinstance(judged.verdict, Rejected):  # always: the bytes do not decode as an envelope
+            self._rejected(peer, judged.verdict, judged.banned_until)
+
+    def _rejected(self, peer: str, verdict: Rejected, until: float | None) -> None:
+        """Count a rejection; ``until``: the ban on the peer it charged (signer or transport peer,
+        else whom a BANNED verdict names), which stops the core pulling from the delivering peer."""
+        self.metrics.inc("groups_rejected", "Rejected rollout batches by reason", reason=verdict.reason.value)
+        if until is not None:
+            if verdict.reason is not RejectReason.BANNED:  # this rejection crossed the threshold
+                self.metrics.inc("bans", "Peers banned")
+            self._feed(PeerBanned(peer, until))
+
+    def _tally(self, sender: str, rewards: Sequence[float], group: RolloutGroup) -> None:
+        tally = self._senders.get(sender)
+        if tally is None:
+            if len(self._senders) >= MAX_TALLIED_SENDERS:
+                return  # bounded: later newcomers are only counted in the metrics
+            tally = self._senders[sender] = SenderTally()
+        tally.groups += 1
+        tally.completions += len(rewards)
+        tally.reward_sum += sum(rewards)
+        tally.claimed_reward_sum += sum(c.claimed_reward_informational for c in group.completions)
+
+    def sender_tallies(self) -> dict[str, dict[str, float]]:
+        """Per signer (Ed25519 peer id): admitted groups and their rewards, ours and claimed."""
+        return {sender: asdict(tally) for sender, tally in self._senders.items()}
+
+    async def _serve_pull(self, peer_id: str, request: bytes) -> bytes:
+        if len(request) % DIGEST_BYTES:
+            raise ValueError("pull request is not a whole number of 32-byte digests")
+        digests = tuple(request[i : i + DIGEST_BYTES] for i in range(0, len(request), DIGEST_BYTES))
+        actions = self.core.handle(PullRequest(peer_id, digests), time.time())
+        served: list[bytes] = []
+        for action in actions:
+            if isinstance(action, Serve):
+                served = [self.own_payloads[d] for d in action.digests if d in self.own_payloads]
+            else:
+                self._perform(action)
+        self.metrics.inc("groups_served_batches", "Rollout batches served to peers", len(served))
+        return encode_items(served)

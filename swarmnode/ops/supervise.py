@@ -1,0 +1,88 @@
+"""Supervision of the node's long-running jobs.
+
+A job that raises is logged with its traceback, counted in metrics and
+restarted with exponential backoff. After ``max_failures`` consecutive failures
+(a run that stayed up for ``healthy_after`` seconds resets the count) the job
+raises ``JobFailed`` naming itself and the cause, which ends the node's
+TaskGroup: a persistent failure stops the node loudly instead of looping forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass
+
+from swarmnode.errors import SwarmError
+from swarmnode.ops.metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class JobFailed(SwarmError):
+    def __init__(self, job: str, cause: BaseException, failures: int) -> None:
+        super().__init__(f"job '{job}' failed {failures} times in a row; last error: {cause!r}")
+        self.job = job
+        self.cause = cause
+
+
+@dataclass(frozen=True)
+class SupervisionPolicy:
+    max_failures: int = 5
+    backoff_initial: float = 0.5
+    backoff_max: float = 30.0
+    healthy_after: float = 60.0
+
+
+async def supervise(
+    name: str,
+    job: Callable[[], Awaitable[None]],
+    metrics: Metrics,
+    policy: SupervisionPolicy = SupervisionPolicy(),
+) -> None:
+    """Run ``job`` until it returns; restart it on failure as described in the module docstring."""
+    failures = 0
+    backoff = policy.backoff_initial
+    while True:
+        started = time.monotonic()
+        try:
+            await job()
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the supervision boundary: log, count, restart or stop loudly
+            if time.monotonic() - started >= policy.healthy_after:
+                failures, backoff = 0, policy.backoff_initial
+            failures += 1
+            metrics.inc(
+                "task_restarts", "Supervised job failures (each followed by a restart or a stop)", job=name
+            )
+            log.error("job %s failed (%d/%d in a row)", name, failures, policy.max_failures, exc_info=exc)
+            if failures >= policy.max_failures:
+                raise JobFailed(name, exc, failures) from exc
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, policy.backoff_max)
+
+
+async def run_jobs(
+    jobs: Mapping[str, Callable[[], Awaitable[None]]], metrics: Metrics, stop: asyncio.Event
+) -> None:
+    """Run every job supervised in one TaskGroup until ``stop`` is set (then cancel them all).
+
+    A job that fails persistently raises its ``JobFailed`` as itself (the CLI prints it)."""
+    try:
+        async with asyncio.TaskGroup() as group:
+            tasks = [
+                group.create_task(supervise(name, job, metrics), name=name) for name, job in jobs.items()
+            ]
+
+            async def stop_when_asked() -> None:
+                await stop.wait()
+                for task in tasks:
+                    task.cancel()
+
+            group.create_task(stop_when_asked())
+    except* JobFailed as failed:
+        raise failed.exceptions[0] from None

@@ -1,0 +1,123 @@
+"""What every role builds the same way from its config and home.
+
+Owns: the task mixture, the policy (a local HF directory or the built-in tiny model, warm-started),
+torch's thread count, the rollout engine ``model.engine`` names, the model family a PeerRecord
+advertises, the hivemind runtime's settings, the verifier pool's gauges, and the Ctrl-C flag of the
+blocking roles. Must not: run a role (``solo``, ``trainer``, ``learner``, ``worker``, ``bootstrap``).
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+from typing import TextIO
+
+import torch
+
+from swarmnode.config import Config
+from swarmnode.errors import EngineUnavailable
+from swarmnode.home import NodeHome
+from swarmnode.net.config import NetConfig
+from swarmnode.ops.metrics import Metrics
+from swarmnode.policy import Policy, build_tiny_policy, load_policy
+from swarmnode.policy.warmstart import warm_start
+from swarmnode.rollout import RolloutEngine, make_engine
+from swarmnode.tasks import TaskMixture, default_mixture, sapo_mixture
+from swarmnode.verify import VerifierPool
+
+
+def build_mixture(config: Config) -> TaskMixture:
+    seed = config.tasks.seed if config.tasks.seed >= 0 else config.node.seed
+    if config.tasks.mixture == "sapo":
+        return sapo_mixture(seed)
+    return default_mixture(seed)
+
+
+def build_policy(config: Config, home: NodeHome, mixture: TaskMixture, say: TextIO = sys.stderr) -> Policy:
+    """The configured model: a local HF directory, or the built-in tiny model (warm-started, cached)."""
+    if config.model.path:
+        return load_policy(Path(config.model.path).expanduser())
+    if not config.model.warm_start:
+        return build_tiny_policy(config.node.seed)
+    path = warm_start(home.root, mixture, config.node.seed, progress=lambda line: print(line, file=say))
+    return load_policy(path)
+
+
+def configure_threads(config: Config) -> None:
+    if config.node.threads > 0:
+        torch.set_num_threads(config.node.threads)
+
+
+class StopFlag:
+    """Set by SIGINT/SIGTERM; the loop checks it between rounds."""
+
+    def __init__(self) -> None:
+        self.event = threading.Event()
+
+    def install(self) -> None:
+        def handler(signum: int, frame: FrameType | None) -> None:
+            if self.event.is_set():  # second Ctrl-C: the user really wants out now
+                raise KeyboardInterrupt
+            print("\nstopping after this round (Ctrl-C again to abort)...", file=sys.stderr)
+            self.event.set()
+
+        signal.signal(signal.SIGINT, handler)
+        signal.signal(signal.SIGTERM, handler)
+
+
+def role_engine(config: Config, policy: Policy) -> RolloutEngine:
+    """The rollout engine ``model.engine`` names, serving ``policy`` (``rollout.make_engine``).
+
+    Every engine runs for both roles: a learner uses it for held-out evaluation and keeps it in step
+    with each new version; a worker generates with it and loads each received version into it. One
+    that cannot run here fails at start, naming the key and its value.
+    """
+    try:
+        return make_engine(config.model.engine, policy)
+    except EngineUnavailable as exc:
+        raise EngineUnavailable(
+            f"model.engine = {config.model.engine!r} cannot run the {config.node.role} here: {exc}"
+        ) from exc
+
+
+def model_family(policy: Policy) -> str:
+    """The family a PeerRecord advertises: the model's HF ``model_type`` ("llama", "qwen2", ...)."""
+    return str(getattr(getattr(policy.model, "config", None), "model_type", "") or "")
+
+
+def verifier_gauges(metrics: Metrics, verifier: VerifierPool) -> None:
+    """The verification boundary's counters in ``/metrics``."""
+    stats = verifier.stats()
+    metrics.set("verifier_batches", "Batches scored by the verifier pool", stats["batches"])
+    metrics.set("verifier_timeouts", "Batches refused verifier_timeout", stats["timeouts"])
+    metrics.set("verifier_failures", "Batches refused verifier_failed", stats["failed"])
+    metrics.set("verifier_restarts", "Verifier workers replaced", stats["restarts"])
+    metrics.set("verifier_cpu_seconds", "CPU the verifier workers spent", stats["cpu_seconds"])
+
+
+def net_config(config: Config, home: NodeHome) -> NetConfig:
+    """The hivemind runtime's settings from a node's config (every role uses the same)."""
+    s = config.swarm
+    return NetConfig(
+        identity_path=home.p2p / "libp2p.key",
+        host_maddrs=tuple(s.host_maddrs),
+        announce_maddrs=tuple(s.announce_maddrs),
+        initial_peers=tuple(s.initial_peers),
+        peers_file=Path(s.peers_file) if s.peers_file else None,
+        client_mode=s.client_mode,
+    )
+
+
+__all__ = [
+    "StopFlag",
+    "build_mixture",
+    "build_policy",
+    "configure_threads",
+    "model_family",
+    "net_config",
+    "role_engine",
+    "verifier_gauges",
+]

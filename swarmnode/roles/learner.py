@@ -1,0 +1,670 @@
+"""The learner role: trains on rollouts from recruited workers and publishes each new version.
+
+Owns the learner's jobs, in one asyncio TaskGroup, each supervised:
+
+- ``recruit``: reads worker offers (signed PeerRecords in the DHT, ``workers.records``),
+  feeds them to the activation core (``core.activation``, ALGORITHMS.md §5) and sends the
+  Activate / Deactivate messages it decides, renewing leases;
+- ``learn``: waits for B groups, drops those older than S versions (``core.staleness``),
+  steps (M2PO when a group is stale, ALGORITHMS.md §4), publishes the new version through
+  the weight broadcast and tells the activation core how long the step took and waited;
+- ``serve``: the local HTTP API (/status shows the plan: active set, predicted and
+  measured utilization, cost per step; /metrics the same as gauges).
+
+Rollouts arrive on the data plane (``net.dataplane``) as signed RolloutBatch envelopes:
+only from an active worker, through the same admission pipeline as gossip (signature,
+replay, freshness, task re-derivation, re-scoring), then converted with the worker's
+tokens and log-probs (``workers.convert``). A sample is spot-checked: the learner
+re-computes the log-probs of some tokens under the version the worker claims and
+compares (``core.spotcheck``); a worker that misreports is penalized and deactivated.
+
+Must not: generate rollouts (workers do) or read the clock inside a core (cores get ``now``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import math
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+from swarmnode import __version__
+from swarmnode.activation import core as act
+from swarmnode.activation.offers import DirectOffers
+from swarmnode.activation.records import (
+    learner_key,
+    newest,
+    peer_address,
+    publish_record,
+    read_signed_records,
+    signed_record,
+    workers_key,
+)
+from swarmnode.admit import AdmissionConfig, AdmissionPipeline, Rejected, RejectReason, task_families
+from swarmnode.admit.intake import Intake
+from swarmnode.admit.recompute import recompute_request
+from swarmnode.admit.spotcheck import SpotCheckConfig, SpotChecker, SpotCheckRequest
+from swarmnode.admit.staleness import StalenessGate
+from swarmnode.admit.verdict import Accepted
+from swarmnode.broadcast.weights import WeightPublisher
+from swarmnode.config import Config
+from swarmnode.home import NodeHome
+from swarmnode.identity import load_or_create_identity
+from swarmnode.net.dataplane import DataPlane, DataPlaneError, Refuse, request_source
+from swarmnode.net.hivemind_runtime import HivemindRuntime
+from swarmnode.ops.api import serve_forever
+from swarmnode.ops.metrics import Metrics
+from swarmnode.ops.supervise import run_jobs
+from swarmnode.roles.common import build_mixture, build_policy, configure_threads, model_family, role_engine
+from swarmnode.roles.convert import WorkerDataError, from_worker
+from swarmnode.store import CheckpointStore, Ledger
+from swarmnode.train import ScoredGroup, Trainer
+from swarmnode.verify import VerifierPool
+from swarmnode.wire import (
+    Activate,
+    Deactivate,
+    Envelope,
+    Heartbeat,
+    Kind,
+    PeerRecord,
+    Role,
+    encode_envelope,
+)
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+SEND_TIMEOUT = 10.0
+RECORD_TTL = 60.0
+REPROBE_SECONDS = 60.0
+
+
+@dataclass
+class Arrival:
+    group: ScoredGroup
+    worker: str
+    received_at: float
+
+
+class VersionArchive:
+    """The last ``keep`` versions' weights (CPU copies), so a spot check can re-compute a stale
+    worker's log-probs under the exact version it claims. Memory: ``keep`` x model size."""
+
+    def __init__(self, keep: int) -> None:
+        self.keep = max(1, keep)
+        self._states: collections.OrderedDict[int, dict[str, torch.Tensor]] = collections.OrderedDict()
+
+    def add(self, version: int, model: torch.nn.Module) -> None:
+        self._states[version] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        while len(self._states) > self.keep:
+            self._states.popitem(last=False)
+
+    def get(self, version: int) -> dict[str, torch.Tensor] | None:
+        return self._states.get(version)
+
+
+class LearnerNode:
+    def __init__(self, config: Config, home: NodeHome, *, max_steps: int | None = None) -> None:
+        self.config = config
+        self.home = home.ensure()
+        self.max_steps = max_steps
+        self.metrics = Metrics()
+        self.torch_lock = asyncio.Lock()
+        self.started_at = time.time()
+        self.stop = asyncio.Event()
+        self.queue: collections.deque[Arrival] = collections.deque()
+        self.arrived = asyncio.Event()
+        self.steps_here = 0
+        self.busy_seconds = 0.0
+        self.wait_seconds = 0.0
+        self.trained_lags: collections.Counter[int] = collections.Counter()
+        self.cost_paid = 0.0
+        self.completions_by_worker: collections.Counter[str] = collections.Counter()
+        self.batch_completions: dict[str, int] = {}  # completions in each worker's last batch
+        self.offers: dict[str, PeerRecord] = {}
+        # Offers workers pushed to our data plane, rationed by network (workers.offers).
+        self.direct_offers = DirectOffers(per_network=config.learner.offers_per_network)
+        self.told: dict[str, int] = {}  # worker -> newest version whose manifest we sent it
+        self.reprobed: dict[str, float] = {}  # worker -> when it was last given a new chance
+        self.last_loss: float | None = None
+        self.last_reward: float | None = None
+
+    # ------------------------------------------------------------------ torch (one at a time)
+
+    async def _torch(self, fn: Callable[..., T], *args: Any) -> T:
+        async with self.torch_lock:
+            return await asyncio.to_thread(fn, *args)
+
+    def _build(self) -> None:
+        configure_threads(self.config)
+        self.identity = load_or_create_identity(self.home.identity_key)
+        self.mixture = build_mixture(self.config)
+        policy = build_policy(self.config, self.home, self.mixture)
+        self.ledger = Ledger(self.home.ledger)
+        self.trainer = Trainer(
+            self.config,
+            policy,
+            role_engine(self.config, policy),
+            self.mixture,
+            self.ledger,
+            CheckpointStore(self.home.checkpoints, self.config.checkpoint.keep),
+        )
+        self.trainer.node_id = self.identity.peer_id
+        self.trainer.resume()
+        self.archive = VersionArchive(self.config.swarm.staleness_bound + 1)
+        self.archive.add(self.trainer.policy.version, self.trainer.policy.model)
+        # A scratch copy for spot checks under an older version (never the live model).
+        self.scratch = Trainer._frozen_copy(policy.model)
+
+    @property
+    def version(self) -> int:
+        return self.trainer.policy.version
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> dict[str, Any]:
+        plan = self.activation.plan
+        busy, wait = self.busy_seconds, self.wait_seconds
+        return {
+            "name": self.config.node.name,
+            "role": "learner",
+            "version": __version__,
+            "peer_id": self.identity.peer_id,
+            "libp2p_peer_id": self.runtime.peer_id if self.runtime.is_running else None,
+            "dataplane": self.dataplane.address,
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "steps": self.trainer.round,
+            "steps_this_run": self.steps_here,
+            "policy_version": self.version,
+            "reward_last": self.last_reward,
+            "loss_last": self.last_loss,
+            "queue": len(self.queue),
+            "plan": plan.as_dict(),
+            # D as the core holds it now (the plan above keeps the D it was made with).
+            "dissemination_s": self.activation.dissemination,
+            "busy_s": round(busy, 3),
+            "wait_s": round(wait, 3),
+            "measured_utilization": busy / (busy + wait) if busy + wait > 0 else None,
+            "measured_utilization_window": self.activation.measured_utilization(time.time()),
+            "cost_paid": self.cost_paid,
+            "cost_per_step_measured": self.cost_paid / self.steps_here if self.steps_here else None,
+            "completions_by_worker": dict(self.completions_by_worker),
+            "staleness": {
+                "bound": self.gate.bound,
+                **self.gate.counters,
+                "trained_by_lag": {str(k): v for k, v in sorted(self.trained_lags.items())},
+            },
+            "spot_checks": self.spot.stats.as_dict(),
+            "admission": dict(self.admission.counts()),
+            "verifier": self.verifier.stats(),
+            "offers": {
+                p: {"rate": r.capabilities.rollout_rate, "price": r.capabilities.price}
+                for p, r in self.offers.items()
+            },
+            "direct_offers": self.direct_offers.stats(),
+            "metrics": self.metrics.snapshot(),
+        }
+
+    def _plan_gauges(self) -> None:
+        plan = self.activation.plan
+        g = self.metrics
+        g.set("active_workers", "Workers in the activation plan", len(plan.active))
+        g.set(
+            "plan_predicted_utilization", "Learner utilization the plan predicts", plan.predicted_utilization
+        )
+        g.set(
+            "plan_cost_per_step", "Price of what the active workers produce in one step", plan.cost_per_step
+        )
+        busy, wait = self.busy_seconds, self.wait_seconds
+        if busy + wait > 0:
+            g.set("measured_utilization", "Share of learner time spent stepping", busy / (busy + wait))
+
+    # ------------------------------------------------------------------ intake
+
+    async def _on_rollouts(self, sender: str, envelope: Envelope, message: object) -> Heartbeat:
+        """A worker's batch: admission, conversion, spot check, queue. Answers with our version."""
+        now = time.time()
+        reply = Heartbeat(
+            round=self.trainer.round, model_id=self.trainer.policy.model_id, policy_version=self.version
+        )
+        if sender not in self.activation.active():
+            self.metrics.inc("worker_batches_refused", "Worker batches refused", reason="not_active")
+            return reply
+        # In the admission thread: regeneration and the verifier's scoring never hold up the loop.
+        verdict = await self.intake.admit(encode_envelope(envelope), via=sender, solicited=True)
+        if isinstance(verdict, Rejected):
+            self.metrics.inc("worker_batches_refused", "Worker batches refused", reason=verdict.reason.value)
+            log.warning("batch from worker %s refused: %s: %s", sender, verdict.reason.value, verdict.detail)
+            return reply
+        assert isinstance(verdict, Accepted)
+        max_new = self.config.rollout.max_new_tokens
+        try:
+            groups = [from_worker(a, self.trainer.policy, max_new) for a in verdict.groups]
+        except WorkerDataError as e:
+            self.intake.submit(lambda: self.admission.penalize(sender, RejectReason.INVALID_PAYLOAD, now))
+            self.metrics.inc("worker_batches_refused", "Worker batches refused", reason="bad_tokens")
+            log.warning("batch from worker %s refused: %s", sender, e)
+            return reply
+        if not await self._spot_check(sender, groups, now):
+            return reply
+        if min(g.policy_version for g in groups) < self.version:
+            self._tell_latest(sender)  # it works with old weights: make sure it has the newest manifest
+        count = sum(g.size for g in groups)
+        self.completions_by_worker[sender] += count
+        self.batch_completions[sender] = count
+        offer = self.offers.get(sender)
+        if offer is not None:
+            self.cost_paid += offer.capabilities.price * count / 1000.0
+        self._feed(act.RolloutsReceived(sender, count), now)
+        for g in groups:
+            self.queue.append(Arrival(g, sender, now))
+        self.metrics.inc("worker_groups_received", "Worker groups admitted", len(groups))
+        self.arrived.set()
+        return reply
+
+    async def _on_offer(self, sender: str, envelope: Envelope, message: PeerRecord) -> None:
+        """A worker's signed offer sent straight to us: kept in the direct-offer table, rationed
+        by the network it came from, so a stuffed DHT key cannot keep a worker from us."""
+        sent_at = envelope.sent_at_ms / 1000.0
+        refusal = self.direct_offers.receive(sender, sent_at, message, request_source(), time.time())
+        if refusal is not None:
+            reason, _, detail = refusal.partition(": ")
+            self.metrics.inc("direct_offers_refused", "Pushed offers we did not keep", reason=reason)
+            raise Refuse(reason, detail)
+        self.metrics.inc("direct_offers", "Offers pushed to us and kept")
+
+    async def _spot_check(self, sender: str, groups: list[ScoredGroup], now: float) -> bool:
+        """Re-compute a sample of the worker's token log-probs; False (and maybe deactivation) on a lie.
+
+        Groups of a version whose weights the archive no longer holds cannot be checked; they are
+        at most S behind (else the gate drops them) and the archive keeps S + 1 versions."""
+        for g in groups:
+            state = self.archive.get(g.policy_version)
+            if state is None:
+                continue
+            request = self.spot.select(sender, g.task.id.key(), [len(c) for c in g.completion_ids])
+            if request is None:
+                continue
+            recomputed = await self._torch(
+                recompute_with,
+                self.scratch,
+                state,
+                request,
+                g.prompt_ids,
+                g.completion_ids,
+                self.config.rollout.temperature,
+                self.trainer.policy.pad_token_id,
+            )
+            outcome = self.spot.check(sender, request.pick(g.behaviour_logprobs), recomputed)
+            self.metrics.inc("spot_checks", "Worker spot checks", result="pass" if outcome.passed else "fail")
+            if outcome.passed:
+                continue
+            log.warning("worker %s failed a spot check: %s", sender, outcome.reason)
+            self.metrics.inc("worker_batches_refused", "Worker batches refused", reason="spot_check")
+            self.intake.submit(lambda: self.admission.penalize(sender, RejectReason.INVALID_PAYLOAD, now))
+            if outcome.deactivate:
+                self._feed(act.WorkerMisbehaved(sender, f"spot check: {outcome.reason}"), now)
+            return False
+        return True
+
+    # ------------------------------------------------------------------ activation
+
+    def _offer(self, peer: str, record: PeerRecord) -> act.WorkerOffer:
+        """The worker's advertised offer, with its generation tail latency once a batch arrived:
+        a version that lands mid-batch waits for that batch, then its own batch is generated,
+        so the slowest group made with it arrives about two batch times later."""
+        caps = record.capabilities
+        batch = self.batch_completions.get(peer)
+        tail = 2.0 * batch / caps.rollout_rate if batch and caps.rollout_rate > 0 else None
+        return act.WorkerOffer(
+            peer=peer, rate=caps.rollout_rate, price=caps.price, hardware=caps.hardware, gen_tail_latency=tail
+        )
+
+    def _disseminated(self, worker: str, version: int, seconds: float) -> None:
+        """A version reached ``worker`` (every chunk verified there): D for the latency constraint."""
+        self._feed(act.DisseminationMeasured(seconds), time.time())
+
+    def _feed(self, event: act.ActivationEvent, now: float) -> None:
+        for action in self.activation.handle(event, now):
+            self._perform(action)
+        self._plan_gauges()
+
+    def _perform(self, action: object) -> None:
+        if isinstance(action, act.PlanChanged):
+            log.info("plan (%s): %s", action.cause, action.plan.as_dict())
+        elif isinstance(action, act.Activate):
+            record = self.offers.get(action.peer)
+            if record is not None:
+                message = Activate(
+                    worker_peer_id=action.peer,
+                    model_id=self.trainer.policy.model_id,
+                    policy_version=self.version,
+                    target_rate=max(action.target_rate, 1e-6),
+                    lease_seconds=self.config.learner.lease_seconds,
+                )
+                self._spawn(self._send(record, message, then_weights=True), f"activate {action.peer}")
+        elif isinstance(action, act.Deactivate):
+            record = self.offers.get(action.peer)
+            if record is not None:
+                self._spawn(
+                    self._send(record, Deactivate(action.peer, action.reason[:200])),
+                    f"deactivate {action.peer}",
+                )
+
+    def _reprobe(self, now: float) -> None:
+        """Give a worker measured at 0 a new chance once a while.
+
+        The activation core lets a measured rate outrank the worker's advertisement until the
+        worker leaves and joins again, so a worker that stalled for one rate window (waiting for
+        weights over a slow link, a busy host) would stay excluded for good. Every
+        ``REPROBE_SECONDS`` such a worker, if it still advertises a positive rate, is fed to the
+        core as a leave and a join: its measurement starts over from its advertisement."""
+        for exclusion in self.activation.plan.excluded:
+            record = self.offers.get(exclusion.peer)
+            if (
+                record is None
+                or record.capabilities.rollout_rate <= 0
+                or not exclusion.reason.startswith("no rollout rate")
+                or now - self.reprobed.get(exclusion.peer, -math.inf) < REPROBE_SECONDS
+            ):
+                continue
+            self.reprobed[exclusion.peer] = now
+            self.metrics.inc("worker_reprobes", "Workers measured at 0 given a new chance")
+            log.info(
+                "re-probing worker %s (measured 0, advertises %.1f/s)",
+                exclusion.peer,
+                record.capabilities.rollout_rate,
+            )
+            self._feed(act.WorkerLeft(exclusion.peer), now)
+            self.publisher.forget(exclusion.peer)
+            self.told.pop(exclusion.peer, None)
+            self._feed(act.WorkerJoined(self._offer(exclusion.peer, record)), now)
+
+    def _tell_latest(self, peer: str) -> None:
+        """Send ``peer`` the newest manifest, once per version (a worker may have missed one, e.g.
+        activated just before a step, and would otherwise generate with weights older than S
+        until the next step; with every group dropped there would be no next step)."""
+        record = self.offers.get(peer)
+        if record is None or self.told.get(peer) == self.version:
+            return
+        self.told[peer] = self.version
+        self.publisher.tell(record)
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send(
+        self, record: PeerRecord, message: Activate | Deactivate, *, then_weights: bool = False
+    ) -> None:
+        try:
+            await self.dataplane.request_peer(
+                record.addresses,
+                record.libp2p_peer_id or None,
+                message,
+                timeout=SEND_TIMEOUT,
+                expect_peer=record.peer_id,
+            )
+        except DataPlaneError as e:
+            log.warning("could not reach worker %s: %s", record.peer_id, e)
+            self.metrics.inc("worker_unreachable", "Control messages a worker did not answer")
+            return
+        if then_weights:
+            self.told.pop(record.peer_id, None)
+            self._tell_latest(record.peer_id)
+
+    def own_record(self) -> PeerRecord:
+        """What this learner advertises under its learner key (workers find its data plane there)."""
+        return PeerRecord(
+            peer_id=self.identity.peer_id,
+            libp2p_peer_id=self.runtime.peer_id,
+            addresses=(self.config.dataplane.advertise or self.dataplane.address,),
+            roles=(Role.LEARNER,),
+            model_family=model_family(self.trainer.policy),
+            model_id=self.trainer.policy.model_id,
+        )
+
+    async def _recruit(self) -> None:
+        key = workers_key("default", self.identity.peer_id)
+        own = self.own_record()
+        while True:
+            now = time.time()
+            await publish_record(
+                self.runtime,
+                learner_key("default", self.identity.peer_id),
+                signed_record(self.identity, own, now),
+                RECORD_TTL,
+            )
+            now = time.time()
+            # Offers from the DHT and those pushed to us: the newest signed one of each worker.
+            both = newest(await read_signed_records(self.runtime, key), self.direct_offers.live(now))
+            seen = {p: r for p, r in both.items() if Role.WORKER in r.roles}
+            now = time.time()
+            for peer, record in seen.items():
+                offer = self._offer(peer, record)
+                # Re-advertisements go in as WorkerJoined too: the core re-plans only on a material
+                # change, and measured deliveries (RolloutsReceived) outrank advertised rates.
+                previous = self.offers.get(peer)
+                if previous is not None and (
+                    previous.addresses != record.addresses or previous.libp2p_peer_id != record.libp2p_peer_id
+                ):
+                    # A new address: the worker restarted. What we measured of its previous run
+                    # (nothing delivered while it was down) must not outrank its new offer.
+                    self._feed(act.WorkerLeft(peer), now)
+                    self.publisher.forget(peer)
+                    self.told.pop(peer, None)
+                self.offers[peer] = record
+                self._feed(act.WorkerJoined(offer), now)
+            self._reprobe(now)
+            for peer in [p for p in self.offers if p not in seen]:
+                self._feed(act.WorkerLeft(peer), now)
+                self.publisher.forget(peer)
+                del self.offers[peer]
+            self.publisher.set_peers({p: peer_address(r) for p, r in self.offers.items()})
+            for action in self.activation.poll(now):
+                self._perform(action)
+            self._plan_gauges()
+            await asyncio.sleep(self.config.learner.recruit_seconds)
+
+    # ------------------------------------------------------------------ learn
+
+    def _take_batch(self) -> list[ScoredGroup]:
+        """Up to B queued groups, newest policy version first, that pass the staleness gate.
+
+        Newest first: when workers deliver faster than the learner steps, the backlog ages; the
+        freshest groups carry the least off-policy error, and the backlog's oldest groups fall
+        past S and are dropped (counted) instead of every step training on the oldest."""
+        want = self.config.learner.groups_per_step
+        ordered = sorted(self.queue, key=lambda a: (-a.group.policy_version, a.received_at))
+        self.queue.clear()
+        batch: list[ScoredGroup] = []
+        for arrival in ordered:
+            verdict = self.gate.check(arrival.group.policy_version, self.version)
+            if not verdict.accepted:
+                self.gate.accept(arrival.group.policy_version, self.version)  # count the drop
+                self.metrics.inc(
+                    "stale_dropped", "Worker groups dropped as too stale", reason=str(verdict.reason)
+                )
+            elif len(batch) < want:
+                self.gate.accept(arrival.group.policy_version, self.version)
+                batch.append(arrival.group)
+            else:
+                self.queue.append(arrival)  # still fresh enough: a later step may take it
+        return batch
+
+    async def _learn(self) -> None:
+        want = self.config.learner.groups_per_step
+        while True:
+            t_wait = time.monotonic()
+            deadline = t_wait + self.config.learner.max_wait_seconds
+            while len(self.queue) < want and time.monotonic() < deadline:
+                self.arrived.clear()
+                try:
+                    await asyncio.wait_for(
+                        self.arrived.wait(), timeout=max(0.01, deadline - time.monotonic())
+                    )
+                except TimeoutError:
+                    break
+            batch = self._take_batch()
+            waited = time.monotonic() - t_wait
+            if not batch:
+                self.wait_seconds += waited
+                continue
+            t_busy = time.monotonic()
+            for g in batch:
+                self.trained_lags[self.version - g.policy_version] += 1
+            metrics = await self._torch(self.trainer.train_round, batch)
+            self.archive.add(self.version, self.trainer.policy.model)
+            self.publisher.publish(self.version, self.trainer.policy.model)
+            for peer in self.activation.active():
+                self._tell_latest(peer)
+            busy = time.monotonic() - t_busy
+            self.busy_seconds += busy
+            self.wait_seconds += waited
+            self.steps_here += 1
+            self.last_loss = None if metrics.loss != metrics.loss else metrics.loss
+            self.last_reward = metrics.mean_reward
+            self.metrics.inc("steps", "Learner steps")
+            self.metrics.set("policy_version", "Policy version", self.version)
+            self.metrics.set("reward", "Mean reward of the step's worker groups", metrics.mean_reward)
+            self._feed(act.StepMeasured(step_seconds=busy, wait_seconds=waited), time.time())
+            log.info(
+                "step %d: %d groups (lags %s), reward %.3f, busy %.2fs, waited %.2fs, m2po %s",
+                self.trainer.round,
+                len(batch),
+                sorted({self.version - 1 - g.policy_version for g in batch}),
+                metrics.mean_reward,
+                busy,
+                waited,
+                self.trainer.last_step_stale,
+            )
+            if self.max_steps is not None and self.steps_here >= self.max_steps:
+                self.stop.set()
+                return
+
+    async def _serve(self) -> None:
+        await serve_forever(
+            self.metrics,
+            self.status,
+            lambda: self.runtime.is_running,
+            self.config.api.host,
+            self.config.api.port,
+            self.home.root / "api.port",
+        )
+
+    # ------------------------------------------------------------------ run
+
+    async def run(self, runtime_factory: Callable[[], Any]) -> None:
+        await asyncio.to_thread(self._build)
+        self._tasks: set[asyncio.Task[None]] = set()
+        lc = self.config.learner
+        self.gate = StalenessGate(self.config.swarm.staleness_bound)
+        self.spot = SpotChecker(
+            SpotCheckConfig(
+                sample_rate=lc.spot_check_rate,
+                max_tokens=lc.spot_check_tokens,
+                tolerance=lc.spot_check_tolerance,
+                max_strikes=lc.spot_check_strikes,
+                # Secret: a worker that could predict which groups are checked could lie on the others.
+                seed=secrets.randbits(63),
+            )
+        )
+        self.activation = act.ActivationCore(
+            act.ActivationConfig(
+                batch=lc.groups_per_step * self.config.rollout.group_size,
+                staleness=self.config.swarm.staleness_bound,
+                step_time=1.0,
+                margin=lc.margin,
+                lease_seconds=lc.lease_seconds,
+                renew_before=min(20.0, lc.lease_seconds / 3),
+                rate_window=lc.rate_window,
+                drift_hold=max(lc.drift_hold, lc.rate_window),
+                policy=lc.activation,
+            )
+        )
+        self.verifier = VerifierPool.from_config(self.config.verify, task_families(self.mixture))
+        self.verifier.start()
+        self.trainer.score_groups = self.verifier.score
+        self.admission = AdmissionPipeline(
+            AdmissionConfig(
+                allowed_tasks=task_families(self.mixture),
+                max_policy_lag=self.config.swarm.staleness_bound,
+                local_peer_id=self.identity.peer_id,
+                # Only active workers reach admission (checked first), each sending a batch per
+                # few hundred ms: a per-party share would refuse an honest worker within minutes.
+                replay_quota=AdmissionConfig.replay_capacity,
+            ),
+            now=time.time(),
+            ledger=self.ledger,
+            score_groups=self.verifier.score,
+        )
+        self.intake = Intake(self.admission)
+        dp = self.config.dataplane
+        self.dataplane = DataPlane(
+            self.identity, host=dp.host, port=dp.port, upload_rate=dp.upload_rate or None
+        )
+        self.dataplane.register(Kind.ROLLOUT_BATCH, self._on_rollouts)
+        self.dataplane.register(Kind.PEER_RECORD, self._on_offer)
+        await self.dataplane.start()
+        self.publisher = WeightPublisher(
+            self.identity,
+            self.dataplane,
+            self.trainer.policy.model_id,
+            lc.chunk_bytes,
+            keep=self.config.swarm.staleness_bound + 1,
+            metrics=self.metrics,
+            on_disseminated=self._disseminated,
+        )
+        await self.publisher.start()
+        self.publisher.publish(self.version, self.trainer.policy.model)
+        try:
+            self.runtime: HivemindRuntime = await runtime_factory()
+            # Workers that cannot dial our TCP address reach us over hivemind streams instead.
+            await self.dataplane.attach_fallback(self.runtime)
+            try:
+                await self._run_jobs()
+            finally:
+                await self.runtime.stop()
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            await self.publisher.close()
+            await self.dataplane.close()
+            async with self.torch_lock:
+                await asyncio.to_thread(self.trainer.save_checkpoint_if_consistent)
+            self.intake.close()
+            self.verifier.close()
+            self.ledger.close()
+
+    async def _run_jobs(self) -> None:
+        log.info(
+            "learner %s: data plane %s, libp2p %s; workers join with: "
+            "swarmnode run --role worker --learner %s",
+            self.identity.peer_id,
+            self.dataplane.address,
+            self.runtime.peer_id,
+            self.identity.peer_id,
+        )
+        jobs = {"recruit": self._recruit, "learn": self._learn, "serve": self._serve}
+        await run_jobs(jobs, self.metrics, self.stop)
+
+
+def recompute_with(
+    scratch: torch.nn.Module,
+    state: dict[str, torch.Tensor],
+    request: SpotCheckRequest,
+    prompt_ids: list[int],
+    completions: list[list[int]],
+    temperature: float,
+    pad_token_id: int,
+) -> list[float]:
+    """Log-probs at ``request``'s tokens under the weights ``state`` (loaded into ``scratch``)."""
+    scratch.load_state_dict(state)
+    return recompute_request(scratch, request, prompt_ids, completions, temperature, pad_token_id)

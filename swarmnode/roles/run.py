@@ -1,0 +1,56 @@
+"""``swarmnode run --role learner|worker``: build the role, run it until a signal, stop cleanly.
+
+A first SIGINT/SIGTERM stops after the step (learner) or batch (worker) in progress; a
+second aborts at once (the learner's last checkpoint stays its resume point).
+
+Also what both roles take from the config and the model the same way: the rollout engine
+(``model.engine``, through the factory the trainer node and ``swarmnode train`` use) and the
+model family they advertise in their PeerRecord (the model's own ``model_type``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import torch
+
+from swarmnode.config import Config
+from swarmnode.home import NodeHome
+from swarmnode.net.hivemind_runtime import HivemindRuntime
+
+
+def run_role(
+    config: Config, home: NodeHome, *, max_steps: int | None = None, max_seconds: float | None = None
+) -> None:
+    from swarmnode.roles.common import net_config
+    from swarmnode.roles.learner import LearnerNode
+    from swarmnode.roles.worker import WorkerNode
+
+    home = home.ensure()
+    node: LearnerNode | WorkerNode
+    if config.node.role == "learner":
+        node = LearnerNode(config, home, max_steps=max_steps)
+    else:
+        node = WorkerNode(config, home, max_batches=max_steps)
+
+    async def runtime() -> HivemindRuntime:
+        return await HivemindRuntime.create(net_config(config, home))
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        current = asyncio.current_task()
+
+        def on_signal() -> None:
+            if node.stop.is_set() and current is not None:
+                current.cancel()
+            node.stop.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal)
+        if max_seconds is not None:
+            loop.call_later(max_seconds, node.stop.set)
+        await node.run(runtime)
+
+    torch.set_grad_enabled(True)
+    asyncio.run(main())

@@ -1,0 +1,327 @@
+"""The node daemon: one asyncio TaskGroup running generate, exchange, train and serve.
+
+Each job is supervised (``swarmnode.ops.supervise``). Torch work (generation,
+training, evaluation) runs in worker threads behind one lock, so the event loop
+keeps serving peers and the API while a step runs, and a slow peer never stalls
+generation: training takes whatever admitted external groups are in the pool
+when its turn comes.
+
+Rounds are wall-clock epochs (``swarm.round_seconds``): at the start of swarm
+round r a node generates its groups and publishes them; at ``TRAIN_AT`` of the
+round it trains on its own groups plus the external groups admitted so far.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import torch
+
+from swarmnode import __version__
+from swarmnode.admit import AdmissionConfig, AdmissionPipeline, task_families
+from swarmnode.config import Config
+from swarmnode.core.rounds import round_at, round_start
+from swarmnode.gossip.core import GossipConfig, GossipCore
+from swarmnode.gossip.driver import ExternalPool, GossipDriver, envelope_digest
+from swarmnode.home import NodeHome
+from swarmnode.identity import NodeIdentity, load_or_create_identity
+from swarmnode.net.config import NetConfig
+from swarmnode.net.hivemind_runtime import HivemindRuntime
+from swarmnode.ops.api import serve_forever
+from swarmnode.ops.metrics import Metrics
+from swarmnode.ops.supervise import run_jobs
+from swarmnode.roles.common import build_mixture, build_policy, configure_threads, net_config, verifier_gauges
+from swarmnode.roles.convert import rollout_batch, to_scored, trained_texts
+from swarmnode.rollout import make_engine
+from swarmnode.store import CheckpointStore, Ledger
+from swarmnode.train import RoundMetrics, ScoredGroup, Trainer
+from swarmnode.verify import VerifierPool
+from swarmnode.wire import encode_envelope, seal, to_ms
+
+log = logging.getLogger(__name__)
+
+TRAIN_AT = 0.8  # fraction of a swarm round at which a node trains (leaves time for peers' groups)
+T = TypeVar("T")
+
+
+@dataclass
+class OwnRound:
+    swarm_round: int
+    groups: list[ScoredGroup]
+    tokens: int
+    seconds: float
+    started: float
+
+
+class SwarmNode:
+    def __init__(self, config: Config, home: NodeHome, *, max_rounds: int | None = None) -> None:
+        self.config = config
+        self.home = home.ensure()
+        self.max_rounds = max_rounds
+        self.metrics = Metrics()
+        self.torch_lock = threading.Lock()
+        self.started_at = time.time()
+        self.last: RoundMetrics | None = None
+        self.first_reward: float | None = None
+        self.heldout: float | None = None
+        self.rounds_done_here = 0
+        self.stop = asyncio.Event()
+
+    # ------------------------------------------------------------------ helpers
+
+    async def _torch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        def locked() -> T:
+            with self.torch_lock:
+                return fn(*args, **kwargs)
+
+        return await asyncio.to_thread(locked)
+
+    def status(self) -> dict[str, Any]:
+        last = self.last
+        return {
+            "name": self.config.node.name,
+            "version": __version__,
+            "peer_id": self.identity.peer_id,
+            "libp2p_peer_id": self.runtime.peer_id if self.runtime.is_running else None,
+            "maddrs": self.runtime.visible_maddrs if self.runtime.is_running else [],
+            "uptime_s": round(time.time() - self.started_at, 1),
+            "swarm_round": round_at(time.time(), self.config.swarm.round_seconds),
+            "rounds": self.trainer.round,
+            "rounds_this_run": self.rounds_done_here,
+            "policy_version": self.trainer.policy.version,
+            "mixing": self.config.swarm.mixing,
+            "reward_first": self.first_reward,
+            "reward_last": last.mean_reward if last else None,
+            "accuracy_last": last.accuracy if last else None,
+            "heldout_accuracy": self.heldout,
+            "tokens_per_s": last.tokens_per_second if last else None,
+            "loss_last": None if last is None or math.isnan(last.loss) else last.loss,
+            "external_pool": len(self.pool),
+            "peers": self.runtime.dht_peer_count() if self.runtime.is_running else 0,
+            "gossip": self.core.stats.as_dict(),
+            "admission": dict(self.admission.counts()),
+            "verifier": {**self.verifier.stats(), **self.verifier.isolation()},
+            "admission_cpu_s": round(self.driver.intake.cpu_seconds, 3),
+            "external_by_sender": self.driver.sender_tallies(),
+            "metrics": self.metrics.snapshot(),
+        }
+
+    def _update_gauges(self, m: RoundMetrics) -> None:
+        g = self.metrics
+        g.inc("rounds", "Training rounds completed")
+        g.set("reward", "Mean reward of own completions, last round", m.mean_reward)
+        g.set("accuracy", "Share of own completions with reward 1, last round", m.accuracy)
+        g.set("tokens_per_second", "Generation throughput, last round", m.tokens_per_second)
+        g.set("policy_version", "Policy version", m.policy_version)
+        g.inc("groups_used", "Groups trained on", m.groups_used, source="own")
+        g.inc("groups_used", "Groups trained on", m.external_used, source="external")
+        if m.heldout_accuracy is not None:
+            g.set("heldout_accuracy", "Greedy accuracy on the held-out set", m.heldout_accuracy)
+        verifier_gauges(g, self.verifier)
+        if self.runtime.is_running:
+            g.set("peers", "Peers in the DHT routing table", self.runtime.dht_peer_count())
+
+    # ------------------------------------------------------------------ set-up
+
+    def _build_torch_side(self) -> None:
+        configure_threads(self.config)
+        self.identity: NodeIdentity = load_or_create_identity(self.home.identity_key)
+        self.mixture = build_mixture(self.config)
+        policy = build_policy(self.config, self.home, self.mixture)
+        self.ledger = Ledger(self.home.ledger)
+        self.trainer = Trainer(
+            self.config,
+            policy,
+            make_engine(self.config.model.engine, policy),
+            self.mixture,
+            self.ledger,
+            CheckpointStore(self.home.checkpoints, self.config.checkpoint.keep),
+        )
+        self.trainer.node_id = self.identity.peer_id
+        self.trainer.resume()
+        self.verifier = VerifierPool.from_config(self.config.verify, task_families(self.mixture))
+        self.verifier.start()
+        self.trainer.score_groups = self.verifier.score  # own rollouts: the same boundary as a peer's
+
+    def _net_config(self) -> NetConfig:
+        return net_config(self.config, self.home)
+
+    # ------------------------------------------------------------------ jobs
+
+    def _generate_for(self, swarm_round: int) -> tuple[list[ScoredGroup], int, float]:
+        """Own groups for a swarm round. Tasks and sampling noise are keyed by the swarm round
+        (which only moves forward), so a round redone after a restart yields new rollouts rather
+        than byte-identical ones that peers would refuse as duplicates; with a shared
+        ``tasks.seed`` every node also answers the same prompts that round (HACPO)."""
+        self.trainer.generator.manual_seed(hash((self.config.node.seed, swarm_round)) & 0x7FFF_FFFF_FFFF)
+        return self.trainer.generate_groups(swarm_round)
+
+    async def _generate(self) -> None:
+        rs = self.config.swarm.round_seconds
+        last_round = -1
+        while True:
+            now = time.time()
+            r = round_at(now, rs)
+            if r <= last_round:
+                await asyncio.sleep(max(0.01, round_start(last_round + 1, rs) - now))
+                continue
+            started = time.time()
+            groups, tokens, seconds = await self._torch(self._generate_for, r)
+            batch = rollout_batch(groups, self.trainer.policy.model_id, self.trainer.policy.version, r)
+            data = encode_envelope(seal(self.identity, batch, to_ms(time.time())))
+            self.driver.publish(data)
+            self.metrics.inc("groups_published", "Own groups published", len(groups))
+            await self.own_rounds.put(OwnRound(r, groups, tokens, seconds, started))
+            last_round = r
+
+    async def _train(self) -> None:
+        rs = self.config.swarm.round_seconds
+        while True:
+            own = await self.own_rounds.get()
+            train_at = round_start(own.swarm_round, rs) + TRAIN_AT * rs
+            await asyncio.sleep(max(0.0, train_at - time.time()))
+            now_round = round_at(time.time(), rs)
+            external = self.pool.take_all(now_round) if self.config.swarm.mixing != "none" else []
+            metrics = await self._torch(
+                self.trainer.train_round,
+                own.groups,
+                external,
+                tokens=own.tokens,
+                gen_seconds=own.seconds,
+                started=own.started,
+            )
+            # No admission.set_policy_version here: peers' groups carry *their* policy versions,
+            # counters of independent learners that share our base model's id, so comparing them
+            # with ours refused honest peers (stale_policy) as soon as one node was a round
+            # ahead or behind (measured after a restart: tests/swarm/test_node_restart.py).
+            # The staleness bound is for rollouts of our own policy (learner/worker mode).
+            self.last = metrics
+            self.first_reward = metrics.mean_reward if self.first_reward is None else self.first_reward
+            if metrics.heldout_accuracy is not None:
+                self.heldout = metrics.heldout_accuracy
+            self.rounds_done_here += 1
+            self._update_gauges(metrics)
+            log.info(
+                "round %d: reward %.3f, external used %d, pool %d",
+                metrics.round,
+                metrics.mean_reward,
+                metrics.external_used,
+                len(self.pool),
+            )
+            if self.max_rounds is not None and self.rounds_done_here >= self.max_rounds:
+                self.stop.set()
+                return
+
+    async def _serve(self) -> None:
+        await serve_forever(
+            self.metrics,
+            self.status,
+            lambda: self.runtime.is_running,
+            self.config.api.host,
+            self.config.api.port,
+            self.home.root / "api.port",
+        )
+
+    # ------------------------------------------------------------------ run
+
+    async def run(self) -> None:
+        await asyncio.to_thread(self._build_torch_side)
+        self.heldout = await self._torch(self.trainer.evaluate) if self.trainer.heldout else None
+        try:
+            if self.stop.is_set():  # asked to stop during start-up
+                return
+            self.runtime = await HivemindRuntime.create(self._net_config())
+            try:
+                if not self.stop.is_set():
+                    await self._run_jobs()
+            finally:
+                await self.runtime.stop()
+        finally:
+            # Wait for a step in flight (the lock); keep the work only if no round was cut short.
+            await self._torch(self.trainer.save_checkpoint_if_consistent)
+            self.verifier.close()
+            self.ledger.close()
+
+    async def _run_jobs(self) -> None:
+        s = self.config.swarm
+        self.pool = ExternalPool()
+        self.own_rounds: asyncio.Queue[OwnRound] = asyncio.Queue(maxsize=1)
+        policy, max_new = self.trainer.policy, self.config.rollout.max_new_tokens
+        self.admission = AdmissionPipeline(
+            AdmissionConfig(
+                allowed_tasks=task_families(self.mixture),
+                max_policy_lag=s.staleness_bound,
+                local_peer_id=self.identity.peer_id,
+            ),
+            now=time.time(),
+            ledger=self.ledger,
+            score_groups=self.verifier.score,
+            render=lambda texts: trained_texts(policy, texts, max_new),
+        )
+        self.core = GossipCore(
+            GossipConfig(
+                round_seconds=s.round_seconds, read_interval=max(0.5, min(5.0, s.round_seconds / 4))
+            ),
+            self.runtime.peer_id,
+            digest_of=envelope_digest,
+        )
+        self.driver = GossipDriver(
+            self.core,
+            self.runtime,
+            self.admission,
+            self.pool,
+            lambda admitted: to_scored(admitted, self.trainer.policy, max_new),
+            self.metrics,
+            swarm="default",
+        )
+        await self.driver.start()
+        log.info(
+            "node %s (libp2p %s) listening on %s",
+            self.identity.peer_id,
+            self.runtime.peer_id,
+            ", ".join(self.runtime.visible_maddrs),
+        )
+        jobs = {
+            "generate": self._generate,
+            "train": self._train,
+            "exchange": self.driver.run,
+            "serve": self._serve,
+        }
+        await run_jobs(jobs, self.metrics, self.stop)
+
+
+def run_node(
+    config: Config, home: NodeHome, *, max_rounds: int | None = None, max_seconds: float | None = None
+) -> None:
+    """Run a node until SIGINT/SIGTERM (or ``max_rounds`` / ``max_seconds``); then stop cleanly.
+
+    A first signal stops after the round in progress; a second one aborts at once (the last
+    checkpoint stays the resume point)."""
+    import signal
+
+    node = SwarmNode(config, home, max_rounds=max_rounds)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        current = asyncio.current_task()
+
+        def on_signal() -> None:
+            if node.stop.is_set() and current is not None:
+                current.cancel()
+            node.stop.set()
+
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal)
+        if max_seconds is not None:
+            loop.call_later(max_seconds, node.stop.set)
+        await node.run()
+
+    torch.set_grad_enabled(True)
+    asyncio.run(main())

@@ -1,0 +1,690 @@
+"""Specification of cost-aware worker activation (swarmnode/activation/core.py). Each test name is a rule.
+
+The running example (hand-computed): B = 100 completions per step, T = 10 s, so B/T = 10/s and with
+margin 0.1 the need is 11/s. Offers (rate /s, price per 1,000 completions, price/rate):
+    c: 8/s at 4  -> 0.5        a: 4/s at 2  -> 0.5 (ties with c; c is faster so goes first)
+    b: 5/s at 5  -> 1.0        d: 10/s at 20 -> 2.0
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from swarmnode.activation.core import (
+    Activate,
+    ActivationConfig,
+    ActivationCore,
+    Deactivate,
+    DisseminationMeasured,
+    Need,
+    PlanChanged,
+    RolloutsReceived,
+    StepMeasured,
+    WorkerJoined,
+    WorkerLeft,
+    WorkerMisbehaved,
+    WorkerOffer,
+    exclusion_reason,
+    plan,
+)
+from swarmnode.core.events import PeerBanned
+from swarmnode.errors import ConfigError
+
+C = WorkerOffer("c", rate=8.0, price=4.0)
+A = WorkerOffer("a", rate=4.0, price=2.0)
+B_ = WorkerOffer("b", rate=5.0, price=5.0)
+D = WorkerOffer("d", rate=10.0, price=20.0)
+NEED = Need(step_time=10.0, batch=100, dissemination=5.0, staleness=2, margin=0.1)
+
+
+def moves(actions: list) -> list:  # type: ignore[type-arg]
+    """Only what is sent to workers (PlanChanged is for /status)."""
+    return [a for a in actions if not isinstance(a, PlanChanged)]
+
+
+# --- the pure rule -------------------------------------------------------------------------------
+
+
+def test_workers_are_activated_by_ascending_price_per_rate_until_the_need_with_margin_is_met() -> None:
+    p = plan([D, B_, A, C], NEED)
+    assert p.active == ("c", "a")  # c and a tie at 0.5; c is faster so it goes first; 8 + 4 = 12 >= 11
+    assert p.required_rate == pytest.approx(11.0)
+    assert p.predicted_rate == pytest.approx(12.0)
+    assert p.predicted_utilization == 1.0  # min(1, 12 * 10 / 100)
+    # 4/1000 * 8/s * 10 s + 2/1000 * 4/s * 10 s
+    assert p.cost_per_step == pytest.approx(0.32 + 0.08)
+    assert p.feasible and p.reason == ""
+    assert p.rate_of("c") == 8.0 and p.rate_of("b") is None
+
+
+def test_the_planners_set_costs_less_per_step_than_all_workers_on() -> None:
+    everyone = plan([A, B_, C, D], Need(step_time=10.0, batch=1, dissemination=0.0, staleness=2, margin=1e6))
+    assert everyone.active == ("c", "a", "b", "d")
+    assert everyone.cost_per_step == pytest.approx(0.32 + 0.08 + 0.25 + 2.0)
+    assert plan([A, B_, C, D], NEED).cost_per_step < everyone.cost_per_step
+
+
+def test_ties_in_price_per_rate_and_rate_are_broken_by_peer_id() -> None:
+    twins = [WorkerOffer("z", 5.0, 1.0), WorkerOffer("y", 5.0, 1.0), WorkerOffer("x", 5.0, 1.0)]
+    assert plan(twins, Need(10.0, 60, 0.0, 1, 0.0)).active == ("x", "y")
+
+
+def test_free_workers_come_first() -> None:
+    assert plan([A, WorkerOffer("free", 1.0, 0.0)], NEED).active[0] == "free"
+
+
+def test_the_margin_decides_how_much_spare_capacity_is_bought() -> None:
+    assert plan([A, B_, C, D], Need(10.0, 100, 0.0, 2, margin=0.5)).active == ("c", "a", "b")  # 15/s
+    exact = Need(10.0, 80, 0.0, 2, margin=0.0)  # exactly 8/s: c alone meets it
+    assert plan([A, B_, C, D], exact).active == ("c",)
+    assert plan([A, B_, C, D], Need(10.0, 80, 0.0, 2, margin=0.1)).active == ("c", "a")  # 8.8/s
+
+
+def test_a_worker_that_cannot_meet_the_staleness_bound_is_excluded_with_the_reason() -> None:
+    # S * T = 20 s; D = 5 s. Tail 15 s -> exactly 20 s (accepted); tail 16 s -> 21 s (excluded).
+    on_edge = WorkerOffer("edge", 8.0, 1.0, gen_tail_latency=15.0)
+    late = WorkerOffer("late", 100.0, 0.0, gen_tail_latency=16.0)
+    unknown = WorkerOffer("unknown", 4.0, 1.0)
+    p = plan([late, on_edge, unknown], NEED)
+    assert p.active == ("edge", "unknown")
+    (exclusion,) = p.excluded
+    assert exclusion.peer == "late"
+    assert "staleness bound" in exclusion.reason and "21 s > S * T" in exclusion.reason
+
+
+def test_when_dissemination_alone_exceeds_the_budget_nobody_qualifies() -> None:
+    p = plan([A, C], Need(10.0, 100, dissemination=25.0, staleness=2))
+    assert p.active == () and not p.feasible
+    assert "no worker qualifies" in p.reason and len(p.excluded) == 2
+
+
+def test_strictly_on_policy_admits_only_workers_with_no_latency_at_all() -> None:
+    s0 = Need(10.0, 100, dissemination=0.0, staleness=0)
+    assert plan([C, WorkerOffer("slow", 8.0, 1.0, gen_tail_latency=0.5)], s0).active == ("c",)
+
+
+def test_without_enough_capacity_everyone_who_qualifies_is_activated_and_the_plan_says_so() -> None:
+    p = plan([A, B_], NEED)
+    assert p.active == ("a", "b") and not p.feasible
+    assert p.predicted_rate == pytest.approx(9.0)
+    assert p.predicted_utilization == pytest.approx(0.9)
+    assert "not enough capacity" in p.reason and "11/s" in p.reason
+
+
+def test_zero_rate_and_invalid_offers_are_excluded_not_raised() -> None:
+    p = plan([WorkerOffer("zero", 0.0, 1.0), WorkerOffer("nan", math.nan, 1.0), C], NEED)
+    assert p.active == ("c",)
+    assert {e.peer: e.reason.split(":")[0] for e in p.excluded} == {
+        "zero": "no rollout rate (0 completions/s)",
+        "nan": "invalid offer",
+    }
+
+
+def test_invalid_need_is_refused_with_the_field_named() -> None:
+    with pytest.raises(ConfigError, match=r"need.step_time"):
+        Need(0.0, 100, 0.0, 1)
+    with pytest.raises(ConfigError, match=r"need.batch"):
+        Need(1.0, 0, 0.0, 1)
+    with pytest.raises(ConfigError, match=r"need.staleness"):
+        Need(1.0, 1, 0.0, -1)
+    with pytest.raises(ConfigError, match=r"need.margin"):
+        Need(1.0, 1, 0.0, 1, margin=math.inf)
+    with pytest.raises(ValueError, match=r"two offers"):
+        plan([A, A], NEED)
+
+
+offers_st = st.lists(
+    st.builds(
+        WorkerOffer,
+        peer=st.text(alphabet="abcdefgh", min_size=1, max_size=3),
+        rate=st.floats(0.0, 50.0),
+        price=st.floats(0.0, 100.0),
+        gen_tail_latency=st.none() | st.floats(0.0, 40.0),
+    ),
+    max_size=12,
+    unique_by=lambda o: o.peer,
+)
+
+
+@given(
+    offers_st,
+    st.floats(0.5, 30.0),
+    st.integers(1, 500),
+    st.floats(0.0, 30.0),
+    st.integers(0, 4),
+    st.floats(0.0, 1.0),
+)
+def test_every_plan_is_the_cheapest_prefix_that_meets_the_need(
+    offers: list[WorkerOffer], step: float, batch: int, dissemination: float, staleness: int, margin: float
+) -> None:
+    need = Need(step, batch, dissemination, staleness, margin)
+    p = plan(offers, need)
+    qualified = sorted(
+        (o for o in offers if exclusion_reason(o, need) is None),
+        key=lambda o: (o.price / o.rate, -o.rate, o.peer),
+    )
+    assert list(p.workers) == qualified[: len(p.workers)]  # a prefix of the price/rate order
+    assert {e.peer for e in p.excluded} == {o.peer for o in offers} - {o.peer for o in qualified}
+    assert p.predicted_rate == pytest.approx(sum(w.rate for w in p.workers))
+    if p.feasible:
+        assert p.predicted_rate >= need.required_rate * (1 - 1e-9)
+        assert sum(w.rate for w in p.workers[:-1]) < need.required_rate  # minimal: the last one was needed
+    else:
+        assert p.workers == tuple(qualified) and p.reason
+    assert 0.0 <= p.predicted_utilization <= 1.0
+
+
+# --- the stateful core ---------------------------------------------------------------------------
+
+
+def config(**overrides: object) -> ActivationConfig:
+    base: dict[str, object] = {
+        "batch": 100,
+        "staleness": 4,
+        "step_time": 10.0,
+        "lease_seconds": 60,
+        "renew_before": 20.0,
+        "drift_fraction": 0.25,
+        "drift_hold": 10.0,
+        "check_interval": 5.0,
+        "rate_window": 30.0,
+        "first_rollout_timeout": 120.0,
+    }
+    base.update(overrides)
+    return ActivationConfig(**base)  # type: ignore[arg-type]
+
+
+def joined(core: ActivationCore, *offers: WorkerOffer, now: float = 0.0) -> list:  # type: ignore[type-arg]
+    return [a for o in offers for a in core.handle(WorkerJoined(o), now)]
+
+
+def test_joins_activate_only_the_workers_the_plan_needs() -> None:
+    core = ActivationCore(config())
+    assert moves(core.handle(WorkerJoined(C), 0.0)) == [Activate("c", 8.0, 60)]
+    assert moves(core.handle(WorkerJoined(A), 1.0)) == [Activate("a", 4.0, 60)]
+    actions = core.handle(WorkerJoined(B_), 2.0)
+    assert moves(actions) == []  # 12/s already covers 11/s: b waits, and nothing is re-sent
+    assert isinstance(actions[-1], PlanChanged) and actions[-1].plan.active == ("c", "a")
+    assert core.active() == ("c", "a")
+
+
+def test_a_cheaper_worker_joining_replaces_dearer_ones_activating_before_deactivating() -> None:
+    core = ActivationCore(config())
+    joined(core, C, A, B_)
+    cheap = WorkerOffer("e", rate=20.0, price=1.0)
+    assert moves(core.handle(WorkerJoined(cheap), 5.0)) == [
+        Activate("e", 20.0, 60),
+        Deactivate("c", "not needed: cheaper workers cover the need"),
+        Deactivate("a", "not needed: cheaper workers cover the need"),
+    ]
+    # It leaves: the planner falls back to c and a. No Deactivate is sent to a peer that is gone.
+    assert moves(core.handle(WorkerLeft("e"), 6.0)) == [Activate("c", 8.0, 60), Activate("a", 4.0, 60)]
+    assert core.stats.leaves == 1
+
+
+def test_an_active_worker_leaving_is_replaced_by_the_next_cheapest() -> None:
+    core = ActivationCore(config())
+    joined(core, C, A, B_, D)
+    assert moves(core.handle(WorkerLeft("c"), 1.0)) == [Activate("b", 5.0, 60), Activate("d", 10.0, 60)]
+    assert core.plan.active == ("a", "b", "d")  # 4 + 5 = 9 < 11, so d too
+    assert moves(core.handle(WorkerLeft("nobody"), 2.0)) == []
+
+
+def test_a_re_advertisement_within_the_band_changes_nothing() -> None:
+    core = ActivationCore(config())
+    joined(core, C, A, B_, D)
+    replans = core.stats.replans
+    assert core.handle(WorkerJoined(WorkerOffer("c", 8.5, 4.0)), 1.0) == []
+    assert core.stats.replans == replans
+    # A price change re-plans: c at 400 (ratio 50) goes last; a + b + d = 19/s.
+    assert moves(core.handle(WorkerJoined(WorkerOffer("c", 8.0, 400.0)), 2.0)) == [
+        Activate("b", 5.0, 60),
+        Activate("d", 10.0, 60),
+        Deactivate("c", "not needed: cheaper workers cover the need"),
+    ]
+
+
+def test_a_drift_that_lasts_drift_hold_re_plans_on_the_measured_rate() -> None:
+    core = ActivationCore(config(rate_window=1.0))  # one delivery a second: its count is the rate
+    joined(core, C, A, B_)
+    assert core.handle(RolloutsReceived("c", 4), 9.0) == []  # the first delivery marks the start
+    for t in range(10, 20):  # 4/s, 50% below plan: the hold starts at 10
+        assert core.handle(RolloutsReceived("c", 4), float(t)) == []
+    assert core.next_deadline() is not None and core.next_deadline() <= 20.0  # type: ignore[operator]
+    assert moves(core.poll(19.0)) == []
+    actions = core.handle(RolloutsReceived("c", 4), 20.0)
+    # Now c counts as 4/s at price 4 (ratio 1.0): order a (0.5), b (1.0, 5/s), c (1.0, 4/s): 4+5+4 = 13 >= 11.
+    assert moves(actions) == [Activate("b", 5.0, 60), Activate("c", 4.0, 60)]
+    assert isinstance(actions[-1], PlanChanged)
+    assert "rate drift: c measured 4/s, planned 8/s" in actions[-1].cause
+    assert core.stats.drift_replans == 1 and core.stats.rate_changes == 1
+
+
+def test_a_brief_dip_shorter_than_drift_hold_does_not_re_plan() -> None:
+    core = ActivationCore(config(rate_window=1.0))  # one delivery a second: its count is the rate
+    joined(core, C, A)
+    core.handle(RolloutsReceived("c", 8), 9.0)  # the first delivery marks the start
+    for t in range(10, 31):  # 2/s for 5 s, then back to the planned 8/s
+        assert core.handle(RolloutsReceived("c", 2 if t < 15 else 8), float(t)) == []
+    assert moves(core.poll(30.0)) == [] and core.stats.drift_replans == 0
+
+
+def test_a_rate_wobbling_around_a_band_edge_re_plans_once_not_on_every_sample() -> None:
+    core = ActivationCore(config(drift_hold=0.0, rate_window=10.0))
+    joined(core, C, A, B_, D)
+    now = 1.0
+    for i in range(200):  # one delivery per 10-s window; the first of each worker marks the start
+        # 8/s planned; c wobbles between 5.9 and 6.1 (26% and 24% low), the rest are steady
+        core.handle(RolloutsReceived("c", 59 if i % 2 else 61), now)
+        for offer in (A, B_, D):
+            core.handle(RolloutsReceived(offer.peer, int(offer.rate * 10)), now)
+        core.poll(now)
+        now += 10.0
+    assert core.stats.drift_replans == 1
+    assert core.plan.rate_of("c") == 5.9 and core.active() == ("c", "a", "b")
+
+
+def test_step_time_noise_within_the_band_does_not_re_plan_but_a_real_change_does() -> None:
+    core = ActivationCore(config())
+    joined(core, C, A, B_, D)
+    replans = core.stats.replans
+    for i, seconds in enumerate([10.0, 11.0, 9.0, 10.5, 9.5, 11.5, 8.5] * 5):
+        core.handle(StepMeasured(seconds), 10.0 * (i + 1))
+    assert core.stats.replans == replans
+    # The learner got twice as fast: it needs 22/s; c + a + b + d = 27/s. The smoothed T crosses the
+    # band edge on its way down (one re-plan adds b), then again when it settles (d).
+    for i in range(30):
+        core.handle(StepMeasured(5.0), 1000.0 + 5.0 * i)
+    assert core.active() == ("c", "a", "b", "d")
+    assert core.stats.replans - replans <= 3
+    assert core.plan.need.step_time == pytest.approx(5.0, rel=0.25)
+
+
+def test_the_first_step_measurement_replaces_the_configured_guess() -> None:
+    core = ActivationCore(config(step_time=100.0))  # guessed 100 s: 1.1/s needed, c alone
+    joined(core, C, A)
+    assert core.active() == ("c",)
+    core.handle(StepMeasured(10.0), 1.0)
+    assert core.step_time == 10.0 and core.active() == ("c", "a")
+
+
+def test_a_slower_broadcast_re_plans_only_when_it_changes_who_meets_the_bound() -> None:
+    core = ActivationCore(config(staleness=2, dissemination=0.0))  # S * T = 20 s
+    slow = WorkerOffer("slow", 8.0, 1.0, gen_tail_latency=12.0)
+    joined(core, slow, C, A)
+    assert core.active() == ("slow", "c")  # slow (0.125) first, then c (0.5, faster than a): 16/s
+    replans = core.stats.replans
+    assert core.handle(DisseminationMeasured(6.0), 1.0) == []  # 6 + 12 = 18 <= 20: nothing changes
+    assert core.stats.replans == replans
+    actions = core.handle(DisseminationMeasured(12.0), 2.0)  # EWMA 0.3*12 + 0.7*6 = 7.8 -> 19.8: still in
+    assert actions == []
+    actions = core.handle(DisseminationMeasured(20.0), 3.0)  # 0.3*20 + 0.7*7.8 = 11.46 -> 23.46 > 20
+    assert [type(a) for a in moves(actions)] == [Activate, Deactivate]
+    assert moves(actions)[0] == Activate("a", 4.0, 60)
+    deactivate = moves(actions)[1]
+    assert deactivate.peer == "slow" and "staleness bound" in deactivate.reason
+
+
+def test_when_nobody_meets_the_bound_the_core_plans_without_it_and_says_so() -> None:
+    # A learner with no worker takes no step: T and D would never be measured again.
+    core = ActivationCore(config(staleness=2, dissemination=0.0))  # S * T = 20 s
+    joined(core, C, A)
+    assert core.active() == ("c", "a")
+    actions = core.handle(DisseminationMeasured(25.0), 1.0)  # D alone exceeds S * T
+    assert moves(actions) == []  # the same workers stay active
+    (changed,) = [a for a in actions if isinstance(a, PlanChanged)]
+    assert not changed.plan.feasible and "no worker meets D + T_gen_tail <= S * T" in changed.plan.reason
+    assert core.stats.latency_fallbacks == 1
+    # Still planned by price per rate: a cheaper worker that joins replaces them.
+    core.handle(WorkerJoined(WorkerOffer("near", 20.0, 1.0)), 2.0)
+    assert core.active() == ("near",) and core.stats.latency_fallbacks == 2
+    # Once the bound can be met again, the rule applies as before.
+    core.handle(DisseminationMeasured(0.0), 3.0)  # EWMA: 0.7 * 25 = 17.5 s <= 20 s
+    assert core.active() == ("near",) and core.plan.feasible and core.stats.latency_fallbacks == 2
+
+
+def test_the_fallback_keeps_to_the_workers_nearest_to_meeting_the_bound() -> None:
+    # A cheap worker with a long tail would pull the plan (and D) to and fro: the fallback takes
+    # the shortest tails only, by price among them.
+    core = ActivationCore(config(staleness=2, dissemination=0.0))  # S * T = 20 s
+    near = WorkerOffer("near", 8.0, 9.0, gen_tail_latency=2.0)
+    near_too = WorkerOffer("near-too", 8.0, 8.0, gen_tail_latency=2.2)  # within the 25% band
+    far = WorkerOffer("far", 20.0, 1.0, gen_tail_latency=15.0)
+    joined(core, near, near_too, far)
+    assert core.active() == ("far",)  # cheapest, and 15 s <= 20 s
+    core.handle(DisseminationMeasured(25.0), 1.0)
+    assert set(core.active()) == {"near", "near-too"} and core.stats.latency_fallbacks == 1
+
+
+def test_a_tail_latency_change_re_plans_only_when_it_changes_who_meets_the_bound() -> None:
+    core = ActivationCore(config(staleness=2, dissemination=0.0))  # S * T = 20 s
+    joined(core, WorkerOffer("c", 8.0, 4.0, gen_tail_latency=1.0), A)
+    replans = core.stats.replans
+    for tail in (1.1, 0.9, 1.05):  # an estimate wobbling with the advertised rate
+        assert core.handle(WorkerJoined(WorkerOffer("c", 8.0, 4.0, gen_tail_latency=tail)), 1.0) == []
+    assert core.stats.replans == replans
+    actions = core.handle(WorkerJoined(WorkerOffer("c", 8.0, 4.0, gen_tail_latency=21.0)), 2.0)
+    (deactivate,) = moves(actions)
+    assert isinstance(deactivate, Deactivate) and deactivate.peer == "c"
+    assert "staleness bound" in deactivate.reason and core.active() == ("a",)
+
+
+def test_leases_are_renewed_before_they_lapse() -> None:
+    core = ActivationCore(config())
+    core.handle(WorkerJoined(C), 0.0)
+    assert core.next_deadline() == 5.0  # the first rate check; the renewal is due at 60 - 20 = 40
+    renewals = [a for t in range(0, 100) for a in core.poll(float(t)) if isinstance(a, Activate)]
+    assert renewals == [Activate("c", 8.0, 60, renewal=True)] * 2  # at 40 and at 80
+    assert core.stats.renewals == 2
+
+
+def test_rates_are_measured_from_deliveries_after_the_first_one() -> None:
+    core = ActivationCore(config(drift_hold=30.0))  # = rate_window: a step change is adopted once, settled
+    joined(core, C, A)
+    core.handle(RolloutsReceived("c", 40), 12.0)  # first delivery: marks the start, not counted
+    assert core.measured_rate("c", 12.0) is None
+    for t in range(13, 43):
+        core.handle(RolloutsReceived("c", 8), float(t))
+    assert core.measured_rate("c", 42.0) == pytest.approx(8.0)
+    assert core.stats.drift_replans == 0
+    for t in range(43, 120):  # now only 3/s: far outside the band
+        core.handle(RolloutsReceived("c", 3), float(t))
+    assert core.stats.drift_replans == 1
+    assert core.plan.rate_of("c") == pytest.approx(3.0)
+
+
+def test_a_worker_that_never_delivers_is_measured_at_zero_and_deactivated() -> None:
+    core = ActivationCore(config())
+    joined(core, C, A, B_)
+    actions = [a for t in range(0, 200, 5) for a in core.poll(float(t))]
+    for t in range(5, 200, 5):  # a and b deliver steadily, c never does
+        core.handle(RolloutsReceived("a", 20), float(t))
+        core.handle(RolloutsReceived("b", 25), float(t))
+        actions += core.poll(float(t))
+    assert Deactivate("c", "no rollout rate (0 completions/s)") in actions
+    assert "c" not in core.active()
+
+
+def test_rollouts_from_an_inactive_worker_are_counted_not_measured() -> None:
+    core = ActivationCore(config())
+    joined(core, C, A, B_)
+    core.handle(RolloutsReceived("b", 5), 1.0)
+    core.handle(RolloutsReceived("stranger", 5), 1.0)
+    assert core.stats.rollouts_unsolicited == 10 and core.measured_rate("b", 1.0) is None
+
+
+def test_a_banned_worker_is_deactivated_and_comes_back_when_the_ban_lifts() -> None:
+    core = ActivationCore(config())
+    joined(core, C, A, B_)
+    actions = core.handle(PeerBanned("c", until=100.0), 1.0)
+    assert moves(actions) == [Activate("b", 5.0, 60), Deactivate("c", "banned (excluded until 100)")]
+    assert core.handle(WorkerJoined(WorkerOffer("c", 8.0, 4.0)), 2.0) == []
+    assert core.next_deadline() is not None and core.next_deadline() <= 100.0  # type: ignore[operator]
+    assert moves(core.poll(100.0))[0] == Activate("c", 8.0, 60)
+    assert core.active() == ("c", "a")
+
+
+def test_measured_utilization_is_the_share_of_wall_time_spent_stepping() -> None:
+    core = ActivationCore(config(utilization_window=100.0))
+    assert core.measured_utilization(0.0) is None
+    core.handle(StepMeasured(8.0, wait_seconds=2.0), 10.0)
+    core.handle(StepMeasured(10.0, wait_seconds=0.0), 20.0)
+    assert core.measured_utilization(20.0) == pytest.approx(18.0 / 20.0)
+    assert core.measured_utilization(115.0) == pytest.approx(1.0)  # the first step left the window
+    status = core.status(115.0)
+    assert status.measured_utilization == pytest.approx(1.0) and status.plan is core.plan
+
+
+def test_status_shows_the_plan_and_every_worker() -> None:
+    core = ActivationCore(config())
+    joined(core, C, A, B_)
+    status = core.status(1.0)
+    assert [w.peer for w in status.workers] == ["a", "b", "c"]
+    assert [w.active for w in status.workers] == [True, False, True]
+    shown = status.plan.as_dict()
+    assert shown["active"] == ["c", "a"] and shown["cost_per_step"] == pytest.approx(0.4)
+
+
+def test_a_virtual_run_meets_the_need_at_less_cost_than_all_on() -> None:
+    """Workers deliver at their true rates; the learner steps when B completions are there."""
+    true = {"c": 8.0, "a": 4.0, "b": 5.0, "d": 10.0}
+    core = ActivationCore(config(check_interval=1.0))
+    joined(core, C, A, B_, D)
+    buffered, paid, produced, now, last_step = 0.0, 0.0, 0.0, 0.0, 0.0
+    prices = {o.peer: o.price for o in (C, A, B_, D)}
+    while now < 600.0:
+        now += 1.0
+        for peer in core.active():
+            core.handle(RolloutsReceived(peer, int(true[peer])), now)
+            buffered += true[peer]
+            produced += true[peer]
+            paid += prices[peer] / 1000 * true[peer]
+        core.poll(now)
+        if buffered >= 100 and now - last_step >= 10.0:
+            core.handle(StepMeasured(10.0, wait_seconds=max(0.0, now - last_step - 10.0)), now)
+            buffered -= 100
+            last_step = now
+    utilization = core.measured_utilization(now)
+    assert utilization is not None and utilization >= 0.8
+    all_on = sum(prices[p] / 1000 * true[p] for p in true) * 600.0
+    assert paid < all_on / 3
+
+
+def test_invalid_config_is_refused_with_the_field_named() -> None:
+    with pytest.raises(ConfigError, match=r"activation.batch"):
+        config(batch=0)
+    with pytest.raises(ConfigError, match=r"activation.step_time"):
+        config(step_time=math.nan)
+    with pytest.raises(ConfigError, match=r"activation.renew_before"):
+        config(renew_before=60.0)
+    with pytest.raises(ConfigError, match=r"activation.lease_seconds"):
+        config(lease_seconds=86_401)
+    with pytest.raises(ConfigError, match=r"activation.smoothing"):
+        config(smoothing=1.5)
+    with pytest.raises(ConfigError, match=r"activation.staleness"):
+        config(staleness=1.5)
+
+
+def test_time_going_backwards_is_held_at_the_last_value() -> None:
+    core = ActivationCore(config())
+    core.handle(WorkerJoined(C), 50.0)
+    assert moves(core.poll(10.0)) == []  # holds 50: the lease granted at 50 is not due
+    assert core.status(0.0).workers[0].lease_expires_at == 110.0
+
+
+def test_a_misbehaving_worker_is_told_why_and_stays_out_for_the_run() -> None:
+    core = ActivationCore(config())
+    joined(core, C, A, B_)
+    actions = core.handle(WorkerMisbehaved("c", "failed 3 spot checks"), 1.0)
+    assert moves(actions) == [
+        Activate("b", 5.0, 60),
+        Deactivate("c", "failed 3 spot checks (excluded until inf)"),
+    ]
+    assert core.next_deadline() != math.inf  # a ban for the run is no timer
+    core.poll(10_000.0)
+    assert "c" not in core.active()
+
+
+def test_the_all_on_policy_activates_every_qualifying_worker() -> None:
+    core = ActivationCore(config(policy="all"))
+    joined(core, C, A, B_, D)
+    assert core.active() == ("c", "a", "b", "d") and core.plan.active == ("c", "a", "b", "d")
+    with pytest.raises(ConfigError, match=r"activation\.policy"):
+        config(policy="cheapest")
+
+
+# --- probation: measure before trust, make before break ------------------------------------------
+# The red-team finding: one fresh identity offering a huge (or just slightly better) rate at price 0,
+# never delivering, made the planner drop the honest worker that was feeding the learner.
+
+HONEST = WorkerOffer("honest", rate=12.0, price=5.0)  # covers the 11/s need alone
+
+
+def proven_honest(core: ActivationCore, until: float = 30.0) -> list:  # type: ignore[type-arg]
+    """``honest`` joins at 0 and delivers 12 completions a second until ``until``."""
+    actions = core.handle(WorkerJoined(HONEST), 0.0)
+    for t in range(1, int(until) + 1):
+        actions += core.handle(RolloutsReceived("honest", 12), float(t))
+        actions += core.poll(float(t))
+    assert core.status(until).workers[0].proven
+    return actions
+
+
+def run(core: ActivationCore, start: float, end: float, deliver: tuple[str, ...] = ("honest",)) -> list:  # type: ignore[type-arg]
+    actions = []
+    for t in range(int(start) + 1, int(end) + 1):
+        for peer in deliver:
+            if peer in core.active():
+                actions += core.handle(RolloutsReceived(peer, 12), float(t))
+        actions += core.poll(float(t))
+    return actions
+
+
+@pytest.mark.parametrize(
+    "fake",
+    [WorkerOffer("fake", rate=1e9, price=0.0), WorkerOffer("fake", rate=13.0, price=4.0)],
+    ids=["huge-rate-free", "slightly-better"],
+)
+def test_a_fake_offer_never_deactivates_a_proven_worker_and_drops_out_when_it_measures_zero(
+    fake: WorkerOffer,
+) -> None:
+    core = ActivationCore(config())  # first_rollout_timeout 120 s, drift_hold 10 s
+    proven_honest(core)
+    assert plan([HONEST, fake], core.plan.need).active == ("fake",)  # the plain rule would drop honest
+    actions = core.handle(WorkerJoined(fake), 30.0)
+    assert moves(actions) == [Activate("fake", fake.rate, 60)]  # on probation, in addition
+    assert core.active() == ("honest", "fake")
+    shown = core.plan.as_dict()
+    assert shown["kept"] == {"honest": "kept: proven, while fake is on probation"}
+    assert shown["probation"] == ["fake"] and core.plan.rate_of("honest") == 12.0
+    # The fake never delivers. The honest worker keeps delivering, is renewed, never deactivated
+    # nor lowered; the fake measures 0 at 30 + 120 s, the drift is adopted 10 s later.
+    actions = run(core, 30.0, 300.0)
+    honest = [a for a in moves(actions) if a.peer == "honest"]
+    assert honest and all(isinstance(a, Activate) and a.renewal and a.target_rate == 12.0 for a in honest)
+    assert Deactivate("fake", "no rollout rate (0 completions/s)") in actions
+    assert core.active() == ("honest",) and core.plan.kept == () and core.plan.probation == ()
+    # The learner re-probes it (leave + join: its measurement starts over): the same again.
+    actions = core.handle(WorkerLeft("fake"), 300.0) + core.handle(WorkerJoined(fake), 300.0)
+    assert moves(actions) == [Activate("fake", fake.rate, 60)]
+    actions = run(core, 300.0, 600.0)
+    assert not [a for a in moves(actions) if a.peer == "honest" and not isinstance(a, Activate)]
+    assert Deactivate("fake", "no rollout rate (0 completions/s)") in actions
+    assert core.active() == ("honest",) and core.stats.deactivations == 2
+
+
+def test_many_identities_one_after_another_never_stop_the_proven_worker() -> None:
+    core = ActivationCore(config(first_rollout_timeout=30.0))
+    proven_honest(core)
+    actions = []
+    for i in range(20):  # a fresh fake every 15 s, each refreshed (re-advertised) as it lives
+        now = 30.0 + 15.0 * i
+        actions += core.handle(WorkerJoined(WorkerOffer(f"fake{i}", 1e9, 0.0)), now)
+        actions += run(core, now, now + 15.0)
+        actions += core.handle(WorkerJoined(WorkerOffer(f"fake{i}", 2e9, 0.0)), now + 15.0)
+    assert "honest" in core.active()
+    assert not [a for a in actions if isinstance(a, Deactivate) and a.peer == "honest"]
+    assert all(a.target_rate == 12.0 for a in moves(actions) if a.peer == "honest")
+
+
+def test_a_newcomer_that_delivers_replaces_a_dearer_proven_worker_after_its_first_delivery() -> None:
+    core = ActivationCore(config())
+    proven_honest(core)
+    cheap = WorkerOffer("cheap", rate=12.0, price=1.0)  # 5 times cheaper per completion
+    assert moves(core.handle(WorkerJoined(cheap), 30.0)) == [Activate("cheap", 12.0, 60)]
+    assert core.active() == ("honest", "cheap")  # make before break: both, until cheap delivers
+    assert moves(run(core, 30.0, 39.0)) == []
+    actions = core.handle(RolloutsReceived("cheap", 12), 40.0)  # its first delivery proves it
+    assert moves(actions) == [Deactivate("honest", "not needed: cheaper workers cover the need")]
+    changed = [a for a in actions if isinstance(a, PlanChanged)]
+    assert changed[0].cause == "worker delivered, probation over: cheap"
+    assert core.active() == ("cheap",) and core.plan.kept == () and core.stats.probations_passed == 1
+    # The normal economics hold from here: cost is cheap's alone.
+    assert core.plan.cost_per_step == pytest.approx(1.0 / 1000 * 12.0 * 10.0)
+
+
+def test_at_most_max_probation_unproven_workers_are_active_at_once_however_many_offer() -> None:
+    core = ActivationCore(config(first_rollout_timeout=30.0, max_workers=4096))
+    proven_honest(core)
+    # 1,000 free identities of 0.1/s each: the plain rule would activate 110 of them.
+    sybils = [WorkerOffer(f"s{i:04d}", 0.1, 0.0) for i in range(1000)]
+    assert len(plan([HONEST, *sybils], core.plan.need).active) == 110
+    actions = [a for o in sybils for a in core.handle(WorkerJoined(o), 30.0)]
+    assert [a.peer for a in moves(actions)] == ["s0000", "s0001", "s0002", "s0003"]  # cheapest first
+    assert core.plan.probation == ("s0000", "s0001", "s0002", "s0003")
+    assert len(core.plan.waiting) == 106 and "waiting for probation" in core.plan.waiting[0].reason
+    assert "honest" in core.active()
+    # They never deliver: each cohort measures 0 and the next 4 (in plan order) get the places.
+    cohorts = {}
+    for t in range(31, 200):
+        step = core.poll(float(t)) + core.handle(RolloutsReceived("honest", 12), float(t))
+        fresh = [a.peer for a in moves(step) if isinstance(a, Activate) and a.peer != "honest"]
+        if fresh:
+            cohorts[t] = fresh
+        assert sum(1 for p in core.active() if p != "honest") <= 4
+        assert not [a for a in moves(step) if a.peer == "honest" and isinstance(a, Deactivate)]
+    # Each cohort is out 30 s (first_rollout_timeout) + 10 s (drift_hold) after its activation.
+    assert cohorts == {
+        70: ["s0004", "s0005", "s0006", "s0007"],
+        110: ["s0008", "s0009", "s0010", "s0011"],
+        150: ["s0012", "s0013", "s0014", "s0015"],
+        190: ["s0016", "s0017", "s0018", "s0019"],
+    }
+
+
+def test_a_cold_start_plans_on_advertised_rates_without_a_cap() -> None:
+    # No worker has delivered: nothing to protect, the plain rule decides, every pick is active.
+    core = ActivationCore(config(max_probation=1))
+    joined(core, C, A, B_, D)
+    assert core.active() == ("c", "a") and core.plan == plan([C, A, B_, D], core.plan.need)
+    cheap = WorkerOffer("e", rate=20.0, price=1.0)
+    assert [type(a) for a in moves(core.handle(WorkerJoined(cheap), 1.0))] == [
+        Activate,
+        Deactivate,
+        Deactivate,
+    ]
+    # A bigger need, still nobody proven: all three picks at once, cap or not.
+    core = ActivationCore(config(max_probation=1, step_time=5.0))  # 22/s
+    joined(core, C, A, B_, D)
+    assert core.active() == ("c", "a", "b", "d") and core.plan.probation == ()
+    # Once one delivers, the start-up cohort stays (a re-plan does not push it under the cap).
+    core.handle(RolloutsReceived("c", 8), 2.0)
+    core.handle(StepMeasured(5.0), 3.0)
+    core.handle(WorkerJoined(WorkerOffer("d", 10.0, 30.0)), 4.0)  # a price change re-plans
+    assert core.active() == ("c", "a", "b", "d") and core.plan.probation == ("a", "b", "d")
+
+
+def test_the_all_on_policy_keeps_every_proven_worker_and_caps_the_unproven() -> None:
+    core = ActivationCore(config(policy="all", max_probation=2))
+    proven_honest(core)
+    actions = joined(core, C, A, B_, D, now=31.0)
+    assert [a.peer for a in moves(actions)] == ["c", "a"]  # cheapest first; b and d wait
+    assert core.active() == ("honest", "c", "a")
+    assert {k.peer for k in core.plan.waiting} == {"b", "d"} and core.plan.kept == ()
+    actions = core.handle(RolloutsReceived("c", 8), 32.0)  # c proven: a place for b
+    assert moves(actions) == [Activate("b", 5.0, 60)]
+    assert set(core.active()) == {"honest", "c", "a", "b"}
+
+
+def test_status_says_who_is_proven_kept_and_on_probation() -> None:
+    core = ActivationCore(config())
+    proven_honest(core)
+    core.handle(WorkerJoined(WorkerOffer("fake", 1e9, 0.0)), 30.0)
+    status = core.status(31.0)
+    assert {w.peer: w.proven for w in status.workers} == {"fake": False, "honest": True}
+    assert [(k.peer, k.reason) for k in status.plan.kept] == [
+        ("honest", "kept: proven, while fake is on probation")
+    ]
+    assert status.plan.as_dict()["probation"] == ["fake"] and status.plan.as_dict()["waiting"] == {}
+
+
+def test_max_probation_is_validated() -> None:
+    with pytest.raises(ConfigError, match=r"activation\.max_probation"):
+        config(max_probation=0)
+    with pytest.raises(ConfigError, match=r"activation\.max_probation"):
+        config(max_probation=True)
+    assert config().max_probation == 4

@@ -1,0 +1,781 @@
+"""Specification of the sans-IO gossip core (swarmnode/gossip/core.py). Each test name is a rule."""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+import itertools
+import random
+from collections import Counter, defaultdict
+from typing import Any, TypeVar
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, precondition, rule
+
+from swarmnode.core import PeerBanned, round_at
+from swarmnode.errors import ConfigError
+from swarmnode.gossip import (
+    AdmissionResult,
+    Admit,
+    Announce,
+    Announced,
+    CancelPull,
+    GossipAction,
+    GossipConfig,
+    GossipCore,
+    GossipEvent,
+    Publish,
+    Pull,
+    PullFailed,
+    PullRequest,
+    PullSucceeded,
+    ReadAnnouncements,
+    Retire,
+    Serve,
+)
+
+A = TypeVar("A")
+
+
+def cfg(**overrides: Any) -> GossipConfig:
+    """Small numbers so that rules show in a few calls; every other knob at its default."""
+    base: dict[str, Any] = dict(
+        round_seconds=10.0,
+        read_interval=1.0,
+        announce_delay=0.5,
+        pull_timeout=5.0,
+        backoff_base=1.0,
+        backoff_max=8.0,
+        admission_timeout=5.0,
+        rejection_shun_seconds=100.0,
+    )
+    base.update(overrides)
+    return GossipConfig(**base)
+
+
+def d(i: int) -> bytes:
+    return hashlib.sha256(b"item-%d" % i).digest()
+
+
+def sha(payload: bytes) -> bytes:
+    return hashlib.sha256(payload).digest()
+
+
+def only(kind: type[A], actions: list[GossipAction]) -> list[A]:
+    return [a for a in actions if isinstance(a, kind)]
+
+
+def started(config: GossipConfig | None = None, now: float = 0.0, **kwargs: Any) -> GossipCore:
+    """A core that has done its first poll (the first read is behind it)."""
+    core = GossipCore(config or cfg(), "me", **kwargs)
+    core.poll(now)
+    return core
+
+
+def announce(core: GossipCore, peer: str, digests: list[bytes], now: float) -> list[GossipAction]:
+    return core.handle(Announced(peer, core.current_round(now), tuple(digests)), now)
+
+
+def succeed(core: GossipCore, pull: Pull, now: float, payload: bytes = b"x") -> list[GossipAction]:
+    items = tuple((digest, payload + digest) for digest in pull.digests)
+    return core.handle(PullSucceeded(pull.request_id, pull.peer, items), now)
+
+
+# --- configuration ----------------------------------------------------------------------------
+
+
+def test_invalid_config_is_refused_with_the_field_named() -> None:
+    with pytest.raises(ConfigError, match="max_inflight_pulls"):
+        GossipConfig(max_inflight_pulls=0)
+    with pytest.raises(ConfigError, match="pull_rate"):
+        GossipConfig(pull_rate=float("nan"))
+    with pytest.raises(ConfigError, match="remember_rounds"):
+        GossipConfig(remember_rounds=1, read_back_rounds=1)
+
+
+def test_unknown_events_are_a_programming_error() -> None:
+    with pytest.raises(TypeError):
+        started().handle("hello", 0.0)  # type: ignore[arg-type]
+
+
+# --- announcing own items --------------------------------------------------------------------
+
+
+def test_publication_is_announced_for_the_current_round_after_the_coalescing_delay() -> None:
+    core = started(now=25.0)
+    assert only(Announce, core.handle(Publish(d(1), 10), 25.0)) == []
+    assert core.next_deadline() == 25.5
+    assert only(Announce, core.poll(25.5)) == [Announce(round=2, part=0, digests=(d(1),), expires_at=50.0)]
+
+
+def test_publications_within_the_delay_share_one_record_and_a_growing_record_is_rewritten_whole() -> None:
+    core = started()
+    core.handle(Publish(d(1), 10), 0.0)
+    core.handle(Publish(d(2), 10), 0.2)
+    assert only(Announce, core.poll(0.5)) == [Announce(0, 0, (d(1), d(2)), 30.0)]
+    core.handle(Publish(d(3), 10), 1.0)
+    assert only(Announce, core.poll(1.5)) == [Announce(0, 0, (d(1), d(2), d(3)), 30.0)]
+
+
+def test_announcements_are_split_into_parts_of_at_most_max_digests_and_full_parts_go_out_at_once() -> None:
+    core = started(cfg(max_digests_per_announcement=4))
+    sent: list[Announce] = []
+    for i in range(9):
+        sent += only(Announce, core.handle(Publish(d(i), 1), 0.0))
+    assert [(a.part, len(a.digests)) for a in sent] == [(0, 4), (1, 4)]  # full parts: no delay
+    sent += only(Announce, core.poll(0.5))
+    assert [(a.part, len(a.digests)) for a in sent] == [(0, 4), (1, 4), (2, 1)]
+    assert [x for a in sent for x in a.digests] == [d(i) for i in range(9)]
+
+
+def test_own_items_are_served_until_keep_rounds_after_their_round_then_retired() -> None:
+    core = started(cfg(keep_rounds=1))
+    core.handle(Publish(d(1), 10), 5.0)  # round 0: servable through round 1, i.e. until t=20
+    assert core.handle(PullRequest("p", (d(1),)), 19.9)[0] == Serve("p", (d(1),))
+    assert Retire(d(1)) in core.poll(20.0)
+    assert core.handle(PullRequest("p", (d(1),)), 20.0)[0] == Serve("p", ())
+    assert core.sizes().own_items == 0
+
+
+def test_publication_beyond_capacity_is_retired_at_once() -> None:
+    core = started(cfg(max_own_items=2))
+    core.handle(Publish(d(1), 1), 0.0)
+    core.handle(Publish(d(2), 1), 0.0)
+    assert core.handle(Publish(d(3), 1), 0.0) == [Retire(d(3))]
+    assert core.stats.publish_dropped == 1
+
+
+# --- reading announcements, rounds -------------------------------------------------------------
+
+
+def test_reads_the_current_and_previous_round_every_read_interval() -> None:
+    core = GossipCore(cfg(), "me")
+    assert only(ReadAnnouncements, core.poll(0.0)) == [ReadAnnouncements((0, -1))]
+    assert core.next_deadline() == 1.0
+    assert only(ReadAnnouncements, core.poll(0.5)) == []
+    assert only(ReadAnnouncements, core.poll(1.0)) == [ReadAnnouncements((0, -1))]
+    assert only(ReadAnnouncements, core.poll(12.0)) == [ReadAnnouncements((1, 0))]
+
+
+def test_a_late_joiner_reads_and_announces_in_the_swarm_round_derived_from_the_clock() -> None:
+    config = cfg(round_seconds=30.0, epoch=1_700_000_000.0)
+    now = 1_700_000_000.0 + 3 * 3600 + 7.0  # joins three hours after the swarm's epoch
+    old = GossipCore(config, "old")
+    for t in range(0, 3 * 3600 + 7, 600):  # the old node has been polled all along
+        old.poll(config.epoch + t)
+    late = GossipCore(config, "late")
+    expected = round_at(now, 30.0, config.epoch)
+    assert expected == 360
+    assert only(ReadAnnouncements, late.poll(now)) == [ReadAnnouncements((360, 359))]
+    assert old.current_round(now) == late.current_round(now) == 360
+    late.handle(Publish(d(1), 1), now)
+    assert only(Announce, late.poll(now + 0.5))[0].round == 360
+
+
+def test_announcements_for_rounds_outside_the_read_window_are_ignored() -> None:
+    core = started(now=35.0)  # round 3 reads rounds 3 and 2
+    assert only(Pull, core.handle(Announced("a", 1, (d(1),)), 35.0)) == []
+    assert only(Pull, core.handle(Announced("a", 5, (d(2),)), 35.0)) == []
+    assert only(Pull, core.handle(Announced("a", 2, (d(3),)), 35.0)) != []
+
+
+def test_time_that_goes_backwards_is_held_at_its_last_value() -> None:
+    core = started(now=15.0)
+    core.handle(Publish(d(1), 1), 5.0)  # a clock step back: still round 1, flush at 15.5
+    assert core.next_deadline() == 15.5
+    assert only(Announce, core.poll(15.5))[0].round == 1
+
+
+# --- deciding what to pull -------------------------------------------------------------------
+
+
+def test_a_digest_is_pulled_once_however_often_and_by_whomever_it_is_announced() -> None:
+    core = started()
+    actions = announce(core, "a", [d(1)], 0.0)
+    actions += announce(core, "b", [d(1)], 0.1)
+    actions += announce(core, "a", [d(1)], 0.2)
+    pulls = only(Pull, actions)
+    assert [p.digests for p in pulls] == [(d(1),)]
+    admits = only(Admit, succeed(core, pulls[0], 0.3))
+    assert [a.digest for a in admits] == [d(1)]
+    assert only(Pull, announce(core, "c", [d(1)], 0.4)) == []  # awaiting its verdict
+    core.handle(AdmissionResult("a", d(1), True, "ok"), 0.5)
+    assert only(Pull, announce(core, "c", [d(1)], 0.6)) == []  # remembered
+
+
+def test_own_items_are_never_pulled_and_own_announcements_are_ignored() -> None:
+    core = started()
+    core.handle(Publish(d(1), 1), 0.0)
+    assert only(Pull, announce(core, "a", [d(1)], 0.1)) == []
+    assert only(Pull, announce(core, "me", [d(2)], 0.1)) == []
+    assert core.sizes().candidates == 0
+
+
+def test_digests_are_batched_per_peer_up_to_max_digests_per_pull() -> None:
+    core = started(cfg(max_digests_per_pull=3, max_inflight_pulls_per_peer=2))
+    pulls = only(Pull, announce(core, "a", [d(i) for i in range(7)], 0.0))
+    assert [len(p.digests) for p in pulls] == [3, 3]  # the 7th waits for a free slot
+    assert [len(p.digests) for p in only(Pull, succeed(core, pulls[0], 0.1))] == [1]
+
+
+def test_records_of_one_read_handled_together_are_scheduled_once_into_full_batches() -> None:
+    core = started()
+    read = [Announced("a", 0, (d(1), d(2))), Announced("a", 0, (d(3),)), Announced("b", 0, (d(3), d(4)))]
+    pulls = only(Pull, core.handle_all(read, 0.0))
+    assert [(p.peer, p.digests) for p in pulls] == [("a", (d(1), d(2), d(3))), ("b", (d(4),))]
+
+
+def test_inflight_pulls_are_capped_globally() -> None:
+    core = started(cfg(max_inflight_pulls=2))
+    pulls = []
+    for i, peer in enumerate(["a", "b", "c"]):
+        pulls += only(Pull, announce(core, peer, [d(i)], 0.0))
+    assert [p.peer for p in pulls] == ["a", "b"]
+    assert [p.peer for p in only(Pull, core.handle(PullFailed(pulls[0].request_id, "a", "x"), 0.1))] == ["c"]
+
+
+def test_inflight_pulls_are_capped_per_peer() -> None:
+    core = started(cfg(max_digests_per_pull=2, max_inflight_pulls_per_peer=1))
+    assert len(only(Pull, announce(core, "a", [d(i) for i in range(10)], 0.0))) == 1
+
+
+def test_pulled_items_are_rate_limited_per_peer_with_a_token_bucket() -> None:
+    core = started(cfg(pull_rate=2.0, pull_burst=4.0, max_digests_per_pull=16, max_inflight_pulls_per_peer=4))
+    [first] = only(Pull, announce(core, "a", [d(i) for i in range(10)], 0.0))
+    assert len(first.digests) == 4  # the burst
+    assert only(Pull, succeed(core, first, 0.0)) == []
+    assert core.next_deadline() == 0.5  # one token at 2 items/s
+    assert [len(p.digests) for p in only(Pull, core.poll(0.5))] == [1]
+    assert [len(p.digests) for p in only(Pull, core.poll(2.5))] == [4]
+    # Another peer has its own bucket.
+    assert [len(p.digests) for p in only(Pull, announce(core, "b", [d(100 + i) for i in range(9)], 2.5))] == [
+        4
+    ]
+
+
+def test_a_failed_pull_is_retried_on_another_peer_that_announced_the_digests() -> None:
+    core = started()
+    [first] = only(Pull, announce(core, "a", [d(1), d(2)], 0.0))
+    assert only(Pull, announce(core, "b", [d(1), d(2)], 0.1)) == []  # in flight: noted, not pulled twice
+    [retry] = only(Pull, core.handle(PullFailed(first.request_id, "a", "connection reset"), 0.2))
+    assert (retry.peer, retry.digests) == ("b", (d(1), d(2)))
+
+
+def test_a_timed_out_pull_is_cancelled_and_retried_on_another_peer() -> None:
+    core = started()
+    [first] = only(Pull, announce(core, "a", [d(1)], 0.0))
+    announce(core, "b", [d(1)], 0.0)
+    assert core.next_deadline() <= 5.0  # type: ignore[operator]
+    actions = core.poll(5.0)
+    assert CancelPull(first.request_id, "a") in actions
+    [retry] = only(Pull, actions)
+    assert retry.peer == "b" and retry.digests == (d(1),)
+    assert only(Admit, succeed(core, first, 5.1)) == []  # the late answer is ignored
+
+
+def test_digests_missing_from_a_response_are_retried_elsewhere() -> None:
+    core = started()
+    [first] = only(Pull, announce(core, "a", [d(1), d(2)], 0.0))
+    announce(core, "b", [d(1), d(2)], 0.0)
+    actions = core.handle(PullSucceeded(first.request_id, "a", ((d(1), b"p1"),)), 0.1)
+    assert only(Admit, actions) == [Admit("a", d(1), b"p1")]
+    assert [(p.peer, p.digests) for p in only(Pull, actions)] == [("b", (d(2),))]
+
+
+def test_a_failing_peer_is_backed_off_exponentially_up_to_backoff_max() -> None:
+    core = started(cfg(max_attempts=100, backoff_base=1.0, backoff_max=4.0))
+    [pull] = only(Pull, announce(core, "a", [d(1)], 0.0))
+    now = 0.0
+    for gap in [1.0, 2.0, 4.0, 4.0]:
+        core.handle(PullFailed(pull.request_id, "a", "refused"), now)
+        assert core.next_deadline() <= now + gap  # type: ignore[operator]
+        assert only(Pull, core.poll(now + gap - 0.01)) == []
+        [pull] = only(Pull, core.poll(now + gap))
+        now += gap
+
+
+def test_a_digest_is_given_up_after_max_attempts() -> None:
+    core = started(cfg(max_attempts=2, backoff_base=0.1))
+    [pull] = only(Pull, announce(core, "a", [d(1)], 0.0))
+    core.handle(PullFailed(pull.request_id, "a", "x"), 0.0)
+    [pull] = only(Pull, core.poll(0.1))
+    assert only(Pull, core.handle(PullFailed(pull.request_id, "a", "x"), 0.1) + core.poll(5.0)) == []
+    assert only(Pull, announce(core, "b", [d(1)], 5.0)) == []
+    assert core.stats.gave_up == 1
+
+
+def test_a_digest_announced_by_several_peers_goes_to_the_one_with_the_best_history() -> None:
+    core = started(cfg(max_inflight_pulls=1))
+    [pull] = only(Pull, announce(core, "b", [d(1)], 0.0))
+    succeed(core, pull, 0.1)
+    core.handle(AdmissionResult("b", d(1), True, "ok"), 0.1)  # b: +1; a: nothing yet
+    [blocker] = only(Pull, announce(core, "z", [d(9)], 0.2))  # occupies the only slot
+    announce(core, "a", [d(2)], 0.3)
+    announce(core, "b", [d(2)], 0.3)
+    [pull] = only(Pull, core.handle(PullFailed(blocker.request_id, "z", "x"), 0.4))
+    assert pull.peer == "b" and pull.digests == (d(2),)
+
+
+def test_results_of_unknown_or_finished_pulls_and_unrequested_items_are_ignored() -> None:
+    core = started()
+    assert only(Admit, core.handle(PullSucceeded(999, "a", ((d(1), b"x"),)), 0.0)) == []
+    [pull] = only(Pull, announce(core, "a", [d(1)], 0.0))
+    assert only(Admit, core.handle(PullSucceeded(pull.request_id, "b", ((d(1), b"x"),)), 0.0)) == []
+    items = ((d(1), b"x"), (d(1), b"y"), (d(7), b"z"))
+    assert only(Admit, core.handle(PullSucceeded(pull.request_id, "a", items), 0.1)) == [
+        Admit("a", d(1), b"x")
+    ]
+    assert core.stats.items_unrequested == 2
+
+
+def test_a_payload_that_does_not_match_its_digest_is_dropped_counted_and_retried_elsewhere() -> None:
+    core = started(digest_of=sha)
+    good = b"the real item"
+    [pull] = only(Pull, announce(core, "a", [sha(good)], 0.0))
+    announce(core, "b", [sha(good)], 0.0)
+    actions = core.handle(PullSucceeded(pull.request_id, "a", ((sha(good), b"forged"),)), 0.1)
+    assert only(Admit, actions) == []
+    [retry] = only(Pull, actions)
+    assert retry.peer == "b"
+    assert only(Admit, core.handle(PullSucceeded(retry.request_id, "b", ((sha(good), good),)), 0.2)) == [
+        Admit("b", sha(good), good)
+    ]
+    assert core.stats.items_corrupt == 1
+
+
+# --- admission verdicts, bans ----------------------------------------------------------------
+
+
+def test_a_peer_whose_items_are_rejected_repeatedly_is_not_pulled_from() -> None:
+    core = started(cfg(max_rejections=2, rejection_shun_seconds=50.0))
+    for i in range(2):
+        [pull] = only(Pull, announce(core, "a", [d(i)], 0.0))
+        succeed(core, pull, 0.1)
+        core.handle(AdmissionResult("a", d(i), False, "bad_signature"), 0.1)
+    assert core.is_banned("a", 0.2)
+    assert only(Pull, announce(core, "a", [d(10)], 0.2)) == []
+    [pull] = only(Pull, announce(core, "b", [d(10)], 0.2))
+    assert pull.peer == "b"
+    succeed(core, pull, 0.3)
+    assert [p.peer for p in only(Pull, core.poll(50.1) + announce(core, "a", [d(11)], 50.1))] == ["a"]
+
+
+def test_a_banned_peer_is_neither_pulled_from_nor_served_until_the_ban_ends() -> None:
+    core = started()
+    core.handle(Publish(d(0), 1), 0.0)
+    [pull] = only(Pull, announce(core, "a", [d(1)], 0.0))
+    announce(core, "b", [d(1)], 0.0)
+    actions = core.handle(PeerBanned("a", until=29.5), 0.1)
+    assert CancelPull(pull.request_id, "a") in actions
+    assert [(p.peer, p.digests) for p in only(Pull, actions)] == [("b", (d(1),))]
+    assert only(Pull, announce(core, "a", [d(2)], 0.2)) == []
+    assert only(Serve, core.handle(PullRequest("a", (d(0),)), 0.3)) == [Serve("a", ())]
+    assert only(Serve, core.handle(PullRequest("a", (d(0),)), 29.0)) == [Serve("a", ())]
+    assert only(Serve, core.handle(PullRequest("a", (d(0),)), 29.5)) == [Serve("a", (d(0),))]
+
+
+def test_pulls_wait_while_pending_admissions_are_at_capacity() -> None:
+    core = started(cfg(max_pending_admissions=2))
+    [pull] = only(Pull, announce(core, "a", [d(i) for i in range(5)], 0.0))
+    assert len(pull.digests) == 2
+    actions = succeed(core, pull, 0.1)
+    assert len(only(Admit, actions)) == 2 and only(Pull, actions) == []
+    [more] = only(Pull, core.handle(AdmissionResult("a", d(0), True, "ok"), 0.2))
+    assert len(more.digests) == 1
+
+
+def test_an_admission_that_times_out_frees_its_slot_and_the_digest_is_not_admitted_again() -> None:
+    core = started(cfg(max_pending_admissions=1, admission_timeout=3.0))
+    [pull] = only(Pull, announce(core, "a", [d(1), d(2)], 0.0))
+    succeed(core, pull, 0.0)
+    assert core.next_deadline() == 1.0  # the read timer; the admission timer is at 3.0
+    core.poll(1.0)
+    core.poll(2.0)
+    [pull] = only(Pull, core.poll(3.0))
+    assert pull.digests == (d(2),)
+    assert only(Pull, announce(core, "b", [d(1)], 3.1)) == []
+    assert core.stats.admission_timeouts == 1
+
+
+# --- serving ---------------------------------------------------------------------------------
+
+
+def test_serve_answers_with_own_known_digests_only_deduplicated_and_capped_per_batch() -> None:
+    core = started(cfg(max_serve_batch=3))
+    for i in range(5):
+        core.handle(Publish(d(i), 1), 0.0)
+    assert core.handle(PullRequest("p", (d(0), d(99), d(1), d(0))), 0.0)[0] == Serve("p", (d(0), d(1)))
+    [serve] = only(Serve, core.handle(PullRequest("q", tuple(d(i) for i in range(5))), 0.0))
+    assert serve.digests == (d(0), d(1), d(2))
+
+
+def test_serve_batches_are_capped_in_bytes() -> None:
+    core = started(cfg(max_serve_bytes=250))
+    for i in range(3):
+        core.handle(Publish(d(i), 100), 0.0)
+    assert core.handle(PullRequest("p", (d(0), d(1), d(2))), 0.0)[0] == Serve("p", (d(0), d(1)))
+
+
+def test_serving_is_rate_limited_per_peer() -> None:
+    core = started(cfg(serve_rate=1.0, serve_burst=3.0))
+    digests = tuple(d(i) for i in range(5))
+    for digest in digests:
+        core.handle(Publish(digest, 1), 0.0)
+    assert len(core.handle(PullRequest("p", digests), 0.0)[0].digests) == 3
+    assert core.handle(PullRequest("p", digests), 0.0)[0].digests == ()
+    assert len(core.handle(PullRequest("p", digests), 2.0)[0].digests) == 2
+    assert len(core.handle(PullRequest("q", digests), 2.0)[0].digests) == 3  # q has its own bucket
+
+
+# --- memory ----------------------------------------------------------------------------------
+
+
+def test_expiry_frees_the_memory_of_candidates_and_remembered_digests() -> None:
+    core = started(cfg(max_inflight_pulls_per_peer=1, max_digests_per_pull=2, pull_rate=0.01, pull_burst=2))
+    [pull] = only(Pull, announce(core, "a", [d(i) for i in range(20)], 0.0))
+    succeed(core, pull, 0.1)
+    for digest in pull.digests:
+        core.handle(AdmissionResult("a", digest, True, "ok"), 0.2)
+    assert core.sizes().candidates == 18 and core.sizes().remembered == 2
+    core.poll(core.config.candidate_ttl)
+    assert core.sizes().candidates == 0
+    core.poll(0.2 + core.config.remember_ttl)
+    assert core.sizes().remembered == 0 and core.sizes().pending_admissions == 0
+
+
+def test_tables_stay_within_their_caps_under_a_flood_of_announcements() -> None:
+    config = cfg(max_candidates=10, max_candidates_per_peer=4, max_peers=3, max_inflight_pulls=1)
+    core = started(config)
+    for p in range(10):
+        announce(core, f"peer{p}", [d(1000 * p + i) for i in range(20)], 0.0)
+    sizes = core.sizes()
+    assert sizes.candidates <= 10 and sizes.peers <= 3
+    assert core.stats.candidates_dropped > 0 and core.stats.announcements_ignored > 0
+
+
+def test_an_idle_peer_is_forgotten_to_make_room_for_a_new_one() -> None:
+    core = started(cfg(max_peers=1))
+    [pull] = only(Pull, announce(core, "a", [d(1)], 0.0))
+    assert only(Pull, announce(core, "b", [d(2)], 0.0)) == []  # a is busy: no room for b
+    succeed(core, pull, 0.1)
+    core.handle(AdmissionResult("a", d(1), True, "ok"), 0.1)
+    # a's bucket refills, then a is idle and may be forgotten for b.
+    assert [p.peer for p in only(Pull, announce(core, "b", [d(2)], 10.0))] == ["b"]
+
+
+# --- invariants under random event sequences -------------------------------------------------
+
+PEERS = ["p0", "p1", "p2", "p3", "p4"]
+DIGESTS = [bytes([i]) * 4 for i in range(24)]
+SM_CONFIG = cfg(
+    round_seconds=5.0,
+    read_interval=1.0,
+    keep_rounds=1,
+    remember_rounds=3,
+    max_own_items=6,
+    max_digests_per_announcement=4,
+    max_candidates=12,
+    max_candidates_per_peer=6,
+    max_announcers_per_digest=3,
+    max_digests_per_pull=3,
+    max_inflight_pulls=3,
+    max_inflight_pulls_per_peer=2,
+    pull_timeout=3.0,
+    pull_rate=1.0,
+    pull_burst=4.0,
+    max_attempts=3,
+    max_pending_admissions=5,
+    admission_timeout=4.0,
+    max_rejections=2,
+    rejection_shun_seconds=7.0,
+    max_remembered=64,  # > len(DIGESTS): forgetting happens by expiry only, so the no-duplicate rule is exact
+    max_serve_batch=3,
+    serve_rate=1.0,
+    serve_burst=2.0,
+    max_peers=3,
+    max_bans=len(PEERS),
+)
+
+
+def within_rate(entries: list[tuple[float, int]], rate: float, burst: float) -> bool:
+    """Every window ending at the newest entry holds at most burst + rate * its length."""
+    end, total = entries[-1][0], 0
+    for t, n in reversed(entries):
+        total += n
+        if total > burst + rate * (end - t) + 1e-6:
+            return False
+    return True
+
+
+class GossipMachine(RuleBasedStateMachine):
+    """Feeds random events and checks every action against the rules, after every step."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.core = GossipCore(SM_CONFIG, "me")
+        self.now = 0.0
+        self.inflight: dict[int, Pull] = {}
+        self.awaiting: dict[bytes, str] = {}
+        self.own: set[bytes] = set()
+        self.bans: dict[str, float] = {}
+        self.last_admit: dict[bytes, float] = {}
+        self.pulled: dict[str, list[tuple[float, int]]] = defaultdict(list)
+        self.served: dict[str, list[tuple[float, int]]] = defaultdict(list)
+        self.apply(self.core.poll(self.now))
+
+    def apply(self, actions: list[GossipAction]) -> None:
+        c = SM_CONFIG
+        for action in actions:
+            match action:
+                case Pull(request_id=rid, peer=peer, digests=digests):
+                    assert rid not in self.inflight
+                    assert 1 <= len(digests) <= c.max_digests_per_pull and len(set(digests)) == len(digests)
+                    assert not set(digests) & self.own, "own items are never pulled"
+                    assert self.bans.get(peer, -1.0) <= self.now, "banned peers are never pulled from"
+                    awaiting = {
+                        x for x in self.awaiting if self.now - self.last_admit[x] < c.admission_timeout
+                    }
+                    busy = {x for p in self.inflight.values() for x in p.digests} | awaiting
+                    assert not set(digests) & busy, "a digest is in at most one pull or admission"
+                    self.inflight[rid] = action
+                    self.pulled[peer].append((self.now, len(digests)))
+                    assert within_rate(self.pulled[peer], c.pull_rate, c.pull_burst), "pull rate limit"
+                case CancelPull(request_id=rid):
+                    assert self.inflight.pop(rid).peer == action.peer
+                case Admit(peer=peer, digest=digest):
+                    assert digest not in self.own
+                    previous = self.last_admit.get(digest)
+                    assert previous is None or self.now - previous >= c.remember_ttl, "duplicate Admit"
+                    self.last_admit[digest] = self.now
+                    self.awaiting[digest] = peer
+                case Serve(peer=peer, digests=digests):
+                    assert set(digests) <= self.own and len(digests) <= c.max_serve_batch
+                    self.served[peer].append((self.now, len(digests)))
+                    assert within_rate(self.served[peer], c.serve_rate, c.serve_burst), "serve rate limit"
+                case Retire(digest=digest):
+                    self.own.discard(digest)
+                case Announce(digests=digests):
+                    assert 1 <= len(digests) <= c.max_digests_per_announcement
+                case ReadAnnouncements(rounds=rounds):
+                    assert rounds == (
+                        self.core.current_round(self.now),
+                        self.core.current_round(self.now) - 1,
+                    )
+        self.assert_bounds()
+
+    def assert_bounds(self) -> None:
+        c = SM_CONFIG
+        assert len(self.inflight) <= c.max_inflight_pulls
+        per_peer = Counter(p.peer for p in self.inflight.values())
+        assert max(per_peer.values(), default=0) <= c.max_inflight_pulls_per_peer
+        sizes = self.core.sizes()
+        assert sizes.inflight_pulls == len(self.inflight)
+        assert sizes.own_items <= c.max_own_items and sizes.candidates <= c.max_candidates
+        assert sizes.pending_admissions <= c.max_pending_admissions
+        assert (
+            sizes.remembered <= c.max_remembered and sizes.peers <= c.max_peers and sizes.bans <= c.max_bans
+        )
+
+    def step(self, event: GossipEvent) -> None:
+        self.apply(self.core.handle(event, self.now))
+
+    @rule(digest=st.sampled_from(DIGESTS), size=st.integers(0, 100))
+    def publish(self, digest: bytes, size: int) -> None:
+        actions = self.core.handle(Publish(digest, size), self.now)
+        if Retire(digest) not in actions:
+            self.own.add(digest)
+        self.apply(actions)
+
+    @rule(
+        peer=st.sampled_from([*PEERS, "me"]),
+        offset=st.integers(-2, 2),
+        digests=st.lists(st.sampled_from(DIGESTS), max_size=6),
+    )
+    def announced(self, peer: str, offset: int, digests: list[bytes]) -> None:
+        self.step(Announced(peer, self.core.current_round(self.now) + offset, tuple(digests)))
+
+    @rule(dt=st.floats(0.0, 3.0))
+    def time_passes(self, dt: float) -> None:
+        self.now += dt
+        self.apply(self.core.poll(self.now))
+        deadline = self.core.next_deadline()
+        assert deadline is None or deadline > self.now, "after a poll nothing is due"
+
+    @precondition(lambda self: self.inflight)
+    @rule(data=st.data(), junk=st.booleans())
+    def pull_answered(self, data: st.DataObject, junk: bool) -> None:
+        pull = self.inflight.pop(data.draw(st.sampled_from(sorted(self.inflight))))
+        sent = data.draw(st.lists(st.sampled_from(pull.digests), unique=True))
+        items = tuple((x, b"payload" + x) for x in sent) + (((DIGESTS[0], b"junk"),) if junk else ())
+        self.step(PullSucceeded(pull.request_id, pull.peer, items))
+
+    @precondition(lambda self: self.inflight)
+    @rule(data=st.data())
+    def pull_failed(self, data: st.DataObject) -> None:
+        pull = self.inflight.pop(data.draw(st.sampled_from(sorted(self.inflight))))
+        self.step(PullFailed(pull.request_id, pull.peer, "connection reset"))
+
+    @rule(request_id=st.integers(0, 50), peer=st.sampled_from(PEERS))
+    def stray_result(self, request_id: int, peer: str) -> None:
+        if request_id not in self.inflight:
+            self.step(PullSucceeded(request_id, peer, ((DIGESTS[1], b"x"),)))
+
+    @precondition(lambda self: self.awaiting)
+    @rule(data=st.data(), accepted=st.booleans())
+    def verdict(self, data: st.DataObject, accepted: bool) -> None:
+        digest = data.draw(st.sampled_from(sorted(self.awaiting)))
+        peer = self.awaiting.pop(digest)
+        self.step(AdmissionResult(peer, digest, accepted, "ok" if accepted else "bad_reward"))
+
+    @rule(peer=st.sampled_from(PEERS), duration=st.floats(0.0, 20.0))
+    def banned(self, peer: str, duration: float) -> None:
+        self.bans[peer] = max(self.bans.get(peer, -1.0), self.now + duration)
+        self.step(PeerBanned(peer, self.now + duration))
+
+    @rule(peer=st.sampled_from(PEERS), digests=st.lists(st.sampled_from(DIGESTS), max_size=5))
+    def pull_requested(self, peer: str, digests: list[bytes]) -> None:
+        actions = self.core.handle(PullRequest(peer, tuple(digests)), self.now)
+        [serve] = only(Serve, actions)
+        if self.bans.get(peer, -1.0) > self.now:
+            assert serve.digests == ()
+        self.apply(actions)
+
+
+GossipMachine.TestCase.settings = settings(
+    max_examples=120, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+test_random_event_sequences_never_break_caps_limits_or_dedupe = GossipMachine.TestCase
+
+
+# --- many cores exchanging: a plain loop with a fake clock -----------------------------------
+
+
+class LoopbackSwarm:
+    """N cores, a dict for the announcement store, a heap of timed deliveries. No threads, no I/O."""
+
+    def __init__(
+        self, n: int, config: GossipConfig, *, seed: int, loss: float = 0.0, forger: str = ""
+    ) -> None:
+        self.config = config
+        self.now = 0.0
+        self.latency = 0.05
+        self.loss = loss
+        self.forger = forger  # announces everyone's digests, serves garbage
+        self.rng = random.Random(seed)
+        self.cores = {f"n{i}": GossipCore(config, f"n{i}", digest_of=sha) for i in range(n)}
+        self.payloads: dict[str, dict[bytes, bytes]] = {node: {} for node in self.cores}
+        self.records: dict[int, dict[tuple[str, int], tuple[bytes, ...]]] = defaultdict(dict)
+        self.queue: list[tuple[float, int, str, Any]] = []
+        self.seq = itertools.count()
+        self.admitted: Counter[tuple[str, bytes]] = Counter()
+        self.pulls_to: Counter[str] = Counter()
+
+    def later(self, delay: float, node: str, message: Any) -> None:
+        heapq.heappush(self.queue, (self.now + delay, next(self.seq), node, message))
+
+    def perform(self, node: str, actions: list[GossipAction]) -> None:
+        for action in actions:
+            match action:
+                case Announce():
+                    self.records[action.round][(node, action.part)] = action.digests
+                case ReadAnnouncements():
+                    for r in action.rounds:
+                        records = dict(self.records.get(r, {}))
+                        if self.forger:  # listed first, so it is the first to offer every digest
+                            offered = tuple(x for digests in records.values() for x in digests)
+                            records = {(self.forger, 0): offered, **records}
+                        read = [Announced(peer, r, digests) for (peer, _), digests in records.items()]
+                        self.later(self.latency, node, read)  # one read's records arrive together
+                case Pull():
+                    self.pulls_to[action.peer] += 1
+                    if action.peer == self.forger:
+                        items = tuple((x, b"forged") for x in action.digests)
+                        self.later(
+                            2 * self.latency, node, PullSucceeded(action.request_id, action.peer, items)
+                        )
+                    elif self.rng.random() < self.loss:
+                        self.later(self.latency, node, PullFailed(action.request_id, action.peer, "lost"))
+                    else:
+                        self.later(self.latency, action.peer, ("request", node, action))
+                case Admit():
+                    self.admitted[(node, action.digest)] += 1
+                    self.later(0.01, node, AdmissionResult(action.peer, action.digest, True, "ok"))
+                case Retire():
+                    self.payloads[node].pop(action.digest, None)
+                case CancelPull():
+                    pass  # a late answer is ignored by the core
+                case Serve():
+                    raise AssertionError("Serve only answers a PullRequest")
+
+    def deliver(self, node: str, message: Any) -> None:
+        if isinstance(message, list):
+            self.perform(node, self.cores[node].handle_all(message, self.now))
+        elif isinstance(message, tuple):  # a pull request reaching the serving node
+            _, requester, pull = message
+            actions = self.cores[node].handle(PullRequest(requester, pull.digests), self.now)
+            [serve] = only(Serve, actions)
+            items = tuple((x, self.payloads[node][x]) for x in serve.digests)
+            self.later(self.latency, requester, PullSucceeded(pull.request_id, node, items))
+            self.perform(node, [a for a in actions if not isinstance(a, Serve)])
+        else:
+            self.perform(node, self.cores[node].handle(message, self.now))
+
+    def publish(self, node: str, payload: bytes) -> bytes:
+        self.payloads[node][sha(payload)] = payload
+        self.perform(node, self.cores[node].handle(Publish(sha(payload), len(payload)), self.now))
+        return sha(payload)
+
+    def run_until(self, end: float, publications: list[tuple[float, str, bytes]]) -> dict[bytes, str]:
+        published: dict[bytes, str] = {}
+        pending = sorted(publications)
+        while True:
+            deadlines = {node: core.next_deadline() for node, core in self.cores.items()}
+            times = [t for t in deadlines.values() if t is not None]
+            times += [self.queue[0][0]] if self.queue else []
+            times += [pending[0][0]] if pending else []
+            t = min(times)
+            if t > end:
+                return published
+            self.now = max(self.now, t)
+            if pending and pending[0][0] <= self.now:
+                _, node, payload = pending.pop(0)
+                published[self.publish(node, payload)] = node
+            elif self.queue and self.queue[0][0] <= self.now:
+                _, _, node, message = heapq.heappop(self.queue)
+                self.deliver(node, message)
+            else:
+                for node, deadline in deadlines.items():
+                    if deadline is not None and deadline <= self.now:
+                        self.perform(node, self.cores[node].poll(self.now))
+
+
+def _publications(seed: int, nodes: int, per_node: int, until: float) -> list[tuple[float, str, bytes]]:
+    rng = random.Random(seed)
+    return [
+        (rng.uniform(0.0, until), f"n{i}", b"rollout group %d from n%d" % (k, i))
+        for i in range(nodes)
+        for k in range(per_node)
+    ]
+
+
+@pytest.mark.parametrize(("loss", "forger"), [(0.0, ""), (0.2, ""), (0.0, "a-forger")])
+def test_every_item_published_by_one_of_five_cores_reaches_all_others_exactly_once(
+    loss: float, forger: str
+) -> None:
+    config = cfg(round_seconds=10.0, read_interval=1.0, max_attempts=8, backoff_max=2.0, max_rejections=2)
+    swarm = LoopbackSwarm(5, config, seed=7, loss=loss, forger=forger)
+    published = swarm.run_until(60.0, _publications(seed=3, nodes=5, per_node=12, until=25.0))
+    assert len(published) == 60
+    for digest, origin in published.items():
+        for node in swarm.cores:
+            expected = 0 if node == origin else 1
+            assert swarm.admitted[(node, digest)] == expected, (node, origin, digest.hex()[:8])
+    assert all(count == 1 for count in swarm.admitted.values())
+    if forger:
+        assert all(core.stats.items_corrupt > 0 for core in swarm.cores.values())
+        # Caught by digest, counted against the forger, which then ranks last: tried once or twice.
+        assert swarm.pulls_to[forger] <= 2 * len(swarm.cores)
+    if loss:
+        assert sum(core.stats.pulls_failed for core in swarm.cores.values()) > 0
