@@ -10,12 +10,14 @@ Steps, in order (protocol/SPEC.md "Admission"; ``reasons.STEPS`` names them):
 0. the transport peer (``via``) is not banned
 1. size: raw bytes <= ``MAX_ENVELOPE_BYTES``
 2. decode: field scan, then the envelope parses; version, kind, key/signature
-   lengths, payload cap; an envelope id already seen is a ``replay`` here, before
-   anything it would cost its signer (step 6's id check, done early)
+   lengths, payload cap; then, before anything it would cost its signer, an
+   envelope id already seen is a ``replay`` (step 6's id check, done early) and a
+   ``sent_at`` older than ``max_age`` is ``too_old`` (step 7's, done early)
 3. signature over the exact received bytes (``wire.envelope`` signing rule)
 4. sender: not banned, on the allowlist if there is one, a slot for a new
    identity if we have never seen it, ``1 + payload bytes // 64 KiB`` tokens
-   from its rate bucket, and CPU budget left (the delivering peer's is checked
+   from the delivering peer's rate bucket (the signer's when no ``via`` is
+   known), and CPU budget left (the delivering peer's is checked
    at step 0 too; ``charge_cpu`` spends both after the fact)
 5. payload: decodes under the kind's schema and limits; per-kind checks
    (a peer record names its signer; a manifest's publisher signature holds;
@@ -259,16 +261,28 @@ class AdmissionPipeline:
         # envelope by free identities spent the signer's rate bucket and got it banned).
         envelope_id = envelope.envelope_id()
         if self.replay.seen(envelope_id, now):
-            # Delivered by its own signer after another peer relayed it first: a race the signer
-            # cannot see (red team: 34 such races banned an honest signer), so nobody is charged.
-            self_delivered = via is not None and via == envelope.sender_id
+            # Nobody is charged for a replay that is a race: one the receiver asked for (two pulls of
+            # one id in flight), or one its signer delivers after another peer relayed it first (red
+            # team: 34 such races banned an honest signer). The CPU it cost is still the deliverer's.
+            race = solicited or (via is not None and via == envelope.sender_id)
             return self._reject(
                 RejectReason.REPLAY,
                 f"envelope {envelope_id.hex()[:16]} already seen",
                 now,
                 signer=None,
                 via=via,
-                charge=Charge.NOBODY if self_delivered else None,
+                charge=Charge.NOBODY if race else None,
+            )
+        # 2c. too old: decided from the header alone, so before anything it would cost its signer
+        # (red team: re-sends of one expired envelope spent the signer's rate tokens and CPU budget,
+        # then banned it). Only a deliverer can make an old envelope arrive: charged to it.
+        if envelope.sent_at_ms < now * 1000.0 - self.config.max_age_s * 1000.0:
+            return self._reject(
+                RejectReason.TOO_OLD,
+                f"sent {now - envelope.sent_at_ms / 1000.0:.1f} s ago; window {self.config.max_age_s} s",
+                now,
+                signer=None,
+                via=via,
             )
         # 3. signature
         if not envelope.verify():
@@ -287,7 +301,7 @@ class AdmissionPipeline:
             return self._reject(
                 RejectReason.REPLAY, "envelope signed by this node itself", now, signer=None, via=via
             )
-        rejected = self._check_sender(envelope, signer, now, solicited)
+        rejected = self._check_sender(envelope, signer, now, solicited, via)
         if rejected is not None:
             return rejected
         # 5. payload
@@ -323,7 +337,10 @@ class AdmissionPipeline:
                 signer=signer,
                 via=via,
             )
-        expiry = envelope.sent_at_ms / 1000.0 + self.config.max_age_s
+        # One millisecond past the last instant freshness accepts it (sent_at + max_age, inclusive),
+        # so the id is never forgotten while the envelope could still be admitted (red team: at
+        # exactly that instant a replay was admitted twice).
+        expiry = envelope.sent_at_ms / 1000.0 + self.config.max_age_s + 0.001
         if expiry <= self.replay.forgotten_until(signer, now):
             return self._reject(
                 RejectReason.REPLAY,
@@ -360,7 +377,9 @@ class AdmissionPipeline:
         self.peers.reward(signer, now)
         return Accepted(envelope=envelope, sender=signer, message=message, groups=groups)
 
-    def _check_sender(self, envelope: Envelope, signer: str, now: float, solicited: bool) -> Rejected | None:
+    def _check_sender(
+        self, envelope: Envelope, signer: str, now: float, solicited: bool, via: str | None
+    ) -> Rejected | None:
         until = self.peers.banned(signer, now)
         if until is not None:
             return self._reject(
@@ -375,15 +394,20 @@ class AdmissionPipeline:
                 signer=signer,
                 via=None,
             )
-        if not self.peers.known(signer) and not self._new_identities.take(now):
-            return self._reject(
-                RejectReason.NEW_IDENTITY_LIMIT,
-                f"more than {self.config.new_identities} new senders "
-                f"in {self.config.new_identity_window_s:.0f} s",
-                now,
-                signer=signer,
-                via=None,
-            )
+        if not self.peers.known(signer):
+            if not self._new_identities.take(now):
+                return self._reject(
+                    RejectReason.NEW_IDENTITY_LIMIT,
+                    f"more than {self.config.new_identities} new senders "
+                    f"in {self.config.new_identity_window_s:.0f} s",
+                    now,
+                    signer=signer,
+                    via=None,
+                )
+            # Tracked from its first slot on: otherwise each re-send of an envelope that charges its
+            # signer nothing would take another slot (red team: a third party re-sending one honest
+            # signer's stale envelope used up every new identity's slot).
+            self.peers.state(signer, now)
         if not self.cpu.has(signer, now):
             return self._reject(
                 RejectReason.CPU_BUDGET,
@@ -393,11 +417,19 @@ class AdmissionPipeline:
                 via=None,
             )
         # Large envelopes cost more tokens: parsing cost grows with size (~70 ms for 1 MiB of tiny fields).
+        # The tokens are the deliverer's when it is known: the party pushing bytes at us is the one to
+        # slow down, and a third party re-sending a signer's envelopes must not spend the signer's
+        # tokens (red team: that got an honest signer banned for rate_limited).
         cost = 1.0 + len(envelope.payload) // self.config.bytes_per_token
-        state = self.peers.state(signer, now)
-        if not solicited and not state.bucket.take(now, cost):
+        pusher = signer if via is None else via
+        if not solicited and not self.peers.state(pusher, now).bucket.take(now, cost):
             return self._reject(
-                RejectReason.RATE_LIMITED, f"sender {signer} over its rate", now, signer=signer, via=None
+                RejectReason.RATE_LIMITED,
+                f"{'sender' if pusher == signer else 'delivering peer'} {pusher} over its rate",
+                now,
+                signer=signer,
+                via=via,
+                charge=Charge.SIGNER if pusher == signer else Charge.VIA,
             )
         return None
 
@@ -447,15 +479,7 @@ class AdmissionPipeline:
     def _check_freshness(
         self, envelope: Envelope, message: Message, signer: str, now: float, via: str | None
     ) -> Rejected | None:
-        now_ms = now * 1000.0
-        if envelope.sent_at_ms < now_ms - self.config.max_age_s * 1000.0:
-            return self._reject(
-                RejectReason.TOO_OLD,
-                f"sent {now - envelope.sent_at_ms / 1000.0:.1f} s ago; window {self.config.max_age_s} s",
-                now,
-                signer=signer,
-                via=via,
-            )
+        now_ms = now * 1000.0  # too old: at step 2c
         if envelope.sent_at_ms > now_ms + self.config.max_future_s * 1000.0:
             return self._reject(
                 RejectReason.FROM_FUTURE,

@@ -96,8 +96,8 @@ def pipeline_for_context(
     publishers = ctx.get("trusted_publishers")
     allowlist = ctx.get("allowlist")
     config = AdmissionConfig(
-        max_age_s=float(ctx["max_age_s"]),
-        max_future_s=float(ctx["max_future_s"]),
+        max_age_s=_finite_now(ctx["max_age_s"], "the context's max_age_s"),
+        max_future_s=_finite_now(ctx["max_future_s"], "the context's max_future_s"),
         max_policy_lag=int(ctx["max_policy_lag"]),
         allowed_tasks=receiver_families(ctx),
         trusted_publishers=None if publishers is None else frozenset(bytes.fromhex(k) for k in publishers),
@@ -107,7 +107,10 @@ def pipeline_for_context(
         cpu_initial=float(ctx.get("cpu_initial", AdmissionConfig.cpu_initial)),
     )
     pipeline = AdmissionPipeline(
-        config, now=float(ctx["now"]), score_groups=score_groups, render=_renderer(ctx)
+        config,
+        now=_finite_now(ctx["now"], "the context's now"),
+        score_groups=score_groups,
+        render=_renderer(ctx),
     )
     for model_id, version in ctx.get("policy_versions", {}).items():
         pipeline.set_policy_version(model_id, int(version))
@@ -168,7 +171,7 @@ def vector_with_bytes(manifest: dict[str, Any], directory: Path, data: bytes) ->
         if not isinstance(entry, dict) or "context" not in entry:
             continue
         try:
-            if (directory / Path(str(entry["file"])).name).read_bytes() == data:
+            if read_envelope_file(directory / Path(str(entry["file"])).name) == data:
                 return entry
         except (OSError, KeyError):
             continue
@@ -193,28 +196,50 @@ def describe(verdict: Verdict) -> str:
     return line
 
 
-def read_envelope_file(path: Path) -> bytes:
-    """At most one byte more than any envelope a receiver reads (so a longer file is judged
-    ``too_large``), from a regular file only. Raises ``OSError`` naming what is wrong.
+def read_regular_file(path: Path, limit: int) -> bytes:
+    """At most ``limit + 1`` bytes of ``path``, which must be a regular file; raises ``OSError``
+    naming what is wrong. One byte over the limit tells the caller the file is longer.
 
     Red team: the whole file was read first (an 8-GiB file: 35 s and 8.4 GB of memory before
-    ``too_large``; ``/dev/zero`` was killed, a FIFO without a writer hung)."""
-    # O_NONBLOCK: opening a FIFO without a writer must not wait; regular files ignore it.
+    ``too_large``; ``/dev/zero`` was killed, a FIFO without a writer hung; the same through a
+    ``--context`` symlink)."""
+    # O_NONBLOCK: opening a FIFO without a writer must not wait, nor a read of a /proc file that
+    # blocks; regular files ignore it.
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(f"{path} is not a regular file")
         with os.fdopen(fd, "rb", closefd=False) as file:
-            return file.read(MAX_ENVELOPE_BYTES + 1)
+            return file.read(limit + 1)
     finally:
         os.close(fd)
 
 
+def read_envelope_file(path: Path) -> bytes:
+    """One envelope's worth of ``path``: a longer file is judged ``too_large`` by admission."""
+    return read_regular_file(path, MAX_ENVELOPE_BYTES)
+
+
+#: A vectors manifest is a few hundred KiB; a context file beyond this is refused unread.
+MAX_CONTEXT_BYTES = 4 * 1024 * 1024
+
+
+def read_context(path: Path) -> dict[str, Any]:
+    data = read_regular_file(path, MAX_CONTEXT_BYTES)
+    if len(data) > MAX_CONTEXT_BYTES:
+        raise ValueError(f"over {MAX_CONTEXT_BYTES // (1024 * 1024)} MiB")
+    manifest = json.loads(data.decode("utf-8"))
+    if not isinstance(manifest, dict):
+        raise ValueError("not a JSON object")
+    return manifest
+
+
 def _finite_now(value: Any, where: str) -> float:
-    now = float(value)
-    if not math.isfinite(now):
-        raise ValueError(f"{where} must be a finite Unix time, not {value!r}")
-    return now
+    """A context's clock or time window as a float; NaN or infinity would turn freshness off."""
+    number = float(value)
+    if not math.isfinite(number):
+        raise ValueError(f"{where} must be a finite number of seconds, not {value!r}")
+    return number
 
 
 def _run_check(args: argparse.Namespace) -> int:
@@ -230,9 +255,7 @@ def _run_check(args: argparse.Namespace) -> int:
     vector: dict[str, Any] | None = None
     if args.context is not None:
         try:
-            manifest = json.loads(Path(args.context).read_text(encoding="utf-8"))
-            if not isinstance(manifest, dict):
-                raise ValueError("not a JSON object")
+            manifest = read_context(Path(args.context))
             vector = vector_with_bytes(manifest, Path(args.context).parent, data)
             ctx = vector_context(manifest, vector)
             _finite_now(ctx["now"], "the context's now")

@@ -25,7 +25,7 @@ from swarmnode.tasks import Task, TaskId, regenerate, score_completion
 from swarmnode.verify import Scored, score_in_process
 from swarmnode.wire.messages import Heartbeat
 
-from .conftest import FAMILIES, T0, batch, envelope, identity, make_group
+from .conftest import FAMILIES, T0, batch, envelope, heartbeat, identity, make_group
 
 MAX_NEW = 8
 ALICE, MALLORY = identity(1), identity(3)
@@ -275,3 +275,67 @@ def test_the_cpu_a_replay_costs_is_charged_to_whoever_delivered_it() -> None:
     assert pipeline.cpu.level(ALICE.peer_id) == after_first[0]  # not a microsecond of Alice's
     mallory = pipeline.cpu.level("mallory")
     assert mallory is not None and mallory < pipeline.config.cpu_initial
+
+
+@pytest.mark.parametrize("kind", ["too_old", "stale_policy"])
+def test_re_sent_old_envelopes_never_cost_their_signer_its_rate_or_its_standing(kind: str) -> None:
+    """Red team round 4: an envelope refused too_old or stale_policy is never remembered, so 200
+    unsolicited re-sends through rotating transport ids spent Alice's rate bucket (51 rate_limited
+    charged to her) and banned her for an hour. Age is judged from the header before anything costs
+    the signer, and rate tokens are the delivering peer's."""
+    pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=FAMILIES), now=T0)
+    if kind == "too_old":
+        data, now = envelope(batch(make_group(1)), ALICE, T0 - 1_000), T0
+    else:
+        data, now = envelope(batch(make_group(1)), ALICE, T0), T0
+        pipeline.set_policy_version(make_group(1).model_id, make_group(1).policy_version + 100)
+    for n in range(200):
+        verdict = pipeline.admit(data, now, via=f"mallory-{n % 7}")
+        assert isinstance(verdict, Rejected) and verdict.charged != ALICE.peer_id
+    assert pipeline.banned_until(ALICE.peer_id, now) is None
+    assert isinstance(pipeline.admit(envelope(heartbeat(), ALICE, now), now, via=ALICE.peer_id), Accepted)
+    # ... and the re-sends took one new-identity slot, not 200: a newcomer still gets in.
+    assert isinstance(pipeline.admit(envelope(heartbeat(), identity(77), now), now, via="bob"), Accepted)
+
+
+def test_serving_a_signers_expired_envelope_never_spends_its_cpu_budget() -> None:
+    """Red team round 4: each serve of Alice's expired 0.9-MiB envelope cost ~9 ms of CPU charged to
+    her; after 9 her fresh envelopes were refused cpu_budget."""
+    now = time.time()
+    pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=FAMILIES), now=now)
+    intake = Intake(pipeline)
+    expired = envelope(batch(make_group(1), make_group(2)), ALICE, at=now - 1_000)
+
+    async def scenario() -> list[Verdict]:
+        return [await intake.admit(expired, via="mallory", solicited=True) for _ in range(30)]
+
+    try:
+        verdicts = asyncio.run(scenario())
+    finally:
+        intake.close()
+    assert all(isinstance(v, Rejected) for v in verdicts)
+    assert pipeline.cpu.level(ALICE.peer_id) is None  # never charged a thing: no bucket was made
+    assert pipeline.cpu.level("mallory") is not None
+
+
+def test_a_pull_that_loses_a_race_charges_nobody() -> None:
+    """Red team round 4: two pulls of one id in flight (or the signer delivering first) made the slower
+    answer a replay charged to the honest peer that served it; 20 races banned it."""
+    pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=FAMILIES), now=T0)
+    for n in range(40):
+        data = envelope(batch(make_group(1, (str(n),))), ALICE, T0 + n * 0.01)
+        assert isinstance(pipeline.admit(data, T0 + 1, via="peer-a", solicited=True), Accepted)
+        late = pipeline.admit(data, T0 + 1, via="peer-bob", solicited=True)
+        assert isinstance(late, Rejected) and late.reason is RejectReason.REPLAY and late.charged is None
+    assert pipeline.banned_until("peer-bob", T0 + 1) is None
+
+
+def test_an_envelope_cannot_be_replayed_at_the_last_instant_of_its_window() -> None:
+    """Red team round 4: at exactly sent_at + max_age the id was forgotten while freshness still
+    accepted the envelope, so it was admitted twice."""
+    pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=FAMILIES), now=T0)
+    data = envelope(heartbeat(), ALICE, T0)
+    assert isinstance(pipeline.admit(data, T0, via="a"), Accepted)
+    last = T0 + pipeline.config.max_age_s
+    verdict = pipeline.admit(data, last, via="b")
+    assert isinstance(verdict, Rejected) and verdict.reason is RejectReason.REPLAY

@@ -233,3 +233,38 @@ def test_check_never_regenerates_a_task_config_its_receiver_would_refuse(
         out = capsys.readouterr().out
         assert code == EXIT_REJECTED and out.startswith("rejected task_not_allowed"), out
         assert time.monotonic() - started < 30
+
+
+def test_a_context_is_read_from_a_bounded_regular_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Red team round 4: --context through a symlink to /dev/zero reached 7.2 GB in 15 s; a FIFO hung."""
+    link = tmp_path / "manifest.json"
+    link.symlink_to("/dev/zero")
+    code = main(["protocol", "check", str(VECTORS / "heartbeat.bin"), "--context", str(link)])
+    assert code == EXIT_UNREADABLE and "not a regular file" in capsys.readouterr().err
+    huge = tmp_path / "huge.json"
+    with huge.open("wb") as file:
+        file.truncate(64 * 1024 * 1024)
+    assert (
+        main(["protocol", "check", str(VECTORS / "heartbeat.bin"), "--context", str(huge)]) == EXIT_UNREADABLE
+    )
+    assert "MiB" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("key", "value"), [("max_age_s", "NaN"), ("max_future_s", "NaN"), ("max_age_s", "Infinity")]
+)
+def test_a_context_whose_time_window_is_not_a_number_is_refused(
+    key: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Red team round 4: max_age_s NaN accepted too_old.bin, max_future_s NaN accepted from_future.bin."""
+    import json
+
+    manifest = json.loads((VECTORS / "manifest.json").read_text(encoding="utf-8"))
+    manifest["context"][key] = float(value)
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(manifest), encoding="utf-8")  # json writes NaN / Infinity as such
+    for vector in ("too_old.bin", "from_future.bin"):
+        code = main(["protocol", "check", str(VECTORS / vector), "--context", str(path)])
+        assert code == EXIT_UNREADABLE and "finite" in capsys.readouterr().err
