@@ -186,6 +186,40 @@ def open_manifest(envelope: Envelope, trusted_publishers: frozenset[bytes] | Non
     return manifest
 
 
+@dataclass(frozen=True)
+class OpenedManifest:
+    """A manifest envelope checked once (both signatures, decode, publisher) and carried as a value,
+    so nothing downstream re-opens it: each open costs two Ed25519 verifications."""
+
+    envelope: Envelope
+    manifest: WeightManifest
+    digest: bytes  # the envelope id: the version's name among peers
+
+    @property
+    def version(self) -> int:
+        return self.manifest.body.version
+
+    @property
+    def body(self) -> WeightManifestBody:
+        return self.manifest.body
+
+    @classmethod
+    def open(cls, envelope: Envelope, trusted_publishers: frozenset[bytes] | None = None) -> OpenedManifest:
+        """``open_manifest``'s checks; raises ``BroadcastError`` naming the one that failed."""
+        return cls(envelope, open_manifest(envelope, trusted_publishers), envelope.envelope_id())
+
+    @classmethod
+    def from_request(cls, envelope: Envelope, message: WeightManifest) -> OpenedManifest:
+        """A manifest a data-plane handler received: the data plane has verified the envelope's
+        signature and decoded ``message`` from it; only the publisher's signature is left."""
+        if not verify_manifest(message):
+            raise BroadcastError("manifest publisher signature does not verify")
+        return cls(envelope, message, envelope.envelope_id())
+
+    def trusted_by(self, trusted_publishers: frozenset[bytes] | None) -> bool:
+        return trusted_publishers is None or self.manifest.publisher_key in trusted_publishers
+
+
 # --------------------------------------------------------------------------- the node
 
 
@@ -390,15 +424,20 @@ class BroadcastNode:
 
     async def receive(
         self,
-        manifest_envelope: Envelope,
+        manifest_envelope: Envelope | OpenedManifest,
         *,
         timeout: float,
         trusted_publishers: frozenset[bytes] | None = None,
     ) -> bytes:
-        """Fetch the version ``manifest_envelope`` names from the peers; return the verified blob."""
-        manifest = open_manifest(manifest_envelope, trusted_publishers)
-        body = manifest.body
-        digest = manifest_envelope.envelope_id()
+        """Fetch the version a manifest names from the peers; return the verified blob. An
+        ``OpenedManifest`` is not opened again."""
+        if isinstance(manifest_envelope, OpenedManifest):
+            opened = manifest_envelope
+            if not opened.trusted_by(trusted_publishers):
+                raise BroadcastError("manifest publisher is not trusted")
+        else:
+            opened = OpenedManifest.open(manifest_envelope, trusted_publishers)
+        manifest, body, digest = opened.manifest, opened.body, opened.digest
         publisher = peer_id_from_key(manifest.publisher_key)
         v = self._versions.get(digest)
         if v is None:

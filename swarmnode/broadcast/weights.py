@@ -39,9 +39,9 @@ from swarmnode.broadcast.core import Blame, BroadcastConfig
 from swarmnode.broadcast.driver import (
     BroadcastError,
     BroadcastNode,
+    OpenedManifest,
     Published,
     blob_to_state_dict,
-    open_manifest,
 )
 from swarmnode.identity import NodeIdentity, peer_id_from_key
 from swarmnode.net.dataplane import DataPlane, DataPlaneError, Refuse
@@ -189,7 +189,7 @@ class WeightReceiver:
         self.learner_id = learner_id
         self.model_lock = asyncio.Lock()
         self.receiving: dict[int, asyncio.Task[None]] = {}  # at most one at a time
-        self.pending: Envelope | None = None  # the newest manifest that arrived meanwhile
+        self.pending: OpenedManifest | None = None  # the newest manifest that arrived meanwhile
         self.closing = False
         self.applied: collections.OrderedDict[int, bytes] = collections.OrderedDict()  # version -> digest
         self.last_seconds: float | None = None
@@ -204,7 +204,7 @@ class WeightReceiver:
         return {
             "version": self.policy.version,
             "receiving": sorted(self.receiving),
-            "pending": manifest_version(self.pending) if self.pending is not None else None,
+            "pending": self.pending.version if self.pending is not None else None,
             "last_receive_s": self.last_seconds,
             "blamed": dict(self.blamed),
             "stats": vars(self.node.stats),
@@ -220,26 +220,26 @@ class WeightReceiver:
         if sender != self.learner_id or not isinstance(message, WeightManifest):
             raise Refuse("not_learner", "manifests are taken from this worker's learner only")
         try:
-            manifest = open_manifest(envelope)
+            opened = OpenedManifest.from_request(envelope, message)  # opened once, carried as a value
         except BroadcastError as e:
             raise Refuse("bad_manifest", str(e)) from None
-        if peer_id_from_key(manifest.publisher_key) != self.learner_id:
+        if peer_id_from_key(opened.manifest.publisher_key) != self.learner_id:
             raise Refuse("not_learner", "manifest not published by this worker's learner")
-        version = manifest.body.version
+        version = opened.version
         if version <= self.policy.version or version in self.receiving:
             return None
         if self.receiving and version - max(self.receiving) > self.staleness_bound:
-            if self.pending is not None and manifest_version(self.pending) > version:
-                envelope, version = self.pending, manifest_version(self.pending)  # out of order
+            if self.pending is not None and self.pending.version > version:
+                opened, version = self.pending, self.pending.version  # out of order
             self._abandon(version)
         if self.receiving:
             # One receive at a time, plus the newest manifest waiting: receives of every version
             # the learner publishes would share our link and the learner's upload, and each would
             # arrive later than one alone (and be thrown away when a newer one lands first).
-            if self.pending is None or version > manifest_version(self.pending):
-                self.pending = envelope
+            if self.pending is None or version > self.pending.version:
+                self.pending = opened
             return None
-        self._start(version, envelope)
+        self._start(opened)
         return None
 
     def _abandon(self, newer: int) -> None:
@@ -258,11 +258,11 @@ class WeightReceiver:
             task.cancel()
         self.pending = None
 
-    def _start(self, version: int, envelope: Envelope) -> None:
+    def _start(self, opened: OpenedManifest) -> None:
         task = asyncio.get_running_loop().create_task(
-            self._receive(version, envelope), name=f"weights v{version}"
+            self._receive(opened), name=f"weights v{opened.version}"
         )
-        self.receiving[version] = task
+        self.receiving[opened.version] = task
         task.add_done_callback(self._received)
 
     def _received(self, task: asyncio.Task[None]) -> None:
@@ -275,22 +275,21 @@ class WeightReceiver:
         if not current or self.closing:
             return  # abandoned (its successor already runs) or shutting down: leave ``pending``
         pending, self.pending = self.pending, None
-        if pending is not None and manifest_version(pending) > self.policy.version and not self.receiving:
-            self._start(manifest_version(pending), pending)
+        if pending is not None and pending.version > self.policy.version and not self.receiving:
+            self._start(pending)
 
-    async def _receive(self, version: int, envelope: Envelope) -> None:
+    async def _receive(self, opened: OpenedManifest) -> None:
         t0 = time.monotonic()
-        digest = envelope.envelope_id()
+        version, digest = opened.version, opened.digest
         applied = False
         try:
             try:
-                blob = await self.node.receive(envelope, timeout=RECEIVE_TIMEOUT)
+                blob = await self.node.receive(opened, timeout=RECEIVE_TIMEOUT)
             except BroadcastError as e:
                 log.warning("weights v%d not received: %s", version, e)
                 self.metrics.inc("weights_failed", "Weight versions not received")
                 return
-            manifest = open_manifest(envelope)
-            state = await asyncio.to_thread(blob_to_state_dict, blob, manifest.body.tensors)
+            state = await asyncio.to_thread(blob_to_state_dict, blob, opened.body.tensors)
             async with self.model_lock:
                 if version <= self.policy.version:
                     return  # a newer one was applied meanwhile
@@ -320,7 +319,3 @@ class WeightReceiver:
         for task in list(self.receiving.values()):
             task.cancel()
         await self.node.close()
-
-
-def manifest_version(envelope: Envelope) -> int:
-    return open_manifest(envelope).body.version

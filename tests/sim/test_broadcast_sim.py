@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from swarmnode.sim.run import simulate_network
@@ -67,3 +68,15 @@ def test_nodes_that_crash_or_leave_midway_do_not_stop_the_others() -> None:
     b = r["broadcast"]
     assert b["receivers_alive"] == 16 - 1 - 4 + 2
     assert b["all_completed"]
+
+
+def test_a_regenerated_results_file_is_byte_identical(tmp_path: Path) -> None:
+    """A network-mode run is a pure function of its scenario and seed, and so is its results.json:
+    the run's wall time is printed, not written (it made every committed file differ on rerun)."""
+    from swarmnode.sim.run import write_results
+
+    first, second = tmp_path / "first", tmp_path / "second"
+    write_results(simulate_network(broadcast_scenario(seed=2)), first)
+    write_results(simulate_network(broadcast_scenario(seed=2)), second)
+    assert (first / "results.json").read_bytes() == (second / "results.json").read_bytes()
+    assert b"wall_seconds" not in (first / "results.json").read_bytes()
