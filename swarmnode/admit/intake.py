@@ -115,14 +115,11 @@ class Intake:
         verdict = self.pipeline.admit(data, now, via=via, solicited=solicited)
         cost = time.thread_time() - started + self.pipeline.last_scoring_cpu_s
         self.cpu_seconds += cost
-        # The deliverer pays for every envelope it hands us; the signer only for what it answers for:
-        # an accepted envelope or a rejection charged to it. A replay, an expired envelope, a verdict
-        # that depends on our own settings: a third party can make us judge those at will (red team:
-        # re-serving an honest signer's old envelopes starved its budget everywhere).
-        signer_pays = verdict.accepted or (
-            isinstance(verdict, Rejected) and verdict.charged == verdict.sender
-        )
-        self.pipeline.charge_cpu(verdict.sender if signer_pays or via is None else None, via, cost, now)
+        # The deliverer pays for every envelope it hands us, the signer for every envelope of its own
+        # that gets past the checks anyone could fail it on (replay, age, signature: those verdicts
+        # name no sender). Each envelope is judged past them once (its id is remembered), so the
+        # signer pays at most once per envelope it signed, whoever delivers it.
+        self.pipeline.charge_cpu(verdict.sender, via, cost, now)
         if not isinstance(verdict, Rejected):
             return Judged(verdict)
         # Read now, in order: asked later, a ban earned by a *later* envelope would show here too.

@@ -261,10 +261,11 @@ class AdmissionPipeline:
         # envelope by free identities spent the signer's rate bucket and got it banned).
         envelope_id = envelope.envelope_id()
         if self.replay.seen(envelope_id, now):
-            # Nobody is charged for a replay that is a race: one the receiver asked for (two pulls of
-            # one id in flight), or one its signer delivers after another peer relayed it first (red
-            # team: 34 such races banned an honest signer). The CPU it cost is still the deliverer's.
-            race = solicited or (via is not None and via == envelope.sender_id)
+            # Nobody is charged when the signer delivers its own envelope after another peer relayed
+            # it first: a race it cannot see (red team: 34 such races banned an honest signer). A
+            # pulled replay is still the deliverer's: a gossip core pulls an id once, and only the
+            # announcer of an id it did not sign (no relaying in this version) can serve it twice.
+            race = via is not None and via == envelope.sender_id
             return self._reject(
                 RejectReason.REPLAY,
                 f"envelope {envelope_id.hex()[:16]} already seen",
@@ -366,6 +367,13 @@ class AdmissionPipeline:
         # Remembered only once fresh: a far-future sent_at must not pin a digest for long.
         for key in (envelope_id, *group_keys):
             self.replay.add(key, expiry, owners)
+        # 7b. policy lag, after the id is remembered: the verdict depends on this receiver's versions,
+        # so it charges nobody, and a re-send is then a replay at step 2b, charged to the deliverer.
+        # The signer pays the CPU of judging each envelope it signed once (red team: a signer's stale
+        # envelopes re-judged through fresh transport ids cost 16-25 ms each, charged to nobody).
+        rejected = self._check_policy_lag(message, signer, now, via)
+        if rejected is not None:
+            return rejected
         # 8-9. re-derivation and re-scoring
         groups: tuple[AdmittedGroup, ...] = ()
         if isinstance(message, RolloutBatch):
@@ -489,6 +497,11 @@ class AdmissionPipeline:
                 signer=signer,
                 via=via,
             )
+        return None
+
+    def _check_policy_lag(
+        self, message: Message, signer: str, now: float, via: str | None
+    ) -> Rejected | None:
         if isinstance(message, RolloutBatch) and self._versions:
             for i, group in enumerate(message.groups):
                 current = self._versions.get(group.model_id)

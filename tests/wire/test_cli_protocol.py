@@ -253,7 +253,8 @@ def test_a_context_is_read_from_a_bounded_regular_file(
 
 
 @pytest.mark.parametrize(
-    ("key", "value"), [("max_age_s", "NaN"), ("max_future_s", "NaN"), ("max_age_s", "Infinity")]
+    ("key", "value"),
+    [("max_age_s", "NaN"), ("max_future_s", "NaN"), ("max_age_s", "Infinity"), ("max_age_s", "1e308")],
 )
 def test_a_context_whose_time_window_is_not_a_number_is_refused(
     key: str, value: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -268,3 +269,27 @@ def test_a_context_whose_time_window_is_not_a_number_is_refused(
     for vector in ("too_old.bin", "from_future.bin"):
         code = main(["protocol", "check", str(VECTORS / vector), "--context", str(path)])
         assert code == EXIT_UNREADABLE and "finite" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("case", ["deep_nesting", "huge_integer", "allowed_tasks_not_triples"])
+def test_a_malformed_context_is_unreadable_not_a_crash(
+    case: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Red team round 5: these raised RecursionError, OverflowError and TypeError out of the tool
+    (exit 1, the code for "rejected")."""
+    import json
+
+    path = tmp_path / "manifest.json"
+    if case == "deep_nesting":
+        path.write_text("[" * 200_000, encoding="utf-8")
+    else:
+        manifest = json.loads((VECTORS / "manifest.json").read_text(encoding="utf-8"))
+        if case == "huge_integer":
+            manifest["context"]["max_age_s"] = 10**400
+        else:
+            manifest["context"]["allowed_tasks"] = [["chain_sum", "{}", "compact"], 5]
+        path.write_text(json.dumps(manifest), encoding="utf-8")
+    assert (
+        main(["protocol", "check", str(VECTORS / "heartbeat.bin"), "--context", str(path)]) == EXIT_UNREADABLE
+    )
+    assert "unreadable" in capsys.readouterr().err
