@@ -49,7 +49,7 @@ from swarmnode.net.dataplane import (
     DataPlane,
     DataPlaneError,
     PeerRefused,
-    Refuse,
+    RefuseRequest,
     Reply,
     RequestTimeout,
 )
@@ -588,10 +588,10 @@ class BroadcastNode:
         digest, index = message.manifest_digest, message.chunk_index
         v = self._versions.get(digest)
         if v is None or index >= len(v.body.chunk_hashes):
-            raise Refuse(bc.REFUSE_MISSING, "unknown version or chunk")
+            raise RefuseRequest(bc.REFUSE_MISSING, "unknown version or chunk")
         length = v.body.chunk_length(index)
         if message.offset + message.length > length:
-            raise Refuse("invalid", f"slice past the end of chunk {index} ({length} bytes)")
+            raise RefuseRequest("invalid", f"slice past the end of chunk {index} ({length} bytes)")
         key = (sender, digest, index)
         now = self._clock()
         lease = self._leases.get(key)
@@ -606,7 +606,7 @@ class BroadcastNode:
             finally:
                 self._waiting.pop(rid, None)
             if refusal is not None:
-                raise Refuse(refusal)
+                raise RefuseRequest(refusal)
             lease = self._leases[key] = _Lease(rid, self._clock() + self.config.upload_timeout)
         data = bytes(v.chunk(index)[message.offset : message.offset + message.length])
         last = message.offset + message.length >= length

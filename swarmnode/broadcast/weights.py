@@ -44,7 +44,7 @@ from swarmnode.broadcast.driver import (
     blob_to_state_dict,
 )
 from swarmnode.identity import NodeIdentity, peer_id_from_key
-from swarmnode.net.dataplane import DataPlane, DataPlaneError, Refuse
+from swarmnode.net.dataplane import DataPlane, DataPlaneError, RefuseRequest
 from swarmnode.ops.metrics import Metrics
 from swarmnode.policy import Policy
 from swarmnode.rollout import RolloutEngine
@@ -218,13 +218,13 @@ class WeightReceiver:
         if self.closing:
             return None
         if sender != self.learner_id or not isinstance(message, WeightManifest):
-            raise Refuse("not_learner", "manifests are taken from this worker's learner only")
+            raise RefuseRequest("not_learner", "manifests are taken from this worker's learner only")
         try:
             opened = OpenedManifest.from_request(envelope, message)  # opened once, carried as a value
         except BroadcastError as e:
-            raise Refuse("bad_manifest", str(e)) from None
+            raise RefuseRequest("bad_manifest", str(e)) from None
         if peer_id_from_key(opened.manifest.publisher_key) != self.learner_id:
-            raise Refuse("not_learner", "manifest not published by this worker's learner")
+            raise RefuseRequest("not_learner", "manifest not published by this worker's learner")
         version = opened.version
         if version <= self.policy.version or version in self.receiving:
             return None

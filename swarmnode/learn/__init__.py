@@ -22,13 +22,13 @@ from swarmnode.learn.hacpo import (
     stepwise_clip_lower,
 )
 from swarmnode.learn.m2po import m2po_loss, m2po_mask
-from swarmnode.learn.sapo import ScoredGroup, has_signal, select_groups
+from swarmnode.learn.sapo import HasRewards, has_signal, select_groups
 
 __all__ = [
     "AGG_MODES",
     "AggMode",
     "CapabilityTracker",
-    "ScoredGroup",
+    "HasRewards",
     "aggregate",
     "capability_advantages",
     "clip_stats",

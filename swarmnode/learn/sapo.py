@@ -26,17 +26,17 @@ from typing import Protocol, TypeVar
 from swarmnode.learn.advantages import zero_advantage
 
 
-class ScoredGroup(Protocol):
+class HasRewards(Protocol):
     """Anything with the verifier's rewards of its completions (one prompt, G completions)."""
 
     @property
     def rewards(self) -> Sequence[float]: ...
 
 
-GroupT = TypeVar("GroupT", bound=ScoredGroup)
+GroupT = TypeVar("GroupT", bound=HasRewards)
 
 
-def has_signal(group: ScoredGroup) -> bool:
+def has_signal(group: HasRewards) -> bool:
     """True when the group's advantages are not all zero, i.e. its rewards are not all equal."""
     return not zero_advantage(group.rewards)
 

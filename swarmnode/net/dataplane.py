@@ -21,7 +21,7 @@ Usage
     (signed by this node), an ``Envelope`` (sent as is), ``None`` (an empty answer: ``request``
     returns ``None``), or a ``Reply(answer, after)`` whose ``after(sent_ok)`` runs once the
     answer is written (or failed): how the broadcast learns that an upload slot is free again.
-    Raising ``Refuse(reason, detail)`` answers with a signed ``Refusal``; ``request`` raises
+    Raising ``RefuseRequest(reason, detail)`` answers with a signed ``Refusal``; ``request`` raises
     ``PeerRefused`` for it. Any other exception is logged with its traceback and answered with
     an ERROR frame (``RemoteError``).
 
@@ -163,7 +163,7 @@ class PeerRefused(DataPlaneError):
         self.detail = detail
 
 
-class Refuse(Exception):
+class RefuseRequest(Exception):
     """Raised by a handler to answer with a signed Refusal."""
 
     def __init__(self, reason: str, detail: str = "") -> None:
@@ -516,7 +516,7 @@ class DataPlane:
         answer: Message | Envelope | None
         try:
             if handler is None:
-                raise Refuse("unknown_kind", f"no handler for {envelope.kind.label}")
+                raise RefuseRequest("unknown_kind", f"no handler for {envelope.kind.label}")
             token = _REQUEST_SOURCE.set(source)
             try:
                 # wait_for runs the handler in a task that copies this context: it sees ``source``.
@@ -527,7 +527,7 @@ class DataPlane:
                 answer, after = result.answer, result.after
             else:
                 answer = result
-        except Refuse as r:
+        except RefuseRequest as r:
             self.stats.refusals_sent += 1
             answer = Refusal(r.reason[: limits.MAX_REFUSAL_REASON_BYTES], r.detail[: limits.MAX_REASON_BYTES])
         except asyncio.CancelledError:

@@ -57,7 +57,7 @@ from swarmnode.broadcast.weights import WeightPublisher
 from swarmnode.config import Config
 from swarmnode.home import NodeHome
 from swarmnode.identity import load_or_create_identity
-from swarmnode.net.dataplane import DataPlane, DataPlaneError, Refuse, request_source
+from swarmnode.net.dataplane import DataPlane, DataPlaneError, RefuseRequest, request_source
 from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.ops.api import serve_forever
 from swarmnode.ops.metrics import Metrics
@@ -276,7 +276,7 @@ class LearnerNode:
         if refusal is not None:
             reason, _, detail = refusal.partition(": ")
             self.metrics.inc("direct_offers_refused", "Pushed offers we did not keep", reason=reason)
-            raise Refuse(reason, detail)
+            raise RefuseRequest(reason, detail)
         self.metrics.inc("direct_offers", "Offers pushed to us and kept")
 
     async def _spot_check(self, sender: str, groups: list[ScoredGroup], now: float) -> bool:

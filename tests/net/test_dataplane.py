@@ -16,7 +16,7 @@ from swarmnode.net.dataplane import (
     DataPlane,
     PeerRefused,
     PeerUnreachable,
-    Refuse,
+    RefuseRequest,
     RemoteError,
     Reply,
     RequestTimeout,
@@ -65,7 +65,7 @@ async def make_pair() -> AsyncIterator[tuple[DataPlane, DataPlane]]:
     async def chunk(sender: str, envelope: Envelope, message: Message) -> Message:
         assert isinstance(message, ChunkRequest)
         if message.chunk_index == 9:
-            raise Refuse("busy", "slots full")
+            raise RefuseRequest("busy", "slots full")
         if message.chunk_index == 8:
             raise RuntimeError("handler bug")
         if message.chunk_index == 7:

@@ -23,7 +23,7 @@ from swarmnode.net.dataplane import (
     DataPlane,
     PeerRefused,
     PeerUnreachable,
-    Refuse,
+    RefuseRequest,
     RemoteError,
     RequestTimeout,
 )
@@ -67,7 +67,7 @@ def peers() -> Iterator[Peers]:
         assert isinstance(message, ChunkRequest)
         senders.append(sender)
         if message.chunk_index == 9:
-            raise Refuse("busy", "slots full")
+            raise RefuseRequest("busy", "slots full")
         if message.chunk_index == 8:
             raise RuntimeError("handler bug")
         if message.chunk_index == 7:

@@ -8,7 +8,7 @@ import time
 
 from swarmnode.activation.offers import DirectOffers, network_of
 from swarmnode.identity import NodeIdentity
-from swarmnode.net.dataplane import DataPlane, PeerRefused, Refuse, request_source
+from swarmnode.net.dataplane import DataPlane, PeerRefused, RefuseRequest, request_source
 from swarmnode.wire import Envelope, Kind, PeerRecord, Role, seal, to_ms
 
 NOW = 1_800_000_000.0
@@ -94,7 +94,7 @@ async def _sybils_then_honest_over_loopback() -> tuple[list[str], str | None, di
         refusal = offers.receive(sender, envelope.sent_at_ms / 1000.0, message, request_source(), time.time())
         if refusal is not None:
             reason, _, detail = refusal.partition(": ")
-            raise Refuse(reason, detail)
+            raise RefuseRequest(reason, detail)
 
     learner = DataPlane(NodeIdentity.from_seed(b"L" * 32), host="127.0.0.1")
     learner.register(Kind.PEER_RECORD, on_offer)
