@@ -352,7 +352,7 @@ class AdmissionPipeline:
                 via=via,
             )
         # 7. freshness
-        rejected = self._check_freshness(envelope, message, signer, now, via)
+        rejected = self._check_freshness(envelope, signer, now, via)
         if rejected is not None:
             return rejected
         # Room is made only now: an envelope that fails freshness must not make us forget anything.
@@ -485,7 +485,7 @@ class AdmissionPipeline:
         return None
 
     def _check_freshness(
-        self, envelope: Envelope, message: Message, signer: str, now: float, via: str | None
+        self, envelope: Envelope, signer: str, now: float, via: str | None
     ) -> Rejected | None:
         now_ms = now * 1000.0  # too old: at step 2c
         if envelope.sent_at_ms > now_ms + self.config.max_future_s * 1000.0:

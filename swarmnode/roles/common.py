@@ -71,9 +71,10 @@ class StopFlag:
 def role_engine(config: Config, policy: Policy) -> RolloutEngine:
     """The rollout engine ``model.engine`` names, serving ``policy`` (``rollout.make_engine``).
 
-    Every engine runs for both roles: a learner uses it for held-out evaluation and keeps it in step
-    with each new version; a worker generates with it and loads each received version into it. One
-    that cannot run here fails at start, naming the key and its value.
+    Every role builds its engine here: a trainer and a solo run generate with it, a learner uses it
+    for held-out evaluation and keeps it in step with each new version, a worker generates with it
+    and loads each received version into it. One that cannot run here fails at start, naming the key
+    and its value.
     """
     try:
         return make_engine(config.model.engine, policy)

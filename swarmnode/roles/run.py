@@ -1,11 +1,8 @@
 """``swarmnode run --role learner|worker``: build the role, run it until a signal, stop cleanly.
 
 A first SIGINT/SIGTERM stops after the step (learner) or batch (worker) in progress; a
-second aborts at once (the learner's last checkpoint stays its resume point).
-
-Also what both roles take from the config and the model the same way: the rollout engine
-(``model.engine``, through the factory the trainer node and ``swarmnode train`` use) and the
-model family they advertise in their PeerRecord (the model's own ``model_type``).
+second aborts at once (the learner's last checkpoint stays its resume point). What the roles
+build the same way (engine, model family, network settings) is in ``roles.common``.
 """
 
 from __future__ import annotations

@@ -17,8 +17,7 @@ from typing import TextIO
 
 from swarmnode.config import Config
 from swarmnode.home import NodeHome
-from swarmnode.roles.common import StopFlag, build_mixture, build_policy, configure_threads
-from swarmnode.rollout import make_engine
+from swarmnode.roles.common import StopFlag, build_mixture, build_policy, configure_threads, role_engine
 from swarmnode.store import CheckpointStore, Ledger
 from swarmnode.train import RoundMetrics, Trainer
 
@@ -59,7 +58,7 @@ def run_solo(
     configure_threads(config)
     mixture = build_mixture(config)
     policy = build_policy(config, home, mixture)
-    engine = make_engine(config.model.engine, policy)
+    engine = role_engine(config, policy)
     stop = StopFlag()
     if install_signals:
         stop.install()

@@ -37,9 +37,15 @@ from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.ops.api import serve_forever
 from swarmnode.ops.metrics import Metrics
 from swarmnode.ops.supervise import run_jobs
-from swarmnode.roles.common import build_mixture, build_policy, configure_threads, net_config, verifier_gauges
+from swarmnode.roles.common import (
+    build_mixture,
+    build_policy,
+    configure_threads,
+    net_config,
+    role_engine,
+    verifier_gauges,
+)
 from swarmnode.roles.convert import rollout_batch, to_scored, trained_texts
-from swarmnode.rollout import make_engine
 from swarmnode.store import CheckpointStore, Ledger
 from swarmnode.train import RoundMetrics, ScoredGroup, Trainer
 from swarmnode.verify import VerifierPool
@@ -139,7 +145,7 @@ class SwarmNode:
         self.trainer = Trainer(
             self.config,
             policy,
-            make_engine(self.config.model.engine, policy),
+            role_engine(self.config, policy),
             self.mixture,
             self.ledger,
             CheckpointStore(self.home.checkpoints, self.config.checkpoint.keep),
