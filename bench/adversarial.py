@@ -6,12 +6,12 @@ nodes together) do they keep?
 
 Setup, all real and on 127.0.0.1: a bootstrap peer, 2 honest ``swarmnode run`` processes
 (tiny warm-started model, 2 s rounds, 4 groups of 4 a round, SAPO mixing) under
-``tests.fault.hooked_node``, which logs every admission verdict, and one attacker process
-(``tests/fault/attacker.py``) that runs one scenario per ``--window`` seconds, each with a fresh
-libp2p identity (so a ban earned in one does not mask the next). The first window is the
-baseline: no attacker. Scenarios and what "poisoned" means for each: tests/fault/attacker.py
-and tests/fault/adversarial.py. Corrupt weight chunks are not a scenario until the weight
-broadcast exists.
+``swarmnode.testing.hooked_node``, which logs every admission verdict, and one attacker process
+(``swarmnode/testing/attacker.py``) that runs one scenario per ``--window`` seconds, each with a
+fresh libp2p identity (so a ban earned in one does not mask the next). The first window is the
+baseline: no attacker. Scenarios and what "poisoned" means for each:
+swarmnode/testing/attacker.py and swarmnode/testing/adversarial.py. Corrupt weight chunks are
+not a scenario until the weight broadcast exists.
 
     python bench/adversarial.py                       # 30 s windows, every scenario (~7 min)
     python bench/adversarial.py --window 60 --json out.json
@@ -39,9 +39,9 @@ from common import base_parser, machine, print_table, write_json
 
 from swarmnode.policy import WarmStartSettings, warm_start
 from swarmnode.tasks import default_mixture
-from tests.fault.adversarial import measure, run_swarm
-from tests.fault.attacker import SCENARIOS
-from tests.swarm.support import LocalSwarm
+from swarmnode.testing import LocalSwarm
+from swarmnode.testing.adversarial import measure, run_swarm
+from swarmnode.testing.attacker import SCENARIOS
 
 ROUND_SECONDS = 2.0
 QUICK = WarmStartSettings(max_steps=120, eval_every=60, eval_tasks=64, heldout_tasks=64, target_accuracy=1.0)

@@ -27,7 +27,6 @@ import asyncio
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -57,20 +56,20 @@ class _Bootstrap:
     """A real bootstrap subprocess on 127.0.0.1."""
 
     def __init__(self, home: Path) -> None:
+        from swarmnode.testing import spawn, wait_until
+
         ready = home / "ready.json"
-        self.log = open(home / "log.txt", "wb")  # closed in stop()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "swarmnode.roles.bootstrap", "--home", str(home), "--listen",
-             "/ip4/127.0.0.1/tcp/0", "--ready-file", str(ready)],
-            stdout=self.log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True,
-            env=dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1"),
-        )  # fmt: skip
-        deadline = time.monotonic() + 120
-        while not ready.exists():
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"bootstrap did not start: {(home / 'log.txt').read_text()[-2000:]}")
-            time.sleep(0.1)
-        self.info = json.loads(ready.read_text())
+        args = ["-m", "swarmnode.roles.bootstrap", "--home", str(home), "--listen", "/ip4/127.0.0.1/tcp/0"]
+        env = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+        self.proc = spawn(
+            "bootstrap",
+            [*args, "--ready-file", str(ready)],
+            home / "log.txt",
+            env=env,
+            cwd=REPO,
+            ready_file=ready,
+        )
+        self.info = wait_until(self.proc.ready, 120, "the bootstrap", procs=[self.proc], interval=0.1)
 
     def rss_mib(self) -> float:
         """Python process + its p2pd."""
@@ -90,14 +89,7 @@ class _Bootstrap:
     def stop(self) -> None:
         import signal
 
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
-        self.log.close()
+        self.proc.stop(20, sig=signal.SIGTERM)
 
 
 def _identities(n: int) -> list[Any]:

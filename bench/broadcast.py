@@ -29,7 +29,6 @@ import logging
 import os
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,9 +41,11 @@ from bench.common import base_parser, machine, median, print_table, write_json
 from swarmnode.broadcast.core import BroadcastConfig
 from swarmnode.broadcast.driver import BroadcastNode, build_manifest
 from swarmnode.identity import NodeIdentity
-from swarmnode.net.dataplane import DataPlane, Reply
+from swarmnode.net.dataplane import DataPlane
+from swarmnode.testing import Proc, spawn, wait_until
+from swarmnode.testing.corrupting import CorruptingNode
 from swarmnode.wire.envelope import Envelope, decode_envelope, encode_envelope
-from swarmnode.wire.messages import ChunkData, Message, TensorEntry
+from swarmnode.wire.messages import TensorEntry
 
 MIB = 1024 * 1024
 
@@ -60,20 +61,6 @@ def _free_port() -> int:
 
 
 # --------------------------------------------------------------------------- one peer (child)
-
-
-class CorruptingNode(BroadcastNode):
-    """A receiver that relays every slice it serves with its first byte flipped.
-
-    Its answers are signed and well-formed, so only the chunk hash in the publisher's manifest
-    tells them apart. tests/broadcast/test_broadcast_swarm.py uses it too."""
-
-    async def _on_chunk_request(self, sender: str, envelope: Envelope, message: Message) -> Reply:
-        reply = await super()._on_chunk_request(sender, envelope, message)
-        data = reply.answer
-        assert isinstance(data, ChunkData)
-        bad = bytes([data.data[0] ^ 0xFF]) + data.data[1:]
-        return Reply(ChunkData(data.manifest_digest, data.chunk_index, data.offset, bad), reply.after)
 
 
 async def _child(a: dict[str, Any]) -> None:
@@ -138,7 +125,7 @@ def run_attack(
         ports = [_free_port() for _ in range(n + 1)]
         peers = [[NodeIdentity.from_seed(_seed(i)).peer_id, f"127.0.0.1:{p}"] for i, p in enumerate(ports)]
         (tmp / "peers.json").write_text(json.dumps(peers))
-        procs = []
+        procs: list[Proc] = []
         try:
             for i in range(n + 1):
                 args = {
@@ -154,25 +141,24 @@ def run_attack(
                     "go": str(tmp / "go"),
                     "timeout": timeout,
                 }
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, __file__, "--child", json.dumps(args)],
-                        start_new_session=True,
-                    )
-                )
-            deadline = time.monotonic() + 120
-            while not all((tmp / f"out{i}.ready").exists() for i in range(n + 1)):
-                if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                    raise RuntimeError("a peer process did not start")
-                time.sleep(0.01)
+                procs.append(spawn(f"peer{i}", [__file__, "--child", json.dumps(args)], tmp / f"peer{i}.log"))
+            wait_until(
+                lambda: all((tmp / f"out{i}.ready").exists() for i in range(n + 1)),
+                120,
+                "every peer process to start",
+                procs=procs,
+                interval=0.01,
+            )
             t0 = time.time()
             (tmp / "go").write_text("go")
-            deadline = time.monotonic() + timeout
             outs = [tmp / f"out{i}" for i in range(corrupt + 1, n + 1)]
-            while not all(o.exists() for o in outs):
-                if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
-                    raise RuntimeError(f"{mode} broadcast to {n} did not finish in {timeout:g} s")
-                time.sleep(0.01)
+            wait_until(
+                lambda: all(o.exists() for o in outs),
+                timeout,
+                f"the {mode} broadcast to {n} receivers",
+                procs=procs,
+                interval=0.01,
+            )
             expected = hashlib.sha256(blob).hexdigest()
             results = [json.loads(o.read_text()) for o in outs]
             return {
@@ -183,15 +169,10 @@ def run_attack(
                 "honest": len(results),
             }
         finally:
+            for p in procs:  # all at once: the relays run until stopped
+                p.kill_group(signal.SIGTERM)
             for p in procs:
-                if p.poll() is None:
-                    os.killpg(p.pid, signal.SIGTERM)
-            for p in procs:
-                try:
-                    p.wait(timeout=10)
-                except subprocess.TimeoutExpired:
-                    os.killpg(p.pid, signal.SIGKILL)
-                    p.wait(timeout=10)
+                p.wait_stopped(10)
 
 
 def main() -> None:

@@ -59,7 +59,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import ctypes
 import json
 import logging
 import math
@@ -68,13 +67,10 @@ import random
 import resource
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -105,6 +101,7 @@ from swarmnode.net.records import DhtRecord
 from swarmnode.ops.metrics import Metrics
 from swarmnode.roles.convert import rollout_batch
 from swarmnode.tasks import Task, TaskMixture, default_mixture, score_completion
+from swarmnode.testing import HarnessError, Proc, WaitTimedOut, kill_p2pd_of, spawn, wait_until
 from swarmnode.train import ScoredGroup
 from swarmnode.wire import RolloutBatch, encode_envelope, seal, to_ms
 
@@ -173,14 +170,14 @@ class TimedAdmission(AdmissionPipeline):
         super().__init__(config, now=now)
         self.accepted_at: dict[tuple[str, int], float] = {}  # (signer, swarm round) -> wall time
         self.seconds: list[float] = []
-        self.cpu = 0.0
+        self.cpu_seconds = 0.0  # not `cpu`: the pipeline's per-party CPU buckets are named so
         self.rejections: Counter[str] = Counter()
 
-    def admit(self, data: bytes, now: float, *, via: str | None = None, solicited: bool = False) -> Verdict:
+    def admit(self, data: bytes, now: float, **options: Any) -> Verdict:
         cpu0, wall0 = time.process_time(), time.perf_counter()
-        verdict = super().admit(data, now, via=via, solicited=solicited)
+        verdict = super().admit(data, now, **options)  # via, solicited, ...: whatever the driver passes
         done = time.time()
-        self.cpu += time.process_time() - cpu0
+        self.cpu_seconds += time.process_time() - cpu0
         self.seconds.append(time.perf_counter() - wall0)
         if isinstance(verdict, Accepted) and verdict.groups:
             # Each node publishes one batch per swarm round: (signer, round) names it.
@@ -404,7 +401,7 @@ async def run_worker(args: argparse.Namespace) -> int:
                 "wall": time.time(),
                 "cpu": own_cpu_seconds(),
                 "p2pd_cpu": cpu_seconds(runtime.p2pd_pid or -1),
-                "admission_cpu": admission.cpu,
+                "admission_cpu": admission.cpu_seconds,
             }
         for k, batch in enumerate(batches):
             if not await sleep_until(round_start(first + k, rs) + jitter.uniform(0, spread), stop):
@@ -419,7 +416,7 @@ async def run_worker(args: argparse.Namespace) -> int:
                 "wall": time.time() - window["wall"],
                 "cpu": own_cpu_seconds() - window["cpu"],
                 "p2pd_cpu": cpu_seconds(runtime.p2pd_pid or -1) - window["p2pd_cpu"],
-                "admission_cpu": admission.cpu - window["admission_cpu"],
+                "admission_cpu": admission.cpu_seconds - window["admission_cpu"],
                 "rss_kib": rss_kib(os.getpid()),
                 "rss_peak_kib": rss_kib(os.getpid(), "VmHWM"),
                 "p2pd_rss_kib": rss_kib(runtime.p2pd_pid or -1),
@@ -468,108 +465,23 @@ async def run_worker(args: argparse.Namespace) -> int:
 # ------------------------------------------------------------------------------------ the benchmark side
 
 
-@dataclass
-class Proc:
-    """A child process in its own session (process group); output in ``log``."""
-
-    name: str
-    popen: subprocess.Popen[bytes]
-    log: Path
-    ready_file: Path
-    stopped: bool = False
-
-    def tail(self, chars: int = 3000) -> str:
-        try:
-            return self.log.read_text(errors="replace")[-chars:]
-        except OSError as exc:
-            return f"(no log: {exc})"
-
-    def ready(self) -> dict[str, Any] | None:
-        if self.ready_file.exists():
-            info: dict[str, Any] = json.loads(self.ready_file.read_text())
-            return info
-        return None
-
-    def signal_group(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.popen.pid, sig)
-
-    def stop(self, timeout: float = STOP_TIMEOUT) -> None:
-        """SIGTERM (a clean stop), SIGKILL of the group after ``timeout``; then its p2pd if left."""
-        if self.stopped:
-            return
-        self.stopped = True
-        info = self.ready() if self.ready_file.exists() else None
-        if self.popen.poll() is None:
-            self.signal_group(signal.SIGTERM)
-            try:
-                self.popen.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.signal_group(signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    self.popen.wait(10)
-        self.signal_group(signal.SIGKILL)  # anything left in the group
-        p2pd = info.get("p2pd_pid") if info else None
-        # p2pd has a group of its own and dies with its node; kill it only if it is still ours.
-        if isinstance(p2pd, int) and is_p2pd_of(p2pd, self.ready_file.parent):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(p2pd, signal.SIGKILL)
+def start(name: str, argv: list[str], home: Path) -> Proc:
+    """A bootstrap or node process of the benchmark (the package's harness), its log in ``home``."""
+    env = {"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return spawn(name, argv, home / "log.txt", env=env, cwd=REPO, ready_file=home / "ready.json")
 
 
-def is_p2pd_of(pid: int, home: Path) -> bool:
-    """Whether ``pid`` is a live p2pd whose identity file lies under ``home``."""
-    try:
-        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z" and argv[0].endswith(b"p2pd") and str(home).encode() in b" ".join(argv)
+def stop(proc: Proc) -> None:
+    """SIGTERM (a clean stop), SIGKILL of the group after a grace period; then its p2pd if left.
+
+    p2pd has a group of its own and dies with its node: only one that outlived it is killed."""
+    proc.stop(STOP_TIMEOUT, sig=signal.SIGTERM)
+    kill_p2pd_of(default_identity_path(proc.log.parent))
 
 
-def die_with_parent(parent: int) -> Callable[[], None] | None:
-    """A ``preexec_fn`` that has the kernel SIGTERM the child when this process dies, even by
-    SIGKILL (Linux ``PR_SET_PDEATHSIG``), so no bootstrap or node outlives the benchmark."""
-    if not sys.platform.startswith("linux"):
-        return None  # the nodes still watch their parent; only the bootstrap could linger
-    libc = ctypes.CDLL(None, use_errno=True)
-
-    def preexec() -> None:
-        libc.prctl(1, signal.SIGTERM, 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # the parent died before prctl took effect
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return preexec
-
-
-def spawn(name: str, argv: list[str], log: Path, ready_file: Path) -> Proc:
-    log.parent.mkdir(parents=True, exist_ok=True)
-    env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
-    with open(log, "ab") as out:
-        popen = subprocess.Popen(
-            [sys.executable, *argv],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=env,
-            cwd=REPO,
-            start_new_session=True,
-            preexec_fn=die_with_parent(os.getpid()),
-        )
-    return Proc(name, popen, log, ready_file)
-
-
-def wait_ready(procs: list[Proc], timeout: float) -> list[dict[str, Any]]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        infos = [p.ready() for p in procs]
-        if all(info is not None for info in infos):
-            return [info for info in infos if info is not None]
-        for p in procs:
-            if p.popen.poll() is not None:
-                raise RuntimeError(f"{p.name} exited with {p.popen.returncode}:\n{p.tail()}")
-        time.sleep(POLL)
-    late = [p.name for p in procs if p.ready() is None]
-    raise RuntimeError(f"not ready within {timeout:.0f} s: {', '.join(late)}\n{procs[0].tail()}")
+def all_ready(procs: list[Proc]) -> list[dict[str, Any]] | None:
+    infos = [p.ready() for p in procs]
+    return [info for info in infos if info is not None] if all(infos) else None
 
 
 def latencies(results: list[dict[str, Any]], first_measured: int) -> tuple[list[float], list[float], int]:
@@ -662,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("need --nodes >= 2 and more --rounds than --warmup-rounds")
     try:
         return run_benchmark(args)
-    except RuntimeError as exc:  # a process failed to start or stopped early: its log tail is in the text
+    except (RuntimeError, HarnessError) as exc:  # a process did not start or stopped early: log tail inside
         print(f"error: {exc}", file=sys.stderr)
         return 1
 
@@ -679,35 +591,22 @@ def run_benchmark(args: argparse.Namespace) -> int:
     procs: list[Proc] = []
     t_start = time.monotonic()
     try:
-        boot_ready = workdir / "boot" / "ready.json"
-        boot = spawn(
-            "bootstrap",
-            [
-                "-m",
-                "swarmnode.roles.bootstrap",
-                "--home",
-                str(workdir / "boot"),
-                "--listen",
-                LOOPBACK,
-                "--ready-file",
-                str(boot_ready),
-            ],
-            workdir / "boot" / "log.txt",
-            boot_ready,
+        boot_args = ["-m", "swarmnode.roles.bootstrap", "--home", str(workdir / "boot"), "--listen", LOOPBACK]
+        boot = start(
+            "bootstrap", [*boot_args, "--ready-file", str(workdir / "boot" / "ready.json")], workdir / "boot"
         )
         procs.append(boot)
-        boot_info = wait_ready([boot], START_TIMEOUT)[0]
+        boot_info = wait_until(boot.ready, START_TIMEOUT, "the bootstrap peer", procs=[boot], interval=POLL)
         maddr = next(m for m in boot_info["maddrs"] if "/127.0.0.1/" in m)
         nodes = []
         for i in range(args.nodes):
-            home = workdir / f"node{i}"
             argv = [__file__, "--worker", str(i), "--dir", str(workdir), "--bootstrap", maddr]
             argv += ["--parent", str(os.getpid()), "--nodes", str(args.nodes), "--rounds", str(args.rounds)]
             argv += ["--round-seconds", str(args.round_seconds), "--read-interval", str(config.read_interval)]
             argv += ["--prompts", str(args.prompts), "--group-size", str(args.group_size)]
-            nodes.append(spawn(f"node{i}", argv, home / "log.txt", home / "ready.json"))
+            nodes.append(start(f"node{i}", argv, workdir / f"node{i}"))
         procs += nodes
-        infos = wait_ready(nodes, START_TIMEOUT)
+        infos = wait_until(lambda: all_ready(nodes), START_TIMEOUT, "every node", procs=nodes, interval=POLL)
         startup_s = time.monotonic() - t_start
         rs = args.round_seconds
         first = round_at(time.time() + GO_MARGIN, rs) + 1
@@ -723,18 +622,19 @@ def run_benchmark(args: argparse.Namespace) -> int:
         boot_cpu = cpu_seconds(boot_info["pid"]) + cpu_seconds(boot_info["p2pd_pid"]) - boot_cpu0
         window_s = time.time() - window_start
 
-        deadline = window_end + args.drain_seconds
-        while time.time() < deadline and not all(
-            (workdir / f"node{i}" / "done").exists() for i in range(args.nodes)
-        ):
-            for p in nodes:
-                if p.popen.poll() is not None:
-                    raise RuntimeError(f"{p.name} exited early with {p.popen.returncode}:\n{p.tail()}")
-            time.sleep(POLL)
+        # Late admissions until every node is done or the drain time is over (then they count as never).
+        with contextlib.suppress(WaitTimedOut):
+            wait_until(
+                lambda: all((workdir / f"node{i}" / "done").exists() for i in range(args.nodes)),
+                max(0.0, window_end + args.drain_seconds - time.time()),
+                "every node to finish",
+                procs=nodes,
+                interval=POLL,
+            )
         for p in nodes:  # all at once: none keeps pulling from a peer that is already gone
-            p.signal_group(signal.SIGTERM)
+            p.kill_group(signal.SIGTERM)
         for p in nodes:
-            p.stop()
+            stop(p)
         results = []
         for i, p in enumerate(nodes):
             path = workdir / f"node{i}" / "result.json"
@@ -756,7 +656,7 @@ def run_benchmark(args: argparse.Namespace) -> int:
         return 0
     finally:
         for p in reversed(procs):
-            p.stop()
+            stop(p)
         if args.keep:
             print(f"work directory kept: {workdir}")
         else:

@@ -161,9 +161,9 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_swarm(args: argparse.Namespace) -> int:
-    from swarmnode.tools.launch import LocalSwarm
+    from swarmnode.tools.launch import SwarmDemo
 
-    return LocalSwarm(
+    return SwarmDemo(
         Path(args.home),
         nodes=args.nodes,
         minutes=args.minutes,

@@ -2,6 +2,9 @@
 
 Every import of a swarmnode module counts, at module level or inside a function (a lazy import
 still ties the two modules together). A layer may import its own layer and any layer below.
+The process harness (``swarmnode.testing``) sits at the top; in the package only the launcher
+(``swarmnode.tools.launch``) may use it. Outside the package, ``bench/`` and ``tests/`` share
+code only through the package: neither imports (or runs as a module) the other.
 """
 
 from __future__ import annotations
@@ -10,7 +13,11 @@ import ast
 from collections.abc import Iterator
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "swarmnode"
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "swarmnode"
+HARNESS = "swarmnode.testing"
+#: The only modules outside the harness that may import it.
+HARNESS_USERS = {"swarmnode.tools.launch"}
 
 #: Bottom to top. A module belongs to the layer of the longest prefix listed here.
 LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -38,8 +45,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # One folder per protocol: a sans-IO core and the driver that does its I/O.
     ("protocols", ("swarmnode.gossip", "swarmnode.broadcast", "swarmnode.activation")),
     ("roles", ("swarmnode.roles",)),
-    # Entry points: the command line, the simulator, developer and operator tools.
-    ("entry", ("swarmnode.cli", "swarmnode.sim", "swarmnode.tools")),
+    # Entry points: the command line, the simulator, developer and operator tools, and the process
+    # harness of local swarms (the launcher, the tests and bench/ share it; the attacking peers).
+    ("entry", ("swarmnode.cli", "swarmnode.sim", "swarmnode.tools", "swarmnode.testing")),
 )
 
 
@@ -177,3 +185,66 @@ def test_the_checker_sees_a_cycle_and_an_upward_arrow() -> None:
     finally:
         GRAPH.clear()
         GRAPH.update(saved)
+
+
+def harness_importers() -> list[str]:
+    """Modules outside the harness (and not allowed to) that import it."""
+    return sorted(
+        name
+        for name, targets in GRAPH.items()
+        if not (name == HARNESS or name.startswith(HARNESS + "."))
+        and name not in HARNESS_USERS
+        and any(t == HARNESS or t.startswith(HARNESS + ".") for t in targets)
+    )
+
+
+def test_only_the_launcher_imports_the_process_harness() -> None:
+    assert harness_importers() == []
+
+
+def test_the_harness_check_sees_a_forbidden_import() -> None:
+    saved = GRAPH["swarmnode.cli"]
+    try:
+        GRAPH["swarmnode.cli"] = [*saved, "swarmnode.testing.swarm"]
+        assert harness_importers() == ["swarmnode.cli"]
+    finally:
+        GRAPH["swarmnode.cli"] = saved
+
+
+def references(source: str, top: str) -> list[str]:
+    """Imports of package ``top`` in ``source``, and strings naming one of its modules (``-m top.x``)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and " " not in node.value:
+            names = [node.value] if node.value.startswith(top + ".") else []
+        found += [f"line {node.lineno}: {n}" for n in names if n == top or n.startswith(top + ".")]
+    return found
+
+
+def cross_references(folder: str, top: str) -> list[str]:
+    return [
+        f"{path.relative_to(ROOT)} {ref}"
+        for path in sorted((ROOT / folder).rglob("*.py"))
+        if "__pycache__" not in path.parts
+        for ref in references(path.read_text(), top)
+    ]
+
+
+def test_bench_does_not_import_tests() -> None:
+    assert cross_references("bench", "tests") == []
+
+
+def test_tests_do_not_import_bench() -> None:
+    assert cross_references("tests", "bench") == []
+
+
+def test_the_cross_check_sees_an_import_and_a_module_name() -> None:
+    source = 'import os\nfrom tests.swarm import support\nargs = ["-m", "tests.fault.attacker"]\n'
+    assert references(source, "tests") == ["line 2: tests.swarm", "line 3: tests.fault.attacker"]
+    assert references("from bench.broadcast import CorruptingNode\n", "bench") == ["line 1: bench.broadcast"]
+    assert references("x = 'tests.py passed'\n", "tests") == []

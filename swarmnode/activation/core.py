@@ -42,8 +42,9 @@ Probation: measure before trust, make before break (``ActivationCore``)
       ``Plan.kept`` saying so ("kept: proven, while <peers> on probation");
     * at most ``max_probation`` unproven workers are active at once: candidates already on
       probation keep their place, new ones are taken in the planner's order (cheapest per
-      completion first) into the free places, the rest wait (``Plan.waiting``), so a flood of
-      offers costs at most ``max_probation`` Activates at a time;
+      completion first; a re-probed worker behind those never tried) into the free places, the
+      rest wait (``Plan.waiting``), so a flood of offers costs at most ``max_probation`` Activates
+      at a time;
     * when a probationer delivers (its first delivery after activation), it is proven and the core
       re-plans if anything was kept or waiting: the normal rule may now drop the proven workers
       it replaces. One that never delivers measures 0 after ``first_rollout_timeout`` and drops out.
@@ -72,8 +73,9 @@ Driving ``ActivationCore``
                                ``drift_fraction`` band around the T of the current plan
     ``DisseminationMeasured``  a weight broadcast took D s (EWMA); re-plan when that changes
                                which workers meet the latency constraint
-    ``RolloutsReceived``       ``count`` completions arrived from an active worker; its
-                               first one proves the worker (see Probation)
+    ``RolloutsReceived``       ``count`` completions (one delivery) arrived from an active
+                               worker; its first one proves the worker (see Probation); its
+                               size models the worker's tail latency (see Tail latency)
     ``PeerBanned``             (core.events) the peer may not be active until ``until``
     ``WorkerMisbehaved``       the same, with the reason the worker is told (e.g. a failed
                                spot check); ``until`` may be ``math.inf`` (for this run)
@@ -88,6 +90,8 @@ Driving ``ActivationCore``
     ``Deactivate``    send the wire ``Deactivate(peer, reason)``
     ``PlanChanged``   a re-plan happened: publish ``plan`` in /status and /metrics
                       (including ``kept``, ``probation`` and ``waiting``)
+    ``Forget``        the core starts ``peer`` over (a restart or a re-probe): forget what
+                      was sent to it (the weight versions it was told, their timings)
     ================  ======================================================================
 
     Within one call, activations come before deactivations, so capacity never dips in between.
@@ -109,6 +113,31 @@ Measured rates and drift
     same way. A measured rate, once adopted, outranks the worker's own advertisement until the worker
     leaves and joins again (so a worker measured at 0 stays out of the plan until then).
 
+Tail latency
+    A worker's ``gen_tail_latency`` is the driver's when the offer carries one; otherwise the core
+    models it from the worker's last delivery of ``n`` completions (``RolloutsReceived.count``) and
+    its advertised rate ``r``: ``T_gen_tail = 2 * n / r``. A version that lands mid-delivery waits
+    for that delivery, then the next one is generated with it, so the slowest group made with it
+    arrives about two delivery times later. Unknown (no delivery yet) counts as 0 (The rule). A
+    delivery of a new size re-plans when the tail it models changes whether the worker meets the
+    staleness bound (the same test as a re-advertised tail).
+
+Restarts and re-probes: starting a worker over
+    Starting a worker over forgets what was measured of it, as a leave and a join would: the plan
+    counts on its advertisement again, it is unproven, its rate is measured afresh; the core
+    re-plans (as for a leave, then as for a join) and emits ``Forget``.
+
+    * Restart: a ``WorkerJoined`` whose ``offer.address`` differs from the one held (both known)
+      is a new run of the worker; nothing its previous run did (or failed to deliver while it was
+      down) may outrank the new offer. The worker is started over with the new offer.
+    * Re-probe: a measured rate, once adopted, outranks the advertisement until the worker leaves,
+      so a worker that stalled for one window (weights over a slow link, a busy host) would stay
+      out for good. A worker measured at 0 that still advertises a positive rate and is not banned
+      is started over by ``poll`` ``reprobe_seconds`` after it was measured at 0 (and so at most
+      once per ``reprobe_seconds``): a new chance once a while, never an ``Activate`` chasing the
+      ``Deactivate`` that measurement caused. It keeps its last delivery size (same run, same tail),
+      and for a probation place it waits behind workers never tried (Probation).
+
 Measured utilization
     Share of learner wall time spent stepping: ``sum(step) / sum(step + waited)`` over the
     ``StepMeasured`` events of the last ``utilization_window`` seconds (None before the first).
@@ -126,6 +155,8 @@ from swarmnode.errors import ConfigError
 
 _EPS = 1e-9  # relative slack for float comparisons against hand-computed thresholds
 MAX_LEASE_SECONDS = 86_400  # the wire's bound on Activate.lease_seconds
+# A version landing mid-delivery waits for that delivery, then its own is generated (Tail latency).
+TAIL_DELIVERIES = 2.0
 
 
 def _positive(prefix: str, name: str, value: float) -> None:
@@ -159,13 +190,19 @@ def _integer(prefix: str, name: str, value: int, low: int, high: int | None = No
 class WorkerOffer:
     """What a worker offers: its rate (completions/s), price (per 1,000 completions), hardware text,
     and its generation tail latency in seconds when known (time from receiving a version to
-    delivering its slowest group generated with it; None: unknown)."""
+    delivering its slowest group generated with it; None: unknown, and ``ActivationCore`` models it
+    from the worker's deliveries, see Tail latency in the module docstring).
+
+    ``address``: where this run of the worker is reached (its data-plane addresses and libp2p id,
+    in any stable spelling; "" when unknown). ``ActivationCore`` takes a new address for a known
+    worker as a restart (module docstring, Restarts and re-probes)."""
 
     peer: PeerId
     rate: float
     price: float
     hardware: str = ""
     gen_tail_latency: float | None = None
+    address: str = ""
 
     @property
     def price_per_completion_rate(self) -> float:
@@ -299,6 +336,16 @@ def exclusion_reason(offer: WorkerOffer, need: Need, *, check_latency: bool = Tr
     return None
 
 
+def modelled_tail(offer: WorkerOffer, delivery: int) -> float | None:
+    """The worker's tail latency (module docstring, Tail latency): the offer's own when it has
+    one, else ``2 * delivery / rate`` from its last delivery; None while neither is known."""
+    if offer.gen_tail_latency is not None:
+        return offer.gen_tail_latency
+    if delivery > 0 and offer.rate > 0:
+        return TAIL_DELIVERIES * delivery / offer.rate
+    return None
+
+
 def _order(offer: WorkerOffer) -> tuple[float, float, PeerId]:
     return (offer.price_per_completion_rate, -offer.rate, offer.peer)
 
@@ -404,6 +451,8 @@ class ActivationConfig:
     policy: str = "planner"  # "planner": the ECHO-2 rule; "all": every qualifying worker (the baseline)
     # Unproven workers (no delivery yet) active at once beside proven ones (module docstring, Probation).
     max_probation: int = 4
+    # A worker measured at 0 is started over at most this often (module docstring, Restarts and re-probes).
+    reprobe_seconds: float = 60.0
 
     def __post_init__(self) -> None:
         p = "activation"
@@ -431,6 +480,7 @@ class ActivationConfig:
         _integer(p, "max_workers", self.max_workers, 1)
         _integer(p, "max_samples_per_worker", self.max_samples_per_worker, 2)
         _integer(p, "max_probation", self.max_probation, 1, self.max_workers)
+        _positive(p, "reprobe_seconds", self.reprobe_seconds)
         if self.policy not in ("planner", "all"):
             raise ConfigError(f"activation.policy must be 'planner' or 'all', got {self.policy!r}")
 
@@ -526,7 +576,16 @@ class PlanChanged:
     cause: str
 
 
-ActivationAction = Activate | Deactivate | PlanChanged
+@dataclass(frozen=True)
+class Forget:
+    """The core started ``peer`` over (``reason``: a restart or a re-probe): forget what was sent
+    to its previous run (the weight versions it was told, their dissemination timings)."""
+
+    peer: PeerId
+    reason: str
+
+
+ActivationAction = Activate | Deactivate | PlanChanged | Forget
 
 
 # ---------------------------------------------------------------------------------------------
@@ -551,6 +610,8 @@ class ActivationStats:
     rollouts_unsolicited: int = 0  # from a worker that is not active (late or uninvited)
     latency_fallbacks: int = 0  # plans made without the staleness-bound rule (nobody met it)
     probations_passed: int = 0  # probationers whose first delivery re-planned (kept or waiting workers)
+    restarts: int = 0  # workers started over because they came back at a new address
+    reprobes: int = 0  # workers measured at 0 started over to be measured again
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -596,6 +657,9 @@ class _Worker:
     measure_from: float | None = None  # first delivery after activation
     samples: deque[tuple[float, int]] = field(default_factory=deque)
     drift_since: float | None = None
+    delivery: int = 0  # completions in its last delivery (0: none yet); models its tail latency
+    zeroed_at: float | None = None  # when a measured rate of 0 was adopted (the re-probe rule)
+    reprobes: int = 0  # times it was started over by a re-probe (it waits behind untried workers)
 
 
 class ActivationCore:
@@ -698,7 +762,7 @@ class ActivationCore:
         return actions
 
     def poll(self, now: float) -> list[ActivationAction]:
-        """Timers: lifted bans, silent or drifting workers, lease renewals."""
+        """Timers: lifted bans, re-probes, silent or drifting workers, lease renewals."""
         now = self._clock(now)
         actions: list[ActivationAction] = []
         lifted = [peer for peer, until in self._bans.items() if until <= now]
@@ -707,6 +771,7 @@ class ActivationCore:
             self._ban_reasons.pop(peer, None)
         if any(peer in self._workers for peer in lifted):
             actions += self._replan(now, "ban lifted: " + ", ".join(p for p in lifted if p in self._workers))
+        actions += self._reprobe(now)
         actions += self._check_drift(now)
         actions += self._renew(now)
         self._next_check_at = now + self.config.check_interval if self.active() else None
@@ -723,6 +788,7 @@ class ActivationCore:
             deadlines.append(w.lease_expires_at - self.config.renew_before)
             if w.drift_since is not None:
                 deadlines.append(w.drift_since + self.config.drift_hold)
+        deadlines += [due for w in self._workers.values() if (due := self._reprobe_due(w)) is not None]
         return min(deadlines, default=None)
 
     # -- events ---------------------------------------------------------------------------------
@@ -737,14 +803,21 @@ class ActivationCore:
             self._workers[offer.peer] = _Worker(offer=offer, planned_rate=offer.rate)
             return self._replan(now, f"worker joined: {offer.peer}")
         old = worker.offer
+        if old.address and offer.address and old.address != offer.address:
+            # A new run: what we measured of the old one (nothing delivered while it was down)
+            # must not outrank its new offer.
+            self.stats.restarts += 1
+            return self._start_over(offer, now, "worker restarted")
         worker.offer = offer
         need = self._need()
         # A new tail latency matters only when it changes who meets the staleness bound: tails
         # estimated from a drifting rate change a little on every re-advertisement. (Judged at
         # the planned rate: a measured worker's advertised rate does not decide anything.)
-        before, after = replace(old, rate=worker.planned_rate), replace(offer, rate=worker.planned_rate)
+        old_tail, new_tail = modelled_tail(old, worker.delivery), modelled_tail(offer, worker.delivery)
+        before = replace(old, rate=worker.planned_rate, gen_tail_latency=old_tail)
+        after = replace(offer, rate=worker.planned_rate, gen_tail_latency=new_tail)
         material = old.price != offer.price or (
-            old.gen_tail_latency != offer.gen_tail_latency
+            old_tail != new_tail
             and (exclusion_reason(before, need) is None) != (exclusion_reason(after, need) is None)
         )
         if not worker.measured_adopted and self._outside_band(offer.rate, worker.planned_rate):
@@ -807,11 +880,18 @@ class ActivationCore:
             return []
         self.stats.rollouts_received += event.count
         actions: list[ActivationAction] = []
+        qualified = self._qualifies(worker)
+        worker.delivery = event.count
         if not worker.delivered:
             worker.delivered = True
             if self._plan.kept or self._plan.waiting:  # otherwise proving it changes no plan
                 self.stats.probations_passed += 1
                 actions += self._replan(now, f"worker delivered, probation over: {event.peer}")
+        if not actions and self._qualifies(worker) != qualified:
+            tail = modelled_tail(worker.offer, worker.delivery) or 0.0
+            actions += self._replan(
+                now, f"tail latency {tail:.4g} s changes whether {event.peer} meets the staleness bound"
+            )
         if worker.measure_from is None:
             worker.measure_from = now  # the first delivery marks the start of steady output
         else:
@@ -833,6 +913,47 @@ class ActivationCore:
             return []
         return self._replan(now, f"worker {reason}: {peer}")
 
+    # -- starting a worker over (restarts and re-probes) ----------------------------------------
+
+    def _start_over(
+        self, offer: WorkerOffer, now: float, cause: str, *, delivery: int = 0, reprobes: int = 0
+    ) -> list[ActivationAction]:
+        """Forget what was measured of ``offer.peer`` and take ``offer`` afresh: a leave, then a join
+        (module docstring, Restarts and re-probes); ``delivery`` and ``reprobes`` are kept."""
+        peer = offer.peer
+        old = self._workers.pop(peer)
+        mattered = old.active or any(e.peer == peer for e in self._plan.excluded)
+        actions = self._replan(now, f"{cause}, forgetting what was measured: {peer}") if mattered else []
+        actions.append(Forget(peer, cause))
+        self._workers[peer] = _Worker(
+            offer=offer, planned_rate=offer.rate, delivery=delivery, reprobes=reprobes
+        )
+        return actions + self._replan(now, f"{cause}, measuring it afresh: {peer}")
+
+    def _reprobe_due(self, worker: _Worker) -> float | None:
+        """When ``worker`` gets a new chance (None: it needs none, or advertises no rate)."""
+        if worker.zeroed_at is None or worker.active or not worker.offer.rate > 0:
+            return None
+        due = worker.zeroed_at + self.config.reprobe_seconds
+        until = self._bans.get(worker.offer.peer)
+        if until is not None:
+            if not math.isfinite(until):
+                return None  # out for this run: no new chance
+            due = max(due, until)
+        return due
+
+    def _reprobe(self, now: float) -> list[ActivationAction]:
+        actions: list[ActivationAction] = []
+        for worker in list(self._workers.values()):
+            due = self._reprobe_due(worker)
+            if due is None or due > now or self._banned_until(worker.offer.peer, now) is not None:
+                continue
+            self.stats.reprobes += 1
+            actions += self._start_over(
+                worker.offer, now, "worker re-probed", delivery=worker.delivery, reprobes=worker.reprobes + 1
+            )
+        return actions
+
     # -- planning -------------------------------------------------------------------------------
 
     def _need(self) -> Need:
@@ -840,7 +961,15 @@ class ActivationCore:
         return Need(self._step_time, c.batch, self._dissemination, c.staleness, c.margin)
 
     def _offers(self) -> list[WorkerOffer]:
-        return [replace(w.offer, rate=w.planned_rate) for w in self._workers.values()]
+        return [self._planned_offer(w) for w in self._workers.values()]
+
+    def _planned_offer(self, worker: _Worker) -> WorkerOffer:
+        """The offer as the plan counts on it: the planned rate and the modelled tail latency."""
+        tail = modelled_tail(worker.offer, worker.delivery)
+        return replace(worker.offer, rate=worker.planned_rate, gen_tail_latency=tail)
+
+    def _qualifies(self, worker: _Worker) -> bool:
+        return exclusion_reason(self._planned_offer(worker), self._need()) is None
 
     def _proven(self, worker: _Worker) -> bool:
         return worker.delivered and worker.planned_rate > 0
@@ -891,7 +1020,12 @@ class ActivationCore:
         # Already on probation keep their place; new ones fill the free places in plan order.
         on_probation = [o for o in candidates if self._workers[o.peer].active]
         places = max(0, self.config.max_probation - len(on_probation))
-        newcomers = [o for o in candidates if not self._workers[o.peer].active]
+        # Never-tried workers before re-probed ones (a stable sort: plan order within each), so
+        # workers that failed once cannot, re-probed, keep untried ones from a place.
+        newcomers = sorted(
+            (o for o in candidates if not self._workers[o.peer].active),
+            key=lambda o: self._workers[o.peer].reprobes,
+        )
         admitted = {o.peer for o in on_probation} | {o.peer for o in newcomers[:places]}
         trial = tuple(o for o in candidates if o.peer in admitted)
         waiting = tuple(
@@ -1032,6 +1166,7 @@ class ActivationCore:
                 adopted.append(f"{peer} measured {measured:.4g}/s, planned {worker.planned_rate:.4g}/s")
                 worker.planned_rate = measured
                 worker.measured_adopted = True
+                worker.zeroed_at = now if measured <= 0 else None
                 worker.drift_since = None
         if not adopted:
             return []

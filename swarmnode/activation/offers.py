@@ -27,7 +27,7 @@ import ipaddress
 from collections import Counter
 from dataclasses import dataclass
 
-from swarmnode.activation.records import MAX_CLOCK_AHEAD, RECORD_MAX_AGE
+from swarmnode.activation.lifetime import MAX_CLOCK_AHEAD, RECORD_MAX_AGE
 from swarmnode.wire import PeerRecord, Role
 
 MAX_OFFERS = 256

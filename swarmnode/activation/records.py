@@ -26,6 +26,7 @@ import logging
 import time
 from collections.abc import Iterable
 
+from swarmnode.activation.lifetime import MAX_CLOCK_AHEAD, RECORD_MAX_AGE
 from swarmnode.identity import NodeIdentity
 from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.net.records import DhtRecord
@@ -36,9 +37,6 @@ log = logging.getLogger(__name__)
 
 RECORD_SUBKEY = b"record"
 DHT_TIMEOUT = 10.0
-# One lifetime of a PeerRecord: publishers refresh every 5-10 s with a 30-60 s TTL.
-RECORD_MAX_AGE = 60.0
-MAX_CLOCK_AHEAD = 10.0  # a record "sent" further in the future than this is refused
 
 
 def learner_key(swarm: str, learner_id: str) -> str:

@@ -25,6 +25,8 @@ from typing import TypeVar
 from swarmnode.admit.pipeline import AdmissionPipeline
 from swarmnode.admit.reasons import RejectReason
 from swarmnode.admit.verdict import Rejected, Verdict
+from swarmnode.wire.envelope import Envelope
+from swarmnode.wire.messages import Message
 
 T = TypeVar("T")
 log = logging.getLogger(__name__)
@@ -109,10 +111,19 @@ class Intake:
         self._enqueue(key, job)
         return await future
 
-    def _admit_here(self, data: bytes, via: str | None, solicited: bool) -> Judged:
+    def _admit_here(
+        self,
+        data: bytes,
+        via: str | None,
+        solicited: bool,
+        envelope: Envelope | None,
+        message: Message | None,
+    ) -> Judged:
         now = time.time()
         started = time.thread_time()
-        verdict = self.pipeline.admit(data, now, via=via, solicited=solicited)
+        verdict = self.pipeline.admit(
+            data, now, via=via, solicited=solicited, envelope=envelope, message=message
+        )
         cost = time.thread_time() - started + self.pipeline.last_scoring_cpu_s
         self.cpu_seconds += cost
         # The deliverer pays for every envelope it hands us, the signer for every envelope of its own
@@ -120,12 +131,8 @@ class Intake:
         # name no sender). Each envelope is judged past them once (its id is remembered), so the
         # signer pays at most once per envelope it signed, whoever delivers it.
         self.pipeline.charge_cpu(verdict.sender, via, cost, now)
-        if not isinstance(verdict, Rejected):
-            return Judged(verdict)
         # Read now, in order: asked later, a ban earned by a *later* envelope would show here too.
-        suspect = verdict.charged or verdict.sender or via
-        until = None if suspect is None else self.pipeline.banned_until(suspect, now)
-        return Judged(verdict, until)
+        return Judged(verdict, self.pipeline.ban_left_by(verdict, via, now))
 
     # ------------------------------------------------------------------ the loop's side
 
@@ -133,8 +140,19 @@ class Intake:
         with self._ready:
             return len(self._queues.get(key, ()))
 
-    async def judge(self, data: bytes, *, via: str | None, solicited: bool) -> Judged:
-        """The verdict on ``data``, computed in the admission thread, with the ban it left."""
+    async def judge(
+        self,
+        data: bytes,
+        *,
+        via: str | None,
+        solicited: bool,
+        envelope: Envelope | None = None,
+        message: Message | None = None,
+    ) -> Judged:
+        """The verdict on ``data``, computed in the admission thread, with the ban it left.
+
+        ``envelope``: the caller's ``decode_envelope(data)``, and ``message`` its decoded payload,
+        passed along so that admission does not decode the same bytes again (``AdmissionPipeline.admit``)."""
         key = via or ""
         waiting = self._waiting(key)
         if self.pending >= self.max_pending or waiting >= self.max_pending_per_peer:
@@ -143,13 +161,23 @@ class Intake:
             return Judged(Rejected(RejectReason.CPU_BUDGET, detail))
         self.pending += 1
         try:
-            return await self._run(key, lambda: self._admit_here(data, via, solicited))
+            return await self._run(key, lambda: self._admit_here(data, via, solicited, envelope, message))
         finally:
             self.pending -= 1
 
-    async def admit(self, data: bytes, *, via: str | None, solicited: bool) -> Verdict:
-        """The verdict on ``data``, computed in the admission thread."""
-        return (await self.judge(data, via=via, solicited=solicited)).verdict
+    async def admit(
+        self,
+        data: bytes,
+        *,
+        via: str | None,
+        solicited: bool,
+        envelope: Envelope | None = None,
+        message: Message | None = None,
+    ) -> Verdict:
+        """The verdict on ``data`` (``envelope``, ``message``: its decode, if known), from the admission
+        thread."""
+        verdict = await self.judge(data, via=via, solicited=solicited, envelope=envelope, message=message)
+        return verdict.verdict
 
     async def call(self, fn: Callable[[], T]) -> T:
         """Run ``fn`` (anything touching the pipeline's state) in the admission thread, first in line."""

@@ -60,6 +60,7 @@ from swarmnode.tasks import Task, TaskId, TaskMixture, UnsafeScorerError, check_
 from swarmnode.tasks import regenerate as _regenerate
 from swarmnode.verify.outcome import GroupScorer, Scored, VerifierReason, score_in_process
 from swarmnode.wire.envelope import Envelope, decode_envelope, verify_manifest
+from swarmnode.wire.limits import MAX_ENVELOPE_BYTES
 from swarmnode.wire.messages import (
     Activate,
     Deactivate,
@@ -192,6 +193,27 @@ class AdmissionPipeline:
     def banned_until(self, peer_id: str, now: float) -> float | None:
         return self.peers.banned(peer_id, now)
 
+    def ban_left_by(self, verdict: Verdict, via: str | None, now: float) -> float | None:
+        """Until when a rejection left the party it concerns banned: the one it charged, else its
+        signer, else the delivering peer ``via`` (a ``banned`` verdict charges whom it names); None
+        for an acceptance or no ban. Ask right after ``admit``: asked later, a ban earned by a later
+        envelope would show here too."""
+        if not isinstance(verdict, Rejected):
+            return None
+        suspect = verdict.charged or verdict.sender or via
+        return None if suspect is None else self.peers.banned(suspect, now)
+
+    def remember_own(self, envelope: Envelope, now: float) -> bool:
+        """Remember our own ``envelope`` (just published) as seen, for as long as freshness would
+        accept it: handed back to us by a peer it is then a replay. Admission remembers only what
+        it admitted, so without this it would admit our own rollouts as a peer's once the gossip
+        core has forgotten the digest (measured: tests/swarm/test_adversary.py). Owned by nobody:
+        it counts against no peer's quota. False (not remembered) when the cache has no room."""
+        if not self.replay.room(now, 1):
+            return False
+        self.replay.add(envelope.envelope_id(), envelope.sent_at_ms / 1000.0 + self.config.max_age_s)
+        return True
+
     def charge_cpu(self, signer: str | None, via: str | None, seconds: float, now: float) -> None:
         """Spend ``seconds`` of admission CPU from the signer's and the delivering peer's budgets."""
         for party in dict.fromkeys(p for p in (signer, via) if p is not None):
@@ -223,7 +245,16 @@ class AdmissionPipeline:
     def _wire(self, error: WireError, now: float, *, signer: str | None, via: str | None) -> Rejected:
         return self._reject(_WIRE_TO_REJECT[error.reason], error.detail, now, signer=signer, via=via)
 
-    def admit(self, data: bytes, now: float, *, via: str | None = None, solicited: bool = False) -> Verdict:
+    def admit(
+        self,
+        data: bytes,
+        now: float,
+        *,
+        via: str | None = None,
+        solicited: bool = False,
+        envelope: Envelope | None = None,
+        message: Message | None = None,
+    ) -> Verdict:
         """Run ``data`` (one envelope as received) through every step; see the module docstring.
 
         ``via``: the transport-level id of the peer that delivered the bytes, when
@@ -231,6 +262,14 @@ class AdmissionPipeline:
         ``solicited``: the driver asked for these bytes (a pull by envelope id, a chunk
         it requested) and paces those requests itself, so the sender's rate bucket is
         not charged; every other check applies. Never set it on a peer's say-so.
+        ``envelope``: ``decode_envelope(data)``, when the caller decoded these very bytes
+        already (the gossip driver does, for their digest): it is used instead of decoding
+        them again (STYLE.md: decode once, then pass the value along). The size limit is
+        still applied to ``data``, at the same step; every later step is the same.
+        ``message``: ``decode_payload(envelope.kind, envelope.payload)``, when the caller decoded
+        the payload of that ``envelope`` already (the data plane does, for its handlers); used at
+        step 5 instead of decoding it again, and only together with ``envelope``. A signature the
+        caller verified is not checked twice either: ``Envelope.verify`` remembers its answer.
         """
         # 0. transport peer
         if via is not None and (until := self.peers.banned(via, now)) is not None:
@@ -251,9 +290,12 @@ class AdmissionPipeline:
                 via=via,
             )
         # 1-2. size and envelope decode
-        envelope = decode_envelope(data)
-        if isinstance(envelope, WireError):
-            return self._wire(envelope, now, signer=None, via=via)
+        if message is not None and envelope is None:
+            raise ValueError("admit: a decoded message comes only with the envelope it was decoded from")
+        decoded = _decoded(data, envelope)
+        if isinstance(decoded, WireError):
+            return self._wire(decoded, now, signer=None, via=via)
+        envelope = decoded
         # 2b. an envelope id already seen: refused by its id alone, before anything that costs the
         # signer (signature check, rate tokens, CPU budget). The id hashes the key and the signed
         # bytes, and ids are remembered only once they verified, so it names the signer's own
@@ -306,9 +348,10 @@ class AdmissionPipeline:
         if rejected is not None:
             return rejected
         # 5. payload
-        message = decode_payload(envelope.kind, envelope.payload)
-        if isinstance(message, WireError):
-            return self._wire(message, now, signer=signer, via=via)
+        decoded_payload = decode_payload(envelope.kind, envelope.payload) if message is None else message
+        if isinstance(decoded_payload, WireError):
+            return self._wire(decoded_payload, now, signer=signer, via=via)
+        message = decoded_payload
         rejected = self._check_kind(message, signer, now, via)
         if rejected is not None:
             return rejected
@@ -613,6 +656,15 @@ class AdmissionPipeline:
             )
         ]
         return tuple(admitted)
+
+
+def _decoded(data: bytes, envelope: Envelope | None) -> Envelope | WireError:
+    """``decode_envelope(data)``, or the caller's decode of it; the size rule holds either way."""
+    if envelope is None:
+        return decode_envelope(data)
+    if len(data) > MAX_ENVELOPE_BYTES:  # as decode_envelope's first check: nothing above the cap
+        return WireError(WireReason.TOO_LARGE, f"envelope is {len(data)} bytes; limit {MAX_ENVELOPE_BYTES}")
+    return envelope
 
 
 __all__ = ["AdmissionConfig", "AdmissionPipeline", "TaskFamily", "task_families"]

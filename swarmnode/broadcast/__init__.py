@@ -2,5 +2,8 @@
 
 ``core``: the sans-IO state machine (which chunk from whom, leases, blame for bad chunks).
 ``driver``: its I/O over the data plane, the manifest and blob codecs (``BroadcastNode``).
-``weights``: the learner's publisher and the worker's receiver of policy versions.
+``receiver``: the sans-IO state machine of a worker's receiver (which version to fetch, abandon,
+install); the node's ``weights.WeightReceiver`` and the simulator drive it.
+``weights``: the learner's publisher and the worker's receiver of policy versions (``receiver``'s
+asyncio driver).
 """

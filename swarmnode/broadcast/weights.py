@@ -3,8 +3,9 @@
 Owns: when the learner publishes a version and to whom it sends the signed manifest, which
 versions stay served, and (worker side) receiving a version from any peer that has it and
 swapping it into the model atomically, between batches.
-Must not: choose chunks or sources (``core.broadcast`` does), or move bytes itself
-(``swarmnode.broadcast.driver.BroadcastNode`` over the data plane does).
+Must not: choose chunks or sources (``core.broadcast`` does), decide which version to fetch,
+abandon or install (``swarmnode.broadcast.receiver.ReceiverCore`` does; ``WeightReceiver`` is its
+driver), or move bytes itself (``swarmnode.broadcast.driver.BroadcastNode`` over the data plane does).
 
 Flow: after each step the learner publishes version v (blob + manifest signed by the learner)
 and sends the manifest envelope to every active worker. A worker that gets a manifest signed
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -42,6 +44,20 @@ from swarmnode.broadcast.driver import (
     OpenedManifest,
     Published,
     blob_to_state_dict,
+)
+from swarmnode.broadcast.receiver import (
+    AbandonReceive,
+    Action,
+    ChunkBlamed,
+    Close,
+    Install,
+    Installed,
+    ManifestArrived,
+    ReceiveComplete,
+    ReceiveFailed,
+    ReceiverCore,
+    Release,
+    StartReceive,
 )
 from swarmnode.identity import NodeIdentity, peer_id_from_key
 from swarmnode.net.dataplane import DataPlane, DataPlaneError, RefuseRequest
@@ -168,7 +184,12 @@ class WeightPublisher:
 
 
 class WeightReceiver:
-    """The worker's side: take manifests from the learner, fetch, swap in between batches."""
+    """The worker's side: take manifests from the learner, fetch, swap in between batches.
+
+    The asyncio driver of ``ReceiverCore`` (``swarmnode.broadcast.receiver``), which decides what
+    to fetch, abandon and install; this class checks who sent a manifest, runs one task per
+    receive, and installs under ``model_lock``.
+    """
 
     def __init__(
         self,
@@ -182,31 +203,41 @@ class WeightReceiver:
         staleness_bound: int,
     ) -> None:
         self.node = BroadcastNode(identity, dataplane, BroadcastConfig(), on_blame=self._blamed)
-        self.staleness_bound = staleness_bound
+        self.core: ReceiverCore[OpenedManifest] = ReceiverCore(staleness_bound, installed=policy.version)
         self.policy = policy
         self.engine = engine
         self.metrics = metrics
         self.learner_id = learner_id
         self.model_lock = asyncio.Lock()
-        self.receiving: dict[int, asyncio.Task[None]] = {}  # at most one at a time
-        self.pending: OpenedManifest | None = None  # the newest manifest that arrived meanwhile
-        self.closing = False
-        self.applied: collections.OrderedDict[int, bytes] = collections.OrderedDict()  # version -> digest
+        self._tasks: dict[bytes, asyncio.Task[None]] = {}  # digest -> its receive (at most one)
         self.last_seconds: float | None = None
-        self.blamed: collections.Counter[str] = collections.Counter()
         dataplane.register(Kind.WEIGHT_MANIFEST, self._on_manifest)
 
+    @property
+    def staleness_bound(self) -> int:
+        return self.core.staleness_bound
+
+    @property
+    def receiving(self) -> list[int]:
+        """The version being received (at most one)."""
+        return self.core.receiving
+
+    @property
+    def blamed(self) -> collections.Counter[str]:
+        return self.core.stats.blames
+
     def _blamed(self, blame: Blame) -> None:
-        self.blamed[blame.peer] += 1
         self.metrics.inc("chunks_blamed", "Invalid weight chunks received (sender blamed)")
+        self._perform(self.core.handle(ChunkBlamed(blame.peer)))
 
     def status(self) -> dict[str, Any]:
+        core = self.core.status()
         return {
             "version": self.policy.version,
-            "receiving": sorted(self.receiving),
-            "pending": self.pending.version if self.pending is not None else None,
+            "receiving": core["receiving"],
+            "pending": core["pending"],
             "last_receive_s": self.last_seconds,
-            "blamed": dict(self.blamed),
+            "blamed": core["blamed"],
             "stats": vars(self.node.stats),
         }
 
@@ -215,7 +246,7 @@ class WeightReceiver:
             self.node.add_peer(peer, address)
 
     async def _on_manifest(self, sender: str, envelope: Envelope, message: Message) -> None:
-        if self.closing:
+        if self.core.closed:
             return None
         if sender != self.learner_id or not isinstance(message, WeightManifest):
             raise RefuseRequest("not_learner", "manifests are taken from this worker's learner only")
@@ -225,97 +256,86 @@ class WeightReceiver:
             raise RefuseRequest("bad_manifest", str(e)) from None
         if peer_id_from_key(opened.manifest.publisher_key) != self.learner_id:
             raise RefuseRequest("not_learner", "manifest not published by this worker's learner")
-        version = opened.version
-        if version <= self.policy.version or version in self.receiving:
-            return None
-        if self.receiving and version - max(self.receiving) > self.staleness_bound:
-            if self.pending is not None and self.pending.version > version:
-                opened, version = self.pending, self.pending.version  # out of order
-            self._abandon(version)
-        if self.receiving:
-            # One receive at a time, plus the newest manifest waiting: receives of every version
-            # the learner publishes would share our link and the learner's upload, and each would
-            # arrive later than one alone (and be thrown away when a newer one lands first).
-            if self.pending is None or version > self.pending.version:
-                self.pending = opened
-            return None
-        self._start(opened)
+        self._perform(self.core.handle(ManifestArrived(opened.version, opened.digest, opened)))
         return None
 
-    def _abandon(self, newer: int) -> None:
-        """Drop the receives in progress: v``newer`` makes them more than S versions old."""
-        for version, task in list(self.receiving.items()):
-            if task.done():
-                continue  # finished; its callback has not run yet
-            log.warning(
-                "abandoning weights v%d: v%d is more than %d versions newer",
-                version,
-                newer,
-                self.staleness_bound,
-            )
-            self.metrics.inc("weights_abandoned", "Weight receives abandoned for a much newer version")
-            del self.receiving[version]
-            task.cancel()
-        self.pending = None
+    def _perform(self, actions: list[Action]) -> None:
+        for action in actions:
+            if isinstance(action, StartReceive):
+                task = asyncio.get_running_loop().create_task(
+                    self._receive(action.manifest), name=f"weights v{action.version}"
+                )
+                self._tasks[action.digest] = task
+                task.add_done_callback(functools.partial(self._task_done, action.digest))
+            elif isinstance(action, AbandonReceive):
+                if action.newer is not None:
+                    log.warning(
+                        "abandoning weights v%d: v%d is more than %d versions newer",
+                        action.version,
+                        action.newer,
+                        self.staleness_bound,
+                    )
+                    self.metrics.inc(
+                        "weights_abandoned", "Weight receives abandoned for a much newer version"
+                    )
+                abandoned = self._tasks.pop(action.digest, None)
+                if abandoned is not None:
+                    abandoned.cancel()
+            elif isinstance(action, Release):
+                self.node.retire(action.digest)  # stop holding and serving its bytes
+            elif isinstance(action, Install):
+                # Only a receive task installs (it holds the state_dict and the model lock).
+                raise AssertionError(f"Install of v{action.version} outside its receive task")
 
-    def _start(self, opened: OpenedManifest) -> None:
-        task = asyncio.get_running_loop().create_task(
-            self._receive(opened), name=f"weights v{opened.version}"
-        )
-        self.receiving[opened.version] = task
-        task.add_done_callback(self._received)
+    def _task_done(self, digest: bytes, task: asyncio.Task[None]) -> None:
+        if self._tasks.get(digest) is task:
+            del self._tasks[digest]
 
-    def _received(self, task: asyncio.Task[None]) -> None:
-        current = [version for version, t in self.receiving.items() if t is task]
-        for version in current:
-            del self.receiving[version]
-        if not task.cancelled() and task.exception() is not None:
+    def _failed(self, opened: OpenedManifest, reason: str) -> None:
+        if opened.version in self.core.receiving:  # not one abandoned meanwhile
             self.metrics.inc("weights_failed", "Weight versions not received")
-            log.error("receiving weights failed", exc_info=task.exception())
-        if not current or self.closing:
-            return  # abandoned (its successor already runs) or shutting down: leave ``pending``
-        pending, self.pending = self.pending, None
-        if pending is not None and pending.version > self.policy.version and not self.receiving:
-            self._start(pending)
+        self._perform(self.core.handle(ReceiveFailed(opened.version, opened.digest, reason)))
 
     async def _receive(self, opened: OpenedManifest) -> None:
         t0 = time.monotonic()
-        version, digest = opened.version, opened.digest
-        applied = False
+        version = opened.version
         try:
-            try:
-                blob = await self.node.receive(opened, timeout=RECEIVE_TIMEOUT)
-            except BroadcastError as e:
-                log.warning("weights v%d not received: %s", version, e)
-                self.metrics.inc("weights_failed", "Weight versions not received")
-                return
+            blob = await self.node.receive(opened, timeout=RECEIVE_TIMEOUT)
             state = await asyncio.to_thread(blob_to_state_dict, blob, opened.body.tensors)
-            async with self.model_lock:
-                if version <= self.policy.version:
-                    return  # a newer one was applied meanwhile
+        except BroadcastError as e:
+            log.warning("weights v%d not received: %s", version, e)
+            self._failed(opened, str(e))
+            return
+        except Exception as e:  # a bug, not the peers: logged with its traceback, and the next one runs
+            log.error("receiving weights v%d failed", version, exc_info=e)
+            self._failed(opened, repr(e))
+            return
+        async with self.model_lock:  # between batches: never a half-swapped model
+            actions = self.core.handle(ReceiveComplete(version, opened.digest))
+            if not any(isinstance(a, Install) for a in actions):
+                self._perform(actions)  # a newer one was installed meanwhile: released
+                return
+            try:
                 self.policy.model.load_state_dict(state)
                 self.policy.version = version
                 self.engine.update_weights(self.policy)
-                applied = True
-        finally:
-            if not applied:  # failed, superseded or abandoned: stop holding and serving its bytes
-                self.node.retire(digest)
-        self.last_seconds = time.monotonic() - t0
-        self.applied[version] = digest
-        while len(self.applied) > 2:  # keep serving the newest two (peers may still fetch them)
-            _, old = self.applied.popitem(last=False)
-            self.node.retire(old)
-        self.metrics.set("policy_version", "Policy version the worker generates with", version)
-        self.metrics.set(
-            "weights_receive_seconds", "Seconds the last version took to arrive", self.last_seconds
-        )
-        log.info("weights v%d applied after %.2f s", version, self.last_seconds)
+            except Exception as e:  # a manifest our learner signed that does not fit the model
+                log.error("installing weights v%d failed", version, exc_info=e)
+                self._failed(opened, repr(e))
+                return
+            self.last_seconds = time.monotonic() - t0
+            self.metrics.set("policy_version", "Policy version the worker generates with", version)
+            self.metrics.set(
+                "weights_receive_seconds", "Seconds the last version took to arrive", self.last_seconds
+            )
+            log.info("weights v%d applied after %.2f s", version, self.last_seconds)
+            self._perform(self.core.handle(Installed(version, opened.digest)))
 
     async def start(self) -> None:
         await self.node.start()
 
     async def close(self) -> None:
-        self.closing = True
-        for task in list(self.receiving.values()):
+        self._perform(self.core.handle(Close()))
+        for task in list(self._tasks.values()):
             task.cancel()
         await self.node.close()

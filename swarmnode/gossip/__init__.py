@@ -1,8 +1,11 @@
 """Gossip of rollouts: announce what you have, pull what you need, admit it, pool it for training.
 
 ``core``: the sans-IO state machine (what to announce, pull, serve; timeouts and retries).
-``driver``: its I/O over hivemind (DHT announcement records, the pull stream) and admission of
-every pulled envelope; the node's driver and the simulator drive the same core.
+``intake``: the sans-IO rules around admission (own envelopes, decoding pulled bytes once, what a
+verdict means to the core, the external pool); ``records``: when and with which expiry an
+announcement record is stored again.
+``driver``: their I/O over hivemind (DHT announcement records, the pull stream, the admission
+thread); the node's driver and both simulator modes drive the same core and the same rules.
 """
 
 from swarmnode.gossip.core import (

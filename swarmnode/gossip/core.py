@@ -416,7 +416,9 @@ class GossipCore:
     ) -> None:
         """``digest_of``, when given, recomputes a pulled payload's digest: a payload that does not
         match the digest it was sent for is dropped (counted against the sender) and retried
-        elsewhere. Without it the driver must check that itself before feeding ``PullSucceeded``."""
+        elsewhere. Without it the driver must check that itself before feeding ``PullSucceeded``
+        (the node's driver does: each digest is its payload's own, from the payload's one decode,
+        ``gossip.intake.decode_pulled``)."""
         self.config = config
         self.self_id = self_id
         self.stats = GossipStats()

@@ -1,9 +1,11 @@
 """The gossip driver: performs the sans-IO ``GossipCore``'s actions over hivemind.
 
-Owns: the DHT keys of announcements, the pull stream's framing, running every
-pulled payload through admission, and the pool of admitted external groups.
-Must not: decide what to pull or serve (the core does) or judge a payload (the
-admission pipeline does).
+Owns: the DHT keys of announcements, the pull stream's framing, and the I/O of
+intake: handing every pulled payload to the admission thread, and admitted groups
+to the external pool. Must not: decide what to pull or serve (the core does),
+judge a payload (the admission pipeline does), or hold a rule of its own about
+what follows a verdict, an own envelope or a failed store (``gossip.intake`` and
+``gossip.records`` do, for the simulator too).
 
 Wire details (protocol/SPEC.md "Gossip transport"):
 - announcement record: DHT key ``swarmnode/<swarm>/round/<r>``, subkey ``part<k>``,
@@ -18,24 +20,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import struct
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass
 
 from swarmnode.admit import AdmissionPipeline, Rejected, RejectReason
 from swarmnode.admit.intake import Intake
-from swarmnode.core.events import PeerBanned
 from swarmnode.gossip.core import (
-    AdmissionResult,
     Admit,
     Announce,
     Announced,
     CancelPull,
     GossipCore,
-    Publish,
     Pull,
     PullFailed,
     PullRequest,
@@ -44,12 +40,25 @@ from swarmnode.gossip.core import (
     Retire,
     Serve,
 )
+from swarmnode.gossip.intake import (
+    MAX_TALLIED_SENDERS,
+    DecodedEnvelopes,
+    ExternalPool,
+    PoolEntry,
+    SenderTallies,
+    SenderTally,
+    decode_pulled,
+    envelope_digest,
+    publication,
+    verdict_events,
+)
+from swarmnode.gossip.records import ANNOUNCE_ATTEMPTS, ANNOUNCE_RETRY_DELAY, AnnouncementStores
 from swarmnode.net.errors import NetError, PeerCallError
 from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.ops.metrics import Metrics
 from swarmnode.train.batch import ScoredGroup
 from swarmnode.wire import Announce as AnnounceMessage
-from swarmnode.wire import Kind, RolloutGroup, WireError, decode_envelope, decode_payload, encode_payload
+from swarmnode.wire import Envelope, Kind, WireError, decode_envelope, decode_payload, encode_payload
 
 log = logging.getLogger(__name__)
 
@@ -58,14 +67,6 @@ DIGEST_BYTES = 32
 MAX_PULL_REQUEST = 64 * DIGEST_BYTES
 MAX_PULL_RESPONSE = 32 * 1024 * 1024
 DHT_TIMEOUT = 10.0
-ANNOUNCE_ATTEMPTS = 4
-ANNOUNCE_RETRY_DELAY = 0.5  # seconds before the second attempt, doubled for each further one
-
-
-def envelope_digest(data: bytes) -> bytes:
-    """The envelope id a payload must hash to (b"" when it is not an envelope at all)."""
-    envelope = decode_envelope(data)
-    return b"" if isinstance(envelope, WireError) else envelope.envelope_id()
 
 
 def announcement_key(swarm: str, round_index: int) -> str:
@@ -90,45 +91,6 @@ def decode_items(data: bytes, max_items: int) -> list[bytes]:
         items.append(data[offset : offset + size])
         offset += size
     return items
-
-
-MAX_TALLIED_SENDERS = 256
-
-
-@dataclass
-class SenderTally:
-    """What one signer's admitted groups brought: rewards as we scored them and as it claimed."""
-
-    groups: int = 0
-    completions: int = 0
-    reward_sum: float = 0.0  # our verifier's rewards: the ones training uses
-    claimed_reward_sum: float = 0.0  # the sender's own claims: informational, never used
-
-
-@dataclass
-class PoolEntry:
-    group: ScoredGroup
-    arrived_round: int
-
-
-class ExternalPool:
-    """Admitted external groups waiting to be trained on; bounded, oldest dropped first."""
-
-    def __init__(self, capacity: int = 512, keep_rounds: int = 2) -> None:
-        self._entries: deque[PoolEntry] = deque(maxlen=capacity)
-        self.keep_rounds = keep_rounds
-
-    def add(self, group: ScoredGroup, round_index: int) -> None:
-        self._entries.append(PoolEntry(group, round_index))
-
-    def take_all(self, current_round: int) -> list[ScoredGroup]:
-        """Every fresh group (arrived within ``keep_rounds``); each is handed out once."""
-        fresh = [e.group for e in self._entries if current_round - e.arrived_round <= self.keep_rounds]
-        self._entries.clear()
-        return fresh
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 class GossipDriver:
@@ -159,8 +121,9 @@ class GossipDriver:
         self._pending: list[object] = []
         self._pulls: dict[int, asyncio.Task[None]] = {}
         self._background: set[asyncio.Task[None]] = set()
-        self._senders: dict[str, SenderTally] = {}
-        self._announced: dict[tuple[int, int], float] = {}  # (round, part) -> expiry last stored
+        self._senders = SenderTallies()
+        self._stores = AnnouncementStores()
+        self._decoded = DecodedEnvelopes()  # pulled payloads' decodes, until their Admit
 
     # ------------------------------------------------------------------ entry points
 
@@ -173,21 +136,14 @@ class GossipDriver:
         envelope = decode_envelope(envelope_bytes)
         if isinstance(envelope, WireError):
             raise ValueError(f"refusing to publish bytes that are not an envelope: {envelope.detail}")
-        digest = envelope.envelope_id()
-        # Our own envelope handed back to us by a peer is a replay. Admission only remembers
-        # what it admitted, so without this it would admit our own rollouts as a peer's once the
-        # core has forgotten the digest (measured: tests/swarm/test_adversary.py).
-        replay, expiry = self.admission.replay, envelope.sent_at_ms / 1000.0 + self.admission.config.max_age_s
-
-        def remember() -> None:  # in the admission thread, which owns the replay cache
-            if replay.room(time.time(), 1):
-                replay.add(digest, expiry)
-
-        self.intake.submit(remember)
-        self.own_payloads[digest] = envelope_bytes
-        self._feed(Publish(digest, len(envelope_bytes)))
+        event = publication(envelope, envelope_bytes)
+        admission = self.admission
+        # In the admission thread, which owns the replay cache: handed back, it is a replay.
+        self.intake.submit(lambda: admission.remember_own(envelope, time.time()))
+        self.own_payloads[event.digest] = envelope_bytes
+        self._feed(event)
         self.metrics.inc("groups_published_batches", "Rollout batches published")
-        return digest
+        return event.digest
 
     async def run(self) -> None:
         """The exchange job: wait for the next deadline or event, perform the resulting actions."""
@@ -207,6 +163,8 @@ class GossipDriver:
                 actions += self.core.poll(now)
                 for action in actions:
                     self._perform(action)
+                # Every Admit of these pull results was just performed; the rest the core dropped.
+                self._decoded.clear()
         finally:
             for task in [*self._pulls.values(), *self._background]:
                 task.cancel()
@@ -243,7 +201,7 @@ class GossipDriver:
             if task is not None:
                 task.cancel()
         elif isinstance(action, Admit):
-            self._spawn(self._admit(action), "admit")
+            self._spawn(self._admit(action, self._decoded.take(action.payload)), "admit")
         elif isinstance(action, Retire):
             self.own_payloads.pop(action.digest, None)
         elif isinstance(action, Serve):
@@ -252,22 +210,13 @@ class GossipDriver:
             log.warning("gossip driver: unknown action %r", action)
 
     async def _announce(self, action: Announce) -> None:
-        """Store the record, retrying a failed or refused store (the core never re-announces a
-        part on its own: a lost store would lose every item in it) until a newer ``Announce`` of
-        the same part takes over, the record would have expired, or the attempts run out."""
+        """Store the record; when and with which expiry to store it again is ``gossip.records``'s rule
+        (the core never re-announces a part on its own: a lost store would lose every item in it)."""
         value = encode_payload(AnnounceMessage(round=action.round, rollout_digests=tuple(action.digests)))
-        part = (action.round, action.part)
-        now = time.time()
-        for key in [k for k, expiry in self._announced.items() if expiry <= now]:
-            del self._announced[key]  # bounded: only parts whose records are still live
-        for attempt in range(ANNOUNCE_ATTEMPTS):
-            # hivemind keeps a subkey's record only if the new one expires strictly later, so
-            # each store of a part (a re-announcement with more digests, a retry) expires 1 ms
-            # after the previous one; otherwise the replicas would keep the first version.
-            expires_at = max(action.expires_at, self._announced.get(part, -math.inf) + 0.001)
-            if expires_at <= time.time():
-                return
-            self._announced[part] = expires_at
+        stores = self._stores
+        stores.prune(time.time())
+        attempt = 0
+        while (expires_at := stores.expiry_for(action, time.time())) is not None:
             try:
                 if await self.runtime.dht_store(
                     announcement_key(self.swarm, action.round),
@@ -287,11 +236,13 @@ class GossipDriver:
             log.info(
                 "announcement for round %d not stored (attempt %d): %s", action.round, attempt + 1, failure
             )
-            if attempt + 1 == ANNOUNCE_ATTEMPTS:
+            delay = stores.retry_delay(attempt)
+            if delay is None:
                 return
-            await asyncio.sleep(ANNOUNCE_RETRY_DELAY * 2**attempt)
-            if self._announced.get(part) != expires_at:
-                return  # a newer Announce of this part (a superset of these digests) took over
+            await asyncio.sleep(delay)
+            if stores.superseded(action, expires_at):
+                return
+            attempt += 1
 
     async def _read(self, action: ReadAnnouncements) -> None:
         for round_index in action.rounds:
@@ -332,29 +283,23 @@ class GossipDriver:
             self._feed(PullFailed(action.request_id, action.peer, str(reason)))
             return
         self._pulls.pop(action.request_id, None)
-        items = []
-        for payload in payloads:
-            digest = envelope_digest(payload)
-            if digest:
-                items.append((digest, payload))
-            else:
-                # Not an envelope (too large, malformed, ...), so no digest ties it to a request
-                # and the core would drop it unseen: admission still judges it, and charges the
-                # peer that sent it, as for any other bytes from a peer.
-                self._spawn(self._refuse_non_envelope(action.peer, payload), "refuse")
-        self.metrics.inc("groups_received_batches", "Rollout batches received from peers", len(items))
-        self._feed(PullSucceeded(action.request_id, action.peer, tuple(items)))
+        pulled = decode_pulled(payloads, self._decoded)
+        for payload in pulled.not_envelopes:
+            self._spawn(self._refuse_non_envelope(action.peer, payload), "refuse")
+        self.metrics.inc("groups_received_batches", "Rollout batches received from peers", len(pulled.items))
+        self._feed(PullSucceeded(action.request_id, action.peer, pulled.items))
 
-    async def _admit(self, action: Admit) -> None:
+    async def _admit(self, action: Admit, envelope: Envelope | None = None) -> None:
         # Pulled by id, so solicited: the per-sender rate bucket is for unsolicited pushes; the CPU
         # it costs is charged to the signer and to the peer that announced and served it (via).
-        judged = await self.intake.judge(action.payload, via=action.peer, solicited=True)
+        # ``envelope``: the decode of these bytes made at the pull, so admission does not redo it.
+        judged = await self.intake.judge(action.payload, via=action.peer, solicited=True, envelope=envelope)
         verdict, now = judged.verdict, time.time()
+        for event in verdict_events(action.peer, action.digest, verdict, judged.banned_until):
+            self._feed(event)
         if isinstance(verdict, Rejected):
-            self._feed(AdmissionResult(action.peer, action.digest, False, verdict.reason.value))
-            self._rejected(action.peer, verdict, judged.banned_until)
+            self._rejected(verdict, judged.banned_until)
             return
-        self._feed(AdmissionResult(action.peer, action.digest, True, "accepted"))
         round_index = self.core.current_round(now)
         groups = verdict.groups
         # Re-tokenizing peer text is work too: off the loop, in the admission thread.
@@ -362,36 +307,24 @@ class GossipDriver:
         for admitted, scored in zip(groups, converted, strict=True):
             self.metrics.inc("groups_accepted", "External groups admitted")
             self.pool.add(scored, round_index)
-            self._tally(admitted.sender, scored.rewards, admitted.group)
+            self._senders.add(admitted.sender, scored.rewards, admitted.group)
 
     async def _refuse_non_envelope(self, peer: str, payload: bytes) -> None:
         judged = await self.intake.judge(payload, via=peer, solicited=True)
+        for event in verdict_events(peer, None, judged.verdict, judged.banned_until):
+            self._feed(event)  # the ban it left, if any: the bytes never had a digest to admit
         if isinstance(judged.verdict, Rejected):  # always: the bytes do not decode as an envelope
-            self._rejected(peer, judged.verdict, judged.banned_until)
+            self._rejected(judged.verdict, judged.banned_until)
 
-    def _rejected(self, peer: str, verdict: Rejected, until: float | None) -> None:
-        """Count a rejection; ``until``: the ban on the peer it charged (signer or transport peer,
-        else whom a BANNED verdict names), which stops the core pulling from the delivering peer."""
+    def _rejected(self, verdict: Rejected, until: float | None) -> None:
+        """Count a rejection; ``until``: the ban it left (``AdmissionPipeline.ban_left_by``)."""
         self.metrics.inc("groups_rejected", "Rejected rollout batches by reason", reason=verdict.reason.value)
-        if until is not None:
-            if verdict.reason is not RejectReason.BANNED:  # this rejection crossed the threshold
-                self.metrics.inc("bans", "Peers banned")
-            self._feed(PeerBanned(peer, until))
-
-    def _tally(self, sender: str, rewards: Sequence[float], group: RolloutGroup) -> None:
-        tally = self._senders.get(sender)
-        if tally is None:
-            if len(self._senders) >= MAX_TALLIED_SENDERS:
-                return  # bounded: later newcomers are only counted in the metrics
-            tally = self._senders[sender] = SenderTally()
-        tally.groups += 1
-        tally.completions += len(rewards)
-        tally.reward_sum += sum(rewards)
-        tally.claimed_reward_sum += sum(c.claimed_reward_informational for c in group.completions)
+        if until is not None and verdict.reason is not RejectReason.BANNED:  # it crossed the threshold
+            self.metrics.inc("bans", "Peers banned")
 
     def sender_tallies(self) -> dict[str, dict[str, float]]:
         """Per signer (Ed25519 peer id): admitted groups and their rewards, ours and claimed."""
-        return {sender: asdict(tally) for sender, tally in self._senders.items()}
+        return self._senders.as_dict()
 
     async def _serve_pull(self, peer_id: str, request: bytes) -> bytes:
         if len(request) % DIGEST_BYTES:
@@ -406,3 +339,24 @@ class GossipDriver:
                 self._perform(action)
         self.metrics.inc("groups_served_batches", "Rollout batches served to peers", len(served))
         return encode_items(served)
+
+
+__all__ = [
+    # Moved to the sans-IO ``gossip.intake`` and ``gossip.records``; still importable from here.
+    "ANNOUNCE_ATTEMPTS",
+    "ANNOUNCE_RETRY_DELAY",
+    "DHT_TIMEOUT",
+    "DIGEST_BYTES",
+    "MAX_PULL_REQUEST",
+    "MAX_PULL_RESPONSE",
+    "MAX_TALLIED_SENDERS",
+    "PULL_HANDLER",
+    "ExternalPool",
+    "GossipDriver",
+    "PoolEntry",
+    "SenderTally",
+    "announcement_key",
+    "decode_items",
+    "encode_items",
+    "envelope_digest",
+]

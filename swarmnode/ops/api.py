@@ -4,6 +4,9 @@ GET /healthz   200 "ok" while the node's jobs run
 GET /metrics   Prometheus text format
 GET /status    JSON snapshot (what `swarmnode status` prints)
 GET /          a small status page a person can read (refreshes itself)
+
+``build_http_app`` is the one app; ``build_app`` feeds it a node's registry and snapshot, the
+bootstrap peer feeds it its DHT figures (``roles.bootstrap``).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import asyncio
 import html
 import json
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -48,22 +51,34 @@ def _table(mapping: dict[str, Any]) -> str:
     return "<table>" + "".join(rows) + "</table>"
 
 
-def build_app(
-    metrics: Metrics, status: StatusProvider, healthy: Callable[[], bool] = lambda: True
+StatusSource = Callable[[], Awaitable[dict[str, Any]]]
+MetricsSource = Callable[[], Awaitable[str]]
+HealthSource = Callable[[], Awaitable[str | None]]  # None: healthy; otherwise the reason (the 503 body)
+
+
+def build_http_app(
+    status: StatusSource, metrics: MetricsSource, health: HealthSource, *, page: bool = True
 ) -> web.Application:
+    """The one HTTP app every process serves: ``/healthz``, ``/metrics``, ``/status`` and (``page``) ``/``.
+
+    Nodes of every role and the bootstrap peer differ only in where the three documents come
+    from; the routes, content types and the 503 rule are the same for all of them."""
+
     async def healthz(_: web.Request) -> web.Response:
-        if healthy():
+        reason = await health()
+        if reason is None:
             return web.Response(text="ok\n")
-        return web.Response(status=503, text="unhealthy\n")
+        return web.Response(status=503, text=f"{reason}\n")
 
     async def metrics_handler(_: web.Request) -> web.Response:
-        return web.Response(text=metrics.render(), content_type="text/plain", charset="utf-8")
+        return web.Response(text=await metrics(), content_type="text/plain", charset="utf-8")
 
     async def status_handler(_: web.Request) -> web.Response:
-        return web.Response(text=json.dumps(status(), indent=1, default=str), content_type="application/json")
+        document = await status()
+        return web.Response(text=json.dumps(document, indent=1, default=str), content_type="application/json")
 
-    async def page(_: web.Request) -> web.Response:
-        snapshot = status()
+    async def page_handler(_: web.Request) -> web.Response:
+        snapshot = await status()
         body = _table({k: v for k, v in snapshot.items() if k != "metrics"})
         text = _PAGE.format(name=html.escape(str(snapshot.get("name", "node"))), body=body)
         return web.Response(text=text, content_type="text/html")
@@ -72,8 +87,26 @@ def build_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/status", status_handler)
-    app.router.add_get("/", page)
+    if page:
+        app.router.add_get("/", page_handler)
     return app
+
+
+def build_app(
+    metrics: Metrics, status: StatusProvider, healthy: Callable[[], bool] = lambda: True
+) -> web.Application:
+    """A node's app: its metrics registry, its status snapshot and its liveness flag."""
+
+    async def status_now() -> dict[str, Any]:
+        return status()
+
+    async def metrics_now() -> str:
+        return metrics.render()
+
+    async def health_now() -> str | None:
+        return None if healthy() else "unhealthy"
+
+    return build_http_app(status_now, metrics_now, health_now)
 
 
 class ApiServer:
@@ -88,9 +121,7 @@ class ApiServer:
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
-        sockets = getattr(site._server, "sockets", None)  # aiohttp exposes bound sockets only here
-        if sockets:
-            self.port = sockets[0].getsockname()[1]
+        self.port = self._runner.addresses[0][1]  # the bound port (``port`` 0 picks a free one)
 
     async def stop(self) -> None:
         await self._runner.cleanup()

@@ -5,12 +5,15 @@ restarted with exponential backoff. After ``max_failures`` consecutive failures
 (a run that stayed up for ``healthy_after`` seconds resets the count) the job
 raises ``JobFailed`` naming itself and the cause, which ends the node's
 TaskGroup: a persistent failure stops the node loudly instead of looping forever.
+
+``stop_on_signals`` is the one SIGINT/SIGTERM rule of every asyncio role.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import signal
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -86,3 +89,22 @@ async def run_jobs(
             group.create_task(stop_when_asked())
     except* JobFailed as failed:
         raise failed.exceptions[0] from None
+
+
+def stop_on_signals(stop: asyncio.Event, *, max_seconds: float | None = None) -> None:
+    """The one signal rule of the asyncio roles (trainer, learner, worker, bootstrap), installed in
+    the running loop: a first SIGINT/SIGTERM sets ``stop`` (the role finishes the step in progress
+    and stops cleanly), a second cancels the task that called this (abort now; the last checkpoint
+    stays the resume point). ``max_seconds`` sets ``stop`` after that long."""
+    loop = asyncio.get_running_loop()
+    current = asyncio.current_task()
+
+    def on_signal() -> None:
+        if stop.is_set() and current is not None:
+            current.cancel()
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, on_signal)
+    if max_seconds is not None:
+        loop.call_later(max_seconds, stop.set)

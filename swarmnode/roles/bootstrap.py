@@ -26,9 +26,7 @@ import asyncio
 import json
 import logging
 import os
-import signal
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -39,7 +37,10 @@ from aiohttp import web
 from swarmnode.errors import SwarmError
 from swarmnode.net.config import NetConfig, default_identity_path
 from swarmnode.net.hivemind_runtime import HivemindRuntime
+from swarmnode.ops.api import ApiServer, build_http_app
 from swarmnode.ops.metrics import Metrics
+from swarmnode.ops.supervise import stop_on_signals
+from swarmnode.store.atomic import atomic_write_text
 
 logger = logging.getLogger(__name__)
 
@@ -99,14 +100,11 @@ async def run_bootstrap(
     )
     runtime = await HivemindRuntime.create(config)
     try:
-        runner = web.AppRunner(_make_app(runtime, memory_limit), access_log=None)
-        await runner.setup()
+        server = ApiServer(_make_app(runtime, memory_limit), http_host, http_port)
+        await server.start()
         try:
-            site = web.TCPSite(runner, http_host, http_port)
-            await site.start()
-            host, port = runner.addresses[0][:2]
             info = BootstrapInfo(
-                runtime.peer_id, runtime.visible_maddrs, f"http://{host}:{port}", runtime.p2pd_pid
+                runtime.peer_id, runtime.visible_maddrs, f"http://{http_host}:{server.port}", runtime.p2pd_pid
             )
             _write_peers_file(home / "peers.txt", info.maddrs)
             print(f"bootstrap peer id: {info.peer_id}", flush=True)
@@ -117,25 +115,26 @@ async def run_bootstrap(
                 on_ready(info)
             await stop_event.wait()
         finally:
-            await runner.cleanup()
+            await server.stop()
     finally:
         await runtime.stop()
 
 
 def _make_app(runtime: HivemindRuntime, memory_limit: int = MEMORY_LIMIT) -> web.Application:
-    async def healthz(_: web.Request) -> web.Response:
+    """The bootstrap's documents in the one HTTP app (``ops.api.build_http_app``), without a page."""
+
+    async def health() -> str | None:
         if not runtime.is_running:
-            return web.Response(status=503, text="stopping\n")
+            return "stopping"
         rss = resident_bytes()
         if rss is not None and rss > memory_limit:
-            text = f"memory: {rss >> 20} MiB resident > {memory_limit >> 20} MiB\n"
-            return web.Response(status=503, text=text)
-        return web.Response(text="ok\n")
+            return f"memory: {rss >> 20} MiB resident > {memory_limit >> 20} MiB"
+        return None
 
-    async def status(_: web.Request) -> web.Response:
-        return web.json_response(await bootstrap_status(runtime))
+    async def status() -> dict[str, Any]:
+        return await bootstrap_status(runtime)
 
-    async def metrics(_: web.Request) -> web.Response:
+    async def metrics() -> str:
         doc = await bootstrap_status(runtime)
         registry = Metrics()
         registry.set("dht_peers", "Peers in the DHT routing table", doc["dht_peers"])
@@ -152,13 +151,9 @@ def _make_app(runtime: HivemindRuntime, memory_limit: int = MEMORY_LIMIT) -> web
             registry.set(f"dht_{name}_records", f"Records in the DHT {name}", figures["records"])
             registry.set(f"dht_{name}_bytes", f"Bytes of records in the DHT {name}", figures["bytes"])
             registry.set(f"dht_{name}_evicted", f"Records evicted from the DHT {name}", figures["evicted"])
-        return web.Response(text=registry.render(), content_type="text/plain", charset="utf-8")
+        return registry.render()
 
-    app = web.Application()
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/status", status)
-    app.router.add_get("/metrics", metrics)
-    return app
+    return build_http_app(status, metrics, health, page=False)
 
 
 async def bootstrap_status(runtime: HivemindRuntime) -> dict[str, Any]:
@@ -184,17 +179,7 @@ def _write_peers_file(path: Path, maddrs: list[str]) -> None:
     text = "# swarmnode bootstrap peer: give this file to nodes as their peers file\n"
     text += "".join(f"{m}\n" for m in maddrs)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".peers-", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    atomic_write_text(path, text, mode=0o644)  # world-readable: it holds only public addresses
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -225,16 +210,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 async def _main(args: argparse.Namespace) -> None:
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    stop_on_signals(stop)
 
     def ready(info: BootstrapInfo) -> None:
         if args.ready_file is not None:
             payload = {**asdict(info), "pid": os.getpid()}
-            tmp = args.ready_file.with_name(args.ready_file.name + ".tmp")
-            tmp.write_text(json.dumps(payload) + "\n", encoding="utf-8")
-            os.replace(tmp, args.ready_file)
+            atomic_write_text(args.ready_file, json.dumps(payload) + "\n", mode=0o644)
 
     await run_bootstrap(
         args.home,

@@ -2,9 +2,14 @@
 
 Owns the learner's jobs, in one asyncio TaskGroup, each supervised:
 
-- ``recruit``: reads worker offers (signed PeerRecords in the DHT, ``workers.records``),
-  feeds them to the activation core (``core.activation``, ALGORITHMS.md §5) and sends the
-  Activate / Deactivate messages it decides, renewing leases;
+- ``recruit``: reads worker offers (signed PeerRecords in the DHT, ``activation.records``, and
+  those pushed to us, ``activation.offers``) and feeds them to the activation core
+  (``activation.core``, ALGORITHMS.md §5) as joins and leaves; the core's own rules decide
+  re-probes, restarts and tail latencies;
+- ``activation``: wakes when the core's ``next_deadline()`` says (or an event moved it) and calls
+  its ``poll``, as the simulator does (``sim.activation``): leases, rate checks, re-probes;
+- ``control``: sends the Activate / Deactivate messages the core decides, each in a task of the
+  job's own TaskGroup, so a failed send is logged and counted, never lost;
 - ``learn``: waits for B groups, drops those older than S versions (``core.staleness``),
   steps (M2PO when a group is stale, ALGORITHMS.md §4), publishes the new version through
   the weight broadcast and tells the activation core how long the step took and waited;
@@ -26,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
-import math
 import secrets
 import time
 from collections.abc import Callable
@@ -75,6 +79,7 @@ from swarmnode.wire import (
     Kind,
     PeerRecord,
     Role,
+    RolloutBatch,
     encode_envelope,
 )
 
@@ -82,7 +87,12 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 SEND_TIMEOUT = 10.0
 RECORD_TTL = 60.0
-REPROBE_SECONDS = 60.0
+# The activation timer sleeps until the core's next deadline, but never longer than this (a wake-up
+# missed cannot stall leases) nor shorter (a deadline left in the past cannot spin the loop).
+TIMER_WAIT_CAP = 5.0
+TIMER_WAIT_FLOOR = 0.01
+CONTROL_QUEUE = 1024  # Activate / Deactivate messages waiting to be sent
+CONTROL_IN_FLIGHT = 32  # of them sent at once
 
 
 @dataclass
@@ -90,6 +100,34 @@ class Arrival:
     group: ScoredGroup
     worker: str
     received_at: float
+
+
+@dataclass(frozen=True)
+class ControlMessage:
+    """An Activate / Deactivate the activation core decided, for the ``control`` job to send."""
+
+    record: PeerRecord
+    message: Activate | Deactivate
+    then_weights: bool = False  # after an Activate: send the newest manifest
+
+
+async def wait_set(event: asyncio.Event, seconds: float) -> bool:
+    """Wait until ``event`` is set (True) or ``seconds`` pass (False).
+
+    ``asyncio.timeout``, not ``wait_for``: on Python 3.11 ``wait_for`` returns normally when it is
+    cancelled just as the event is set, and a job that swallows its cancellation keeps the node's
+    TaskGroup, and so the node, from stopping."""
+    try:
+        async with asyncio.timeout(seconds):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
+def worker_address(record: PeerRecord) -> str:
+    """Where this run of a worker is reached (``WorkerOffer.address``: a change is a restart)."""
+    return " ".join([*record.addresses, f"p2p:{record.libp2p_peer_id}"])
 
 
 class VersionArchive:
@@ -126,12 +164,13 @@ class LearnerNode:
         self.trained_lags: collections.Counter[int] = collections.Counter()
         self.cost_paid = 0.0
         self.completions_by_worker: collections.Counter[str] = collections.Counter()
-        self.batch_completions: dict[str, int] = {}  # completions in each worker's last batch
         self.offers: dict[str, PeerRecord] = {}
         # Offers workers pushed to our data plane, rationed by network (workers.offers).
         self.direct_offers = DirectOffers(per_network=config.learner.offers_per_network)
         self.told: dict[str, int] = {}  # worker -> newest version whose manifest we sent it
-        self.reprobed: dict[str, float] = {}  # worker -> when it was last given a new chance
+        # Set whenever an event went into the activation core (its next deadline may have moved).
+        self.deadline_moved = asyncio.Event()
+        self.outbox: asyncio.Queue[ControlMessage] = asyncio.Queue(maxsize=CONTROL_QUEUE)
         self.last_loss: float | None = None
         self.last_reward: float | None = None
 
@@ -188,6 +227,9 @@ class LearnerNode:
             "plan": plan.as_dict(),
             # D as the core holds it now (the plan above keeps the D it was made with).
             "dissemination_s": self.activation.dissemination,
+            # The core's counters: re-plans, re-probes, restarts, renewals, ...
+            "activation": self.activation.stats.as_dict(),
+            "control_queue": self.outbox.qsize(),
             "busy_s": round(busy, 3),
             "wait_s": round(wait, 3),
             "measured_utilization": busy / (busy + wait) if busy + wait > 0 else None,
@@ -237,7 +279,12 @@ class LearnerNode:
             self.metrics.inc("worker_batches_refused", "Worker batches refused", reason="not_active")
             return reply
         # In the admission thread: regeneration and the verifier's scoring never hold up the loop.
-        verdict = await self.intake.admit(encode_envelope(envelope), via=sender, solicited=True)
+        # The data plane decoded and verified these bytes: admission takes the values, not a re-decode
+        # (the re-encoding feeds only admission's size rule; decode and signature are not repeated).
+        decoded = message if isinstance(message, RolloutBatch) else None
+        verdict = await self.intake.admit(
+            encode_envelope(envelope), via=sender, solicited=True, envelope=envelope, message=decoded
+        )
         if isinstance(verdict, Rejected):
             self.metrics.inc("worker_batches_refused", "Worker batches refused", reason=verdict.reason.value)
             log.warning("batch from worker %s refused: %s: %s", sender, verdict.reason.value, verdict.detail)
@@ -257,7 +304,6 @@ class LearnerNode:
             self._tell_latest(sender)  # it works with old weights: make sure it has the newest manifest
         count = sum(g.size for g in groups)
         self.completions_by_worker[sender] += count
-        self.batch_completions[sender] = count
         offer = self.offers.get(sender)
         if offer is not None:
             self.cost_paid += offer.capabilities.price * count / 1000.0
@@ -316,14 +362,15 @@ class LearnerNode:
     # ------------------------------------------------------------------ activation
 
     def _offer(self, peer: str, record: PeerRecord) -> act.WorkerOffer:
-        """The worker's advertised offer, with its generation tail latency once a batch arrived:
-        a version that lands mid-batch waits for that batch, then its own batch is generated,
-        so the slowest group made with it arrives about two batch times later."""
+        """The worker's advertised offer, with where this run of it is reached (the core takes a
+        new address as a restart and models the tail latency from its deliveries)."""
         caps = record.capabilities
-        batch = self.batch_completions.get(peer)
-        tail = 2.0 * batch / caps.rollout_rate if batch and caps.rollout_rate > 0 else None
         return act.WorkerOffer(
-            peer=peer, rate=caps.rollout_rate, price=caps.price, hardware=caps.hardware, gen_tail_latency=tail
+            peer=peer,
+            rate=caps.rollout_rate,
+            price=caps.price,
+            hardware=caps.hardware,
+            address=worker_address(record),
         )
 
     def _disseminated(self, worker: str, version: int, seconds: float) -> None:
@@ -333,11 +380,19 @@ class LearnerNode:
     def _feed(self, event: act.ActivationEvent, now: float) -> None:
         for action in self.activation.handle(event, now):
             self._perform(action)
+        self.deadline_moved.set()  # the timer job re-reads next_deadline()
         self._plan_gauges()
 
-    def _perform(self, action: object) -> None:
+    def _perform(self, action: act.ActivationAction) -> None:
         if isinstance(action, act.PlanChanged):
             log.info("plan (%s): %s", action.cause, action.plan.as_dict())
+        elif isinstance(action, act.Forget):
+            # The core measures this worker afresh (a restart or a re-probe): what we sent its
+            # previous run, and the timings of it, no longer hold.
+            log.info("worker %s started over: %s", action.peer, action.reason)
+            self.metrics.inc("worker_started_over", "Workers the activation core measures afresh")
+            self.publisher.forget(action.peer)
+            self.told.pop(action.peer, None)
         elif isinstance(action, act.Activate):
             record = self.offers.get(action.peer)
             if record is not None:
@@ -348,43 +403,21 @@ class LearnerNode:
                     target_rate=max(action.target_rate, 1e-6),
                     lease_seconds=self.config.learner.lease_seconds,
                 )
-                self._spawn(self._send(record, message, then_weights=True), f"activate {action.peer}")
+                self._post(ControlMessage(record, message, then_weights=True))
         elif isinstance(action, act.Deactivate):
             record = self.offers.get(action.peer)
             if record is not None:
-                self._spawn(
-                    self._send(record, Deactivate(action.peer, action.reason[:200])),
-                    f"deactivate {action.peer}",
-                )
+                self._post(ControlMessage(record, Deactivate(action.peer, action.reason[:200])))
 
-    def _reprobe(self, now: float) -> None:
-        """Give a worker measured at 0 a new chance once a while.
-
-        The activation core lets a measured rate outrank the worker's advertisement until the
-        worker leaves and joins again, so a worker that stalled for one rate window (waiting for
-        weights over a slow link, a busy host) would stay excluded for good. Every
-        ``REPROBE_SECONDS`` such a worker, if it still advertises a positive rate, is fed to the
-        core as a leave and a join: its measurement starts over from its advertisement."""
-        for exclusion in self.activation.plan.excluded:
-            record = self.offers.get(exclusion.peer)
-            if (
-                record is None
-                or record.capabilities.rollout_rate <= 0
-                or not exclusion.reason.startswith("no rollout rate")
-                or now - self.reprobed.get(exclusion.peer, -math.inf) < REPROBE_SECONDS
-            ):
-                continue
-            self.reprobed[exclusion.peer] = now
-            self.metrics.inc("worker_reprobes", "Workers measured at 0 given a new chance")
-            log.info(
-                "re-probing worker %s (measured 0, advertises %.1f/s)",
-                exclusion.peer,
-                record.capabilities.rollout_rate,
-            )
-            self._feed(act.WorkerLeft(exclusion.peer), now)
-            self.publisher.forget(exclusion.peer)
-            self.told.pop(exclusion.peer, None)
-            self._feed(act.WorkerJoined(self._offer(exclusion.peer, record)), now)
+    def _post(self, item: ControlMessage) -> None:
+        """Queue a control message for the ``control`` job (bounded: a full queue drops, counted;
+        a lease renewal re-sends an Activate before the lease lapses)."""
+        try:
+            self.outbox.put_nowait(item)
+        except asyncio.QueueFull:
+            kind = type(item.message).__name__
+            log.warning("control queue full: %s to %s not sent", kind, item.record.peer_id)
+            self.metrics.inc("control_dropped", "Control messages dropped: queue full", kind=kind)
 
     def _tell_latest(self, peer: str) -> None:
         """Send ``peer`` the newest manifest, once per version (a worker may have missed one, e.g.
@@ -396,10 +429,24 @@ class LearnerNode:
         self.told[peer] = self.version
         self.publisher.tell(record)
 
-    def _spawn(self, coro: Any, name: str) -> None:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+    async def _control(self) -> None:
+        """Send the queued control messages, each in a task of this job's TaskGroup, at most
+        ``CONTROL_IN_FLIGHT`` at once (one slow worker does not hold up the others). A send that
+        fails is logged and counted (``_send``); any other error ends the group, and the
+        supervisor logs it with its traceback, counts it and restarts the job."""
+        slots = asyncio.Semaphore(CONTROL_IN_FLIGHT)
+        async with asyncio.TaskGroup() as group:
+            while True:
+                item = await self.outbox.get()
+                await slots.acquire()
+                name = f"{type(item.message).__name__} to {item.record.peer_id}"
+                group.create_task(self._send_in_slot(item, slots), name=name)
+
+    async def _send_in_slot(self, item: ControlMessage, slots: asyncio.Semaphore) -> None:
+        try:
+            await self._send(item.record, item.message, then_weights=item.then_weights)
+        finally:
+            slots.release()
 
     async def _send(
         self, record: PeerRecord, message: Activate | Deactivate, *, then_weights: bool = False
@@ -420,6 +467,23 @@ class LearnerNode:
             self.told.pop(record.peer_id, None)
             self._tell_latest(record.peer_id)
 
+    async def _activation_timers(self) -> None:
+        """Drive the core's timers as the simulator does: sleep until ``next_deadline()`` (or until
+        an event may have moved it), then ``poll``. The sleep is clamped to
+        [``TIMER_WAIT_FLOOR``, ``TIMER_WAIT_CAP``]."""
+        while True:
+            now = time.time()
+            deadline = self.activation.next_deadline()
+            if deadline is not None and deadline <= now:
+                for action in self.activation.poll(now):
+                    self._perform(action)
+                self._plan_gauges()
+                deadline = self.activation.next_deadline()
+            wait = TIMER_WAIT_CAP if deadline is None else deadline - now
+            self.deadline_moved.clear()
+            # Set (an event went in) or not (the deadline, or the cap, came): look again either way.
+            await wait_set(self.deadline_moved, min(max(wait, TIMER_WAIT_FLOOR), TIMER_WAIT_CAP))
+
     def own_record(self) -> PeerRecord:
         """What this learner advertises under its learner key (workers find its data plane there)."""
         return PeerRecord(
@@ -432,6 +496,7 @@ class LearnerNode:
         )
 
     async def _recruit(self) -> None:
+        """Turn the offers we read into the core's joins and leaves, every ``recruit_seconds``."""
         key = workers_key("default", self.identity.peer_id)
         own = self.own_record()
         while True:
@@ -448,28 +513,17 @@ class LearnerNode:
             seen = {p: r for p, r in both.items() if Role.WORKER in r.roles}
             now = time.time()
             for peer, record in seen.items():
-                offer = self._offer(peer, record)
                 # Re-advertisements go in as WorkerJoined too: the core re-plans only on a material
-                # change, and measured deliveries (RolloutsReceived) outrank advertised rates.
-                previous = self.offers.get(peer)
-                if previous is not None and (
-                    previous.addresses != record.addresses or previous.libp2p_peer_id != record.libp2p_peer_id
-                ):
-                    # A new address: the worker restarted. What we measured of its previous run
-                    # (nothing delivered while it was down) must not outrank its new offer.
-                    self._feed(act.WorkerLeft(peer), now)
-                    self.publisher.forget(peer)
-                    self.told.pop(peer, None)
+                # change, starts the worker over on a new address (a restart), and measured
+                # deliveries (RolloutsReceived) outrank advertised rates. The record is kept first,
+                # so an Activate the join causes goes to the worker's current address.
                 self.offers[peer] = record
-                self._feed(act.WorkerJoined(offer), now)
-            self._reprobe(now)
+                self._feed(act.WorkerJoined(self._offer(peer, record)), now)
             for peer in [p for p in self.offers if p not in seen]:
                 self._feed(act.WorkerLeft(peer), now)
                 self.publisher.forget(peer)
                 del self.offers[peer]
             self.publisher.set_peers({p: peer_address(r) for p, r in self.offers.items()})
-            for action in self.activation.poll(now):
-                self._perform(action)
             self._plan_gauges()
             await asyncio.sleep(self.config.learner.recruit_seconds)
 
@@ -506,11 +560,7 @@ class LearnerNode:
             deadline = t_wait + self.config.learner.max_wait_seconds
             while len(self.queue) < want and time.monotonic() < deadline:
                 self.arrived.clear()
-                try:
-                    await asyncio.wait_for(
-                        self.arrived.wait(), timeout=max(0.01, deadline - time.monotonic())
-                    )
-                except TimeoutError:
+                if not await wait_set(self.arrived, max(0.01, deadline - time.monotonic())):
                     break
             batch = self._take_batch()
             waited = time.monotonic() - t_wait
@@ -563,7 +613,6 @@ class LearnerNode:
 
     async def run(self, runtime_factory: Callable[[], Any]) -> None:
         await asyncio.to_thread(self._build)
-        self._tasks: set[asyncio.Task[None]] = set()
         lc = self.config.learner
         self.gate = StalenessGate(self.config.swarm.staleness_bound)
         self.spot = SpotChecker(
@@ -633,8 +682,6 @@ class LearnerNode:
             finally:
                 await self.runtime.stop()
         finally:
-            for task in list(self._tasks):
-                task.cancel()
             await self.publisher.close()
             await self.dataplane.close()
             async with self.torch_lock:
@@ -652,7 +699,13 @@ class LearnerNode:
             self.runtime.peer_id,
             self.identity.peer_id,
         )
-        jobs = {"recruit": self._recruit, "learn": self._learn, "serve": self._serve}
+        jobs = {
+            "recruit": self._recruit,
+            "activation": self._activation_timers,
+            "control": self._control,
+            "learn": self._learn,
+            "serve": self._serve,
+        }
         await run_jobs(jobs, self.metrics, self.stop)
 
 

@@ -8,7 +8,6 @@ build the same way (engine, model family, network settings) is in ``roles.common
 from __future__ import annotations
 
 import asyncio
-import signal
 
 import torch
 
@@ -20,6 +19,7 @@ from swarmnode.net.hivemind_runtime import HivemindRuntime
 def run_role(
     config: Config, home: NodeHome, *, max_steps: int | None = None, max_seconds: float | None = None
 ) -> None:
+    from swarmnode.ops.supervise import stop_on_signals
     from swarmnode.roles.common import net_config
     from swarmnode.roles.learner import LearnerNode
     from swarmnode.roles.worker import WorkerNode
@@ -35,18 +35,7 @@ def run_role(
         return await HivemindRuntime.create(net_config(config, home))
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        current = asyncio.current_task()
-
-        def on_signal() -> None:
-            if node.stop.is_set() and current is not None:
-                current.cancel()
-            node.stop.set()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal)
-        if max_seconds is not None:
-            loop.call_later(max_seconds, node.stop.set)
+        stop_on_signals(node.stop, max_seconds=max_seconds)
         await node.run(runtime)
 
     torch.set_grad_enabled(True)

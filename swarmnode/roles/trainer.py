@@ -16,11 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
@@ -29,14 +27,16 @@ from swarmnode.admit import AdmissionConfig, AdmissionPipeline, task_families
 from swarmnode.config import Config
 from swarmnode.core.rounds import round_at, round_start
 from swarmnode.gossip.core import GossipConfig, GossipCore
-from swarmnode.gossip.driver import ExternalPool, GossipDriver, envelope_digest
+from swarmnode.gossip.driver import GossipDriver
+from swarmnode.gossip.intake import ExternalPool
 from swarmnode.home import NodeHome
 from swarmnode.identity import NodeIdentity, load_or_create_identity
 from swarmnode.net.config import NetConfig
 from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.ops.api import serve_forever
 from swarmnode.ops.metrics import Metrics
-from swarmnode.ops.supervise import run_jobs
+from swarmnode.ops.supervise import run_jobs, stop_on_signals
+from swarmnode.policy.lock import ModelLock
 from swarmnode.roles.common import (
     build_mixture,
     build_policy,
@@ -54,7 +54,6 @@ from swarmnode.wire import encode_envelope, seal, to_ms
 log = logging.getLogger(__name__)
 
 TRAIN_AT = 0.8  # fraction of a swarm round at which a node trains (leaves time for peers' groups)
-T = TypeVar("T")
 
 
 @dataclass
@@ -72,7 +71,7 @@ class SwarmNode:
         self.home = home.ensure()
         self.max_rounds = max_rounds
         self.metrics = Metrics()
-        self.torch_lock = threading.Lock()
+        self.model_lock = ModelLock()  # generate, train, evaluate and checkpoint: one at a time
         self.started_at = time.time()
         self.last: RoundMetrics | None = None
         self.first_reward: float | None = None
@@ -81,13 +80,6 @@ class SwarmNode:
         self.stop = asyncio.Event()
 
     # ------------------------------------------------------------------ helpers
-
-    async def _torch(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        def locked() -> T:
-            with self.torch_lock:
-                return fn(*args, **kwargs)
-
-        return await asyncio.to_thread(locked)
 
     def status(self) -> dict[str, Any]:
         last = self.last
@@ -179,7 +171,7 @@ class SwarmNode:
                 await asyncio.sleep(max(0.01, round_start(last_round + 1, rs) - now))
                 continue
             started = time.time()
-            groups, tokens, seconds = await self._torch(self._generate_for, r)
+            groups, tokens, seconds = await self.model_lock.run(self._generate_for, r)
             batch = rollout_batch(groups, self.trainer.policy.model_id, self.trainer.policy.version, r)
             data = encode_envelope(seal(self.identity, batch, to_ms(time.time())))
             self.driver.publish(data)
@@ -195,7 +187,7 @@ class SwarmNode:
             await asyncio.sleep(max(0.0, train_at - time.time()))
             now_round = round_at(time.time(), rs)
             external = self.pool.take_all(now_round) if self.config.swarm.mixing != "none" else []
-            metrics = await self._torch(
+            metrics = await self.model_lock.run(
                 self.trainer.train_round,
                 own.groups,
                 external,
@@ -239,7 +231,7 @@ class SwarmNode:
 
     async def run(self) -> None:
         await asyncio.to_thread(self._build_torch_side)
-        self.heldout = await self._torch(self.trainer.evaluate) if self.trainer.heldout else None
+        self.heldout = await self.model_lock.run(self.trainer.evaluate) if self.trainer.heldout else None
         try:
             if self.stop.is_set():  # asked to stop during start-up
                 return
@@ -251,7 +243,7 @@ class SwarmNode:
                 await self.runtime.stop()
         finally:
             # Wait for a step in flight (the lock); keep the work only if no round was cut short.
-            await self._torch(self.trainer.save_checkpoint_if_consistent)
+            await self.model_lock.run(self.trainer.save_checkpoint_if_consistent)
             self.verifier.close()
             self.ledger.close()
 
@@ -271,12 +263,13 @@ class SwarmNode:
             score_groups=self.verifier.score,
             render=lambda texts: trained_texts(policy, texts, max_new),
         )
+        # No digest_of: the driver takes each pulled item's digest from its payload's one decode
+        # (gossip.intake.decode_pulled), so a second decode by the core could never disagree.
         self.core = GossipCore(
             GossipConfig(
                 round_seconds=s.round_seconds, read_interval=max(0.5, min(5.0, s.round_seconds / 4))
             ),
             self.runtime.peer_id,
-            digest_of=envelope_digest,
         )
         self.driver = GossipDriver(
             self.core,
@@ -310,23 +303,10 @@ def run_node(
 
     A first signal stops after the round in progress; a second one aborts at once (the last
     checkpoint stays the resume point)."""
-    import signal
-
     node = SwarmNode(config, home, max_rounds=max_rounds)
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        current = asyncio.current_task()
-
-        def on_signal() -> None:
-            if node.stop.is_set() and current is not None:
-                current.cancel()
-            node.stop.set()
-
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, on_signal)
-        if max_seconds is not None:
-            loop.call_later(max_seconds, node.stop.set)
+        stop_on_signals(node.stop, max_seconds=max_seconds)
         await node.run()
 
     torch.set_grad_enabled(True)

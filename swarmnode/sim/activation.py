@@ -9,7 +9,9 @@ Owns
     dropped at the learner. Which workers generate is the policy's choice:
 
     * ``planner``: the node's real ``ActivationCore`` (ECHO-2 rule, re-planning on measured
-      step times and rates), driven through its events and actions;
+      step times and rates, modelling tail latencies from deliveries, re-probing workers measured
+      at 0), driven as the learner drives it: events in, actions performed, ``poll`` at
+      ``next_deadline()``;
     * ``all``: every worker; ``cheapest:K``: the K lowest prices; ``fastest:K``: the K highest
       rates; ``random:K``: K drawn with the seed.
 
@@ -218,6 +220,8 @@ class ActivationRun:
                 self.sim.after(CONTROL_LATENCY, self._set_active, action.peer, True)
             elif isinstance(action, act.Deactivate):
                 self.sim.after(CONTROL_LATENCY, self._set_active, action.peer, False)
+            elif isinstance(action, act.Forget):
+                pass  # the learner forgets what it told the worker; here weights reach everyone anyway
             elif isinstance(action, act.PlanChanged):
                 p = action.plan
                 self.plan_log.append(
@@ -246,7 +250,9 @@ class ActivationRun:
         if self.policy == "planner":
             self.core = act.ActivationCore(activation_config(spec))
             for w in self.workers.values():
-                self._feed(act.WorkerJoined(act.WorkerOffer(w.name, w.rate, w.price)))
+                # One run per worker (a simulated worker never restarts): one address each.
+                offer = act.WorkerOffer(w.name, w.rate, w.price, address=f"sim:{w.name}")
+                self._feed(act.WorkerJoined(offer))
             chosen = [self.workers[p] for p in self.core.plan.active]
         else:
             chosen = fixed_active_set(self.policy, list(self.workers.values()), self.sim.seed)

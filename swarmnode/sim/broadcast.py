@@ -1,10 +1,14 @@
-"""Weight broadcast in the simulator: the node's real ``BroadcastCore`` on every simulated node.
+"""Weight broadcast in the simulator: the node's real ``BroadcastCore`` on every simulated node, and the
+worker's real ``ReceiverCore`` on every receiver.
 
 Owns
-    A simulated driver per node: performs the core's actions (``Fetch`` as a control message,
+    A simulated driver per node: performs the broadcast core's actions (``Fetch`` as a control message,
     ``Upload`` as a bulk transfer on the modelled network, ``Have`` to overlay neighbours,
     ``Refuse`` as a control message) and feeds back ``ChunkRequested``, ``ChunkReceived``,
-    ``FetchFailed``, ``UploadFinished``, ``PeerHave`` and ``PeerLeft``; the overlay (each node
+    ``FetchFailed``, ``UploadFinished``, ``PeerHave`` and ``PeerLeft``; on a receiver, feeds each
+    manifest to its ``ReceiverCore`` (the one ``WeightReceiver`` drives in a worker) and performs its
+    actions (``StartReceive`` as ``ManifestAccepted``, ``Release`` as ``Retire``, ``Install`` at
+    once), reporting ``Completed`` as ``ReceiveComplete``; the overlay (each node
     links to ``neighbors`` random others, links are symmetric; a node that loses a neighbour
     links to a new one); completion times; and the analytic bounds of ALGORITHMS.md §6.
 
@@ -14,7 +18,9 @@ Model
     ``dht_delay_ms`` after the broadcast starts (or after it joins). Every node knows the
     publisher (it signs the manifest), so every node may fetch from it; relays are the overlay
     neighbours, who tell each other what they hold (``Have``), and a newly linked pair swaps
-    full ``holding`` sets.
+    full ``holding`` sets. By default one version is broadcast; ``later_versions`` (seconds after
+    the start) publishes more, each manifest reaching every receiver after its own DHT delay, so
+    a newer manifest can land mid-broadcast: a receiver is complete once it installed the last.
 
 Must not
     Decide which chunk to fetch from whom or what to serve (the core does).
@@ -41,14 +47,34 @@ from swarmnode.broadcast.core import (
     PeerLeft,
     Publish,
     Refuse,
+    Retire,
     Upload,
     UploadFinished,
+)
+from swarmnode.broadcast.receiver import Action as ReceiverAction
+from swarmnode.broadcast.receiver import (
+    ChunkBlamed,
+    Install,
+    Installed,
+    ManifestArrived,
+    ReceiveComplete,
+    ReceiverCore,
+    Release,
+    StartReceive,
 )
 from swarmnode.errors import ConfigError
 from swarmnode.sim.scenario import BroadcastSpec, ScenarioError, broadcast_config
 from swarmnode.sim.world import CORRUPT, SimNode, World
 
 DIGEST = b"weights-v1".ljust(32, b"\x00")
+#: The receivers' staleness bound S unless the layer is given one: a newer manifest within S waits
+#: for the receive in flight, one more than S newer abandons it.
+STALENESS_BOUND = 2
+
+
+def version_digest(version: int) -> bytes:
+    """The digest naming ``version`` (0 is ``DIGEST``)."""
+    return f"weights-v{version + 1}".encode().ljust(32, b"\x00")
 
 
 class BroadcastPeer:
@@ -60,10 +86,14 @@ class BroadcastPeer:
         self.name = node.name
         self.sim = layer.sim
         self.core = BroadcastCore(node.name, layer.config)
+        # The worker's receiver on every node but the publisher: which version to fetch and install.
+        self.receiver: ReceiverCore[ChunkLayout] | None = (
+            None if node.name == layer.publisher else ReceiverCore(layer.staleness_bound)
+        )
         self.neighbors: dict[str, BroadcastPeer] = {}
         self.active = True
         self.started = False
-        self.complete = False
+        self.complete: set[bytes] = set()  # digests whose every chunk this node verified
         self._poll_at = math.inf
         self._clients: dict[int, BroadcastPeer] = {}  # request id -> requester
         self._fetch_started: dict[tuple[str, int], float] = {}
@@ -75,6 +105,27 @@ class BroadcastPeer:
             return
         self._perform(self.core.handle(event, self.sim.now))
         self._reschedule()
+
+    def on_manifest(self, version: int, digest: bytes) -> None:
+        """The publisher's signed manifest of ``version`` reached this node."""
+        if not self.active or self.receiver is None:
+            return
+        self._perform_receiver(self.receiver.handle(ManifestArrived(version, digest, self.layer.layout)))
+        self._reschedule()
+
+    def _perform_receiver(self, actions: list[ReceiverAction]) -> None:
+        assert self.receiver is not None
+        for action in actions:
+            if isinstance(action, StartReceive):
+                accepted = ManifestAccepted(action.digest, action.manifest, self.layer.publisher)
+                self._perform(self.core.handle(accepted, self.sim.now))
+            elif isinstance(action, Release):
+                self._perform(self.core.handle(Retire(action.digest), self.sim.now))
+            elif isinstance(action, Install):
+                # Nothing to swap in the simulator: installed the moment it completes.
+                self.layer.installed(self, action.version)
+                self._perform_receiver(self.receiver.handle(Installed(action.version, action.digest)))
+            # AbandonReceive: no task to stop here; the Release that follows retires its transfer.
 
     def _poll(self, at: float) -> None:
         if not self.active or at != self._poll_at:
@@ -119,7 +170,7 @@ class BroadcastPeer:
                     # would only refine its serving order (replica counts), so the message is
                     # skipped: a quarter of all calendar entries at 1,000 nodes. The publisher
                     # is always told (super-seeding counts on it).
-                    if peer.complete and peer.name != layer.publisher:
+                    if action.digest in peer.complete and peer.name != layer.publisher:
                         continue
                     net.send(
                         self.node.host, peer.node.host, peer._on_have, self.name, action.digest, action.index
@@ -145,9 +196,13 @@ class BroadcastPeer:
                     )  # fmt: skip
             elif isinstance(action, Blame):
                 layer.blames += 1
+                if self.receiver is not None:
+                    self._perform_receiver(self.receiver.handle(ChunkBlamed(action.peer)))
             elif isinstance(action, Completed):
-                self.complete = True
-                layer.completed(self)
+                self.complete.add(action.digest)
+                version = layer.versions.get(action.digest)
+                if self.receiver is not None and version is not None:
+                    self._perform_receiver(self.receiver.handle(ReceiveComplete(version, action.digest)))
 
     # -- messages from the network ----------------------------------------------------------------
 
@@ -178,17 +233,31 @@ class BroadcastPeer:
         other.neighbors[self.name] = self
         net = self.layer.world.network
         for a, b in ((self, other), (other, self)):
-            held = a.core.holding(DIGEST)
-            if held:
-                net.send(a.node.host, b.node.host, b.feed, PeerHave(a.name, DIGEST, frozenset(held)))
+            for digest in self.layer.versions:
+                held = a.core.holding(digest)
+                if held:
+                    net.send(a.node.host, b.node.host, b.feed, PeerHave(a.name, digest, frozenset(held)))
 
 
 class BroadcastLayer:
     """The weight broadcast on every node of a ``World``, with its completion figures."""
 
-    def __init__(self, world: World, spec: BroadcastSpec) -> None:
+    def __init__(
+        self,
+        world: World,
+        spec: BroadcastSpec,
+        *,
+        later_versions: tuple[float, ...] = (),
+        staleness_bound: int = STALENESS_BOUND,
+    ) -> None:
+        """``later_versions``: when (seconds after ``spec.start``) the publisher publishes v1, v2...;
+        ``staleness_bound``: the receivers' S."""
         self.world = world
         self.spec = spec
+        self.later_versions = tuple(sorted(later_versions))
+        self.staleness_bound = staleness_bound
+        self.final_version = len(self.later_versions)  # a receiver is complete once it installed this
+        self.versions: dict[bytes, int] = {}  # published so far: digest -> version
         self.sim = world.sim
         self.rng = world.rng
         self.config = broadcast_config(spec)
@@ -202,6 +271,7 @@ class BroadcastLayer:
         self.request_ids = 0
         self.blames = 0
         self.started = False
+        self.installed_versions: dict[str, int] = {}  # node -> the version its receiver installed last
         self._retired_stats: list[dict[str, int]] = []
 
     # -- world hooks ----------------------------------------------------------------------------
@@ -220,18 +290,42 @@ class BroadcastLayer:
 
     def _start(self) -> None:
         self.started = True
+        self.versions[DIGEST] = 0
         for peer in list(self.peers.values()):
             self._begin(peer)
+        for version, at in enumerate(self.later_versions, start=1):
+            self.sim.at(self.spec.start + at, self._publish, version)
+
+    @property
+    def newest(self) -> tuple[int, bytes]:
+        digest = next(reversed(self.versions))
+        return self.versions[digest], digest
 
     def _begin(self, peer: BroadcastPeer) -> None:
         if peer.started or not peer.active:
             return
         peer.started = True
+        version, digest = self.newest
         if peer.name == self.publisher:
-            peer.feed(Publish(DIGEST, self.layout))
+            peer.feed(Publish(digest, self.layout))
         else:
-            delay = self.world.scenario.network.dht_delay_ms.sample(self.rng) / 1000
-            self.sim.after(delay, peer.feed, ManifestAccepted(DIGEST, self.layout, self.publisher))
+            self._tell(peer, version, digest)
+
+    def _tell(self, peer: BroadcastPeer, version: int, digest: bytes) -> None:
+        """The manifest of ``version`` reaches ``peer`` after a DHT delay."""
+        delay = self.world.scenario.network.dht_delay_ms.sample(self.rng) / 1000
+        self.sim.after(delay, peer.on_manifest, version, digest)
+
+    def _publish(self, version: int) -> None:
+        digest = version_digest(version)
+        self.versions[digest] = version
+        for peer in list(self.peers.values()):
+            if not (peer.started and peer.active):
+                continue
+            if peer.name == self.publisher:
+                peer.feed(Publish(digest, self.layout))
+            else:
+                self._tell(peer, version, digest)
 
     def on_join(self, node: SimNode) -> None:
         peer = BroadcastPeer(self, node)
@@ -259,8 +353,10 @@ class BroadcastLayer:
                 other.link(self.rng.choice(alive))
         peer.neighbors.clear()
 
-    def completed(self, peer: BroadcastPeer) -> None:
-        if peer.name in self.completion:
+    def installed(self, peer: BroadcastPeer, version: int) -> None:
+        """``peer``'s receiver installed ``version``; the last version completes it."""
+        self.installed_versions[peer.name] = version
+        if version != self.final_version or peer.name in self.completion:
             return
         self.completion[peer.name] = self.sim.now - self.spec.start
         if self._all_done():
@@ -305,7 +401,7 @@ class BroadcastLayer:
         for d in [*self._retired_stats, *(vars(p.core.stats) for p in self.peers.values())]:
             for key, v in d.items():
                 stats[key] = stats.get(key, 0) + v
-        return {
+        results: dict[str, Any] = {
             "bytes": self.spec.bytes,
             "chunk_bytes": self.spec.chunk_bytes,
             "chunks": self.layout.n_chunks,
@@ -323,3 +419,18 @@ class BroadcastLayer:
             "core_stats": stats,
             "initial_receivers": sc.nodes.count - 1,
         }
+        if self.later_versions:  # absent from single-version runs: their results stay as committed
+            receiver_stats: dict[str, int] = {}
+            for peer in self.peers.values():
+                if peer.receiver is not None:
+                    for key, v in vars(peer.receiver.stats).items():
+                        if isinstance(v, int):
+                            receiver_stats[key] = receiver_stats.get(key, 0) + v
+            results["versions"] = {
+                "published_at": [self.spec.start, *(self.spec.start + t for t in self.later_versions)],
+                "final": self.final_version,
+                "staleness_bound": self.staleness_bound,
+                "installed": {n.name: self.installed_versions.get(n.name) for n in receivers},
+                "receiver_stats": receiver_stats,
+            }
+        return results

@@ -6,8 +6,9 @@ Owns
     results back as events. Also the round workload (who publishes which items when: producing
     a rollout is a modelled cost of ``1 / rollout_rate`` seconds), modelled admission (a forged
     item is always rejected, an honest one accepted, after ``admission_ms``; a signer charged
-    with ``ban_after`` rejections is banned, as ``swarmnode.admit`` does) and the figures:
-    per-delivery latency, per-item coverage, the cores' summed counters.
+    with ``ban_after`` rejections is banned, as ``swarmnode.admit`` does; the verdict reaches the
+    core through the node's own rule, ``swarmnode.gossip.intake.admission_events``) and the
+    figures: per-delivery latency, per-item coverage, the cores' summed counters.
 
 Model
     * Items carry no bytes: an item's payload is its 16-byte digest (``digest_of`` is the
@@ -31,10 +32,9 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
-from swarmnode.core.events import Digest, PeerBanned
+from swarmnode.core.events import Digest
 from swarmnode.core.rounds import round_start
 from swarmnode.gossip.core import (
-    AdmissionResult,
     Admit,
     Announce,
     Announced,
@@ -48,6 +48,7 @@ from swarmnode.gossip.core import (
     ReadAnnouncements,
     Serve,
 )
+from swarmnode.gossip.intake import admission_events
 from swarmnode.sim.scenario import GossipSpec, gossip_config
 from swarmnode.sim.world import CORRUPT, FORGER, HONEST, SLOW, SimNode, World
 
@@ -196,17 +197,19 @@ class GossipPeer:
         layer = self.layer
         item = layer.items.get(action.digest)
         accepted = item is not None and item.role != FORGER
-        events: list[GossipEvent] = [
-            AdmissionResult(action.peer, action.digest, accepted, "accepted" if accepted else "forged")
-        ]
+        banned_until = None
         if accepted and item is not None:
             layer.record_accept(self.node, item)
         else:
             signer = item.publisher if item is not None else action.peer
             charged = layer.charge(self.node.name, signer)
             if charged >= layer.spec.ban_after:
-                events.append(PeerBanned(action.peer, self.sim.now + layer.spec.ban_seconds))
-        return events
+                banned_until = self.sim.now + layer.spec.ban_seconds
+        # What the verdict means to the core: the node's rule (swarmnode.gossip.intake), not a copy.
+        reason = "accepted" if accepted else "forged"
+        return admission_events(
+            action.peer, action.digest, accepted=accepted, reason=reason, banned_until=banned_until
+        )
 
     def publish(self, item: Item) -> None:
         self.feed([Publish(item.digest, item.size)])

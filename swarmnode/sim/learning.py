@@ -89,17 +89,14 @@ import torch
 
 from swarmnode.admit import AdmissionConfig, AdmissionPipeline, Rejected, task_families
 from swarmnode.config import load_config
-from swarmnode.core.events import PeerBanned
 from swarmnode.errors import ConfigError
 from swarmnode.gossip.core import (
-    AdmissionResult,
     Admit,
     Announce,
     Announced,
     GossipConfig,
     GossipCore,
     GossipEvent,
-    Publish,
     Pull,
     PullRequest,
     PullSucceeded,
@@ -107,7 +104,7 @@ from swarmnode.gossip.core import (
     Retire,
     Serve,
 )
-from swarmnode.gossip.driver import envelope_digest
+from swarmnode.gossip.intake import DecodedEnvelopes, ExternalPool, decode_pulled, publication, verdict_events
 from swarmnode.identity import NodeIdentity
 from swarmnode.learn import zero_advantage
 from swarmnode.policy import Policy, load_policy
@@ -341,10 +338,11 @@ class Agent:
         )
         self.trainer.node_id = self.peer_id
         self.max_new_tokens = spec.max_new_tokens
+        # No digest_of: every pulled item's digest is its payload's own (decode_pulled, as in the
+        # node's driver), so the core's check could never fail, and it would decode it a second time.
         self.core = GossipCore(
             GossipConfig(round_seconds=spec.round_seconds, read_interval=min(5.0, spec.round_seconds / 6)),
             self.peer_id,
-            digest_of=envelope_digest,
         )
         self.admission = AdmissionPipeline(
             AdmissionConfig(allowed_tasks=task_families(self.mixture), local_peer_id=self.peer_id),
@@ -352,7 +350,8 @@ class Agent:
         )
         self.payloads: dict[bytes, bytes] = {}
         self.pending: list[GossipEvent] = []
-        self.pool: list[ScoredGroup] = []
+        self.decoded = DecodedEnvelopes()  # pulled payloads' decodes, until their Admit
+        self.pool = ExternalPool()  # the node's pool: each round's admitted groups, taken at training
         self.received = 0  # external groups admitted this round
         self.sources: dict[str, int] = {}  # sender peer id -> groups admitted, over the run
         self.sapo = spec.mixing == "sapo"
@@ -364,23 +363,32 @@ class Agent:
     def publish(self, groups: list[ScoredGroup], swarm_round: int, now: float) -> None:
         policy = self.trainer.policy
         batch = rollout_batch(groups, policy.model_id, policy.version, swarm_round)
-        data = encode_envelope(seal(self.identity, batch, to_ms(now)))
-        digest = envelope_digest(data)
+        envelope = seal(self.identity, batch, to_ms(now))
+        data = encode_envelope(envelope)
+        event = publication(envelope, data)
         # As the node's driver: our own envelope handed back by a peer is a replay, never a peer's.
-        self.admission.replay.add(digest, now + self.admission.config.max_age_s)
-        self.payloads[digest] = data
-        self.pending.append(Publish(digest, len(data)))
+        self.admission.remember_own(envelope, now)
+        self.payloads[event.digest] = data
+        self.pending.append(event)
+
+    def pulled(self, request_id: int, peer: str, payloads: Sequence[bytes], now: float) -> None:
+        """A pull's answer, decoded once as the node's driver does (no bytes here are not envelopes)."""
+        pulled = decode_pulled(payloads, self.decoded)
+        for payload in pulled.not_envelopes:
+            self.judge(peer, None, payload, now)
+        self.pending.append(PullSucceeded(request_id, peer, pulled.items))
 
     def admit(self, action: Admit, now: float) -> None:
-        verdict = self.admission.admit(action.payload, now, via=action.peer, solicited=True)
+        self.judge(action.peer, action.digest, action.payload, now)
+
+    def judge(self, peer: str, digest: bytes | None, payload: bytes, now: float) -> None:
+        """Admission of ``payload`` from ``peer`` (``digest``: the core's Admit, None: not an envelope)."""
+        envelope = self.decoded.take(payload)
+        verdict = self.admission.admit(payload, now, via=peer, solicited=True, envelope=envelope)
+        self.pending += verdict_events(peer, digest, verdict, self.admission.ban_left_by(verdict, peer, now))
         if isinstance(verdict, Rejected):
-            self.pending.append(AdmissionResult(action.peer, action.digest, False, verdict.reason.value))
-            suspect = verdict.charged or verdict.sender or action.peer
-            until = self.admission.banned_until(suspect, now)
-            if until is not None:
-                self.pending.append(PeerBanned(action.peer, until))
             return
-        self.pending.append(AdmissionResult(action.peer, action.digest, True, "accepted"))
+        swarm_round = self.core.current_round(now)
         for admitted in verdict.groups:
             self.received += 1
             self.sources[admitted.sender] = self.sources.get(admitted.sender, 0) + 1
@@ -388,7 +396,7 @@ class Agent:
                 # SAPO drops groups without signal before its uniform draw (learn.sapo.select_groups),
                 # so skipping their re-tokenization changes nothing but the time (~5 ms a group).
                 continue
-            self.pool.append(to_scored(admitted, self.trainer.policy, self.max_new_tokens))
+            self.pool.add(to_scored(admitted, self.trainer.policy, self.max_new_tokens), swarm_round)
 
     def weights_sha256(self) -> str:
         digest = hashlib.sha256()
@@ -419,12 +427,12 @@ class MemoryNetwork:
             elif isinstance(action, Pull):
                 target = self.agents[action.peer]
                 served = target.core.handle(PullRequest(agent.peer_id, action.digests), now)
-                items: tuple[tuple[bytes, bytes], ...] = ()
+                payloads: list[bytes] = []
                 for answer in served:
                     if isinstance(answer, Serve):
-                        items = tuple((d, target.payloads[d]) for d in answer.digests if d in target.payloads)
+                        payloads = [target.payloads[d] for d in answer.digests if d in target.payloads]
                 self._perform(target, [a for a in served if not isinstance(a, Serve)], now)
-                agent.pending.append(PullSucceeded(action.request_id, action.peer, items))
+                agent.pulled(action.request_id, action.peer, payloads, now)
             elif isinstance(action, Admit):
                 agent.admit(action, now)
             elif isinstance(action, Retire):
@@ -441,6 +449,8 @@ class MemoryNetwork:
                 # handle_all runs the timers too, as the node's driver relies on.
                 actions = agent.core.handle_all(events, now) if events else agent.core.poll(now)
                 self._perform(agent, actions, now)
+        for agent in self.order:
+            agent.decoded.clear()  # every pull result was handled: what is left, its core dropped
 
     def run_until(self, start: float, end: float) -> int:
         """Drive every core from ``start`` to ``end``, jumping between deadlines; returns steps taken."""
@@ -522,7 +532,7 @@ def _run_seed(
                 if spec.exchanges:
                     network.run_until(t0 + PUBLISH_AT, t0 + spec.train_at * spec.round_seconds)
                 for agent, (own, tokens, gen_seconds) in zip(agents, generated, strict=True):
-                    external, agent.pool = agent.pool, []
+                    external = agent.pool.take_all(swarm_round)
                     received, agent.received = agent.received, 0
                     m = agent.trainer.train_round(own, external, tokens=tokens, gen_seconds=gen_seconds)
                     log = agent.log

@@ -11,21 +11,20 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
-from swarmnode.config import load_config, render_commented_config
 from swarmnode.errors import SwarmError
 from swarmnode.home import NodeHome
-from swarmnode.net.child_guard import die_with_parent
 from swarmnode.ops.status import fetch_status
 from swarmnode.store.atomic import atomic_write_text
+from swarmnode.testing import swarm as harness
 
 READY_TIMEOUT = 120.0
 STOP_TIMEOUT = 60.0
+BOOTSTRAP_STOP_TIMEOUT = 20.0
 
 
 def _metric(status: dict[str, Any], name: str, label: str = "") -> float:
@@ -64,7 +63,11 @@ def _table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-class LocalSwarm:
+class SwarmDemo:
+    """The demo: a ``swarmnode.testing.LocalSwarm`` of ``nodes`` nodes, watched for ``minutes``.
+
+    Its processes are started, awaited and stopped by the package's one process harness."""
+
     def __init__(self, root: Path, *, nodes: int, minutes: float, mixing: str, round_seconds: float) -> None:
         if nodes < 1:
             raise SwarmError("--nodes must be at least 1")
@@ -73,55 +76,9 @@ class LocalSwarm:
         self.minutes = minutes
         self.mixing = mixing
         self.round_seconds = round_seconds
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-        self.logs: list[IO[bytes]] = []
+        self.swarm: harness.LocalSwarm | None = None
 
     # -------------------------------------------------------------- processes
-
-    def _spawn(self, name: str, args: list[str], home: Path) -> subprocess.Popen[bytes]:
-        home.mkdir(parents=True, exist_ok=True)
-        log = open(home / "process.log", "ab")
-        self.logs.append(log)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "swarmnode.cli", *args],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            env=env,
-            start_new_session=True,  # Ctrl-C reaches us; we stop the children in order
-            preexec_fn=die_with_parent(),  # and if we die anyway, they get SIGTERM
-        )
-        self.procs[name] = proc
-        return proc
-
-    def _start_bootstrap(self) -> list[str]:
-        home = self.root / "bootstrap"
-        ready = home / "ready.json"
-        ready.unlink(missing_ok=True)
-        proc = self._spawn(
-            "bootstrap",
-            [
-                "bootstrap",
-                "--home",
-                str(home),
-                "--listen",
-                "/ip4/127.0.0.1/tcp/0",
-                "--ready-file",
-                str(ready),
-            ],
-            home,
-        )
-        deadline = time.monotonic() + READY_TIMEOUT
-        while not ready.exists():
-            if proc.poll() is not None:
-                raise SwarmError(f"bootstrap peer exited early; see {home / 'process.log'}")
-            if time.monotonic() > deadline:
-                raise SwarmError(
-                    f"bootstrap peer not ready after {READY_TIMEOUT:.0f} s; see {home / 'process.log'}"
-                )
-            time.sleep(0.2)
-        maddrs: list[str] = json.loads(ready.read_text())["maddrs"]
-        return maddrs
 
     def _prepare_model(self) -> Path:
         from swarmnode.policy.warmstart import warm_start
@@ -132,60 +89,23 @@ class LocalSwarm:
             self.root, default_mixture(0), 0, progress=lambda line: print("  " + line, flush=True)
         )
 
-    def _write_node_config(self, index: int, model: Path, peers: list[str]) -> NodeHome:
-        home = NodeHome(self.root / f"node-{index}").ensure()
-        threads = max(1, (os.cpu_count() or 1) // self.nodes)
-        config = load_config(
-            None,
-            environ={},
-            overrides={
-                "node.name": f"node-{index}",
-                "node.seed": index,
-                "node.threads": threads,
-                "model.path": str(model.resolve()),
-                "swarm.mixing": self.mixing,
-                "swarm.initial_peers": peers,
-                "swarm.round_seconds": self.round_seconds,
-                "checkpoint.every_rounds": 5,
-                # HACPO compares agents on the same prompts: share the task stream.
-                "tasks.seed": 0 if self.mixing == "hacpo" else -1,
-            },
-        )
-        atomic_write_text(home.config_file, render_commented_config(config))
-        (home.root / "api.port").unlink(missing_ok=True)
-        return home
+    def _node_settings(self) -> dict[str, Any]:
+        return {
+            "node.threads": max(1, (os.cpu_count() or 1) // self.nodes),
+            "swarm.mixing": self.mixing,
+            "checkpoint.every_rounds": 5,
+            # HACPO compares agents on the same prompts: share the task stream.
+            "tasks.seed": 0 if self.mixing == "hacpo" else -1,
+        }
 
     def _stop_all(self) -> None:
         # Finish the shutdown even if Ctrl-C is pressed again meanwhile.
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            self._stop_children()
+            if self.swarm is not None:
+                self.swarm.close(bootstrap_timeout=BOOTSTRAP_STOP_TIMEOUT)
         finally:
             signal.signal(signal.SIGINT, previous)
-
-    def _stop_children(self) -> None:
-        nodes = [(n, p) for n, p in self.procs.items() if n != "bootstrap"]
-        for _, proc in nodes:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGINT)
-        deadline = time.monotonic() + STOP_TIMEOUT
-        for name, proc in nodes:
-            try:
-                proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                print(f"{name} did not stop in {STOP_TIMEOUT:.0f} s; killing it", file=sys.stderr)
-                proc.kill()
-                proc.wait(timeout=10)
-        boot = self.procs.get("bootstrap")
-        if boot is not None and boot.poll() is None:
-            boot.send_signal(signal.SIGINT)
-            try:
-                boot.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                boot.kill()
-                boot.wait(timeout=10)
-        for log in self.logs:
-            log.close()
 
     # -------------------------------------------------------------- run
 
@@ -206,16 +126,25 @@ class LocalSwarm:
         signal.signal(signal.SIGHUP, interrupt)
         self.root.mkdir(parents=True, exist_ok=True)
         model = self._prepare_model()
+        # The children inherit this environment as it is (no test settings): node.threads sets torch's.
+        swarm = harness.LocalSwarm(
+            self.root,
+            model,
+            round_seconds=self.round_seconds,
+            node_settings=self._node_settings(),
+            child_env={},
+            stop_timeout=STOP_TIMEOUT,
+        )
+        self.swarm = swarm
         homes: list[NodeHome] = []
         statuses: list[dict[str, Any] | None] = []
         interrupted = False
         try:
-            peers = self._start_bootstrap()
+            peers = swarm.start_bootstrap(timeout=READY_TIMEOUT)
             print(f"bootstrap peer: {peers[0]}", flush=True)
             for i in range(self.nodes):
-                home = self._write_node_config(i, model, peers)
-                homes.append(home)
-                self._spawn(f"node-{i}", ["run", "--home", str(home.root)], home.root)
+                homes.append(swarm.write_node_config(f"node-{i}", i))
+                swarm.start_node(f"node-{i}")
             print(
                 f"{self.nodes} nodes started (mixing {self.mixing}, {self.round_seconds:g} s rounds); "
                 f"logs in {self.root}/*/process.log; Ctrl-C stops cleanly",
@@ -225,9 +154,8 @@ class LocalSwarm:
             tty = sys.stdout.isatty()
             last_print = 0.0
             while time.monotonic() < deadline:
-                for name, proc in self.procs.items():
-                    if proc.poll() is not None:
-                        raise SwarmError(f"{name} exited with code {proc.returncode}; see its process.log")
+                for proc in swarm.exited():
+                    raise SwarmError(f"{proc.name} exited with code {proc.popen.returncode}; see {proc.log}")
                 statuses = self._poll(homes)
                 table = _table([_row(s, f"node-{i}") for i, s in enumerate(statuses)])
                 left = deadline - time.monotonic()

@@ -19,7 +19,7 @@ admission (``swarmnode.admit``).
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from google.protobuf.message import DecodeError
@@ -63,6 +63,7 @@ class Envelope:
     sent_at_ms: int
     payload: bytes
     signature: bytes
+    _verified: bool | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def sender_id(self) -> str:
@@ -76,7 +77,16 @@ class Envelope:
         return hashlib.sha256(self.sender_key + self.signed_message()).digest()
 
     def verify(self) -> bool:
-        return verify_signature(self.sender_key, self.signature, self.signed_message())
+        """Whether ``signature`` is ``sender_key``'s over the signed bytes.
+
+        Computed once per envelope value and remembered: an envelope is immutable, so its answer
+        cannot change, and a received envelope that travels from the data plane into admission
+        pays for one Ed25519 verification, not one per layer that asks."""
+        known = self._verified
+        if known is None:
+            known = verify_signature(self.sender_key, self.signature, self.signed_message())
+            object.__setattr__(self, "_verified", known)  # frozen: the one write, of a pure function
+        return known
 
 
 def to_ms(seconds: float) -> int:

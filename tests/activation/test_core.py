@@ -9,6 +9,7 @@ margin 0.1 the need is 11/s. Offers (rate /s, price per 1,000 completions, price
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from hypothesis import given
@@ -20,6 +21,7 @@ from swarmnode.activation.core import (
     ActivationCore,
     Deactivate,
     DisseminationMeasured,
+    Forget,
     Need,
     PlanChanged,
     RolloutsReceived,
@@ -398,7 +400,8 @@ def test_rates_are_measured_from_deliveries_after_the_first_one() -> None:
 
 
 def test_a_worker_that_never_delivers_is_measured_at_zero_and_deactivated() -> None:
-    core = ActivationCore(config())
+    # (Its new chance, reprobe_seconds after this, is specified by the re-probe tests below.)
+    core = ActivationCore(config(reprobe_seconds=600.0))
     joined(core, C, A, B_)
     actions = [a for t in range(0, 200, 5) for a in core.poll(float(t))]
     for t in range(5, 200, 5):  # a and b deliver steadily, c never does
@@ -552,7 +555,8 @@ def run(core: ActivationCore, start: float, end: float, deliver: tuple[str, ...]
 def test_a_fake_offer_never_deactivates_a_proven_worker_and_drops_out_when_it_measures_zero(
     fake: WorkerOffer,
 ) -> None:
-    core = ActivationCore(config())  # first_rollout_timeout 120 s, drift_hold 10 s
+    # first_rollout_timeout 120 s, drift_hold 10 s; re-probed below by hand, not by the core's timer.
+    core = ActivationCore(config(reprobe_seconds=600.0))
     proven_honest(core)
     assert plan([HONEST, fake], core.plan.need).active == ("fake",)  # the plain rule would drop honest
     actions = core.handle(WorkerJoined(fake), 30.0)
@@ -688,3 +692,128 @@ def test_max_probation_is_validated() -> None:
     with pytest.raises(ConfigError, match=r"activation\.max_probation"):
         config(max_probation=True)
     assert config().max_probation == 4
+
+
+# --- re-probes, restarts, tail latency (the rules the learner used to keep) ------------------------
+
+
+def test_a_worker_measured_at_zero_gets_a_new_chance_reprobe_seconds_later_and_no_sooner() -> None:
+    core = ActivationCore(config(reprobe_seconds=60.0))  # first_rollout_timeout 120 s, drift_hold 10 s
+    proven_honest(core)
+    stalled = WorkerOffer("stalled", rate=12.0, price=1.0)  # cheaper than honest: the plan wants it
+    core.handle(WorkerJoined(stalled), 30.0)
+    actions = run(core, 30.0, 160.0)  # silent: measures 0 at 30 + 120 s, adopted 10 s later
+    assert Deactivate("stalled", "no rollout rate (0 completions/s)") in actions
+    assert not [a for a in run(core, 160.0, 219.0) if getattr(a, "peer", None) == "stalled"]
+    actions = run(core, 219.0, 220.0)  # 60 s after it measured 0: started over from its advertisement
+    assert Forget("stalled", "worker re-probed") in actions
+    assert Activate("stalled", 12.0, 60) in actions
+    assert core.stats.reprobes == 1 and "honest" in core.active()
+    status = {w.peer: w for w in core.status(220.0).workers}["stalled"]
+    assert status.planned_rate == 12.0 and not status.proven
+    # Still silent: measured 0 again at 220 + 130 s, and its next chance is 60 s after that.
+    run(core, 220.0, 409.0)
+    assert core.stats.reprobes == 1 and "stalled" not in core.active()
+    run(core, 409.0, 410.0)
+    assert core.stats.reprobes == 2 and "stalled" in core.active()
+
+
+def test_next_deadline_says_when_a_re_probe_is_due() -> None:
+    core = ActivationCore(config(reprobe_seconds=60.0))
+    joined(core, WorkerOffer("stalled", rate=12.0, price=1.0))
+    for t in range(1, 131):  # alone and silent: measured 0 at 120 s, adopted at 130 s
+        core.poll(float(t))
+    assert core.active() == ()
+    assert core.next_deadline() == 190.0  # nothing else is timed: the driver sleeps until then
+    assert moves(core.poll(190.0)) == [Forget("stalled", "worker re-probed"), Activate("stalled", 12.0, 60)]
+
+
+def test_a_worker_that_advertises_no_rate_or_is_banned_gets_no_new_chance() -> None:
+    core = ActivationCore(config(reprobe_seconds=60.0))
+    joined(core, WorkerOffer("quiet", rate=6.0, price=1.0), WorkerOffer("liar", rate=6.0, price=1.0))
+    assert core.active() == ("quiet", "liar")
+    for t in range(1, 131):  # both silent: measured 0 at 120 s, adopted at 130 s
+        core.poll(float(t))
+    core.handle(WorkerJoined(WorkerOffer("quiet", rate=0.0, price=1.0)), 131.0)  # it says it stopped
+    core.handle(WorkerMisbehaved("liar", "spot check: log-probs differ"), 131.0)  # out for the run
+    assert core.next_deadline() is None
+    assert not [a for t in range(131, 400) for a in core.poll(float(t)) if isinstance(a, Forget)]
+    assert core.stats.reprobes == 0
+
+
+def test_a_worker_back_at_a_new_address_is_started_over_from_its_new_offer() -> None:
+    core = ActivationCore(config())
+    first = WorkerOffer("w", rate=12.0, price=1.0, address="10.0.0.5:4000 p2p:Qm1")
+    joined(core, first)
+    for t in range(1, 131):  # its first run never delivered: measured 0, adopted, deactivated
+        core.poll(float(t))
+    assert core.plan.rate_of("w") is None and core.status(130.0).workers[0].planned_rate == 0.0
+    # The same address again is a re-advertisement: the measurement still outranks it.
+    assert core.handle(WorkerJoined(first), 131.0) == []
+    # A new address is a new run: what the old one measured is forgotten.
+    second = replace(first, address="10.0.0.5:4001 p2p:Qm2")
+    actions = core.handle(WorkerJoined(second), 132.0)
+    assert moves(actions) == [Forget("w", "worker restarted"), Activate("w", 12.0, 60)]
+    assert core.stats.restarts == 1 and core.status(132.0).workers[0].planned_rate == 12.0
+
+
+def test_a_proven_worker_that_restarts_is_unproven_again() -> None:
+    core = ActivationCore(config())
+    proven_honest(core)
+    restarted = replace(HONEST, address="new")
+    core.handle(WorkerJoined(replace(HONEST, address="old")), 30.0)  # its address becomes known
+    assert core.stats.restarts == 0  # unknown before: not a restart
+    core.handle(WorkerJoined(restarted), 31.0)
+    assert core.stats.restarts == 1 and not core.status(31.0).workers[0].proven
+    assert core.active() == ("honest",)
+
+
+def test_an_unknown_address_never_counts_as_a_restart() -> None:
+    core = ActivationCore(config())
+    joined(core, replace(C, address="a"))
+    core.handle(WorkerJoined(C), 1.0)  # address "" (unknown)
+    assert core.stats.restarts == 0
+
+
+def test_without_a_tail_from_the_driver_it_is_two_deliveries_at_the_advertised_rate() -> None:
+    # S * T = 4 * 10 s = 40 s, D = 0. "slow" is the cheapest per completion, 1/s: a delivery of 10
+    # models a 20 s tail (fine), one of 30 a 60 s tail (too slow): it is dropped at once.
+    core = ActivationCore(config())
+    slow = WorkerOffer("slow", rate=1.0, price=0.1)
+    joined(core, slow, C, A)
+    assert "slow" in core.active()
+    core.handle_all([RolloutsReceived("c", 8), RolloutsReceived("a", 4)], 1.0)  # all three proven
+    assert core.handle(RolloutsReceived("slow", 10), 5.0) == []  # tail 20 s: nothing to re-plan
+    actions = core.handle(RolloutsReceived("slow", 30), 6.0)
+    [deactivate] = [a for a in moves(actions) if isinstance(a, Deactivate)]
+    assert deactivate.peer == "slow"
+    assert deactivate.reason == (
+        "too slow for the staleness bound: D + T_gen_tail = 0 s + 60 s = 60 s > S * T = 4 * 10 s = 40 s"
+    )
+    assert "slow" not in core.active()
+
+
+def test_a_tail_latency_the_driver_gives_wins_over_the_model() -> None:
+    core = ActivationCore(config())
+    slow = WorkerOffer("slow", rate=1.0, price=0.1, gen_tail_latency=1.0)
+    joined(core, slow, C, A)
+    assert core.handle(RolloutsReceived("slow", 30), 6.0) == []  # 2 * 30 / 1 would be 60 s
+    assert "slow" in core.active()
+
+
+def test_the_modelled_tail_decides_a_re_advertisement_as_a_given_one_would() -> None:
+    # After a delivery of 19 at 1/s (tail 38 s, fine), the worker re-advertises 0.9/s (within the
+    # drift band): the modelled tail becomes 42 s, past S * T = 40 s: a material change.
+    core = ActivationCore(config())
+    joined(core, WorkerOffer("slow", rate=1.0, price=0.1), C, A)
+    core.handle_all([RolloutsReceived("c", 8), RolloutsReceived("a", 4)], 1.0)
+    assert core.handle(RolloutsReceived("slow", 19), 5.0) == []
+    actions = core.handle(WorkerJoined(WorkerOffer("slow", rate=0.9, price=0.1)), 6.0)
+    assert [a.peer for a in moves(actions) if isinstance(a, Deactivate)] == ["slow"]
+
+
+def test_reprobe_seconds_is_validated_and_defaults_to_a_minute() -> None:
+    for bad in (0, -1.0, math.inf, True):
+        with pytest.raises(ConfigError, match=r"activation\.reprobe_seconds"):
+            config(reprobe_seconds=bad)
+    assert config().reprobe_seconds == 60.0

@@ -23,8 +23,17 @@ from swarmnode.store import Ledger
 from swarmnode.tasks import Task, TaskId, default_mixture
 from swarmnode.tools import vectors
 from swarmnode.verify import Scored, VerifierFailure, VerifierReason
-from swarmnode.wire.envelope import encode_envelope, seal, seal_payload, sign_manifest, to_ms
+from swarmnode.wire.envelope import (
+    Envelope,
+    decode_envelope,
+    encode_envelope,
+    seal,
+    seal_payload,
+    sign_manifest,
+    to_ms,
+)
 from swarmnode.wire.kinds import Kind
+from swarmnode.wire.limits import MAX_ENVELOPE_BYTES
 from swarmnode.wire.messages import (
     Activate,
     PeerRecord,
@@ -499,3 +508,106 @@ def test_our_own_envelope_handed_back_is_a_replay_charged_to_the_deliverer() -> 
     assert verdict.reason is RejectReason.REPLAY
     assert verdict.charged == "mallory-transport"
     assert isinstance(pipeline.admit(envelope(batch(), BOB), T0, via="bob-transport"), Accepted)
+
+
+# -- an envelope the caller decoded already (the gossip driver: decode once) ------------------------
+
+
+def decoded(data: bytes) -> Envelope:
+    value = decode_envelope(data)
+    assert isinstance(value, Envelope)
+    return value
+
+
+def test_an_envelope_decoded_by_the_caller_gets_the_verdict_its_bytes_get(config: AdmissionConfig) -> None:
+    by_bytes, by_value = AdmissionPipeline(config, now=T0), AdmissionPipeline(config, now=T0)
+    good = envelope(batch(make_group(1, ("84", "85"))), ALICE)
+    bad = envelope(batch(make_group(2, prompt="1+1=")), BOB)
+    forged = encode_envelope(replace(seal(MALLORY, heartbeat(), to_ms(T0)), signature=bytes(64)))
+    verdicts = []
+    for data in (good, bad, forged, good):  # the second ``good`` is a replay
+        expected = by_bytes.admit(data, T0, via="relay", solicited=True)
+        verdict = by_value.admit(data, T0, via="relay", solicited=True, envelope=decoded(data))
+        assert verdict == expected
+        verdicts.append(reason(verdict))
+    assert verdicts == ["accepted", "prompt_mismatch", "bad_signature", "replay"]
+    assert by_value.counts() == by_bytes.counts()
+
+
+def test_the_size_limit_holds_for_the_raw_bytes_even_when_the_caller_decoded_them(
+    pipeline: AdmissionPipeline,
+) -> None:
+    data = envelope(heartbeat(), ALICE)
+    padded = data + bytes(MAX_ENVELOPE_BYTES)  # what a caller's decode could never have accepted
+    verdict = pipeline.admit(padded, T0, via="transport-x", envelope=decoded(data))
+    assert isinstance(verdict, Rejected) and verdict.reason is RejectReason.TOO_LARGE
+    assert verdict.charged == "transport-x"
+
+
+def test_a_banned_transport_peer_is_refused_first_whoever_decoded_the_bytes(
+    pipeline: AdmissionPipeline,
+) -> None:
+    pipeline.penalize("transport-x", RejectReason.PROMPT_MISMATCH, T0)
+    data = envelope(heartbeat(), ALICE)
+    verdict = pipeline.admit(data, T0, via="transport-x", envelope=decoded(data))
+    assert isinstance(verdict, Rejected) and verdict.reason is RejectReason.BANNED
+    assert reason(pipeline.admit(data, T0, envelope=decoded(data))) == "accepted"  # not remembered
+
+
+def test_the_ban_a_rejection_left_is_read_for_whom_it_charged_else_its_signer_else_the_deliverer(
+    pipeline: AdmissionPipeline,
+) -> None:
+    forged = encode_envelope(replace(seal(ALICE, heartbeat(), to_ms(T0)), signature=bytes(64)))
+    verdict = pipeline.admit(forged, T0, via="transport-mallory")
+    assert isinstance(verdict, Rejected)
+    assert pipeline.ban_left_by(verdict, "transport-mallory", T0) is None  # one forgery: no ban yet
+    for _ in range(20):
+        verdict = pipeline.admit(forged, T0, via="transport-mallory")
+    until = pipeline.ban_left_by(verdict, "transport-mallory", T0)
+    assert until is not None and until == pipeline.banned_until("transport-mallory", T0)
+    assert pipeline.banned_until(ALICE.peer_id, T0) is None  # the key it names is never charged
+    accepted = pipeline.admit(envelope(heartbeat(), BOB), T0)
+    assert pipeline.ban_left_by(accepted, "transport-mallory", T0) is None  # an acceptance leaves none
+
+
+def test_our_own_published_envelope_remembered_as_seen_is_a_replay_when_handed_back(
+    pipeline: AdmissionPipeline,
+) -> None:
+    data = envelope(heartbeat(), ALICE)
+    assert pipeline.remember_own(decoded(data), T0)
+    verdict = pipeline.admit(data, T0 + 1, via="relay")
+    assert isinstance(verdict, Rejected) and verdict.reason is RejectReason.REPLAY
+    assert pipeline.replay.held("relay") == 0  # owned by nobody: no peer's quota
+    assert reason(pipeline.admit(data, T0 + 301, via="relay")) == "too_old"  # forgotten with its window
+
+
+def test_a_payload_decoded_by_the_caller_is_not_decoded_again_and_gets_the_same_verdict(
+    config: AdmissionConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The learner's data plane decodes and verifies a worker's batch; admission takes those values."""
+    import swarmnode.admit.pipeline as pipeline_module
+
+    by_bytes, by_value = AdmissionPipeline(config, now=T0), AdmissionPipeline(config, now=T0)
+    good = envelope(batch(make_group(1, ("84", "85"))), ALICE)
+    bad = envelope(batch(make_group(2, prompt="1+1=")), BOB)
+    expected = [by_bytes.admit(data, T0, via="w", solicited=True) for data in (good, bad)]
+    values = []
+    for data in (good, bad):
+        value = decoded(data)
+        values.append((data, value, pipeline_module.decode_payload(value.kind, value.payload)))
+    calls: list[bytes] = []
+    real = pipeline_module.decode_payload
+
+    def counting(kind: Kind, payload: bytes) -> object:
+        calls.append(payload)
+        return real(kind, payload)
+
+    monkeypatch.setattr(pipeline_module, "decode_payload", counting)
+    verdicts = [
+        by_value.admit(data, T0, via="w", solicited=True, envelope=value, message=message)
+        for data, value, message in values
+    ]
+    assert verdicts == expected and [reason(v) for v in verdicts] == ["accepted", "prompt_mismatch"]
+    assert calls == []
+    with pytest.raises(ValueError, match="only with the envelope"):
+        by_value.admit(good, T0, message=values[0][2])  # type: ignore[arg-type]

@@ -8,19 +8,18 @@ import json
 import os
 import signal
 import socket
-import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import torch
 
-from bench.broadcast import CorruptingNode  # the bench's attacker: one definition
 from swarmnode.broadcast.core import BroadcastConfig
 from swarmnode.broadcast.driver import BroadcastNode, blob_to_state_dict
 from swarmnode.identity import NodeIdentity
 from swarmnode.net.dataplane import DataPlane
+from swarmnode.testing import spawn
+from swarmnode.testing.corrupting import CorruptingNode  # the bench's attacker too: one definition
 from swarmnode.wire.envelope import encode_envelope
 
 REPO = Path(__file__).resolve().parents[2]
@@ -139,9 +138,9 @@ def test_receiver_killed_mid_broadcast_does_not_stop_the_others(tmp_path: Path) 
         (tmp_path / "peers.json").write_text(json.dumps(peers))
         (tmp_path / "manifest.bin").write_bytes(encode_envelope(published.manifest_envelope))
         procs = [
-            subprocess.Popen(
+            spawn(
+                f"receiver-{i}",
                 [
-                    sys.executable,
                     "-m",
                     "tests.broadcast.peer_process",
                     s.hex(),
@@ -151,8 +150,8 @@ def test_receiver_killed_mid_broadcast_does_not_stop_the_others(tmp_path: Path) 
                     str(tmp_path / f"out{i}"),
                     "2e6",
                 ],
+                tmp_path / f"receiver-{i}.log",
                 cwd=REPO,
-                start_new_session=True,
             )
             for i, (s, p) in enumerate(zip(seeds, ports, strict=True))
         ]
@@ -162,8 +161,8 @@ def test_receiver_killed_mid_broadcast_does_not_stop_the_others(tmp_path: Path) 
             # Kill the victim once the publisher has served it something: it is mid-transfer.
             while pub.stats.chunks_served < 6 and time.monotonic() < deadline:
                 await asyncio.sleep(0.02)
-            os.killpg(victim.pid, signal.SIGKILL)
-            victim.wait(timeout=10)
+            victim.kill_group(signal.SIGKILL)
+            victim.popen.wait(timeout=10)
             expected = hashlib.sha256(blob).hexdigest()
             while time.monotonic() < deadline:
                 if all((tmp_path / f"out{i}").exists() for i in (1, 2)):
@@ -174,9 +173,7 @@ def test_receiver_killed_mid_broadcast_does_not_stop_the_others(tmp_path: Path) 
                 assert (tmp_path / f"out{i}").read_text() == expected
         finally:
             for proc in procs:
-                if proc.poll() is None:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait(timeout=10)
+                proc.stop(timeout=0, sig=signal.SIGKILL)  # relays run until killed
             await pub.close()
             await dp.close()
 

@@ -6,6 +6,11 @@ held to it are the ones documented that way (README's architecture table, each p
 
 - each protocol's ``core.py`` (``swarmnode/*/core.py``) and every module under ``swarmnode/core/`` (globbed,
   so a new core is checked the day it lands);
+- every other module of a protocol folder (``gossip/``, ``broadcast/``, ``activation/``) but the ones that
+  do its I/O (``PROTOCOL_WITH_IO``: the drivers, the weight publisher/receiver, the offers' DHT records):
+  e.g. the rules between the gossip core and admission that the driver and the simulator share
+  (``gossip/intake.py``, ``gossip/records.py``) and the worker's weight receiver (``broadcast/receiver.py``),
+  also globbed; unlike a core they may import the layers below them (admission, the wire format);
 - ``swarmnode/admit/``, but ``intake.py`` (the admission thread, the one admit module that may read a clock)
   and ``recompute.py`` (the torch half of spot checks);
 - ``swarmnode/learn/`` (pure torch losses that "must not run models, read files or talk to peers"), held
@@ -55,6 +60,12 @@ CORE_MAY_IMPORT = ("swarmnode.core", "swarmnode.errors")
 
 #: Admission modules that are not sans-IO: the admission thread, and the torch half of spot checks.
 ADMIT_WITH_IO = ("intake.py", "recompute.py")
+#: The modules of each protocol folder that do its I/O; every other module there is sans-IO.
+PROTOCOL_WITH_IO = {
+    "gossip": ("driver.py",),
+    "broadcast": ("driver.py", "weights.py"),  # weights: the asyncio publisher/receiver over torch
+    "activation": ("records.py",),  # the DHT reads and writes of offers
+}
 
 
 def protocol_cores() -> list[Path]:
@@ -65,8 +76,13 @@ def protocol_cores() -> list[Path]:
 def modules() -> Iterator[tuple[Path, tuple[str, ...]]]:
     """(path, forbidden names) for every module held to the rule."""
     protocol = IO_CLOCKS_AND_LOOPS + STATE_AND_MODELS
-    for path in protocol_cores():
+    cores = protocol_cores()
+    for path in cores:
         yield path, protocol
+    for folder, with_io in PROTOCOL_WITH_IO.items():
+        for path in sorted((PACKAGE / folder).rglob("*.py")):
+            if path.name not in with_io and path not in cores:
+                yield path, protocol
     for path in sorted((PACKAGE / "admit").rglob("*.py")):
         if path.name not in ADMIT_WITH_IO:
             yield path, protocol
@@ -121,6 +137,9 @@ def test_the_guard_sees_every_core_module_and_the_other_sans_io_packages() -> No
     assert {"swarmnode/admit/pipeline.py", "swarmnode/admit/spotcheck.py"} <= checked
     assert "swarmnode/learn/hacpo.py" in checked
     assert "swarmnode/admit/intake.py" not in checked
+    assert {"swarmnode/gossip/intake.py", "swarmnode/gossip/records.py"} <= checked
+    assert {"swarmnode/broadcast/receiver.py", "swarmnode/activation/offers.py"} <= checked
+    assert "swarmnode/gossip/driver.py" not in checked and "swarmnode/broadcast/weights.py" not in checked
 
 
 @pytest.mark.parametrize(

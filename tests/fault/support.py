@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -13,26 +11,15 @@ from pathlib import Path
 
 from swarmnode.home import NodeHome
 from swarmnode.store import CheckpointStore, Ledger, RoundRecord
-from tests.swarm.support import REPO, LocalSwarm, Proc, p2pd_pids, wait_until
+from swarmnode.testing import SMALL_ENV, LocalSwarm, Proc, p2pd_pids, spawn, wait_until
 
 LEFTOVER_PREFIXES = (".tmp-", ".trash-")
 
 
 def spawn_env(name: str, args: list[str], log: Path, env: dict[str, str], prefix: Sequence[str] = ()) -> Proc:
-    """``tests.swarm.support.spawn`` with extra environment variables, run under ``prefix``
+    """``swarmnode.testing.spawn`` with a small swarm's environment plus ``env``, run under ``prefix``
     (e.g. ``ip netns exec NAME``, which execs the command: the pid is still the node's)."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    full = dict(os.environ, PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **env)
-    with open(log, "ab") as out:
-        popen = subprocess.Popen(
-            [*prefix, sys.executable, *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=full,
-            cwd=REPO,
-            start_new_session=True,
-        )
-    return Proc(name, popen, log)
+    return spawn(name, args, log, env={**SMALL_ENV, **env}, prefix=prefix)
 
 
 def start_hooked_node(
@@ -42,22 +29,8 @@ def start_hooked_node(
     pauses: dict[str, float] | None = None,
     env: dict[str, str] | None = None,
 ) -> Proc:
-    """``swarmnode run`` for ``name`` under ``tests.fault.hooked_node`` (markers in ``fault_dir``)."""
-    home = swarm.homes[name]
-    (home.root / "api.port").unlink(missing_ok=True)
-    env = {
-        **(env or {}),
-        "SWARMNODE_FAULT_DIR": str(fault_dir),
-        "SWARMNODE_FAULT_PAUSE": ",".join(f"{k}={v}" for k, v in (pauses or {}).items()),
-    }
-    proc = spawn_env(
-        name,
-        ["-m", "tests.fault.hooked_node", "run", "--home", str(home.root)],
-        home.root / "process.log",
-        env,
-    )
-    swarm.procs[name] = proc
-    return proc
+    """``swarmnode run`` for ``name`` under ``swarmnode.testing.hooked_node`` (markers in ``fault_dir``)."""
+    return swarm.start_hooked_node(name, fault_dir, pauses, env)
 
 
 def sigkill(proc: Proc, identity: Path | None = None) -> None:
@@ -112,7 +85,7 @@ def log_since(proc: Proc, offset: int) -> str:
 
 
 def wait_for_marker(fault_dir: Path, phase: str, proc: Proc, timeout: float, nth: int = 1) -> Path:
-    """Wait until ``proc`` enters ``phase`` for the ``nth`` time (see tests.fault.hooked_node)."""
+    """Wait until ``proc`` enters ``phase`` for the ``nth`` time (see swarmnode.testing.hooked_node)."""
     marker = fault_dir / f"{phase}.{nth}"
     wait_until(lambda: marker.exists(), timeout, f"{proc.name} to enter {phase}", procs=[proc], interval=0.02)
     return marker

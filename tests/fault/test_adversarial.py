@@ -2,8 +2,8 @@
 each attack really reached the honest nodes (they refused its items, or its streams and records
 were delivered). Throughput under attack is measured by bench/adversarial.py, never asserted.
 
-Scenarios and the definition of "poisoned" for each: tests/fault/attacker.py and
-tests/fault/adversarial.py. Corrupt weight chunks are not a scenario yet (no broadcast).
+Scenarios and the definition of "poisoned" for each: swarmnode/testing/attacker.py and
+swarmnode/testing/adversarial.py. Corrupt weight chunks are not a scenario yet (no broadcast).
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from typing import Any
 
 import pytest
 
-from tests.swarm.support import LocalSwarm
-
-from .adversarial import measure, run_swarm
-from .attacker import SCENARIOS
+from swarmnode.testing import LocalSwarm
+from swarmnode.testing.adversarial import measure, run_swarm
+from swarmnode.testing.attacker import SCENARIOS
 
 pytestmark = [pytest.mark.network, pytest.mark.fault, pytest.mark.timeout(1200)]
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.swarm.support import START_TIMEOUT, LocalSwarm, spawn, wait_until
+from swarmnode.testing import LocalSwarm, wait_until
 
 pytestmark = [pytest.mark.network, pytest.mark.fault, pytest.mark.timeout(900)]
 
@@ -37,21 +37,10 @@ def free_port() -> int:
 
 
 def start_bootstrap_at(swarm: LocalSwarm, port: int) -> dict[str, Any]:
-    home = swarm.root / "bootstrap"
-    ready = home / "ready.json"
-    ready.unlink(missing_ok=True)
-    args = ["-m", "swarmnode.cli", "bootstrap", "--home", str(home), "--listen", f"/ip4/127.0.0.1/tcp/{port}"]
-    proc = spawn("bootstrap", [*args, "--ready-file", str(ready)], home / "process.log")
-    swarm.procs["bootstrap"] = proc
-    if home / "p2p" / "libp2p.key" not in swarm.extra_identities:
-        swarm.extra_identities.append(home / "p2p" / "libp2p.key")
-    info: dict[str, Any] = wait_until(
-        lambda: json.loads(ready.read_text()) if ready.exists() else None,
-        START_TIMEOUT,
-        "the bootstrap peer",
-        procs=[proc],
-    )
-    swarm.bootstrap_maddrs = list(info["maddrs"])
+    """The bootstrap peer on a fixed port (it comes back at the same address); its ready file."""
+    swarm.start_bootstrap(listen=f"/ip4/127.0.0.1/tcp/{port}")
+    info = swarm.procs["bootstrap"].ready()
+    assert info is not None
     return info
 
 

@@ -1,6 +1,6 @@
 """The default suite's share of the fault trials: SIGKILL inside a checkpoint write, in a solo run
 (no network, random-init tiny model, so it stays short). The kill lands while every file of
-the new checkpoint is written but not yet renamed (``tests.fault.hooked_node`` holds that
+the new checkpoint is written but not yet renamed (``swarmnode.testing.hooked_node`` holds that
 window open); the restart ignores and then removes the leftover, resumes from the previous
 checkpoint, and the ledger continues without a gap. The full set of windows, with a swarm
 node: tests/fault/test_sigkill_phases.py (``scripts/test --fault``).
@@ -36,7 +36,7 @@ def test_a_kill_inside_a_checkpoint_write_leaves_the_previous_checkpoint_as_the_
 ) -> None:
     home = NodeHome(tmp_path / "home")
     faults = tmp_path / "faults"
-    args = ["-m", "tests.fault.hooked_node", "run", "--home", str(home.root), "--solo", *SETTINGS]
+    args = ["-m", "swarmnode.testing.hooked_node", "run", "--home", str(home.root), "--solo", *SETTINGS]
     env = {"SWARMNODE_FAULT_DIR": str(faults), "SWARMNODE_FAULT_PAUSE": "ckpt_unrenamed=1.5"}
     proc = spawn_env("solo", args, tmp_path / "solo.log", env)
     try:

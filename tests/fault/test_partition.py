@@ -15,17 +15,16 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from swarmnode.errors import SwarmError
-from tests.swarm.support import LocalSwarm, Proc
+from swarmnode.testing import START_TIMEOUT, LocalSwarm, Proc
 
 from .netns import NetnsUnavailable, Partitionable
-from .support import spawn_env
 
 pytestmark = [pytest.mark.network, pytest.mark.fault, pytest.mark.timeout(1200)]
 
@@ -42,34 +41,29 @@ class NetnsSwarm(LocalSwarm):
         super().__init__(root, model, round_seconds=ROUND_SECONDS)
         self.net = net
 
-    def _spawn(self, name: str, group: str, args: list[str], log: Path) -> Proc:
-        proc = spawn_env(name, args, log, {}, prefix=self.net.exec_prefix(group))
-        self.procs[name] = proc
-        return proc
+    def spawn(
+        self,
+        name: str,
+        args: Sequence[str],
+        log: Path,
+        *,
+        env: Mapping[str, str] | None = None,
+        prefix: Sequence[str] = (),
+        ready_file: Path | None = None,
+    ) -> Proc:
+        """Every process in its group's namespace (the bootstrap in A's)."""
+        group = GROUPS.get(name, "A")
+        exec_prefix = [*self.net.exec_prefix(group), *prefix]
+        return super().spawn(name, args, log, env=env, prefix=exec_prefix, ready_file=ready_file)
 
-    def start_bootstrap(self) -> list[str]:
-        home = self.root / "bootstrap"
-        ready = home / "ready.json"
-        listen = f"/ip4/{self.net.address['A']}/tcp/0"
-        args = ["-m", "swarmnode.cli", "bootstrap", "--home", str(home), "--listen", listen]
-        proc = self._spawn("bootstrap", "A", [*args, "--ready-file", str(ready)], home / "process.log")
-        self.extra_identities.append(home / "p2p" / "libp2p.key")
-        info = self.wait(lambda: json.loads(ready.read_text()) if ready.exists() else None, "the bootstrap")
-        assert proc.alive()
-        self.bootstrap_maddrs = list(info["maddrs"])
-        return self.bootstrap_maddrs
+    def start_bootstrap(self, *, listen: str = "", timeout: float = START_TIMEOUT) -> list[str]:
+        return super().start_bootstrap(listen=f"/ip4/{self.net.address['A']}/tcp/0", timeout=timeout)
 
     def add_node(self, name: str, seed: int) -> None:
         address = self.net.address[GROUPS[name]]
         self.write_node_config(
             name, seed, **{"swarm.host_maddrs": [f"/ip4/{address}/tcp/0"], "api.host": address}
         )
-
-    def start_node(self, name: str) -> Proc:
-        home = self.homes[name]
-        (home.root / "api.port").unlink(missing_ok=True)
-        args = ["-m", "swarmnode.cli", "run", "--home", str(home.root)]
-        return self._spawn(name, GROUPS[name], args, home.root / "process.log")
 
     def status(self, name: str) -> dict[str, Any] | None:
         port_file = self.homes[name].root / "api.port"

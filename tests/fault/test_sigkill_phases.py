@@ -2,7 +2,7 @@
 from its last committed state and leaves nothing corrupt behind.
 
 Bootstrap + 2 ``swarmnode run`` processes on 127.0.0.1 (checkpoint every round); the victim
-runs under ``tests.fault.hooked_node``, which marks (and for checkpoint writes, holds open)
+runs under ``swarmnode.testing.hooked_node``, which marks (and for checkpoint writes, holds open)
 each window, so every kill lands where the trial says:
 
 - ``generate``: making the round's rollouts; ``train``: the update, before its ledger commit;
@@ -29,7 +29,7 @@ from typing import Any
 import pytest
 
 from swarmnode.home import NodeHome
-from tests.swarm.support import LocalSwarm
+from swarmnode.testing import LocalSwarm
 
 from .support import check_disk, facts, log_since, sigkill, start_hooked_node, wait_for_marker
 

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from swarmnode.identity import load_or_create_identity
-from tests.swarm.support import LocalSwarm, p2pd_pids, wait_until
+from swarmnode.testing import LocalSwarm, p2pd_pids, wait_until
 
 pytestmark = [pytest.mark.network, pytest.mark.fault, pytest.mark.timeout(2400)]
 

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +11,7 @@ from typing import Any
 import pytest
 
 from swarmnode.roles.bootstrap import BootstrapInfo, run_bootstrap
+from swarmnode.testing import spawn as spawn_child
 
 from .support import LOOPBACK, REPO, START_TIMEOUT, LoopThread, PeerProcess, Swarm, Trio
 
@@ -46,18 +44,15 @@ def spawn(tmp_path: Path) -> Iterator[Any]:
         home.mkdir(parents=True, exist_ok=True)
         ready = home / f"ready-{len(started)}.json"
         log = home / f"log-{len(started)}.txt"
-        ready.unlink(missing_ok=True)
-        env = dict(os.environ, PYTHONPATH=str(REPO), OMP_NUM_THREADS="1")
-        with open(log, "wb") as out:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", module, "--home", str(home), "--ready-file", str(ready), *args],
-                stdout=out,
-                stderr=subprocess.STDOUT,
-                env=env,
-                cwd=REPO,
-                start_new_session=True,  # own process group: the fixture can always kill it all
-            )
-        peer = PeerProcess(proc, ready, log)
+        proc = spawn_child(
+            f"peer-{len(started)}",
+            ["-m", module, "--home", str(home), "--ready-file", str(ready), *args],
+            log,
+            env={"PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"},
+            cwd=REPO,
+            ready_file=ready,
+        )
+        peer = PeerProcess(proc.popen, ready, log)
         started.append(peer)
         return peer
 

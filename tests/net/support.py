@@ -3,19 +3,17 @@
 In-process runtimes run either in each test's own event loop (``run``) or on a
 module-shared loop thread (``LoopThread``); subprocess peers are started in
 their own process group and stopped with SIGTERM, then SIGKILL, each step
-with a deadline (``PeerProcess.stop``).
+with a deadline (``PeerProcess.stop``, by the package's harness, ``swarmnode.testing``).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,10 +21,12 @@ from typing import Any, TypeVar
 
 from swarmnode.net.config import NetConfig
 from swarmnode.net.hivemind_runtime import HivemindRuntime
+from swarmnode.testing import Proc, pid_alive, wait_gone, wait_until
 
 T = TypeVar("T")
 REPO = Path(__file__).resolve().parents[2]
 LOOPBACK = ("/ip4/127.0.0.1/tcp/0",)
+alive = pid_alive  # the tests' name: whether a pid runs (a zombie counts as gone)
 START_TIMEOUT = 90.0  # generous: 2 shared cores, each process imports torch via hivemind
 
 
@@ -118,53 +118,23 @@ class PeerProcess:
     log: Path
     ready: dict[str, Any] = field(default_factory=dict)
 
+    def harness(self) -> Proc:
+        """The same process as the package's harness sees one."""
+        return Proc("peer", self.proc, self.log, self.ready_file)
+
     def wait_ready(self, timeout: float = START_TIMEOUT) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.ready_file.exists():
-                self.ready = json.loads(self.ready_file.read_text())
-                return self.ready
-            if self.proc.poll() is not None:
-                raise AssertionError(
-                    f"peer exited with {self.proc.returncode}:\n{self.log.read_text()[-4000:]}"
-                )
-            time.sleep(0.05)
-        raise AssertionError(f"peer not ready within {timeout} s:\n{self.log.read_text()[-4000:]}")
+        proc = self.harness()
+        self.ready = wait_until(proc.ready, timeout, "the peer to be ready", procs=[proc], interval=0.05)
+        return self.ready
 
     def stop(self, timeout: float = 20.0) -> int | None:
         """SIGTERM, wait, then SIGKILL the process group; also kill a p2pd left behind."""
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(10)
+        code = self.harness().stop(timeout, sig=signal.SIGTERM)
         p2pd = self.ready.get("p2pd_pid")
         if p2pd and wait_gone(p2pd, 5.0) is False:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(p2pd, signal.SIGKILL)
-        return self.proc.returncode
-
-
-def alive(pid: int) -> bool:
-    """Whether ``pid`` runs (a zombie counts as gone)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def wait_gone(pid: int, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not alive(pid):
-            return True
-        time.sleep(0.05)
-    return not alive(pid)
+        return code
 
 
 def sybil(runtime: HivemindRuntime) -> Any:

@@ -2,7 +2,8 @@
 
 The driver, not the sans-IO core, makes an ``Announce`` stick: hivemind keeps a subkey's
 record only when a new one expires strictly later, and a lost store is never re-announced by
-the core. Both rules are checked here from the reading peer's side.
+the core. Both rules (``swarmnode.gossip.records``, specified in tests/gossip/test_records.py)
+are checked here from the reading peer's side, through the driver.
 """
 
 from __future__ import annotations
@@ -15,7 +16,8 @@ import pytest
 
 from swarmnode.admit import AdmissionConfig, AdmissionPipeline
 from swarmnode.gossip.core import GossipConfig, GossipCore
-from swarmnode.gossip.driver import ExternalPool, GossipDriver, announcement_key, envelope_digest
+from swarmnode.gossip.driver import GossipDriver, announcement_key
+from swarmnode.gossip.intake import ExternalPool, envelope_digest
 from swarmnode.identity import NodeIdentity
 from swarmnode.net.hivemind_runtime import DhtTimeout, HivemindRuntime
 from swarmnode.ops.metrics import Metrics

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 
 import pytest
 
 from swarmnode.ops.metrics import Metrics
-from swarmnode.ops.supervise import JobFailed, SupervisionPolicy, supervise
+from swarmnode.ops.supervise import JobFailed, SupervisionPolicy, stop_on_signals, supervise
 
 FAST = SupervisionPolicy(max_failures=3, backoff_initial=0.001, backoff_max=0.002, healthy_after=60)
 
@@ -69,3 +71,30 @@ def test_prometheus_rendering() -> None:
     assert "swarmnode_reward 0.5" in text
     with pytest.raises(ValueError):
         metrics.inc("reward", "x")
+
+
+def test_a_first_signal_asks_a_role_to_stop_and_a_second_aborts_it() -> None:
+    """``stop_on_signals``: SIGINT sets the stop event and the role keeps running to finish its
+    step; a second SIGINT cancels the task that installed the rule; ``max_seconds`` stops it too."""
+
+    async def role(stop: asyncio.Event, seen: list[str]) -> None:
+        stop_on_signals(stop)
+        os.kill(os.getpid(), signal.SIGINT)
+        await asyncio.wait_for(stop.wait(), timeout=10)
+        seen.append("stop set, still running")
+        os.kill(os.getpid(), signal.SIGINT)
+        await asyncio.sleep(30)  # the second signal cancels this
+        seen.append("not cancelled")
+
+    async def timed(stop: asyncio.Event) -> float:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        stop_on_signals(stop, max_seconds=0.2)
+        await asyncio.wait_for(stop.wait(), timeout=10)
+        return loop.time() - started
+
+    seen: list[str] = []
+    with pytest.raises(asyncio.CancelledError):
+        asyncio.run(role(asyncio.Event(), seen))
+    assert seen == ["stop set, still running"]
+    assert 0.15 <= asyncio.run(timed(asyncio.Event())) < 10

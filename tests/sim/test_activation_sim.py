@@ -51,3 +51,18 @@ def test_too_few_workers_is_reported_infeasible_and_all_are_used() -> None:
     plan = runs["planner"]["plan"]
     assert not plan["feasible"]
     assert len(runs["planner"]["active_workers"]) == 2
+
+
+def test_the_simulated_learner_drives_the_cores_tail_latency_model_through_its_deliveries() -> None:
+    # S * T = 1 * 10 s, D = 1 s; one completion per delivery at 0.1-0.15/s models a tail of 2 / rate
+    # = 13-20 s: once the workers deliver, none meets the bound, and the core says it planned without it.
+    spec = activation(
+        workers=4,
+        worker_rate={"distribution": "uniform", "low": 0.1, "high": 0.15},
+        batch=4,
+        staleness=1,
+        steps=5,
+        policies=["planner"],
+    )
+    plan = by_policy(simulate_activation(spec, seed=2))["planner"]["plan"]
+    assert not plan["feasible"] and "no worker meets D + T_gen_tail <= S * T" in plan["reason"]

@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from swarmnode.sim.run import simulate_network
 from swarmnode.sim.scenario import parse_scenario
 
@@ -80,3 +82,48 @@ def test_a_regenerated_results_file_is_byte_identical(tmp_path: Path) -> None:
     write_results(simulate_network(broadcast_scenario(seed=2)), second)
     assert (first / "results.json").read_bytes() == (second / "results.json").read_bytes()
     assert b"wall_seconds" not in (first / "results.json").read_bytes()
+
+
+def simulate_versions(
+    scenario: Any, later_versions: tuple[float, ...], staleness_bound: int
+) -> dict[str, Any]:
+    """``simulate_network``'s broadcast path, with more versions published after the first."""
+    from swarmnode.sim.broadcast import BroadcastLayer
+    from swarmnode.sim.world import World
+
+    world = World(scenario)
+    layer = BroadcastLayer(
+        world, scenario.broadcast, later_versions=later_versions, staleness_bound=staleness_bound
+    )
+    world.attach(layer)
+    world.start()
+    world.sim.run(scenario.end_time())
+    return layer.results()
+
+
+@pytest.mark.parametrize(
+    ("staleness_bound", "outcome"),
+    [(1, "waits for the receive in flight"), (0, "abandons the receive in flight")],
+)
+def test_a_second_manifest_mid_broadcast_leaves_every_node_on_the_newest_version(
+    staleness_bound: int, outcome: str
+) -> None:
+    """The worker's real ReceiverCore on every receiver: v1 lands while v0 is still arriving (v0
+    takes 3 to 4 s alone here); within S it waits for v0, beyond S it abandons v0; either way
+    every receiver ends on v1."""
+    scenario = broadcast_scenario(nodes=8, broadcast={"bytes": 32 * MIB, "chunk_bytes": 2 * MIB})
+    b = simulate_versions(scenario, later_versions=(1.0,), staleness_bound=staleness_bound)
+    v = b["versions"]
+    assert b["all_completed"] and b["receivers_alive"] == 7
+    assert v["final"] == 1 and set(v["installed"].values()) == {1}
+    stats = v["receiver_stats"]
+    if outcome == "waits for the receive in flight":
+        assert stats["receives_abandoned"] == 0 and stats["installed"] == 2 * 7
+    else:
+        assert stats["receives_abandoned"] == 7 and stats["installed"] == 7
+    assert b["completion_seconds"]["first"] > 1.0  # nobody counts as complete before v1 exists
+
+
+def test_a_single_version_run_has_no_versions_section() -> None:
+    """The committed results of single-version scenarios stay byte-identical."""
+    assert "versions" not in simulate_network(broadcast_scenario(nodes=4))["broadcast"]

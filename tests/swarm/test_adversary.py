@@ -1,7 +1,7 @@
 """A poisoning peer in a live swarm: every forged or poisoned item is refused for its own reason,
 the offender is banned (and the ban is on disk), honest nodes keep learning from each other.
 
-Bootstrap + 3 honest ``swarmnode run`` processes + ``tests/swarm/adversary.py`` on 127.0.0.1.
+Bootstrap + 3 honest ``swarmnode run`` processes + ``swarmnode/testing/adversary.py`` on 127.0.0.1.
 The adversary's items and the verdict each must get are listed in its module docstring and
 in ``phase2.json``; the honest nodes are measured only from outside: /status and their ledgers.
 """
@@ -59,7 +59,7 @@ def test_poisoned_and_forged_groups_are_rejected_the_offender_is_banned_and_hone
         "adversary",
         [
             "-m",
-            "tests.swarm.adversary",
+            "swarmnode.testing.adversary",
             "--home",
             str(adv_home),
             "--peer",

@@ -183,3 +183,29 @@ def test_up_to_16_fields_with_unknown_ones_are_tolerated() -> None:
     unknown = b"".join(bytes([(n << 3) & 0x7F | 0x80, n >> 4, 0]) for n in range(20, 30))
     decoded = decode_envelope(encode_envelope(env) + unknown)
     assert decoded == env
+
+
+def test_an_envelope_verifies_its_signature_once_and_a_changed_copy_is_judged_afresh(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Received envelopes travel from the data plane into admission as values: each layer may ask
+    ``verify()``, one Ed25519 check is paid. A copy with any field changed is a new value."""
+    import swarmnode.wire.envelope as envelope_module
+
+    checks: list[bytes] = []
+    real = envelope_module.verify_signature
+
+    def counting(key: bytes, signature: bytes, message: bytes) -> bool:
+        checks.append(signature)
+        return real(key, signature, message)
+
+    monkeypatch.setattr(envelope_module, "verify_signature", counting)
+    decoded = decode_envelope(encode_envelope(seal(ME, Heartbeat(1, "m", 2, 3.0), to_ms(1e9))))
+    assert isinstance(decoded, Envelope)
+    assert decoded.verify() and decoded.verify() and decoded.verify()
+    assert len(checks) == 1
+    forged = replace(decoded, signature=bytes(64))
+    assert not forged.verify() and not forged.verify()
+    assert len(checks) == 2
+    assert forged != decoded and replace(forged, signature=decoded.signature) == decoded
+    assert "_verified" not in repr(decoded)

@@ -10,7 +10,7 @@ import torch
 
 from swarmnode.policy import WarmStartSettings, warm_start
 from swarmnode.tasks import default_mixture
-from tests.swarm.support import LocalSwarm
+from swarmnode.testing import LocalSwarm
 
 QUICK = WarmStartSettings(max_steps=120, eval_every=60, eval_tasks=64, heldout_tasks=64, target_accuracy=1.0)
 

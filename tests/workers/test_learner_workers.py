@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from swarmnode.identity import load_or_create_identity
-from tests.swarm.support import LocalSwarm
+from swarmnode.testing import LocalSwarm
 
 pytestmark = pytest.mark.network
 

@@ -20,9 +20,9 @@ from swarmnode.activation.records import RECORD_SUBKEY, select_records, signed_r
 from swarmnode.identity import NodeIdentity, load_or_create_identity
 from swarmnode.net.config import NetConfig
 from swarmnode.net.hivemind_runtime import HivemindRuntime
+from swarmnode.testing import LocalSwarm
 from swarmnode.wire import PeerRecord, Role
 from tests.net.support import LoopThread, sybil
-from tests.swarm.support import LocalSwarm
 
 pytestmark = [pytest.mark.network, pytest.mark.slow]
 

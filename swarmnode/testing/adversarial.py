@@ -2,7 +2,7 @@
 
 Used by ``tests/fault/test_adversarial.py`` (asserts nothing poisoned got through) and
 ``bench/adversarial.py`` (prints the table). Bootstrap + 2 honest ``swarmnode run`` processes
-under ``tests.fault.hooked_node`` with an admission log each, + ``tests.fault.attacker``.
+under ``swarmnode.testing.hooked_node`` with an admission log each, + ``swarmnode.testing.attacker``.
 
 Per scenario window, from the honest nodes' admission logs:
 
@@ -21,9 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tests.swarm.support import LocalSwarm
-
-from .support import start_hooked_node
+from swarmnode.testing.swarm import LocalSwarm
 
 HONEST = ("node-0", "node-1")
 
@@ -59,8 +57,8 @@ def run_swarm(
     for i, name in enumerate(HONEST):
         swarm.write_node_config(name, i)
         logs[name] = swarm.root / name / "admissions.jsonl"
-        start_hooked_node(
-            swarm, name, swarm.root / "faults" / name, env={"SWARMNODE_ADMIT_LOG": str(logs[name])}
+        swarm.start_hooked_node(
+            name, swarm.root / "faults" / name, env={"SWARMNODE_ADMIT_LOG": str(logs[name])}
         )
     up = swarm.wait_statuses(lambda s: True, "the honest nodes' APIs")
     ids = {n: up[n]["peer_id"] for n in HONEST}
@@ -74,7 +72,7 @@ def run_swarm(
     )
     home = swarm.root / "attacker"
     home.mkdir(parents=True, exist_ok=True)
-    args = ["-m", "tests.fault.attacker", "--home", str(home), "--peer", boot]
+    args = ["-m", "swarmnode.testing.attacker", "--home", str(home), "--peer", boot]
     args += [
         "--round-seconds",
         str(swarm.round_seconds),

@@ -1,11 +1,11 @@
 """An attacking swarm peer that runs timed scenarios, one fresh libp2p identity each.
 
-Run as ``python -m tests.fault.attacker --home DIR --peer BOOTSTRAP --round-seconds S
---window W --scenarios baseline,forged_signature,...``. Built on ``tests.swarm.adversary``
+Run as ``python -m swarmnode.testing.attacker --home DIR --peer BOOTSTRAP --round-seconds S
+--window W --scenarios baseline,forged_signature,...``. Built on ``swarmnode.testing.adversary``
 (its item builders and pull server). Each scenario lasts ``window`` seconds with a new
 ``HivemindRuntime`` (throwaway identity), so a ban earned in one never masks the next; the
 attacker writes ``DIR/timeline.json`` (per scenario: start, end, libp2p id, what it sent),
-from which ``tests.fault.adversarial`` reads the honest nodes' admission logs.
+from which ``swarmnode.testing.adversarial`` reads the honest nodes' admission logs.
 
 Scenarios (every round of the window unless said otherwise):
 
@@ -45,8 +45,8 @@ from swarmnode.net.config import NetConfig
 from swarmnode.net.errors import NetError, PeerCallError
 from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.tasks import default_mixture
+from swarmnode.testing.adversary import MALFORMED, OVERSIZED, Adversary, Item, _group, write_json
 from swarmnode.wire import Announce, encode_payload
-from tests.swarm.adversary import MALFORMED, OVERSIZED, Adversary, Item, _group, write_json
 
 log = logging.getLogger("attacker")
 CALL_TIMEOUT = 10.0
@@ -65,7 +65,7 @@ SCENARIOS = (
 
 
 def usable_tasks(seed: int, count: int) -> list[Any]:
-    """Tasks whose answer is an integer (``tests.swarm.adversary._group`` needs one)."""
+    """Tasks whose answer is an integer (``swarmnode.testing.adversary._group`` needs one)."""
     out = []
     for task in default_mixture(seed).sample(0, count * 3):
         try:

@@ -1,6 +1,6 @@
 """An adversarial swarm peer for tests: speaks the gossip wire format, offers poison.
 
-Run as ``python -m tests.swarm.adversary --home DIR --peer BOOTSTRAP_MADDR --round-seconds S``.
+Run as ``python -m swarmnode.testing.adversary --home DIR --peer BOOTSTRAP_MADDR --round-seconds S``.
 It joins the DHT through the bootstrap peer with a ``HivemindRuntime``, serves
 ``swarmnode.pull.v1`` exactly as ``swarmnode.gossip.driver.GossipDriver`` does (request:
 32-byte envelope ids; response: length-prefixed envelopes), and writes

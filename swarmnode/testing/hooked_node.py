@@ -1,6 +1,6 @@
 """``swarmnode`` with fault-injection hooks, for SIGKILL tests that must land inside a window.
 
-Run as ``python -m tests.fault.hooked_node run --home DIR`` (the same arguments as
+Run as ``python -m swarmnode.testing.hooked_node run --home DIR`` (the same arguments as
 ``swarmnode``). Nothing in ``swarmnode`` changes: this module wraps a few functions before the
 CLI starts, and with no ``SWARMNODE_FAULT_DIR`` set it behaves exactly like ``swarmnode``.
 

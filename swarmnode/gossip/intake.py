@@ -1,0 +1,227 @@
+"""Gossip intake as plain rules: what a node does with its own and its peers' envelopes around admission.
+
+Owns
+    The rules between the gossip core and the admission pipeline that the node's driver
+    (``driver.GossipDriver``) and both simulator modes (``swarmnode.sim.gossip``,
+    ``swarmnode.sim.learning``) share, so that each of them performs I/O (or modelled I/O) only:
+
+    * an own envelope becomes a ``Publish`` (``publication``); the pipeline remembers it as seen
+      (``AdmissionPipeline.remember_own``), so handed back by a peer it is a replay;
+    * pulled bytes are decoded once (``decode_pulled``): the core gets each envelope's
+      ``(digest, bytes)``, admission gets the decoded value (``DecodedEnvelopes``), and bytes that
+      are no envelope at all still go to admission, which charges whoever sent them;
+    * a verdict becomes the core's events (``verdict_events``, ``admission_events``): an
+      ``AdmissionResult`` for the digest and, when the rejection left a ban, ``PeerBanned`` for the
+      delivering peer (the core then stops pulling from it);
+    * admitted groups wait in the bounded ``ExternalPool`` for the next update, and each signer's
+      groups are tallied (``SenderTallies``, bounded too).
+
+Must not
+    Touch sockets, clocks, threads or event loops (``now`` is an argument; tests/core/test_sans_io.py
+    holds this module to the protocol cores' rule); judge a payload (admission does) or decide what
+    to pull or serve (the core does).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+from swarmnode.admit.verdict import Rejected, Verdict
+from swarmnode.core.events import Digest, PeerBanned, PeerId
+from swarmnode.gossip.core import AdmissionResult, GossipEvent, Publish
+from swarmnode.wire.envelope import Envelope, decode_envelope
+from swarmnode.wire.reasons import WireError
+
+if TYPE_CHECKING:
+    from swarmnode.train.batch import ScoredGroup
+    from swarmnode.wire.messages import RolloutGroup
+
+#: Signers whose admitted groups are tallied one by one; later newcomers only reach the metrics.
+MAX_TALLIED_SENDERS = 256
+
+
+# ---------------------------------------------------------------------------------------------
+# Own envelopes.
+
+
+def publication(envelope: Envelope, data: bytes) -> Publish:
+    """The core's event for our own ``envelope``, encoded as ``data`` (what peers will pull)."""
+    return Publish(envelope.envelope_id(), len(data))
+
+
+def envelope_digest(data: bytes) -> bytes:
+    """The envelope id a payload must hash to (b"" when it is not an envelope at all)."""
+    envelope = decode_envelope(data)
+    return b"" if isinstance(envelope, WireError) else envelope.envelope_id()
+
+
+# ---------------------------------------------------------------------------------------------
+# Pulled bytes: decoded once.
+
+
+class DecodedEnvelopes:
+    """The decode of each pulled payload, held from its pull until its ``Admit``.
+
+    Keyed by the very bytes object the core passes through from ``PullSucceeded`` to ``Admit``,
+    not by digest: an envelope id does not cover the signature, so two different byte strings
+    can share a digest, and admission must judge the decode of exactly the bytes it is given.
+    ``clear`` after the core has handled the pull results (what it dropped is never asked for),
+    so this holds at most the items of the results handled in one go."""
+
+    def __init__(self) -> None:
+        self._by_payload: dict[int, tuple[bytes, Envelope]] = {}
+
+    def put(self, payload: bytes, envelope: Envelope) -> None:
+        self._by_payload[id(payload)] = (payload, envelope)  # holding payload keeps its id unique
+
+    def take(self, payload: bytes) -> Envelope | None:
+        """The decode of ``payload`` (None if it was never put or already taken)."""
+        held = self._by_payload.get(id(payload))
+        if held is None or held[0] is not payload:
+            return None
+        del self._by_payload[id(payload)]
+        return held[1]
+
+    def clear(self) -> None:
+        self._by_payload.clear()
+
+    def __len__(self) -> int:
+        return len(self._by_payload)
+
+
+@dataclass(frozen=True)
+class Pulled:
+    """One pull response, decoded: items for the core, and bytes that are no envelope at all."""
+
+    items: tuple[tuple[Digest, bytes], ...]  # (envelope id, the bytes as received), for PullSucceeded
+    not_envelopes: tuple[bytes, ...]
+
+
+def decode_pulled(payloads: Sequence[bytes], decoded: DecodedEnvelopes) -> Pulled:
+    """Decode each pulled payload once; its decode waits in ``decoded`` for the ``Admit`` of it.
+
+    A payload that is not an envelope (too large, malformed, ...) has no digest to tie it to a
+    request, so the core would drop it unseen: it is returned for admission to judge anyway, and
+    to charge the peer that sent it, as for any other bytes from a peer."""
+    items: list[tuple[Digest, bytes]] = []
+    refused: list[bytes] = []
+    for payload in payloads:
+        envelope = decode_envelope(payload)
+        if isinstance(envelope, WireError):
+            refused.append(payload)
+            continue
+        decoded.put(payload, envelope)
+        items.append((envelope.envelope_id(), payload))
+    return Pulled(tuple(items), tuple(refused))
+
+
+# ---------------------------------------------------------------------------------------------
+# Verdicts.
+
+
+def admission_events(
+    peer: PeerId, digest: Digest | None, *, accepted: bool, reason: str, banned_until: float | None
+) -> list[GossipEvent]:
+    """The core's events for a verdict on an item ``peer`` delivered (``digest`` None: bytes that
+    were no envelope, which the core never asked to admit). A rejection that left a ban (on the
+    signer or the delivering peer it charged, or whom a ``banned`` verdict names) stops the core
+    pulling from the delivering peer until then."""
+    events: list[GossipEvent] = []
+    if digest is not None:
+        events.append(AdmissionResult(peer, digest, accepted, reason))
+    if not accepted and banned_until is not None:
+        events.append(PeerBanned(peer, banned_until))
+    return events
+
+
+def verdict_events(
+    peer: PeerId, digest: Digest | None, verdict: Verdict, banned_until: float | None
+) -> list[GossipEvent]:
+    """``admission_events`` for a pipeline verdict (``banned_until``: its ``ban_left_by``)."""
+    if isinstance(verdict, Rejected):
+        return admission_events(
+            peer, digest, accepted=False, reason=verdict.reason.value, banned_until=banned_until
+        )
+    return admission_events(peer, digest, accepted=True, reason="accepted", banned_until=None)
+
+
+# ---------------------------------------------------------------------------------------------
+# Admitted groups.
+
+
+@dataclass
+class PoolEntry:
+    group: ScoredGroup
+    arrived_round: int
+
+
+class ExternalPool:
+    """Admitted external groups waiting to be trained on; bounded, oldest dropped first."""
+
+    def __init__(self, capacity: int = 512, keep_rounds: int = 2) -> None:
+        self._entries: deque[PoolEntry] = deque(maxlen=capacity)
+        self.keep_rounds = keep_rounds
+
+    def add(self, group: ScoredGroup, round_index: int) -> None:
+        self._entries.append(PoolEntry(group, round_index))
+
+    def take_all(self, current_round: int) -> list[ScoredGroup]:
+        """Every fresh group (arrived within ``keep_rounds``); each is handed out once."""
+        fresh = [e.group for e in self._entries if current_round - e.arrived_round <= self.keep_rounds]
+        self._entries.clear()
+        return fresh
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+@dataclass
+class SenderTally:
+    """What one signer's admitted groups brought: rewards as we scored them and as it claimed."""
+
+    groups: int = 0
+    completions: int = 0
+    reward_sum: float = 0.0  # our verifier's rewards: the ones training uses
+    claimed_reward_sum: float = 0.0  # the sender's own claims: informational, never used
+
+
+class SenderTallies:
+    """One ``SenderTally`` per signer, for the first ``limit`` signers seen."""
+
+    def __init__(self, limit: int = MAX_TALLIED_SENDERS) -> None:
+        self.limit = limit
+        self._senders: dict[str, SenderTally] = {}
+
+    def add(self, sender: str, rewards: Sequence[float], group: RolloutGroup) -> None:
+        tally = self._senders.get(sender)
+        if tally is None:
+            if len(self._senders) >= self.limit:
+                return  # bounded: later newcomers are only counted in the metrics
+            tally = self._senders[sender] = SenderTally()
+        tally.groups += 1
+        tally.completions += len(rewards)
+        tally.reward_sum += sum(rewards)
+        tally.claimed_reward_sum += sum(c.claimed_reward_informational for c in group.completions)
+
+    def as_dict(self) -> dict[str, dict[str, float]]:
+        """Per signer (Ed25519 peer id): admitted groups and their rewards, ours and claimed."""
+        return {sender: asdict(tally) for sender, tally in self._senders.items()}
+
+
+__all__ = [
+    "MAX_TALLIED_SENDERS",
+    "DecodedEnvelopes",
+    "ExternalPool",
+    "PoolEntry",
+    "Pulled",
+    "SenderTallies",
+    "SenderTally",
+    "admission_events",
+    "decode_pulled",
+    "envelope_digest",
+    "publication",
+    "verdict_events",
+]

@@ -1,0 +1,172 @@
+"""Specification of gossip intake (swarmnode/gossip/intake.py): the rules between the gossip core and
+admission that the node's driver and both simulator modes share. Plain calls, no loop."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import cast
+
+import pytest
+
+import swarmnode.admit.pipeline as pipeline_module
+import swarmnode.gossip.intake as intake_module
+from swarmnode.admit import AdmissionConfig, AdmissionPipeline, Rejected, RejectReason
+from swarmnode.core import PeerBanned
+from swarmnode.gossip import AdmissionResult, Admit, Announced, GossipConfig, GossipCore, Pull, PullSucceeded
+from swarmnode.gossip.intake import (
+    DecodedEnvelopes,
+    ExternalPool,
+    SenderTallies,
+    admission_events,
+    decode_pulled,
+    envelope_digest,
+    publication,
+    verdict_events,
+)
+from swarmnode.identity import NodeIdentity
+from swarmnode.tools import vectors
+from swarmnode.train.batch import ScoredGroup
+from swarmnode.wire import Envelope, Heartbeat, RolloutBatch, decode_envelope, encode_envelope, seal, to_ms
+
+T0 = vectors.NOW
+ALICE = NodeIdentity.from_seed(bytes(31) + b"\x01")
+
+
+def heartbeat_bytes(round: int = 1, at: float = T0) -> bytes:
+    return encode_envelope(seal(ALICE, Heartbeat(round=round, model_id="tiny", policy_version=0), to_ms(at)))
+
+
+def decoded(data: bytes) -> Envelope:
+    value = decode_envelope(data)
+    assert isinstance(value, Envelope)
+    return value
+
+
+def scored(tag: int) -> ScoredGroup:
+    return cast(ScoredGroup, f"g{tag}")  # the pool never looks inside a group
+
+
+# -- own envelopes -------------------------------------------------------------------------------
+
+
+def test_an_own_envelope_is_published_under_its_envelope_id_with_its_encoded_size() -> None:
+    data = heartbeat_bytes()
+    event = publication(decoded(data), data)
+    assert event.digest == decoded(data).envelope_id() == envelope_digest(data)
+    assert event.size == len(data)
+    assert envelope_digest(b"\xff not an envelope") == b""
+
+
+# -- pulled bytes: decoded once ------------------------------------------------------------------
+
+
+def test_pulled_envelopes_reach_the_core_by_id_and_their_decode_waits_for_their_admit() -> None:
+    first, second = heartbeat_bytes(1), heartbeat_bytes(2)
+    held = DecodedEnvelopes()
+    pulled = decode_pulled([first, b"\x08\x01 garbage", second], held)
+    assert pulled.items == ((envelope_digest(first), first), (envelope_digest(second), second))
+    assert pulled.not_envelopes == (b"\x08\x01 garbage",)  # still judged, and charged, by admission
+    assert held.take(first) == decoded(first)
+    assert held.take(first) is None  # handed out once
+    assert held.take(bytes(bytearray(second))) is None  # equal bytes are not these bytes
+    held.clear()
+    assert len(held) == 0 and held.take(second) is None
+
+
+def test_two_payloads_with_one_envelope_id_each_keep_their_own_decode() -> None:
+    # The envelope id does not cover the signature: a peer can send other bytes under an honest id.
+    # Admission must judge the decode of exactly the bytes it is given, never its twin's.
+    honest = heartbeat_bytes()
+    twin = encode_envelope(replace(decoded(honest), signature=bytes(64)))
+    held = DecodedEnvelopes()
+    pulled = decode_pulled([honest, twin], held)
+    assert pulled.items[0][0] == pulled.items[1][0]
+    assert held.take(twin) == decoded(twin) and held.take(honest) == decoded(honest)
+
+
+def test_a_pulled_envelope_is_decoded_once_from_pull_to_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Core, decode and admission driven by hand, as the driver does: one decode per envelope."""
+    core = GossipCore(GossipConfig(round_seconds=30.0, epoch=T0 - 1.0, read_interval=1.0), "me")
+    admission = AdmissionPipeline(AdmissionConfig(allowed_tasks=frozenset(vectors.ALLOWED_TASKS)), now=T0)
+    data = heartbeat_bytes()
+    digest = envelope_digest(data)
+    (pull,) = [a for a in core.handle(Announced("relay", 0, (digest,)), T0) if isinstance(a, Pull)]
+    calls: list[bytes] = []
+    real = intake_module.decode_envelope
+
+    def counting(raw: bytes) -> object:
+        calls.append(raw)
+        return real(raw)
+
+    monkeypatch.setattr(intake_module, "decode_envelope", counting)
+    monkeypatch.setattr(pipeline_module, "decode_envelope", counting)
+    held = DecodedEnvelopes()
+    pulled = decode_pulled([data], held)
+    actions = core.handle(PullSucceeded(pull.request_id, "relay", pulled.items), T0)
+    (admit,) = [a for a in actions if isinstance(a, Admit)]
+    envelope = held.take(admit.payload)
+    verdict = admission.admit(admit.payload, T0, via=admit.peer, solicited=True, envelope=envelope)
+    events = verdict_events(admit.peer, admit.digest, verdict, admission.ban_left_by(verdict, admit.peer, T0))
+    core.handle_all(events, T0)
+    assert calls == [data]
+    assert verdict.accepted and core.stats.accepted == 1
+
+
+# -- verdicts ------------------------------------------------------------------------------------
+
+
+def test_an_acceptance_is_one_accepted_result_for_the_digest() -> None:
+    assert admission_events("p", b"d", accepted=True, reason="accepted", banned_until=None) == [
+        AdmissionResult("p", b"d", True, "accepted")
+    ]
+
+
+def test_a_rejection_that_left_a_ban_stops_the_core_pulling_from_the_delivering_peer() -> None:
+    verdict = Rejected(RejectReason.BAD_SIGNATURE, "forged", charged="p")
+    assert verdict_events("p", b"d", verdict, T0 + 60) == [
+        AdmissionResult("p", b"d", False, "bad_signature"),
+        PeerBanned("p", T0 + 60),
+    ]
+    assert verdict_events("p", b"d", verdict, None) == [AdmissionResult("p", b"d", False, "bad_signature")]
+
+
+def test_bytes_that_were_no_envelope_report_only_the_ban_they_left() -> None:
+    verdict = Rejected(RejectReason.MALFORMED, "not an Envelope", charged="p")
+    assert verdict_events("p", None, verdict, T0 + 60) == [PeerBanned("p", T0 + 60)]
+    assert verdict_events("p", None, verdict, None) == []
+
+
+def test_the_verdict_events_name_the_pipelines_reason() -> None:
+    admission = AdmissionPipeline(AdmissionConfig(allowed_tasks=frozenset(vectors.ALLOWED_TASKS)), now=T0)
+    group = vectors.vector_group(vectors.vector_task(0), ["1"])
+    data = encode_envelope(seal(ALICE, RolloutBatch(groups=(group,)), to_ms(T0)))
+    verdict = admission.admit(data, T0, via="p")
+    (result,) = verdict_events("p", envelope_digest(data), verdict, None)
+    assert isinstance(result, AdmissionResult)
+    assert result.accepted == verdict.accepted
+    assert result.reason == ("accepted" if verdict.accepted else verdict.reason.value)
+
+
+# -- admitted groups -----------------------------------------------------------------------------
+
+
+def test_the_pool_hands_out_each_fresh_group_once_and_drops_the_oldest_past_its_capacity() -> None:
+    pool = ExternalPool(capacity=3, keep_rounds=1)
+    for tag, arrived in ((1, 5), (2, 8), (3, 9), (4, 9)):
+        pool.add(scored(tag), arrived)
+    assert len(pool) == 3  # group 1 dropped: the oldest
+    assert pool.take_all(10) == [scored(3), scored(4)]  # group 2 is too old for round 10
+    assert pool.take_all(10) == [] and len(pool) == 0
+
+
+def test_sender_tallies_are_bounded_and_count_our_rewards_beside_the_claimed_ones() -> None:
+    group = vectors.vector_group(vectors.vector_task(0), ["1", "2"])
+    tallies = SenderTallies(limit=1)
+    tallies.add("alice", [1.0, 0.0], group)
+    tallies.add("alice", [1.0, 1.0], group)
+    tallies.add("bob", [1.0], group)  # past the limit: metrics only
+    (only,) = tallies.as_dict().items()
+    assert only[0] == "alice"
+    assert only[1]["groups"] == 2 and only[1]["completions"] == 4 and only[1]["reward_sum"] == 3.0
+    claimed = 2 * sum(c.claimed_reward_informational for c in group.completions)
+    assert only[1]["claimed_reward_sum"] == claimed
