@@ -29,11 +29,18 @@ The rule (``plan``)
     could never re-measure the T and D that excluded them.
 
 Probation: measure before trust, make before break (``ActivationCore``)
-    An advertisement is a claim; a delivery is evidence. A worker is *proven* once it has delivered
-    a rollout while active since it joined (a leave and a join start it over) and the rate the plan
-    counts on from it (advertised, or measured once adopted) is positive; every other worker is
-    *unproven*. The core plans among all eligible workers as above, then, if some proven worker
-    qualifies and the plan picked unproven ones:
+    An advertisement is a claim; a measurement is evidence. A worker is *proven* once, since it
+    joined (a leave and a join start it over), a full ``rate_window`` of measurement backs the rate
+    the plan counts on from it: its measured rate (from its first delivery while active, Measured
+    rates) lies within the drift band of that rate, or a positive measured rate was adopted. Every
+    other worker is *unproven*. One delivery is not enough: a worker advertising 1e9/s that
+    delivers one completion per activation would otherwise be planned at 1e9/s until its measured
+    0 is adopted, and every honest proven worker dropped meanwhile; so before a worker may displace
+    anyone, the plan counts on it at no more than the drift band allows above what it has shown.
+    A re-advertised rate the plan takes up (beyond the band, while unmeasured) is a new claim: the
+    worker is unproven again until a window backs it.
+    The core plans among all eligible workers as above, then, if some proven worker qualifies and
+    the plan picked unproven ones:
 
     * the active set is ``plan(proven workers)`` (they cover the need on their own, at their own
       rates and targets) plus the unproven workers the full plan picked, on *probation*: an
@@ -45,12 +52,20 @@ Probation: measure before trust, make before break (``ActivationCore``)
       completion first; a re-probed worker behind those never tried) into the free places, the
       rest wait (``Plan.waiting``), so a flood of offers costs at most ``max_probation`` Activates
       at a time;
-    * when a probationer delivers (its first delivery after activation), it is proven and the core
-      re-plans if anything was kept or waiting: the normal rule may now drop the proven workers
-      it replaces. One that never delivers measures 0 after ``first_rollout_timeout`` and drops out.
+    * the candidates are the unproven workers picked by the plan among the proven and the
+      never-tried workers, then those the full plan picks among the re-tried (re-probed, or
+      restarted before they were proven): a re-tried worker's claim, however large, cannot keep
+      an untried worker out of the candidates (one claim of 1e9/s covers any need on its own);
+    * when a probationer is proven (a full window of measurement backs its rate), the core
+      re-plans if anything was kept or waiting: the normal rule may now drop the proven workers it
+      replaces. One that never delivers measures 0 after ``first_rollout_timeout`` and drops out;
+      one whose measurement does not back its claim drifts, and once the drift is adopted the plan
+      counts on what it measured.
 
     With no proven worker qualifying (cold start) the plan is the plain rule on advertised rates,
-    with no cap: there is nothing to protect and someone has to be tried. ``policy="all"``
+    with no cap: someone has to be tried. Only an active worker that is delivering (its window not
+    yet full) stays active if that plan drops it (``Plan.kept``): a claim nobody measured yet must
+    not cut off the rollouts the learner is already getting. ``policy="all"``
     activates every qualifying proven worker and, with the same cap, unproven ones.
 
 Driving ``ActivationCore``
@@ -129,7 +144,11 @@ Restarts and re-probes: starting a worker over
 
     * Restart: a ``WorkerJoined`` whose ``offer.address`` differs from the one held (both known)
       is a new run of the worker; nothing its previous run did (or failed to deliver while it was
-      down) may outrank the new offer. The worker is started over with the new offer.
+      down) may outrank the new offer. The worker is started over with the new offer, with two
+      exceptions, since an address is the worker's own to change: a restart does not lift a
+      penalty. A worker measured at 0 and out keeps the new offer but is started over only when
+      its re-probe is due (below), as if it had not restarted; a worker restarting after it was
+      tried and before it was proven counts as re-probed (it waits behind workers never tried).
     * Re-probe: a measured rate, once adopted, outranks the advertisement until the worker leaves,
       so a worker that stalled for one window (weights over a slow link, a busy host) would stay
       out for good. A worker measured at 0 that still advertises a positive rate and is not banned
@@ -609,7 +628,7 @@ class ActivationStats:
     rollouts_received: int = 0
     rollouts_unsolicited: int = 0  # from a worker that is not active (late or uninvited)
     latency_fallbacks: int = 0  # plans made without the staleness-bound rule (nobody met it)
-    probations_passed: int = 0  # probationers whose first delivery re-planned (kept or waiting workers)
+    probations_passed: int = 0  # probationers whose full window of measurement re-planned (kept or waiting)
     restarts: int = 0  # workers started over because they came back at a new address
     reprobes: int = 0  # workers measured at 0 started over to be measured again
 
@@ -627,7 +646,7 @@ class WorkerStatus:
     hardware: str
     lease_expires_at: float | None
     banned_until: float | None
-    proven: bool = False  # delivered since it joined, and counted on at a positive rate
+    proven: bool = False  # a full rate window since it joined backs a positive planned rate
 
 
 @dataclass(frozen=True)
@@ -649,7 +668,7 @@ class _Worker:
     offer: WorkerOffer
     planned_rate: float  # offer.rate until a measurement is adopted
     measured_adopted: bool = False
-    delivered: bool = False  # a delivery while active since it joined (the probation rule)
+    backed: bool = False  # a full rate window of measurement since it joined backs planned_rate (proven)
     active: bool = False
     target_rate: float = 0.0
     lease_expires_at: float = -math.inf
@@ -807,7 +826,15 @@ class ActivationCore:
             # A new run: what we measured of the old one (nothing delivered while it was down)
             # must not outrank its new offer.
             self.stats.restarts += 1
-            return self._start_over(offer, now, "worker restarted")
+            if worker.zeroed_at is not None and not worker.active:
+                # But a new address costs nothing, so it lifts no penalty: measured at 0, the worker
+                # gets its new chance when the re-probe is due, with the offer it holds then.
+                worker.offer = offer
+                worker.delivery = 0  # a new run: the last delivery says nothing of its tail
+                return []
+            # Tried and not proven: its new run is a re-try, behind workers never tried (Probation).
+            retried = worker.activated_at > -math.inf and not self._proven(worker)
+            return self._start_over(offer, now, "worker restarted", reprobes=worker.reprobes + int(retried))
         worker.offer = offer
         need = self._need()
         # A new tail latency matters only when it changes who meets the staleness bound: tails
@@ -822,6 +849,8 @@ class ActivationCore:
         )
         if not worker.measured_adopted and self._outside_band(offer.rate, worker.planned_rate):
             worker.planned_rate = offer.rate
+            # What a window showed backed the old rate, not this one: unproven until one backs it.
+            worker.backed = False
             material = True
         if not material:
             return []
@@ -882,12 +911,8 @@ class ActivationCore:
         actions: list[ActivationAction] = []
         qualified = self._qualifies(worker)
         worker.delivery = event.count
-        if not worker.delivered:
-            worker.delivered = True
-            if self._plan.kept or self._plan.waiting:  # otherwise proving it changes no plan
-                self.stats.probations_passed += 1
-                actions += self._replan(now, f"worker delivered, probation over: {event.peer}")
-        if not actions and self._qualifies(worker) != qualified:
+        # A delivery does not prove the worker: a full window of them must back its rate (Probation).
+        if self._qualifies(worker) != qualified:
             tail = modelled_tail(worker.offer, worker.delivery) or 0.0
             actions += self._replan(
                 now, f"tail latency {tail:.4g} s changes whether {event.peer} meets the staleness bound"
@@ -972,7 +997,7 @@ class ActivationCore:
         return exclusion_reason(self._planned_offer(worker), self._need()) is None
 
     def _proven(self, worker: _Worker) -> bool:
-        return worker.delivered and worker.planned_rate > 0
+        return worker.backed and worker.planned_rate > 0
 
     def _plan_among(self, eligible: list[WorkerOffer], need: Need, *, count_fallback: bool = False) -> Plan:
         """``plan`` with ``ActivationCore``'s latency fallback (module docstring, The rule)."""
@@ -1010,13 +1035,22 @@ class ActivationCore:
     def _probation(self, full: Plan, eligible: list[WorkerOffer], need: Need) -> Plan:
         """The probation rule (module docstring): ``full`` unless it picked unproven workers while
         a proven one qualifies; then ``plan(proven)`` plus at most ``max_probation`` unproven."""
-        proven = [o for o in eligible if self._proven(self._workers[o.peer])]
-        candidates = [o for o in full.workers if not self._proven(self._workers[o.peer])]
-        if not candidates or not proven:
+        proven_peers = {o.peer for o in eligible if self._proven(self._workers[o.peer])}
+        if not proven_peers:
+            return self._cold_start(full, eligible)
+        proven = [o for o in eligible if o.peer in proven_peers]
+        retried = {o.peer for o in eligible if self._workers[o.peer].reprobes and o.peer not in proven_peers}
+        # Candidates: the unproven picks among the proven and the never-tried first, then the full
+        # plan's re-tried picks. Otherwise one re-tried claim large enough to cover the need alone
+        # would keep every untried worker out of the candidates, so never behind it (Probation).
+        first = self._plan_among([o for o in eligible if o.peer not in retried], need) if retried else full
+        candidates = [o for o in first.workers if o.peer not in proven_peers]
+        candidates += [o for o in full.workers if o.peer in retried]
+        if not candidates:
             return full
         base = self._plan_among(proven, need)
-        if not base.workers:  # no proven worker qualifies: nothing to protect (cold start)
-            return full
+        if not base.workers:  # no proven worker qualifies (cold start)
+            return self._cold_start(full, eligible)
         # Already on probation keep their place; new ones fill the free places in plan order.
         on_probation = [o for o in candidates if self._workers[o.peer].active]
         places = max(0, self.config.max_probation - len(on_probation))
@@ -1066,6 +1100,42 @@ class ActivationCore:
             kept=kept,
             probation=tuple(o.peer for o in trial),
             waiting=waiting,
+        )
+
+    def _cold_start(self, full: Plan, eligible: list[WorkerOffer]) -> Plan:
+        """No proven worker qualifies: ``full``, plus the active workers it drops that are delivering
+        (module docstring, Probation): nobody is proven before a full window, and a claim not yet
+        measured must not drop the workers the learner is already getting rollouts from."""
+        delivering = [
+            o
+            for o in eligible
+            if (w := self._workers[o.peer]).active
+            and w.measure_from is not None
+            and w.planned_rate > 0
+            and o.peer not in full.active
+            and exclusion_reason(o, full.need) is None
+        ]
+        if not delivering:
+            return full
+        names = ", ".join(full.active) or "nobody"
+        kept = tuple(
+            Kept(
+                o.peer, f"kept: delivering while its rate is measured, no proven worker yet ({names} planned)"
+            )
+            for o in delivering
+        )
+        workers = tuple(sorted((*full.workers, *delivering), key=_order))
+        rate = sum(w.rate for w in workers)
+        feasible = rate >= full.need.required_rate * (1 - _EPS)
+        return replace(
+            full,
+            workers=workers,
+            predicted_rate=rate,
+            predicted_utilization=_utilization(rate, full.need),
+            cost_per_step=_cost_per_step(workers, full.need),
+            feasible=feasible,
+            reason="" if feasible else full.reason,
+            kept=kept,
         )
 
     def _replan(self, now: float, cause: str) -> list[ActivationAction]:
@@ -1153,12 +1223,16 @@ class ActivationCore:
     def _check_drift(self, now: float, only: PeerId | None = None) -> list[ActivationAction]:
         """Adopt drifts that lasted ``drift_hold`` (of every active worker, or of ``only``) and re-plan."""
         adopted: list[str] = []
+        backed: list[str] = []
         for peer, worker in self._workers.items():
             if not worker.active or (only is not None and peer != only):
                 continue
             measured = self._measured_rate(worker, now)
             if measured is None or not self._outside_band(measured, worker.planned_rate):
                 worker.drift_since = None
+                if measured is not None and measured > 0 and not worker.backed:
+                    worker.backed = True  # a full window shows what the plan counts on: proven
+                    backed.append(peer)
                 continue
             if worker.drift_since is None:
                 worker.drift_since = now
@@ -1168,10 +1242,18 @@ class ActivationCore:
                 worker.measured_adopted = True
                 worker.zeroed_at = now if measured <= 0 else None
                 worker.drift_since = None
-        if not adopted:
-            return []
-        self.stats.drift_replans += 1
-        return self._replan(now, "rate drift: " + "; ".join(adopted))
+                if measured > 0 and not worker.backed:
+                    worker.backed = True  # the plan now counts on what it measured: proven
+                    backed.append(peer)
+        passed = bool(backed) and bool(self._plan.kept or self._plan.waiting)
+        if passed:  # otherwise proving a worker changes no plan
+            self.stats.probations_passed += len(backed)
+        if adopted:
+            self.stats.drift_replans += 1
+            return self._replan(now, "rate drift: " + "; ".join(adopted))
+        if passed:
+            return self._replan(now, "measured rate backs the offer, probation over: " + ", ".join(backed))
+        return []
 
     def _renew(self, now: float) -> list[ActivationAction]:
         actions: list[ActivationAction] = []

@@ -38,7 +38,7 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +53,8 @@ from swarmnode.net.dataplane import (
     Reply,
     RequestTimeout,
 )
+from swarmnode.ops.faults import fault_point
+from swarmnode.ops.supervise import TaskSet
 from swarmnode.wire import limits
 from swarmnode.wire.envelope import Envelope, Signer, seal, sign_manifest, to_ms, verify_manifest
 from swarmnode.wire.kinds import Kind
@@ -290,7 +292,7 @@ class BroadcastNode:
         self._next_request = 0
         self._outbox: dict[PeerId, set[tuple[bytes, int]]] = {}
         self._senders: dict[PeerId, asyncio.Task[None]] = {}
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = TaskSet("broadcast", self._task_failed)
         self._changed = asyncio.Event()
         self._timer: asyncio.Task[None] | None = None
         dataplane.register(Kind.CHUNK_REQUEST, self._on_chunk_request)
@@ -302,10 +304,7 @@ class BroadcastNode:
         self._timer = self._spawn(self._run_timers(), "broadcast timers")
 
     async def close(self) -> None:
-        tasks = [t for t in (self._timer, *self._tasks, *self._senders.values()) if t is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self._tasks.close()  # the timer and the senders are among them
         for fut in self._waiting.values():
             if not fut.done():
                 fut.set_result("gone")
@@ -314,20 +313,11 @@ class BroadcastNode:
         if peer != self.me:
             self._peers[peer] = address
 
-    def _spawn(self, coro: Any, name: str) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._task_done)
-        return task
+    def _spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        return self._tasks.spawn(coro, name)
 
-    def _task_done(self, task: asyncio.Task[Any]) -> None:
-        self._tasks.discard(task)
-        if task.cancelled():
-            return
-        exc = task.exception()
-        if exc is not None:
-            self.stats.tasks_failed += 1
-            log.error("broadcast task %s failed", task.get_name(), exc_info=exc)
+    def _task_failed(self, name: str, exc: BaseException) -> None:
+        self.stats.tasks_failed += 1
 
     # ------------------------------------------------------------------ the core
 
@@ -461,6 +451,7 @@ class BroadcastNode:
         return bytes(v.buffer)
 
     async def _fetch(self, action: bc.Fetch) -> None:
+        fault_point("receive_chunk", may_pause=False)  # on the event loop: marker only
         v = self._versions.get(action.digest)
         address = self._peers.get(action.peer)
         if v is None or address is None:

@@ -62,7 +62,9 @@ from swarmnode.broadcast.receiver import (
 from swarmnode.identity import NodeIdentity, peer_id_from_key
 from swarmnode.net.dataplane import DataPlane, DataPlaneError, RefuseRequest
 from swarmnode.ops.metrics import Metrics
+from swarmnode.ops.supervise import TaskSet
 from swarmnode.policy import Policy
+from swarmnode.policy.lock import ModelLock
 from swarmnode.rollout import RolloutEngine
 from swarmnode.wire import Envelope, Kind, PeerRecord, WeightManifest
 from swarmnode.wire.messages import Message
@@ -91,6 +93,9 @@ class WeightPublisher:
             identity, dataplane, BroadcastConfig(), on_blame=on_blame, on_peer_complete=self._peer_complete
         )
         self.on_disseminated = on_disseminated  # (worker, version, seconds since it was told)
+        # Who was told which version, in one place: worker -> digest of the newest manifest sent to
+        # it (a send that failed is forgotten, so the next ``tell`` sends again).
+        self.told: dict[str, bytes] = {}
         # (worker, digest) -> when its manifest was first sent to that worker (monotonic): D runs
         # from there, not from publishing, which may be long before a worker is activated.
         self.told_at: dict[tuple[str, bytes], float] = {}
@@ -100,14 +105,13 @@ class WeightPublisher:
         self.metrics = metrics
         self.published: collections.OrderedDict[int, Published] = collections.OrderedDict()
         self.dataplane = dataplane
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskSet("weight publisher")  # manifest sends
 
     async def start(self) -> None:
         await self.node.start()
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
+        await self._tasks.close()
         await self.node.close()
 
     @property
@@ -145,28 +149,33 @@ class WeightPublisher:
         for peer, address in addresses.items():
             self.node.add_peer(peer, address)
 
-    def tell(self, worker: PeerRecord) -> None:
-        """Send the latest manifest to ``worker`` (in the background; a failure is logged)."""
+    def tell(self, worker: PeerRecord, *, again: bool = False) -> bool:
+        """Send the latest manifest to ``worker`` (in the background; a failure is logged), once
+        per version unless ``again`` (e.g. right after an Activate: a worker that restarted may
+        have lost it). True when a send started."""
         latest = self.latest
-        if latest is None:
-            return
+        if latest is None or (not again and self.told.get(worker.peer_id) == latest.digest):
+            return False
+        self.told[worker.peer_id] = latest.digest
         key = (worker.peer_id, latest.digest)
         first = key not in self.told_at  # a re-send keeps the first time: D runs from there
         if first:
             self.told_at[key] = time.monotonic()
-        task = asyncio.get_running_loop().create_task(
-            self._send(worker, latest.manifest_envelope, key if first else None),
+        self._tasks.spawn(
+            self._send(worker, latest.manifest_envelope, latest.digest, key if first else None),
             name=f"manifest to {worker.peer_id}",
         )
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        return True
 
     def forget(self, worker: str) -> None:
-        """``worker`` left or restarted: its pending dissemination timings no longer hold."""
+        """``worker`` left or restarted: what it was told, and the timings of it, no longer hold."""
+        self.told.pop(worker, None)
         for key in [k for k in self.told_at if k[0] == worker]:
             del self.told_at[key]
 
-    async def _send(self, worker: PeerRecord, envelope: Envelope, timing: tuple[str, bytes] | None) -> None:
+    async def _send(
+        self, worker: PeerRecord, envelope: Envelope, digest: bytes, timing: tuple[str, bytes] | None
+    ) -> None:
         try:
             await self.dataplane.request_peer(
                 worker.addresses,
@@ -179,8 +188,10 @@ class WeightPublisher:
         except DataPlaneError as e:
             log.warning("manifest to worker %s failed: %s", worker.peer_id, e)
             self.metrics.inc("manifest_failures", "Manifests a worker did not take")
+            if self.told.get(worker.peer_id) == digest:
+                del self.told[worker.peer_id]  # not told after all: the next ``tell`` sends again
             if timing is not None:
-                self.told_at.pop(timing, None)  # not told after all: a later send times D
+                self.told_at.pop(timing, None)  # and a later send times D
 
 
 class WeightReceiver:
@@ -208,7 +219,7 @@ class WeightReceiver:
         self.engine = engine
         self.metrics = metrics
         self.learner_id = learner_id
-        self.model_lock = asyncio.Lock()
+        self.model_lock = ModelLock()  # the worker's generation takes it too
         self._tasks: dict[bytes, asyncio.Task[None]] = {}  # digest -> its receive (at most one)
         self.last_seconds: float | None = None
         dataplane.register(Kind.WEIGHT_MANIFEST, self._on_manifest)
@@ -310,7 +321,7 @@ class WeightReceiver:
             log.error("receiving weights v%d failed", version, exc_info=e)
             self._failed(opened, repr(e))
             return
-        async with self.model_lock:  # between batches: never a half-swapped model
+        async with self.model_lock.held():  # between batches: never a half-swapped model
             actions = self.core.handle(ReceiveComplete(version, opened.digest))
             if not any(isinstance(a, Install) for a in actions):
                 self._perform(actions)  # a newer one was installed meanwhile: released

@@ -78,6 +78,11 @@ class ExpiringMap(Generic[K, V]):
     (the usual ``now + ttl`` with a constant ttl and a non-decreasing ``now``). An entry inserted
     out of order may outlive its expiry until the entries before it expire; the capacity bound
     holds regardless. Re-inserting a key moves it to the end.
+
+    Full, it evicts the oldest entry: right for what a core may forget early (a candidate, a
+    pending pull). The replay cache (``swarmnode.admit.limits.ReplayCache``) is deliberately not
+    one of these: forgetting a live digest would reopen a replay window, so it refuses when full,
+    keeps each digest to its own expiry and counts digests per party.
     """
 
     def __init__(self, capacity: int) -> None:

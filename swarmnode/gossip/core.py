@@ -6,7 +6,10 @@ Owns
     when to read the announcements of others, which announced digests to pull from which peer
     (dedupe, batching, in-flight caps, per-peer token buckets, backoff, retry on another
     announcer, peer history), when a pulled payload goes to admission, and which own digests to
-    serve to a requesting peer. Every set and queue has a bound; every timer is explicit.
+    serve to a requesting peer. A verdict closes its digest for ``remember_ttl`` (admitted ones
+    in their own memory, which rejected junk cannot flush), except a refusal of that copy only
+    (a broken copy served under an honest id): then the digest is pulled from another announcer,
+    never again from that one. Every set and queue has a bound; every timer is explicit.
 
 Must not
     Touch sockets, clocks, threads or event loops; decode or judge payloads (the driver's
@@ -57,6 +60,8 @@ _SCORE_FAILED = -2
 _SCORE_REJECTED = -5
 _SCORE_LIMIT = 100
 _BACKOFF_MAX_DOUBLINGS = 30  # 2**30 * any sane backoff_base is past backoff_max already
+# The admission reason (swarmnode.admit.reasons.RejectReason.REPLAY) for an id it already holds as seen.
+_REPLAY = "replay"
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,13 @@ class GossipConfig:
     max_rejections: int = 3  # rejected items before this core stops pulling from the peer
     rejection_shun_seconds: float = 600.0
     remember_rounds: int = 4  # how long a handled digest is remembered (dedupe)
-    max_remembered: int = 65536
+    max_remembered: int = 65536  # rejected, given up, timed out, own expired: the oldest is forgotten first
+    # Admitted digests (and those admission holds as seen) are remembered apart, so that junk
+    # rejections, which anyone can produce in bulk, cannot push them out (red team F6).
+    max_remembered_admitted: int = 65536
+    # Digests whose copy from some announcer was refused before its signature held, kept with who
+    # served it while no other announcer offers them (that peer is never asked for them again).
+    max_refused_copies: int = 8192
     # Serving.
     max_serve_batch: int = 32
     max_serve_bytes: int = 16 * 1024 * 1024
@@ -137,6 +148,8 @@ class GossipConfig:
             "max_rejections",
             "remember_rounds",
             "max_remembered",
+            "max_remembered_admitted",
+            "max_refused_copies",
             "max_serve_batch",
             "max_serve_bytes",
             "max_peers",
@@ -210,12 +223,19 @@ class PullFailed:
 
 @dataclass(frozen=True)
 class AdmissionResult:
-    """The admission pipeline's verdict on an ``Admit``."""
+    """The admission pipeline's verdict on an ``Admit``.
+
+    ``copy_refused``: the rejection judged only these bytes, not the content the digest names
+    (too large, undecodable, a signature that does not verify: the envelope id does not cover the
+    signature, so anyone can serve a broken copy of an honest envelope under its id). The digest
+    stays open: the peer is charged and never asked for it again, and another announcer's copy is
+    pulled (red team F2). Any other verdict closes the digest."""
 
     peer: PeerId
     digest: Digest
     accepted: bool
     reason: str
+    copy_refused: bool = False
 
 
 @dataclass(frozen=True)
@@ -270,7 +290,8 @@ class CancelPull:
 
 @dataclass(frozen=True)
 class Admit:
-    """Run admission on an item pulled from ``peer``; at most one ``Admit`` per remembered digest."""
+    """Run admission on an item pulled from ``peer``; one ``Admit`` per digest, or one per copy while
+    admission refuses copies of it (``AdmissionResult.copy_refused``), at most ``max_attempts``."""
 
     peer: PeerId
     digest: Digest
@@ -321,6 +342,7 @@ class GossipStats:
     items_missing: int = 0
     items_unrequested: int = 0
     items_corrupt: int = 0
+    copies_refused: int = 0
     gave_up: int = 0
     admits: int = 0
     accepted: int = 0
@@ -345,7 +367,8 @@ class GossipSizes:
     candidates: int  # <= max_candidates
     inflight_pulls: int  # <= max_inflight_pulls
     pending_admissions: int  # in-flight digests + awaiting a verdict, <= max_pending_admissions
-    remembered: int  # <= max_remembered
+    remembered: int  # handled digests, <= max_remembered + max_remembered_admitted
+    refused_copies: int  # <= max_refused_copies
     peers: int  # <= max_peers
     bans: int  # <= max_bans
 
@@ -368,6 +391,15 @@ class _Candidate:
     expires_at: float
     tried: set[PeerId] = field(default_factory=set)
     attempts: int = 0
+    refused: set[PeerId] = field(default_factory=set)  # served a broken copy: never asked again
+
+
+@dataclass
+class _Awaiting:
+    """An item handed to admission: who delivered it, and its candidate (to retry a refused copy)."""
+
+    peer: PeerId
+    candidate: _Candidate
 
 
 @dataclass
@@ -434,8 +466,10 @@ class GossipCore:
         self._candidates: ExpiringMap[Digest, _Candidate] = ExpiringMap(c.max_candidates)
         self._inflight: ExpiringMap[int, _InFlight] = ExpiringMap(c.max_inflight_pulls)
         self._inflight_digests: dict[Digest, int] = {}
-        self._awaiting: ExpiringMap[Digest, PeerId] = ExpiringMap(c.max_pending_admissions)
+        self._awaiting: ExpiringMap[Digest, _Awaiting] = ExpiringMap(c.max_pending_admissions)
         self._remembered: ExpiringMap[Digest, None] = ExpiringMap(c.max_remembered)
+        self._admitted: ExpiringMap[Digest, None] = ExpiringMap(c.max_remembered_admitted)
+        self._refused_copies: ExpiringMap[Digest, _Candidate] = ExpiringMap(c.max_refused_copies)
         self._peers: dict[PeerId, _Peer] = {}
         self._bans: dict[PeerId, float] = {}
         # The round of the last ``current_round`` call and its [start, end): most calls fall in
@@ -510,7 +544,8 @@ class GossipCore:
             candidates=len(self._candidates),
             inflight_pulls=len(self._inflight),
             pending_admissions=len(self._inflight_digests) + len(self._awaiting),
-            remembered=len(self._remembered),
+            remembered=len(self._remembered) + len(self._admitted),
+            refused_copies=len(self._refused_copies),
             peers=len(self._peers),
             bans=len(self._bans),
         )
@@ -541,6 +576,8 @@ class GossipCore:
         for _, candidate in self._candidates.pop_expired(now):
             self._release_announcers(candidate)
         self._remembered.pop_expired(now)
+        self._admitted.pop_expired(now)
+        self._refused_copies.pop_expired(now)
         for digest, _ in self._awaiting.pop_expired(now):
             # No verdict in time: remember it anyway, so it is never admitted twice.
             self.stats.admission_timeouts += 1
@@ -647,19 +684,27 @@ class GossipCore:
             if not 0 < len(digest) <= c.max_digest_bytes:
                 self.stats.digests_ignored += 1
                 continue
-            if digest in self._own or digest in self._remembered or digest in self._awaiting:
+            if digest in self._own or self._closed(digest) or digest in self._awaiting:
                 continue
             request_id = self._inflight_digests.get(digest)
             if request_id is not None:
                 # Being pulled already: note the offer, so a failure can be retried on this peer.
                 in_flight = self._inflight.get(request_id)
                 candidate = None if in_flight is None else in_flight.digests[digest]
-                if candidate is not None and len(candidate.announcers) < c.max_announcers_per_digest:
+                if (
+                    candidate is not None
+                    and event.peer not in candidate.refused
+                    and len(candidate.announcers) < c.max_announcers_per_digest
+                ):
                     candidate.announcers.setdefault(event.peer, None)
                 continue
             candidate = self._candidates.get(digest)
+            parked = None if candidate is not None else self._refused_copies.get(digest)
             if candidate is not None and event.peer in candidate.announcers:
                 continue
+            known = candidate if candidate is not None else parked
+            if known is not None and event.peer in known.refused:
+                continue  # its copy of this digest was refused already: never asked again
             if state.candidates >= c.max_candidates_per_peer:
                 self.stats.candidates_dropped += 1
                 continue
@@ -670,7 +715,14 @@ class GossipCore:
                     self.stats.candidates_dropped += 1
                     continue
                 expires_at = now + c.candidate_ttl
-                candidate = _Candidate(announcers={}, expires_at=expires_at)
+                if parked is None:
+                    candidate = _Candidate(announcers={}, expires_at=expires_at)
+                else:
+                    # A new announcer of a digest whose copy was refused: pull it from this one,
+                    # keeping the attempts and refusals so far (their number stays bounded).
+                    self._refused_copies.pop(digest)
+                    candidate = parked
+                    candidate.expires_at = expires_at
                 self._candidates.put(digest, candidate, expires_at)
             if len(candidate.announcers) < c.max_announcers_per_digest:
                 candidate.announcers[event.peer] = None
@@ -680,10 +732,14 @@ class GossipCore:
         """Own, remembered, in flight or awaiting a verdict: never to be pulled again (for now)."""
         return (
             digest in self._own
-            or digest in self._remembered
+            or self._closed(digest)
             or digest in self._inflight_digests
             or digest in self._awaiting
         )
+
+    def _closed(self, digest: Digest) -> bool:
+        """Handled: admitted, rejected, given up on (for ``remember_ttl``)."""
+        return digest in self._admitted or digest in self._remembered
 
     # -- pulling ------------------------------------------------------------------------------
 
@@ -803,12 +859,14 @@ class GossipCore:
                 continue
             if self._digest_of is not None and self._digest_of(payload) != digest:
                 self.stats.items_corrupt += 1
+                pull.digests[digest].refused.add(event.peer)  # a broken copy: retried elsewhere only
                 actions += self._count_rejection(event.peer, now)
                 continue
             delivered.add(digest)
             if self._known(digest):
                 continue  # published by ourselves meanwhile
-            self._awaiting.put(digest, event.peer, now + self.config.admission_timeout)
+            waiting = _Awaiting(event.peer, pull.digests[digest])
+            self._awaiting.put(digest, waiting, now + self.config.admission_timeout)
             actions.append(Admit(event.peer, digest, payload))
             self.stats.admits += 1
         for digest, candidate in pull.digests.items():
@@ -849,11 +907,17 @@ class GossipCore:
             p: None
             for p in candidate.announcers
             if p in self._peers
+            and p not in candidate.refused
             and not self.is_banned(p, now)
             and self._peers[p].candidates < c.max_candidates_per_peer
         }
         if not announcers or candidate.expires_at <= now or self._candidates.full:
             self.stats.candidates_dropped += 1
+            if candidate.refused:
+                # Kept with its refusals, so a refusing peer's next announcement of it is not
+                # pulled again, while a new announcer's is (``_on_announced``).
+                candidate.announcers = {}
+                self._refused_copies.put(digest, candidate, now + c.remember_ttl)
             return
         candidate.announcers = announcers
         for p in announcers:
@@ -871,25 +935,43 @@ class GossipCore:
         if candidate is not None:
             self._release_announcers(candidate)
 
-    def _remember(self, digest: Digest, now: float) -> None:
-        self._remembered.put(digest, None, now + self.config.remember_ttl)  # evicts the oldest when full
+    def _remember(self, digest: Digest, now: float, *, admitted: bool = False) -> None:
+        """Close ``digest`` for ``remember_ttl``; full, each map forgets its oldest entry."""
+        self._refused_copies.pop(digest)
+        expires_at = now + self.config.remember_ttl
+        if admitted:
+            self._remembered.pop(digest)
+            self._admitted.put(digest, None, expires_at)
+        elif digest not in self._admitted:
+            self._remembered.put(digest, None, expires_at)
 
     # -- admission verdicts, bans -------------------------------------------------------------
 
     def _on_admission_result(self, event: AdmissionResult, now: float) -> list[GossipAction]:
-        if self._awaiting.get(event.digest) != event.peer:
+        waiting = self._awaiting.get(event.digest)
+        if waiting is None or waiting.peer != event.peer:
             self.stats.results_ignored += 1  # late (timed out) or never asked
             return []
         self._awaiting.pop(event.digest)
-        self._remember(event.digest, now)
         if event.accepted:
+            self._remember(event.digest, now, admitted=True)
             self.stats.accepted += 1
             state = self._peers.get(event.peer)
             if state is not None:
                 state.adjust(_SCORE_ACCEPTED)
             return []
         self.stats.rejected += 1
-        return self._count_rejection(event.peer, now)
+        actions = self._count_rejection(event.peer, now)
+        if event.copy_refused:
+            # Only this copy is refused: charge its server (above), and pull the digest from
+            # another announcer, never again from this one, at most max_attempts times in all.
+            self.stats.copies_refused += 1
+            waiting.candidate.refused.add(event.peer)
+            self._retry_elsewhere(event.digest, waiting.candidate, event.peer, now)
+        else:
+            # A replay names an id admission still holds as seen: as safe from junk as an admitted one.
+            self._remember(event.digest, now, admitted=event.reason == _REPLAY)
+        return actions
 
     def _count_rejection(self, peer: PeerId, now: float) -> list[GossipAction]:
         state = self._peers.get(peer)

@@ -22,7 +22,8 @@ import asyncio
 import logging
 import struct
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
 
 from swarmnode.admit import AdmissionPipeline, Rejected, RejectReason
 from swarmnode.admit.intake import Intake
@@ -55,7 +56,9 @@ from swarmnode.gossip.intake import (
 from swarmnode.gossip.records import ANNOUNCE_ATTEMPTS, ANNOUNCE_RETRY_DELAY, AnnouncementStores
 from swarmnode.net.errors import NetError, PeerCallError
 from swarmnode.net.hivemind_runtime import HivemindRuntime
+from swarmnode.ops.faults import fault_point
 from swarmnode.ops.metrics import Metrics
+from swarmnode.ops.supervise import TaskSet
 from swarmnode.train.batch import ScoredGroup
 from swarmnode.wire import Announce as AnnounceMessage
 from swarmnode.wire import Envelope, Kind, WireError, decode_envelope, decode_payload, encode_payload
@@ -120,7 +123,12 @@ class GossipDriver:
         self._wake = asyncio.Event()
         self._pending: list[object] = []
         self._pulls: dict[int, asyncio.Task[None]] = {}
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = TaskSet(
+            "gossip",
+            lambda name, exc: self.metrics.inc(
+                "task_restarts", "Supervised job failures", job=f"gossip:{name}"
+            ),
+        )
         self._senders = SenderTallies()
         self._stores = AnnouncementStores()
         self._decoded = DecodedEnvelopes()  # pulled payloads' decodes, until their Admit
@@ -166,8 +174,7 @@ class GossipDriver:
                 # Every Admit of these pull results was just performed; the rest the core dropped.
                 self._decoded.clear()
         finally:
-            for task in [*self._pulls.values(), *self._background]:
-                task.cancel()
+            self._background.cancel()  # the pulls are among them
             self.intake.close()
 
     # ------------------------------------------------------------------ internals
@@ -176,18 +183,12 @@ class GossipDriver:
         self._pending.append(event)
         self._wake.set()
 
-    def _spawn(self, coro: object, name: str) -> asyncio.Task[None]:
-        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-        task.add_done_callback(self._report_crash)
-        return task
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        # Each helper task handles its expected failures; anything else is a bug worth seeing (TaskSet).
+        return self._background.spawn(coro, name)
 
-    def _report_crash(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            # Each helper task handles its expected failures; anything else is a bug worth seeing.
-            log.error("gossip task %s crashed", task.get_name(), exc_info=task.exception())
-            self.metrics.inc("task_restarts", "Supervised job failures", job=f"gossip:{task.get_name()}")
+    def _task_failed(self, name: str, exc: BaseException) -> None:
+        self.metrics.inc("task_restarts", "Supervised job failures", job=f"gossip:{name}")
 
     def _perform(self, action: object) -> None:
         if isinstance(action, Announce):
@@ -293,6 +294,7 @@ class GossipDriver:
         # Pulled by id, so solicited: the per-sender rate bucket is for unsolicited pushes; the CPU
         # it costs is charged to the signer and to the peer that announced and served it (via).
         # ``envelope``: the decode of these bytes made at the pull, so admission does not redo it.
+        fault_point("receive", may_pause=False)  # on the event loop: a pause would stall the node
         judged = await self.intake.judge(action.payload, via=action.peer, solicited=True, envelope=envelope)
         verdict, now = judged.verdict, time.time()
         for event in verdict_events(action.peer, action.digest, verdict, judged.banned_until):

@@ -11,10 +11,11 @@ Owns
       ``(digest, bytes)``, admission gets the decoded value (``DecodedEnvelopes``), and bytes that
       are no envelope at all still go to admission, which charges whoever sent them;
     * a verdict becomes the core's events (``verdict_events``, ``admission_events``): an
-      ``AdmissionResult`` for the digest and, when the rejection left a ban, ``PeerBanned`` for the
-      delivering peer (the core then stops pulling from it);
-    * admitted groups wait in the bounded ``ExternalPool`` for the next update, and each signer's
-      groups are tallied (``SenderTallies``, bounded too).
+      ``AdmissionResult`` for the digest (saying whether it refused only that copy of it) and,
+      when the rejection left a ban, ``PeerBanned`` for the delivering peer (the core then stops
+      pulling from it);
+    * admitted groups wait in the bounded ``ExternalPool`` for the next update, a fair share per
+      signer, and each signer's groups are tallied (``SenderTallies``, bounded too).
 
 Must not
     Touch sockets, clocks, threads or event loops (``now`` is an argument; tests/core/test_sans_io.py
@@ -29,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+from swarmnode.admit.reasons import STEPS, RejectReason
 from swarmnode.admit.verdict import Rejected, Verdict
 from swarmnode.core.events import Digest, PeerBanned, PeerId
 from swarmnode.gossip.core import AdmissionResult, GossipEvent, Publish
@@ -41,6 +43,22 @@ if TYPE_CHECKING:
 
 #: Signers whose admitted groups are tallied one by one; later newcomers only reach the metrics.
 MAX_TALLIED_SENDERS = 256
+
+#: Rejections that judge the bytes delivered, not the content their envelope id names: the steps
+#: before the signature holds (size, envelope decode, signature). The id does not cover the
+#: signature, so a broken copy of an honest envelope has its id (red team F2): the core must still
+#: pull the genuine one from another announcer.
+COPY_REASONS: frozenset[RejectReason] = frozenset(STEPS["size"] + STEPS["decode"] + STEPS["signature"])
+#: Rejections that, without an authenticated signer (``Rejected.sender`` None), are about the
+#: delivering peer (banned, or out of CPU budget, at step 0), not about the id either.
+DELIVERER_REASONS: frozenset[RejectReason] = frozenset({RejectReason.BANNED, RejectReason.CPU_BUDGET})
+
+
+def refuses_only_the_copy(verdict: Rejected) -> bool:
+    """Whether ``verdict`` leaves the id open: it judged these bytes or their deliverer, not the
+    signed content the id names (a racer that got itself banned must not close the ids of the
+    honest envelopes it announced beside their signer)."""
+    return verdict.reason in COPY_REASONS or (verdict.sender is None and verdict.reason in DELIVERER_REASONS)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -123,15 +141,23 @@ def decode_pulled(payloads: Sequence[bytes], decoded: DecodedEnvelopes) -> Pulle
 
 
 def admission_events(
-    peer: PeerId, digest: Digest | None, *, accepted: bool, reason: str, banned_until: float | None
+    peer: PeerId,
+    digest: Digest | None,
+    *,
+    accepted: bool,
+    reason: str,
+    banned_until: float | None,
+    copy_refused: bool = False,
 ) -> list[GossipEvent]:
     """The core's events for a verdict on an item ``peer`` delivered (``digest`` None: bytes that
     were no envelope, which the core never asked to admit). A rejection that left a ban (on the
     signer or the delivering peer it charged, or whom a ``banned`` verdict names) stops the core
-    pulling from the delivering peer until then."""
+    pulling from the delivering peer until then. ``copy_refused``: the rejection judged only these
+    bytes or their deliverer (``refuses_only_the_copy``), so the core keeps the digest open for
+    another announcer."""
     events: list[GossipEvent] = []
     if digest is not None:
-        events.append(AdmissionResult(peer, digest, accepted, reason))
+        events.append(AdmissionResult(peer, digest, accepted, reason, copy_refused=copy_refused))
     if not accepted and banned_until is not None:
         events.append(PeerBanned(peer, banned_until))
     return events
@@ -143,7 +169,12 @@ def verdict_events(
     """``admission_events`` for a pipeline verdict (``banned_until``: its ``ban_left_by``)."""
     if isinstance(verdict, Rejected):
         return admission_events(
-            peer, digest, accepted=False, reason=verdict.reason.value, banned_until=banned_until
+            peer,
+            digest,
+            accepted=False,
+            reason=verdict.reason.value,
+            banned_until=banned_until,
+            copy_refused=refuses_only_the_copy(verdict),
         )
     return admission_events(peer, digest, accepted=True, reason="accepted", banned_until=None)
 
@@ -159,20 +190,67 @@ class PoolEntry:
 
 
 class ExternalPool:
-    """Admitted external groups waiting to be trained on; bounded, oldest dropped first."""
+    """Admitted external groups waiting to be trained on; bounded, a fair share per signer.
+
+    Full, it drops the oldest group of the signer (``ScoredGroup.source``) holding the most, so
+    one signer's flood evicts its own groups, never another's below its share (red team F3: one
+    fresh identity's 512 admitted groups evicted every honest one). With one signer that is
+    plain oldest-first. Each operation is O(1): signers are bucketed by how many groups they hold,
+    and the largest holding changes by at most one per operation."""
 
     def __init__(self, capacity: int = 512, keep_rounds: int = 2) -> None:
-        self._entries: deque[PoolEntry] = deque(maxlen=capacity)
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.capacity = capacity
         self.keep_rounds = keep_rounds
+        self._entries: dict[int, PoolEntry] = {}  # arrival number -> entry, in arrival order
+        self._next = 0
+        self._by_signer: dict[str, deque[int]] = {}  # each signer's arrival numbers, oldest first
+        self._holding: dict[int, dict[str, None]] = {}  # group count -> signers holding that many
+        self._most = 0  # the largest group count of any signer
 
     def add(self, group: ScoredGroup, round_index: int) -> None:
-        self._entries.append(PoolEntry(group, round_index))
+        signer = group.source
+        arrivals = self._by_signer.setdefault(signer, deque())
+        self._move(signer, len(arrivals), len(arrivals) + 1)
+        arrivals.append(self._next)
+        self._entries[self._next] = PoolEntry(group, round_index)
+        self._next += 1
+        if len(self._entries) > self.capacity:
+            self._evict_from_largest()
 
     def take_all(self, current_round: int) -> list[ScoredGroup]:
         """Every fresh group (arrived within ``keep_rounds``); each is handed out once."""
-        fresh = [e.group for e in self._entries if current_round - e.arrived_round <= self.keep_rounds]
+        fresh = [
+            e.group for e in self._entries.values() if current_round - e.arrived_round <= self.keep_rounds
+        ]
         self._entries.clear()
+        self._by_signer.clear()
+        self._holding.clear()
+        self._most = 0
         return fresh
+
+    def _evict_from_largest(self) -> None:
+        signer = next(iter(self._holding[self._most]))  # of the largest holders, the first to get there
+        arrivals = self._by_signer[signer]
+        del self._entries[arrivals.popleft()]
+        self._move(signer, len(arrivals) + 1, len(arrivals))
+        if not arrivals:
+            del self._by_signer[signer]
+
+    def _move(self, signer: str, held: int, holds: int) -> None:
+        """``signer`` went from holding ``held`` groups to ``holds`` (one more or one fewer)."""
+        if held:
+            bucket = self._holding[held]
+            del bucket[signer]
+            if not bucket:
+                del self._holding[held]
+        if holds:
+            self._holding.setdefault(holds, {})[signer] = None
+        if holds > self._most:
+            self._most = holds
+        elif held == self._most and held not in self._holding:
+            self._most = holds
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -212,6 +290,8 @@ class SenderTallies:
 
 
 __all__ = [
+    "COPY_REASONS",
+    "DELIVERER_REASONS",
     "MAX_TALLIED_SENDERS",
     "DecodedEnvelopes",
     "ExternalPool",
@@ -223,5 +303,6 @@ __all__ = [
     "decode_pulled",
     "envelope_digest",
     "publication",
+    "refuses_only_the_copy",
     "verdict_events",
 ]

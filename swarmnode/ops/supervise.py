@@ -6,7 +6,8 @@ restarted with exponential backoff. After ``max_failures`` consecutive failures
 raises ``JobFailed`` naming itself and the cause, which ends the node's
 TaskGroup: a persistent failure stops the node loudly instead of looping forever.
 
-``stop_on_signals`` is the one SIGINT/SIGTERM rule of every asyncio role.
+``stop_on_signals`` is the one SIGINT/SIGTERM rule of every asyncio role; ``TaskSet`` the one
+owner of a driver's background tasks.
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ import asyncio
 import logging
 import signal
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from swarmnode.errors import SwarmError
 from swarmnode.ops.metrics import Metrics
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class JobFailed(SwarmError):
@@ -108,3 +111,46 @@ def stop_on_signals(stop: asyncio.Event, *, max_seconds: float | None = None) ->
         loop.add_signal_handler(sig, on_signal)
     if max_seconds is not None:
         loop.call_later(max_seconds, stop.set)
+
+
+class TaskSet:
+    """The tasks a driver runs beside its own loop (a pull, a send, a chunk upload): the one helper for
+    background work below a role's TaskGroup.
+
+    Not a TaskGroup, deliberately: one failed send must not cancel every other send and the driver
+    with them. But nothing is dropped either: a task that raises is logged with its traceback and
+    handed to ``on_failure`` (a metric), and ``close`` cancels and awaits every task still running,
+    so none outlives its driver."""
+
+    def __init__(self, owner: str, on_failure: Callable[[str, BaseException], None] | None = None) -> None:
+        self.owner = owner
+        self.on_failure = on_failure
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+    def spawn(self, coro: Coroutine[Any, Any, T], name: str) -> asyncio.Task[T]:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._done)
+        return task
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if task.cancelled() or (exc := task.exception()) is None:
+            return
+        log.error("%s task %s failed", self.owner, task.get_name(), exc_info=exc)
+        if self.on_failure is not None:
+            self.on_failure(task.get_name(), exc)
+
+    def cancel(self) -> list[asyncio.Task[Any]]:
+        """Cancel every running task; returns them (to await)."""
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        return tasks
+
+    async def close(self) -> None:
+        """Cancel every running task and wait until each has ended."""
+        await asyncio.gather(*self.cancel(), return_exceptions=True)

@@ -12,11 +12,14 @@ second lock the next job could start while a cancelled one is still running torc
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
 T = TypeVar("T")
+
+HELD_POLL_SECONDS = 0.01
 
 
 class ModelLock:
@@ -33,6 +36,19 @@ class ModelLock:
     def _locked(self, fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
         with self._held:  # a cancelled caller's job may still be running: wait for it here
             return fn(*args, **kwargs)
+
+    @contextlib.asynccontextmanager
+    async def held(self) -> AsyncIterator[None]:
+        """``async with lock.held():`` the model is ours for a block run in the event loop (a swap of
+        weights that must be decided and done in one go). Waits, without blocking the loop, for a
+        cancelled caller's job that is still running in its thread."""
+        async with self._queue:
+            while not self._held.acquire(blocking=False):
+                await asyncio.sleep(HELD_POLL_SECONDS)  # rare: only behind a cancelled caller's job
+            try:
+                yield
+            finally:
+                self._held.release()
 
     def busy(self) -> bool:
         """Whether a job is queued or running (for status pages; racy by nature)."""

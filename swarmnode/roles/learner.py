@@ -66,6 +66,7 @@ from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.ops.api import serve_forever
 from swarmnode.ops.metrics import Metrics
 from swarmnode.ops.supervise import run_jobs
+from swarmnode.policy.lock import ModelLock
 from swarmnode.roles.common import build_mixture, build_policy, configure_threads, model_family, role_engine
 from swarmnode.roles.convert import WorkerDataError, from_worker
 from swarmnode.store import CheckpointStore, Ledger
@@ -153,7 +154,7 @@ class LearnerNode:
         self.home = home.ensure()
         self.max_steps = max_steps
         self.metrics = Metrics()
-        self.torch_lock = asyncio.Lock()
+        self.model_lock = ModelLock()  # train, spot-check recompute and checkpoint: one at a time
         self.started_at = time.time()
         self.stop = asyncio.Event()
         self.queue: collections.deque[Arrival] = collections.deque()
@@ -167,7 +168,6 @@ class LearnerNode:
         self.offers: dict[str, PeerRecord] = {}
         # Offers workers pushed to our data plane, rationed by network (workers.offers).
         self.direct_offers = DirectOffers(per_network=config.learner.offers_per_network)
-        self.told: dict[str, int] = {}  # worker -> newest version whose manifest we sent it
         # Set whenever an event went into the activation core (its next deadline may have moved).
         self.deadline_moved = asyncio.Event()
         self.outbox: asyncio.Queue[ControlMessage] = asyncio.Queue(maxsize=CONTROL_QUEUE)
@@ -175,10 +175,6 @@ class LearnerNode:
         self.last_reward: float | None = None
 
     # ------------------------------------------------------------------ torch (one at a time)
-
-    async def _torch(self, fn: Callable[..., T], *args: Any) -> T:
-        async with self.torch_lock:
-            return await asyncio.to_thread(fn, *args)
 
     def _build(self) -> None:
         configure_threads(self.config)
@@ -269,6 +265,9 @@ class LearnerNode:
 
     # ------------------------------------------------------------------ intake
 
+    def _is_active(self, worker: str) -> bool:
+        return worker in self.activation.active()
+
     async def _on_rollouts(self, sender: str, envelope: Envelope, message: object) -> Heartbeat:
         """A worker's batch: admission, conversion, spot check, queue. Answers with our version."""
         now = time.time()
@@ -337,7 +336,7 @@ class LearnerNode:
             request = self.spot.select(sender, g.task.id.key(), [len(c) for c in g.completion_ids])
             if request is None:
                 continue
-            recomputed = await self._torch(
+            recomputed = await self.model_lock.run(
                 recompute_with,
                 self.scratch,
                 state,
@@ -392,7 +391,6 @@ class LearnerNode:
             log.info("worker %s started over: %s", action.peer, action.reason)
             self.metrics.inc("worker_started_over", "Workers the activation core measures afresh")
             self.publisher.forget(action.peer)
-            self.told.pop(action.peer, None)
         elif isinstance(action, act.Activate):
             record = self.offers.get(action.peer)
             if record is not None:
@@ -424,10 +422,8 @@ class LearnerNode:
         activated just before a step, and would otherwise generate with weights older than S
         until the next step; with every group dropped there would be no next step)."""
         record = self.offers.get(peer)
-        if record is None or self.told.get(peer) == self.version:
-            return
-        self.told[peer] = self.version
-        self.publisher.tell(record)
+        if record is not None:
+            self.publisher.tell(record)  # the publisher knows who was told which version
 
     async def _control(self) -> None:
         """Send the queued control messages, each in a task of this job's TaskGroup, at most
@@ -463,9 +459,8 @@ class LearnerNode:
             log.warning("could not reach worker %s: %s", record.peer_id, e)
             self.metrics.inc("worker_unreachable", "Control messages a worker did not answer")
             return
-        if then_weights:
-            self.told.pop(record.peer_id, None)
-            self._tell_latest(record.peer_id)
+        if then_weights:  # a worker (re)activated may have lost the weights: send the manifest again
+            self.publisher.tell(record, again=True)
 
     async def _activation_timers(self) -> None:
         """Drive the core's timers as the simulator does: sleep until ``next_deadline()`` (or until
@@ -570,7 +565,7 @@ class LearnerNode:
             t_busy = time.monotonic()
             for g in batch:
                 self.trained_lags[self.version - g.policy_version] += 1
-            metrics = await self._torch(self.trainer.train_round, batch)
+            metrics = await self.model_lock.run(self.trainer.train_round, batch)
             self.archive.add(self.version, self.trainer.policy.model)
             self.publisher.publish(self.version, self.trainer.policy.model)
             for peer in self.activation.active():
@@ -659,7 +654,8 @@ class LearnerNode:
         self.dataplane = DataPlane(
             self.identity, host=dp.host, port=dp.port, upload_rate=dp.upload_rate or None
         )
-        self.dataplane.register(Kind.ROLLOUT_BATCH, self._on_rollouts)
+        # Only active workers' batches are parsed at all (the rest are refused on the claimed id).
+        self.dataplane.register(Kind.ROLLOUT_BATCH, self._on_rollouts, senders=self._is_active)
         self.dataplane.register(Kind.PEER_RECORD, self._on_offer)
         await self.dataplane.start()
         self.publisher = WeightPublisher(
@@ -684,8 +680,7 @@ class LearnerNode:
         finally:
             await self.publisher.close()
             await self.dataplane.close()
-            async with self.torch_lock:
-                await asyncio.to_thread(self.trainer.save_checkpoint_if_consistent)
+            await self.model_lock.run(self.trainer.save_checkpoint_if_consistent)
             self.intake.close()
             self.verifier.close()
             self.ledger.close()

@@ -112,7 +112,7 @@ class WorkerNode:
         (speed does not depend on their values), slowed as configured. Learners plan on this
         advertised rate until they measure the worker's deliveries themselves."""
         self._generate(0)  # the first batch pays one-off start-up costs
-        groups, seconds = self._generate(0)
+        _, groups, seconds = self._generate(0)
         count = sum(g.size for g in groups)
         self.rate = count / (seconds * self.config.worker.slowdown)
         log.info(
@@ -260,7 +260,9 @@ class WorkerNode:
             self.metrics.inc("offer_failed", "Direct offers that did not reach the learner")
             log.debug("could not hand our offer to learner %s: %s", self.learner_id, e)
 
-    def _generate(self, index: int) -> tuple[list[ScoredGroup], float]:
+    def _generate(self, index: int) -> tuple[int, list[ScoredGroup], float]:
+        """(the version generated with, its groups, seconds): under the model lock, in a thread."""
+        version = self.policy.version
         r = self.config.rollout
         tasks = self.mixture.sample(index, r.prompts_per_round)
         t0 = time.perf_counter()
@@ -284,7 +286,7 @@ class WorkerNode:
                 tasks, result.prompt_ids, result.completions, strict=True
             )
         ]
-        return groups, time.perf_counter() - t0
+        return version, groups, time.perf_counter() - t0
 
     async def _work(self) -> None:
         index = 0
@@ -306,11 +308,8 @@ class WorkerNode:
                 continue
             index += 1
             # Generation and weight swaps share the model: the receiver swaps only between batches.
-            async with self.weights.model_lock:
-                version = self.policy.version
-                groups, seconds = await asyncio.to_thread(
-                    self._generate, self.config.node.seed * 1_000_003 + index
-                )
+            seed = self.config.node.seed * 1_000_003 + index
+            version, groups, seconds = await self.weights.model_lock.run(self._generate, seed)
             slow = self.config.worker.slowdown
             if slow > 1.0:
                 await asyncio.sleep((slow - 1.0) * seconds)  # simulated slower hardware

@@ -49,6 +49,7 @@ import torch
 from safetensors import SafetensorError
 
 from swarmnode.errors import CheckpointError
+from swarmnode.ops.faults import fault_point
 from swarmnode.store.atomic import fsync_dir, fsync_file
 
 __all__ = [
@@ -305,6 +306,7 @@ class CheckpointStore:
         try:
             safetensors.torch.save_file(tensors, str(tmp / MODEL_FILE), metadata={"format": "pt"})
             fsync_file(tmp / MODEL_FILE)
+            fault_point("ckpt_partial")
             _torch_save(state.optimizer_state, tmp / OPTIMIZER_FILE)
             _torch_save({"rng": state.rng_state, "extra": state.extra}, tmp / TRAINER_STATE_FILE)
             files = {}
@@ -330,12 +332,14 @@ class CheckpointStore:
             for written in tmp.iterdir():
                 os.chmod(written, 0o600)
             fsync_dir(tmp)
+            fault_point("ckpt_unrenamed")
             os.rename(tmp, final)
         except BaseException:
             # Only our own temporary directory is removed; no final name was created.
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         fsync_dir(self.directory)
+        fault_point("ckpt_unpruned")
         self._prune()
         return final
 

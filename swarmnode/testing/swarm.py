@@ -27,7 +27,7 @@ from swarmnode.testing.process import START_TIMEOUT, STOP_TIMEOUT, HarnessError,
 
 T = TypeVar("T")
 LISTEN = "/ip4/127.0.0.1/tcp/0"
-HOOKED_NODE = "swarmnode.testing.hooked_node"  # ``swarmnode`` with fault-injection hooks
+HOOKED_NODE = "swarmnode.testing.hooked_node"  # ``swarmnode`` with an admission log
 #: Node settings of a small, fast swarm (tests, benchmarks): one thread, 4 groups of 4, no held-out.
 SMALL_NODE: Mapping[str, Any] = {
     "node.threads": 1,
@@ -161,7 +161,7 @@ class LocalSwarm:
         pauses: Mapping[str, float] | None = None,
         env: Mapping[str, str] | None = None,
     ) -> Proc:
-        """``start_node`` under ``swarmnode.testing.hooked_node`` (phase markers in ``fault_dir``)."""
+        """``start_node`` under ``hooked_node``; its fault points mark their phases in ``fault_dir``."""
         hooks = {
             **(env or {}),
             "SWARMNODE_FAULT_DIR": str(fault_dir),

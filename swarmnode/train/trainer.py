@@ -36,6 +36,7 @@ from swarmnode.learn.hacpo import (
     hacpo_loss,
 )
 from swarmnode.learn.m2po import m2po_loss
+from swarmnode.ops.faults import fault_point
 from swarmnode.policy import Policy
 from swarmnode.policy.evaluate import evaluate_accuracy
 from swarmnode.rollout import RolloutEngine, SamplingParams
@@ -195,6 +196,7 @@ class Trainer:
 
     def generate_groups(self, round_index: int) -> tuple[list[ScoredGroup], int, float]:
         """Own groups for a round: (groups, tokens generated, generation seconds)."""
+        fault_point("generate")
         r = self.config.rollout
         tasks = self.mixture.sample(round_index, r.prompts_per_round)
         self.policy.model.eval()
@@ -443,6 +445,7 @@ class Trainer:
         started: float | None = None,
     ) -> RoundMetrics:
         """Update on ``own`` (+ ``external``), commit the round to the ledger, maybe checkpoint."""
+        fault_point("train")
         started = time.time() if started is None else started
         t0 = time.perf_counter()
         index = self.round + 1

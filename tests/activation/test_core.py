@@ -528,9 +528,10 @@ HONEST = WorkerOffer("honest", rate=12.0, price=5.0)  # covers the 11/s need alo
 
 
 def proven_honest(core: ActivationCore, until: float = 30.0) -> list:  # type: ignore[type-arg]
-    """``honest`` joins at 0 and delivers 12 completions a second until ``until``."""
+    """``honest`` joins at 0 and delivers 12 completions a second until ``until``: from its first
+    delivery at 0 a full rate window (30 s) backs its rate, so it is proven."""
     actions = core.handle(WorkerJoined(HONEST), 0.0)
-    for t in range(1, int(until) + 1):
+    for t in range(0, int(until) + 1):
         actions += core.handle(RolloutsReceived("honest", 12), float(t))
         actions += core.poll(float(t))
     assert core.status(until).workers[0].proven
@@ -595,17 +596,22 @@ def test_many_identities_one_after_another_never_stop_the_proven_worker() -> Non
     assert all(a.target_rate == 12.0 for a in moves(actions) if a.peer == "honest")
 
 
-def test_a_newcomer_that_delivers_replaces_a_dearer_proven_worker_after_its_first_delivery() -> None:
+def test_a_newcomer_replaces_a_dearer_proven_worker_once_a_full_window_backs_its_rate() -> None:
     core = ActivationCore(config())
     proven_honest(core)
     cheap = WorkerOffer("cheap", rate=12.0, price=1.0)  # 5 times cheaper per completion
     assert moves(core.handle(WorkerJoined(cheap), 30.0)) == [Activate("cheap", 12.0, 60)]
-    assert core.active() == ("honest", "cheap")  # make before break: both, until cheap delivers
+    assert core.active() == ("honest", "cheap")  # make before break: both, until cheap is proven
     assert moves(run(core, 30.0, 39.0)) == []
-    actions = core.handle(RolloutsReceived("cheap", 12), 40.0)  # its first delivery proves it
+    # Its first delivery (at 40) starts its measurement; it proves nothing yet, nor do 29 s more.
+    actions = run(core, 39.0, 69.0, deliver=("honest", "cheap"))
+    assert [a for a in moves(actions) if not (isinstance(a, Activate) and a.renewal)] == []
+    assert core.active() == ("honest", "cheap") and not core.status(69.0).workers[0].proven
+    # At 70 a full window (30 s) shows 12/s, as offered: proven, and the normal rule takes over.
+    actions = core.handle(RolloutsReceived("cheap", 12), 70.0)
     assert moves(actions) == [Deactivate("honest", "not needed: cheaper workers cover the need")]
     changed = [a for a in actions if isinstance(a, PlanChanged)]
-    assert changed[0].cause == "worker delivered, probation over: cheap"
+    assert changed[0].cause == "measured rate backs the offer, probation over: cheap"
     assert core.active() == ("cheap",) and core.plan.kept == () and core.stats.probations_passed == 1
     # The normal economics hold from here: cost is cheap's alone.
     assert core.plan.cost_per_step == pytest.approx(1.0 / 1000 * 12.0 * 10.0)
@@ -655,10 +661,12 @@ def test_a_cold_start_plans_on_advertised_rates_without_a_cap() -> None:
     core = ActivationCore(config(max_probation=1, step_time=5.0))  # 22/s
     joined(core, C, A, B_, D)
     assert core.active() == ("c", "a", "b", "d") and core.plan.probation == ()
-    # Once one delivers, the start-up cohort stays (a re-plan does not push it under the cap).
-    core.handle(RolloutsReceived("c", 8), 2.0)
-    core.handle(StepMeasured(5.0), 3.0)
-    core.handle(WorkerJoined(WorkerOffer("d", 10.0, 30.0)), 4.0)  # a price change re-plans
+    # Once one is proven, the start-up cohort stays (a re-plan does not push it under the cap).
+    for t in range(2, 33):  # c delivers at its rate from 2: a full window backs it at 32
+        core.handle(RolloutsReceived("c", 8), float(t))
+    assert {w.peer: w.proven for w in core.status(32.0).workers}["c"]
+    core.handle(StepMeasured(5.0), 33.0)
+    core.handle(WorkerJoined(WorkerOffer("d", 10.0, 30.0)), 34.0)  # a price change re-plans
     assert core.active() == ("c", "a", "b", "d") and core.plan.probation == ("a", "b", "d")
 
 
@@ -669,7 +677,9 @@ def test_the_all_on_policy_keeps_every_proven_worker_and_caps_the_unproven() -> 
     assert [a.peer for a in moves(actions)] == ["c", "a"]  # cheapest first; b and d wait
     assert core.active() == ("honest", "c", "a")
     assert {k.peer for k in core.plan.waiting} == {"b", "d"} and core.plan.kept == ()
-    actions = core.handle(RolloutsReceived("c", 8), 32.0)  # c proven: a place for b
+    for t in range(32, 62):  # c delivers at its rate from 32: a full window backs it at 62
+        assert moves(core.handle(RolloutsReceived("c", 8), float(t))) == []
+    actions = core.handle(RolloutsReceived("c", 8), 62.0)  # c proven: a place for b
     assert moves(actions) == [Activate("b", 5.0, 60)]
     assert set(core.active()) == {"honest", "c", "a", "b"}
 
@@ -745,16 +755,39 @@ def test_a_worker_back_at_a_new_address_is_started_over_from_its_new_offer() -> 
     core = ActivationCore(config())
     first = WorkerOffer("w", rate=12.0, price=1.0, address="10.0.0.5:4000 p2p:Qm1")
     joined(core, first)
+    for t in range(1, 41):  # it delivers at its rate: measured, proven
+        core.handle(RolloutsReceived("w", 12), float(t))
+        core.poll(float(t))
+    assert core.status(40.0).workers[0].proven
+    # The same address again is a re-advertisement; a new address is a new run: what the old one
+    # measured is forgotten and the new offer counts.
+    assert core.handle(WorkerJoined(first), 41.0) == []
+    second = replace(first, rate=20.0, address="10.0.0.5:4001 p2p:Qm2")
+    actions = core.handle(WorkerJoined(second), 42.0)
+    assert moves(actions) == [Forget("w", "worker restarted"), Activate("w", 20.0, 60)]
+    assert core.stats.restarts == 1
+    status = core.status(42.0).workers[0]
+    assert status.planned_rate == 20.0 and not status.proven and status.measured_rate is None
+
+
+def test_a_new_address_does_not_lift_the_penalty_of_a_worker_measured_at_zero() -> None:
+    core = ActivationCore(config(reprobe_seconds=60.0))
+    first = WorkerOffer("w", rate=12.0, price=1.0, address="10.0.0.5:4000 p2p:Qm1")
+    joined(core, first)
     for t in range(1, 131):  # its first run never delivered: measured 0, adopted, deactivated
         core.poll(float(t))
     assert core.plan.rate_of("w") is None and core.status(130.0).workers[0].planned_rate == 0.0
     # The same address again is a re-advertisement: the measurement still outranks it.
     assert core.handle(WorkerJoined(first), 131.0) == []
-    # A new address is a new run: what the old one measured is forgotten.
-    second = replace(first, address="10.0.0.5:4001 p2p:Qm2")
-    actions = core.handle(WorkerJoined(second), 132.0)
-    assert moves(actions) == [Forget("w", "worker restarted"), Activate("w", 12.0, 60)]
-    assert core.stats.restarts == 1 and core.status(132.0).workers[0].planned_rate == 12.0
+    # A new address is a new run, but costs nothing: its chance comes when the re-probe is due,
+    # 60 s after it measured 0, with the offer it holds then; however often the address changes.
+    for i, t in enumerate(range(132, 190)):
+        changed = replace(first, address=f"10.0.0.5:{4001 + i} p2p:Qm{i + 2}")
+        assert moves(core.handle(WorkerJoined(changed), float(t)) + core.poll(float(t))) == []
+    assert core.stats.restarts == 58 and core.status(189.0).workers[0].planned_rate == 0.0
+    assert core.next_deadline() == 190.0
+    assert moves(core.poll(190.0)) == [Forget("w", "worker re-probed"), Activate("w", 12.0, 60)]
+    assert core.stats.reprobes == 1 and core.status(190.0).workers[0].planned_rate == 12.0
 
 
 def test_a_proven_worker_that_restarts_is_unproven_again() -> None:
@@ -817,3 +850,149 @@ def test_reprobe_seconds_is_validated_and_defaults_to_a_minute() -> None:
         with pytest.raises(ConfigError, match=r"activation\.reprobe_seconds"):
             config(reprobe_seconds=bad)
     assert config().reprobe_seconds == 60.0
+
+
+# --- a worker that claims much and shows little (red-team finding F1) ----------------------------
+# It advertises 1e9/s at price 0, delivers one completion each time it is activated, and once
+# measured at 0 changes its advertised address to start over. Before the fix, one delivery made it
+# proven at 1e9/s until its measured 0 was adopted, every honest worker was dropped meanwhile, and
+# a new address forgot the measured 0: honest workers were active 2% of the time.
+
+
+def claimer_attack(*, change_address: bool, end: int = 1200) -> tuple[float, list]:  # type: ignore[type-arg]
+    """Two honest workers at 6/s (together they cover the 11/s need); the claimer joins at 100.
+    Returns the share of [100, end) both honest workers were active, and every action."""
+    core = ActivationCore(config(drift_hold=30.0, reprobe_seconds=60.0))
+    honest = [WorkerOffer(f"h{i}", rate=6.0, price=1.0, address=f"10.0.{i}.1:7000") for i in range(2)]
+    actions = joined(core, *honest)
+    address, delivered, both = 0, False, 0
+    for t in range(1, end):
+        now = float(t)
+        actions += core.poll(now)
+        for h in honest:
+            if h.peer in core.active():
+                actions += core.handle(RolloutsReceived(h.peer, 6), now)
+        if t == 100:
+            actions += core.handle(WorkerJoined(WorkerOffer("x", 1e9, 0.0, address="x:0")), now)
+        if "x" in core.active():
+            if not delivered:  # one completion per activation
+                actions += core.handle(RolloutsReceived("x", 1), now)
+                delivered = True
+        elif t > 100:
+            delivered = False
+            if change_address and core.status(now).workers[-1].planned_rate == 0.0:
+                address += 1
+                actions += core.handle(WorkerJoined(WorkerOffer("x", 1e9, 0.0, address=f"x:{address}")), now)
+        if t >= 100 and all(h.peer in core.active() for h in honest):
+            both += 1
+    return both / (end - 100), actions
+
+
+@pytest.mark.parametrize("change_address", [False, True], ids=["re-probed", "new-address"])
+def test_a_worker_that_claims_much_and_delivers_one_completion_never_drops_the_honest_ones(
+    change_address: bool,
+) -> None:
+    share, actions = claimer_attack(change_address=change_address)
+    assert share >= 0.95  # in fact always: it never displaces a proven worker
+    honest = [a for a in moves(actions) if getattr(a, "peer", "x") != "x"]
+    assert not [a for a in honest if isinstance(a, Deactivate)]
+    assert {a.target_rate for a in honest if isinstance(a, Activate)} == {6.0}
+    # Its chances: at 100, then a re-probe 60 s after each measured 0 (its window shows 0 at 130,
+    # adopted at 160): at 220, 340, ..., 1180, however often it changes its address.
+    chances = [a for a in moves(actions) if isinstance(a, Activate) and a.peer == "x" and not a.renewal]
+    assert len(chances) == len(range(100, 1200, 120)) == 10
+
+
+def test_one_delivery_proves_nothing_a_full_window_of_them_does() -> None:
+    core = ActivationCore(config())
+    proven_honest(core)
+    claimer = WorkerOffer("x", rate=1e9, price=0.0)
+    core.handle(WorkerJoined(claimer), 31.0)
+    core.handle(RolloutsReceived("x", 1), 32.0)
+    assert core.plan.kept and core.plan.probation == ("x",) and core.plan.rate_of("honest") == 12.0
+    assert not {w.peer: w.proven for w in core.status(33.0).workers}["x"]
+    # Its window fills at 62 and shows 0: a drift, adopted 10 s later: it is out, honest never was.
+    actions = run(core, 32.0, 80.0)
+    assert Deactivate("x", "no rollout rate (0 completions/s)") in actions
+    assert not [a for a in actions if isinstance(a, Deactivate) and a.peer == "honest"]
+    assert core.active() == ("honest",)
+
+
+def test_before_anyone_is_proven_a_delivering_worker_is_not_dropped_for_an_unmeasured_claim() -> None:
+    core = ActivationCore(config())
+    joined(core, HONEST)
+    core.handle(RolloutsReceived("honest", 12), 1.0)  # delivering, not yet proven (window not full)
+    actions = core.handle(WorkerJoined(WorkerOffer("x", 1e9, 0.0)), 2.0)
+    assert moves(actions) == [Activate("x", 1e9, 60)]  # cold start: the claim is tried, no cap ...
+    assert core.active() == ("honest", "x")  # ... but honest stays
+    assert [k.peer for k in core.plan.kept] == ["honest"] and "delivering" in core.plan.kept[0].reason
+    actions = core.handle(RolloutsReceived("x", 1), 3.0)  # one delivery of its own changes nothing
+    assert moves(actions) == [] and core.active() == ("honest", "x")
+    for t in range(4, 44):
+        core.handle(RolloutsReceived("honest", 12), float(t))
+        core.poll(float(t))
+    # honest is proven by its window at 31; x's window shows 0 at 33, adopted 10 s later: it is out
+    assert core.status(43.0).workers[0].proven
+    assert core.active() == ("honest",)
+
+
+@pytest.mark.parametrize("sybils", [1, 4])
+@pytest.mark.parametrize("change_address", [False, True], ids=["same-address", "new-address"])
+def test_an_honest_newcomer_gets_probation_within_one_trial_per_untried_claimer(
+    sybils: int, change_address: bool
+) -> None:
+    # Claimers of 1e9/s at price 0 that never deliver join at 40; an honest newcomer at 50. Each
+    # untried claimer covers the need alone, so each is tried first (it is cheaper), one trial of
+    # first_rollout_timeout + drift_hold (130 s) each; once tried, a claimer waits behind the
+    # untried newcomer, and a new address does not make it untried again.
+    core = ActivationCore(config())
+    proven_honest(core)
+    addresses = dict.fromkeys((f"s{i}" for i in range(sybils)), 0)
+    activated_at = None
+    for t in range(31, 1000):
+        now = float(t)
+        core.poll(now)
+        if "honest" in core.active():
+            core.handle(RolloutsReceived("honest", 12), now)
+        if t == 40:
+            for s in addresses:
+                core.handle(WorkerJoined(WorkerOffer(s, 1e9, 0.0, address=f"{s}:0")), now)
+        if t == 50:
+            core.handle(WorkerJoined(WorkerOffer("new", 6.0, 0.1, address="new")), now)
+        if change_address and t > 40:
+            for status in core.status(now).workers:
+                if status.peer in addresses and not status.active and status.planned_rate == 0.0:
+                    addresses[status.peer] += 1
+                    offer = WorkerOffer(
+                        status.peer, 1e9, 0.0, address=f"{status.peer}:{addresses[status.peer]}"
+                    )
+                    core.handle(WorkerJoined(offer), now)
+        assert "honest" in core.active()
+        if activated_at is None and "new" in core.active():
+            activated_at = t
+    assert activated_at is not None and activated_at <= 40 + sybils * 130
+
+
+def test_a_worker_restarting_before_it_is_proven_waits_behind_untried_ones() -> None:
+    core = ActivationCore(config(max_probation=1))
+    proven_honest(core)
+    core.handle(WorkerJoined(WorkerOffer("x", 1e9, 0.0, address="x:0")), 31.0)
+    assert core.plan.probation == ("x",)
+    core.handle(WorkerJoined(WorkerOffer("new", 6.0, 0.1, address="new")), 32.0)
+    actions = core.handle(WorkerJoined(WorkerOffer("x", 1e9, 0.0, address="x:1")), 33.0)
+    assert Forget("x", "worker restarted") in actions
+    assert core.plan.probation == ("new",) and [k.peer for k in core.plan.waiting] == ["x"]
+
+
+def test_a_proven_worker_re_advertising_a_far_higher_rate_is_unproven_until_a_window_backs_it() -> None:
+    core = ActivationCore(config())
+    proven_honest(core)
+    core.handle(WorkerJoined(WorkerOffer("w", 6.0, 0.1)), 30.0)
+    for t in range(30, 71):  # w delivers 6/s: proven at 60 (its window), honest kept meanwhile
+        core.handle_all([RolloutsReceived("w", 6), RolloutsReceived("honest", 12)], float(t))
+        core.poll(float(t))
+    assert {s.peer: s.proven for s in core.status(70.0).workers} == {"honest": True, "w": True}
+    actions = core.handle(WorkerJoined(WorkerOffer("w", 1e9, 0.0)), 71.0)  # a new claim
+    assert not {s.peer: s.proven for s in core.status(71.0).workers}["w"]
+    assert "honest" in core.active() and not [a for a in actions if isinstance(a, Deactivate)]
+    assert [k.peer for k in core.plan.kept] == ["honest"] and core.plan.probation == ("w",)

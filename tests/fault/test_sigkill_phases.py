@@ -2,8 +2,8 @@
 from its last committed state and leaves nothing corrupt behind.
 
 Bootstrap + 2 ``swarmnode run`` processes on 127.0.0.1 (checkpoint every round); the victim
-runs under ``swarmnode.testing.hooked_node``, which marks (and for checkpoint writes, holds open)
-each window, so every kill lands where the trial says:
+runs with the node's own fault points on (``swarmnode.ops.faults``), which mark (and for
+checkpoint writes, hold open) each window, so every kill lands where the trial says:
 
 - ``generate``: making the round's rollouts; ``train``: the update, before its ledger commit;
 - ``ckpt_partial`` / ``ckpt_unrenamed`` / ``ckpt_unpruned``: inside a checkpoint write (model

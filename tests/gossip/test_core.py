@@ -465,6 +465,97 @@ def test_an_idle_peer_is_forgotten_to_make_room_for_a_new_one() -> None:
     assert [p.peer for p in only(Pull, announce(core, "b", [d(2)], 10.0))] == ["b"]
 
 
+# --- refused copies (red team F2) and memory under junk (red team F6) ------------------------
+
+
+def refuse_copy(core: GossipCore, peer: str, digest: bytes, now: float) -> list[GossipAction]:
+    """Admission refused ``peer``'s copy before its signature held (e.g. a flipped signature bit)."""
+    return core.handle(AdmissionResult(peer, digest, False, "bad_signature", copy_refused=True), now)
+
+
+def test_a_copy_refused_before_its_signature_held_does_not_close_the_digest_for_the_genuine_one() -> None:
+    # "a" races the honest "h" (ties break by peer id) and serves a broken copy under h's id.
+    core = started()
+    [pull] = only(Pull, announce(core, "a", [d(1)], 0.0) + announce(core, "h", [d(1)], 0.0))
+    assert pull.peer == "a"
+    assert len(only(Admit, succeed(core, pull, 0.1))) == 1
+    [retry] = only(Pull, refuse_copy(core, "a", d(1), 0.2))
+    assert (retry.peer, retry.digests) == ("h", (d(1),))
+    assert only(Admit, succeed(core, retry, 0.3, payload=b"genuine")) == [Admit("h", d(1), b"genuine" + d(1))]
+    assert core.stats.copies_refused == 1 and core.stats.rejected == 1 and core._peers["a"].score < 0
+
+
+def test_the_server_of_a_refused_copy_is_never_asked_for_that_digest_again() -> None:
+    core = started()
+    [pull] = only(Pull, announce(core, "a", [d(1)], 0.0))
+    succeed(core, pull, 0.1)
+    assert only(Pull, refuse_copy(core, "a", d(1), 0.2)) == []  # nobody else offers it: it waits
+    for t in (1.0, 2.0, 12.0, 25.0):  # a keeps announcing it, this round and the next ones
+        assert only(Pull, core.poll(t) + announce(core, "a", [d(1)], t)) == []
+    assert core.sizes().refused_copies == 1
+    [pull] = only(Pull, announce(core, "h", [d(1)], 26.0))  # a new announcer: pulled from it
+    assert (pull.peer, pull.digests) == ("h", (d(1),))
+    assert only(Pull, announce(core, "a", [d(2)], 26.0))[0].digests == (d(2),)  # a's other digests: pulled
+
+
+def test_refused_copies_of_one_digest_are_tried_at_most_max_attempts_times_in_all() -> None:
+    core = started(cfg(max_attempts=3))
+    servers = ["s0", "s1", "s2", "s3"]
+    pulls = 0
+    for i, server in enumerate(servers):
+        t = 0.1 * i
+        for pull in only(Pull, announce(core, server, [d(1)], t)):
+            pulls += 1
+            succeed(core, pull, t)
+            refuse_copy(core, pull.peer, d(1), t)
+    assert pulls == 3 and core.stats.gave_up == 1
+    assert only(Pull, announce(core, "h", [d(1)], 1.0)) == []  # given up: closed like any other
+
+
+def test_a_digest_whose_payload_does_not_match_is_never_pulled_again_from_that_peer() -> None:
+    core = started(digest_of=sha)
+    [pull] = only(Pull, announce(core, "a", [sha(b"good")], 0.0))
+    core.handle(PullSucceeded(pull.request_id, "a", ((sha(b"good"), b"bad"),)), 0.1)
+    assert core.stats.items_corrupt == 1
+    assert only(Pull, core.poll(5.0) + announce(core, "a", [sha(b"good")], 5.0)) == []
+    [pull] = only(Pull, announce(core, "b", [sha(b"good")], 5.1))
+    assert pull.peer == "b"
+
+
+def test_junk_rejections_cannot_make_the_core_forget_an_admitted_digest() -> None:
+    # Sybils serve junk until the bounded memory of handled digests overflows; the honest announcer
+    # still announces its admitted item, which must not be pulled again (admission would call it a
+    # replay, charged to the honest peer, and the core would shun it).
+    core = started(cfg(max_remembered=8, max_rejections=1000))
+    [pull] = only(Pull, announce(core, "h", [d(0)], 0.0))
+    succeed(core, pull, 0.0)
+    core.handle(AdmissionResult("h", d(0), True, "accepted"), 0.0)
+    junk = 0
+    for s in range(6):
+        t = 0.1 * (s + 1)
+        for pull in only(Pull, announce(core, f"sybil{s}", [d(1000 + 16 * s + i) for i in range(16)], t)):
+            succeed(core, pull, t)
+            for digest in pull.digests:
+                junk += 1
+                reason, copy = ("bad_signature", True) if digest[0] % 2 else ("invalid_payload", False)
+                core.handle(AdmissionResult(pull.peer, digest, False, reason, copy_refused=copy), t)
+    assert junk == 96 and core.sizes().remembered <= 8 + 1
+    assert only(Pull, announce(core, "h", [d(0)], 1.0)) == []
+    assert only(Pull, core.poll(30.0) + announce(core, "h", [d(0)], 30.0)) == []  # within remember_ttl
+
+
+def test_a_replayed_digest_is_remembered_as_safely_as_an_admitted_one() -> None:
+    core = started(cfg(max_remembered=1))
+    [pull] = only(Pull, announce(core, "h", [d(0)], 0.0))
+    succeed(core, pull, 0.0)
+    core.handle(AdmissionResult("h", d(0), False, "replay"), 0.0)  # admission holds it as seen
+    [pull] = only(Pull, announce(core, "x", [d(1), d(2)], 0.1))
+    succeed(core, pull, 0.1)
+    for digest in pull.digests:
+        core.handle(AdmissionResult("x", digest, False, "invalid_payload"), 0.1)
+    assert only(Pull, announce(core, "h", [d(0)], 0.2)) == []
+
+
 # --- invariants under random event sequences -------------------------------------------------
 
 PEERS = ["p0", "p1", "p2", "p3", "p4"]

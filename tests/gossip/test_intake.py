@@ -3,7 +3,7 @@ admission that the node's driver and both simulator modes share. Plain calls, no
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import cast
 
 import pytest
@@ -42,8 +42,16 @@ def decoded(data: bytes) -> Envelope:
     return value
 
 
-def scored(tag: int) -> ScoredGroup:
-    return cast(ScoredGroup, f"g{tag}")  # the pool never looks inside a group
+@dataclass(frozen=True)
+class StandInGroup:
+    """What the pool looks at in a group: its signer (``ScoredGroup.source``), nothing else."""
+
+    tag: int
+    source: str
+
+
+def scored(tag: int, source: str = "alice") -> ScoredGroup:
+    return cast(ScoredGroup, StandInGroup(tag, source))
 
 
 # -- own envelopes -------------------------------------------------------------------------------
@@ -123,11 +131,9 @@ def test_an_acceptance_is_one_accepted_result_for_the_digest() -> None:
 
 def test_a_rejection_that_left_a_ban_stops_the_core_pulling_from_the_delivering_peer() -> None:
     verdict = Rejected(RejectReason.BAD_SIGNATURE, "forged", charged="p")
-    assert verdict_events("p", b"d", verdict, T0 + 60) == [
-        AdmissionResult("p", b"d", False, "bad_signature"),
-        PeerBanned("p", T0 + 60),
-    ]
-    assert verdict_events("p", b"d", verdict, None) == [AdmissionResult("p", b"d", False, "bad_signature")]
+    refused = AdmissionResult("p", b"d", False, "bad_signature", copy_refused=True)  # only this copy
+    assert verdict_events("p", b"d", verdict, T0 + 60) == [refused, PeerBanned("p", T0 + 60)]
+    assert verdict_events("p", b"d", verdict, None) == [refused]
 
 
 def test_bytes_that_were_no_envelope_report_only_the_ban_they_left() -> None:
@@ -170,3 +176,72 @@ def test_sender_tallies_are_bounded_and_count_our_rewards_beside_the_claimed_one
     assert only[1]["groups"] == 2 and only[1]["completions"] == 4 and only[1]["reward_sum"] == 3.0
     claimed = 2 * sum(c.claimed_reward_informational for c in group.completions)
     assert only[1]["claimed_reward_sum"] == claimed
+
+
+def test_one_signers_flood_evicts_its_own_groups_not_those_of_others() -> None:
+    # Red team F3: one fresh identity's 512 admitted groups used to evict every honest group.
+    pool = ExternalPool(capacity=8)
+    honest = [scored(i, "honest") for i in range(3)]
+    for group in honest:
+        pool.add(group, 5)
+    flood = [scored(100 + i, "mallory") for i in range(50)]
+    for group in flood:
+        pool.add(group, 5)
+    assert len(pool) == 8
+    assert pool.take_all(5) == [*honest, *flood[-5:]]  # arrival order; mallory keeps its newest
+
+
+def test_a_full_pool_drops_the_oldest_group_of_the_signer_holding_the_most() -> None:
+    pool = ExternalPool(capacity=4)
+    for group in (scored(1, "a"), scored(2, "a"), scored(3, "b"), scored(4, "a"), scored(5, "b")):
+        pool.add(group, 1)  # full at 4: the fifth evicts a's oldest (a holds 3)
+    pool.add(scored(6, "c"), 1)  # a and b hold 2 each: b got to 2 first, its oldest goes
+    assert pool.take_all(1) == [scored(2, "a"), scored(4, "a"), scored(5, "b"), scored(6, "c")]
+    assert len(pool) == 0
+    for i in range(10):  # emptied: counts start again from nothing
+        pool.add(scored(i, "b"), 2)
+    assert pool.take_all(2) == [scored(i, "b") for i in range(6, 10)]
+
+
+def test_a_broken_copy_of_an_honest_envelope_does_not_keep_the_genuine_one_out() -> None:
+    """Red team F2, driven as the node's driver does: core, decode once, real admission."""
+    core = GossipCore(GossipConfig(round_seconds=30.0, epoch=T0 - 1.0, read_interval=1.0), "me")
+    admission = AdmissionPipeline(AdmissionConfig(allowed_tasks=frozenset(vectors.ALLOWED_TASKS)), now=T0)
+    genuine = heartbeat_bytes()
+    digest = envelope_digest(genuine)
+    envelope = decoded(genuine)
+    forged = encode_envelope(
+        replace(envelope, signature=bytes([envelope.signature[0] ^ 1]) + envelope.signature[1:])
+    )
+    assert envelope_digest(forged) == digest  # the id does not cover the signature
+    served = {"a-racer": forged, "honest": genuine}  # the racer's id sorts first: it is pulled first
+    held = DecodedEnvelopes()
+    verdicts: list[tuple[str, str]] = []
+    actions = core.handle_all([Announced("a-racer", 0, (digest,)), Announced("honest", 0, (digest,))], T0)
+    while actions:
+        action = actions.pop(0)
+        if isinstance(action, Pull):
+            pulled = decode_pulled([served[action.peer]], held)
+            actions += core.handle(PullSucceeded(action.request_id, action.peer, pulled.items), T0)
+        elif isinstance(action, Admit):
+            verdict = admission.admit(action.payload, T0, via=action.peer, envelope=held.take(action.payload))
+            verdicts.append((action.peer, "accepted" if verdict.accepted else cast(Rejected, verdict).reason))
+            banned_until = admission.ban_left_by(verdict, action.peer, T0)
+            actions += core.handle_all(verdict_events(action.peer, action.digest, verdict, banned_until), T0)
+    assert verdicts == [("a-racer", RejectReason.BAD_SIGNATURE), ("honest", "accepted")]
+    assert core.stats.copies_refused == 1
+
+
+def test_only_rejections_of_the_bytes_or_their_deliverer_leave_the_id_open() -> None:
+    def refused(reason: RejectReason, sender: str | None = None) -> bool:
+        (result,) = verdict_events("p", b"d", Rejected(reason, "x", sender=sender), None)
+        assert isinstance(result, AdmissionResult)
+        return result.copy_refused
+
+    for reason in (RejectReason.TOO_LARGE, RejectReason.MALFORMED, RejectReason.BAD_SIGNATURE):
+        assert refused(reason)
+    assert refused(RejectReason.BANNED) and refused(RejectReason.CPU_BUDGET)  # the deliverer's
+    assert not refused(RejectReason.BANNED, sender="signer")  # the signer's: about the content
+    assert not refused(RejectReason.CPU_BUDGET, sender="signer")
+    for reason in (RejectReason.REPLAY, RejectReason.TOO_OLD, RejectReason.PROMPT_MISMATCH):
+        assert not refused(reason)  # these name the id's own signed content

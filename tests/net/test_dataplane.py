@@ -7,6 +7,7 @@ import contextlib
 import struct
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 
 import pytest
 
@@ -268,3 +269,48 @@ def test_chunk_have_and_refusal_decode_with_limits() -> None:
         seal(ident, ChunkHave(DIGEST, (1, 1)), 1)
     with pytest.raises(ValueError):
         seal(ident, ChunkHave(DIGEST, (limits.MAX_CHUNKS,)), 1)
+
+
+@asynctest
+async def test_a_kind_taken_from_chosen_senders_refuses_others_before_verifying_or_parsing() -> None:
+    """A learner takes rollout batches from its active workers only: a stranger's request is a bad
+    request on the id its envelope claims, so neither its signature nor its payload costs us CPU."""
+    server = DataPlane(NodeIdentity.from_seed(b"s" * 32))
+    friend, stranger = NodeIdentity.from_seed(b"f" * 32), NodeIdentity.from_seed(b"x" * 32)
+    seen: list[str] = []
+    parsed: list[Kind] = []
+
+    async def record(sender: str, envelope: Envelope, message: Message) -> None:
+        seen.append(sender)
+
+    server.register(Kind.HEARTBEAT, record, senders=lambda peer: peer == friend.peer_id)
+    await server.start()
+    real = decode_payload
+
+    def counting(kind: Kind, payload: bytes) -> object:
+        parsed.append(kind)
+        return real(kind, payload)
+
+    try:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("swarmnode.net.dataplane.decode_payload", counting)
+            for who in (stranger, friend):
+                client = DataPlane(who)
+                await client.start()
+                try:
+                    if who is stranger:
+                        with pytest.raises(RemoteError, match="not_allowed"):
+                            await client.request(server.address, Heartbeat(1, "m", 2), timeout=5)
+                        sealed = seal(friend, Heartbeat(1, "m", 2), to_ms(time.time()))
+                        forged = replace(sealed, signature=b"\0" * 64)  # claims the friend's id
+                        with pytest.raises(RemoteError, match="signature does not verify"):
+                            await client.request(server.address, None, envelope=forged, timeout=5)
+                    else:
+                        assert await client.request(server.address, Heartbeat(1, "m", 2), timeout=5) is None
+                finally:
+                    await client.close()
+    finally:
+        await server.close()
+    assert seen == [friend.peer_id]
+    assert parsed == [Kind.HEARTBEAT]  # the friend's payload only
+    assert server.stats.bad_requests == 2

@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from swarmnode.ops.metrics import Metrics
-from swarmnode.ops.supervise import JobFailed, SupervisionPolicy, stop_on_signals, supervise
+from swarmnode.ops.supervise import JobFailed, SupervisionPolicy, TaskSet, stop_on_signals, supervise
 
 FAST = SupervisionPolicy(max_failures=3, backoff_initial=0.001, backoff_max=0.002, healthy_after=60)
 
@@ -98,3 +98,30 @@ def test_a_first_signal_asks_a_role_to_stop_and_a_second_aborts_it() -> None:
         asyncio.run(role(asyncio.Event(), seen))
     assert seen == ["stop set, still running"]
     assert 0.15 <= asyncio.run(timed(asyncio.Event())) < 10
+
+
+def test_a_task_set_reports_a_failure_and_close_ends_every_other(caplog: pytest.LogCaptureFixture) -> None:
+    """``TaskSet``: one failure is logged and reported, not dropped, and does not cancel its
+    siblings (a TaskGroup would); ``close`` cancels and awaits whatever still runs."""
+    failures: list[tuple[str, str]] = []
+    tasks = TaskSet("test", lambda name, exc: failures.append((name, repr(exc))))
+
+    async def fails() -> None:
+        raise RuntimeError("bug")
+
+    async def main() -> tuple[bool, int]:
+        sibling = tasks.spawn(asyncio.sleep(30), "sibling")
+        failing = tasks.spawn(fails(), "failing")
+        await asyncio.wait([failing])
+        await asyncio.sleep(0)  # the done callbacks run
+        running = not sibling.done()
+        left = len(tasks)
+        await tasks.close()
+        assert sibling.cancelled() and len(tasks) == 0
+        return running, left
+
+    with caplog.at_level(logging.ERROR):
+        running, left = asyncio.run(main())
+    assert running and left == 1
+    assert failures == [("failing", "RuntimeError('bug')")]
+    assert "test task failing failed" in caplog.text and "RuntimeError: bug" in caplog.text

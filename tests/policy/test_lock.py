@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Callable
 
 from swarmnode.policy.lock import ModelLock
 
@@ -33,15 +34,20 @@ def test_jobs_run_one_at_a_time_in_threads() -> None:
     assert threading.get_ident() not in idents  # never on the event loop's thread
 
 
-def test_a_cancelled_callers_job_still_holds_the_model_until_it_ends() -> None:
-    lock = ModelLock()
-    log: list[str] = []
-    release = threading.Event()
+def slow_job(log: list[str], release: threading.Event) -> Callable[[], None]:
+    """A torch job that runs until ``release`` is set, logging its start and end."""
 
     def slow() -> None:
         log.append("slow start")
         release.wait(10)
         log.append("slow end")
+
+    return slow
+
+
+def test_a_cancelled_callers_job_still_holds_the_model_until_it_ends() -> None:
+    lock, log, release = ModelLock(), [], threading.Event()
+    slow = slow_job(log, release)
 
     def fast() -> None:
         log.append("fast")
@@ -60,3 +66,32 @@ def test_a_cancelled_callers_job_still_holds_the_model_until_it_ends() -> None:
 
     asyncio.run(main())
     assert log == ["slow start", "slow end", "fast"]
+
+
+def test_a_block_held_in_the_loop_excludes_thread_jobs_and_waits_out_a_cancelled_one() -> None:
+    lock, log, release = ModelLock(), [], threading.Event()
+    slow = slow_job(log, release)
+
+    async def main() -> None:
+        first = asyncio.create_task(lock.run(slow))
+        while "slow start" not in log:
+            await asyncio.sleep(0.001)
+        first.cancel()
+
+        async def swap() -> None:
+            async with lock.held():
+                log.append("swap")
+
+        swapping = asyncio.create_task(swap())
+        await asyncio.sleep(0.05)
+        assert log == ["slow start"]  # the swap waits for the cancelled caller's job, loop free
+        release.set()
+        await swapping
+        async with lock.held():
+            job = asyncio.create_task(lock.run(log.append, "job"))
+            await asyncio.sleep(0.05)
+            assert log[-1] == "swap"  # no job runs while the block holds the model
+        await job
+
+    asyncio.run(main())
+    assert log == ["slow start", "slow end", "swap", "job"]

@@ -19,11 +19,11 @@ LIE = 0.5  # nats added to every reported log-prob (clipped at 0): a worker clai
 
 
 class LyingWorker(worker_module.WorkerNode):
-    def _generate(self, index: int) -> tuple[list[ScoredGroup], float]:
-        groups, seconds = super()._generate(index)
+    def _generate(self, index: int) -> tuple[int, list[ScoredGroup], float]:
+        version, groups, seconds = super()._generate(index)
         for g in groups:
             g.behaviour_logprobs = [[min(0.0, lp + LIE) for lp in row] for row in g.behaviour_logprobs]
-        return groups, seconds
+        return version, groups, seconds
 
 
 if __name__ == "__main__":

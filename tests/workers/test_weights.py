@@ -131,3 +131,29 @@ def test_a_newer_version_within_s_waits_for_the_receive_in_progress() -> None:
         assert rec.metrics.value("weights_abandoned") == 0
 
     asyncio.run(asyncio.wait_for(with_pair(body), 60))
+
+
+def test_the_publisher_tells_each_worker_each_version_once_and_again_only_when_asked() -> None:
+    """Who was told which version lives in the publisher alone: a second ``tell`` of the same
+    version sends nothing; ``again`` (after an Activate), a new version, ``forget`` (the worker
+    started over) and a failed send each make the next ``tell`` send."""
+
+    async def body(pub: WeightPublisher, rec: WeightReceiver, dp: DataPlane, model: torch.nn.Module) -> None:
+        worker = PeerRecord(peer_id=rec.node.me, addresses=(rec.node.dataplane.address,))
+        pub.publish(0, model)
+        assert pub.tell(worker) and not pub.tell(worker)
+        assert pub.tell(worker, again=True)
+        await until(lambda: rec.policy.version == 0, "v0 applied")
+        with torch.no_grad():
+            next(model.parameters()).add_(1.0)
+        pub.publish(1, model)
+        assert pub.tell(worker) and not pub.tell(worker)
+        pub.forget(worker.peer_id)
+        assert pub.tell(worker)
+        nowhere = PeerRecord(peer_id=identity("gone").peer_id, addresses=("127.0.0.1:9",))
+        assert pub.tell(nowhere)
+        await until(lambda: pub.metrics.value("manifest_failures") == 1, "the send to a closed port to fail")
+        assert pub.tell(nowhere)  # not told after all: sent again
+        await until(lambda: rec.policy.version == 1, "v1 applied")
+
+    asyncio.run(asyncio.wait_for(with_pair(body), 90))
