@@ -29,14 +29,15 @@ The rule (``plan``)
     could never re-measure the T and D that excluded them.
 
 Probation: measure before trust, make before break (``ActivationCore``)
-    An advertisement is a claim; a measurement is evidence. A worker is *proven* once, since it
-    joined (a leave and a join start it over), a full ``rate_window`` of measurement backs the rate
-    the plan counts on from it: its measured rate (from its first delivery while active, Measured
-    rates) lies within the drift band of that rate, or a positive measured rate was adopted. Every
-    other worker is *unproven*. One delivery is not enough: a worker advertising 1e9/s that
-    delivers one completion per activation would otherwise be planned at 1e9/s until its measured
-    0 is adopted, and every honest proven worker dropped meanwhile; so before a worker may displace
-    anyone, the plan counts on it at no more than the drift band allows above what it has shown.
+    An advertisement is a claim; a measurement is evidence. A worker is *proven* once, since it joined
+    (a leave and a join start it over, but lift no penalty: Leaving), a full ``rate_window`` of
+    measurement backs the rate the plan counts on from it: its measured rate (from its first delivery
+    while active, Measured rates) lies within the drift band of that rate, or a positive measured rate
+    was adopted. Every other worker is *unproven*. One delivery is not enough: a worker advertising
+    1e9/s that delivers one completion per activation would otherwise be planned at 1e9/s until its
+    measured 0 is adopted, and every honest proven worker dropped meanwhile; so before a worker may
+    displace anyone, the plan counts on it at no more than the drift band allows above what it has
+    shown.
     A re-advertised rate the plan takes up (beyond the band, while unmeasured) is a new claim: the
     worker is unproven again until a window backs it.
     The core plans among all eligible workers as above, then, if some proven worker qualifies and
@@ -63,10 +64,22 @@ Probation: measure before trust, make before break (``ActivationCore``)
       counts on what it measured.
 
     With no proven worker qualifying (cold start) the plan is the plain rule on advertised rates,
-    with no cap: someone has to be tried. Only an active worker that is delivering (its window not
-    yet full) stays active if that plan drops it (``Plan.kept``): a claim nobody measured yet must
-    not cut off the rollouts the learner is already getting. ``policy="all"``
-    activates every qualifying proven worker and, with the same cap, unproven ones.
+    with no cap: someone has to be tried. Three exceptions:
+
+    * re-tried workers (above) come last: the plan is among the never-tried workers when they
+      cover the need, among all of them otherwise;
+    * once a claim has failed in this run (an unproven worker measured at 0), a pick whose claim
+      alone covers the need is not tried alone: never-tried workers (smaller claims first, then
+      plan order) are put on probation beside it (``Plan.probation``) until they cover the need
+      on their own, at most ``max_probation`` unproven workers in all. Otherwise each identity
+      claiming 1e9/s would be the whole plan for one trial, and two that leave and join in turn
+      kept every honest worker out (red team round 8, R8-1). Before any claim failed, a start
+      with honest workers only plans exactly as the plain rule does;
+    * an active worker that is delivering (its window not yet full) stays active if that plan
+      drops it (``Plan.kept``): a claim nobody measured yet must not cut off the rollouts the
+      learner is already getting.
+
+    ``policy="all"`` activates every qualifying proven worker and, with the same cap, unproven ones.
 
 Driving ``ActivationCore``
     ``handle(event, now)`` and ``poll(now)`` return actions; the driver performs all of them, in
@@ -81,7 +94,8 @@ Driving ``ActivationCore``
                                latency that changes whether it meets the staleness bound,
                                or rate beyond ``drift_fraction`` while unmeasured)
     ``WorkerLeft(peer)``       gone (record expired, disconnected); re-plan if it mattered;
-                               no ``Deactivate`` is sent to a peer that left
+                               no ``Deactivate`` is sent to a peer that left; a penalty it
+                               earned unproven is kept for its next join (Leaving)
     ``StepMeasured``           one learner step took ``step_seconds`` of compute after
                                ``wait_seconds`` waiting for rollouts; refines T (EWMA) and
                                measured utilization; re-plan when T leaves the
@@ -126,7 +140,8 @@ Measured rates and drift
     Hysteresis: after adoption the band is centred on the new rate, so a rate wobbling
     around a band edge re-plans once, not on every sample; step time is smoothed and banded the
     same way. A measured rate, once adopted, outranks the worker's own advertisement until the worker
-    leaves and joins again (so a worker measured at 0 stays out of the plan until then).
+    is started over (so a worker measured at 0 stays out of the plan until its re-probe, even if
+    it leaves and joins again: Restarts and re-probes).
 
 Tail latency
     A worker's ``gen_tail_latency`` is the driver's when the offer carries one; otherwise the core
@@ -149,13 +164,20 @@ Restarts and re-probes: starting a worker over
       penalty. A worker measured at 0 and out keeps the new offer but is started over only when
       its re-probe is due (below), as if it had not restarted; a worker restarting after it was
       tried and before it was proven counts as re-probed (it waits behind workers never tried).
-    * Re-probe: a measured rate, once adopted, outranks the advertisement until the worker leaves,
-      so a worker that stalled for one window (weights over a slow link, a busy host) would stay
-      out for good. A worker measured at 0 that still advertises a positive rate and is not banned
-      is started over by ``poll`` ``reprobe_seconds`` after it was measured at 0 (and so at most
-      once per ``reprobe_seconds``): a new chance once a while, never an ``Activate`` chasing the
-      ``Deactivate`` that measurement caused. It keeps its last delivery size (same run, same tail),
-      and for a probation place it waits behind workers never tried (Probation).
+    * Re-probe: a measured rate, once adopted, outranks the advertisement until the worker is started
+      over, so a worker that stalled for one window (weights over a slow link, a busy host) would stay
+      out for good. A worker measured at 0 that still advertises a positive rate and is not banned is
+      started over by ``poll`` ``reprobe_seconds`` after it was measured at 0 (and so at most once per
+      ``reprobe_seconds``): a new chance once a while, never an ``Activate`` chasing the ``Deactivate``
+      that measurement caused. It keeps its last delivery size (same run, same tail), and for a
+      probation place it waits behind workers never tried (Probation).
+    * Leaving does not lift a penalty: a worker that leaves unproven after it was tried (measured
+      at 0, re-probed, or activated) is remembered (``PENALTY_MEMORY_REPROBES`` re-probe
+      intervals, an hour at the default; at most ``max_workers`` peers, the oldest forgotten
+      first). When it joins again, a worker measured at 0 is out until its re-probe is due, as if
+      it had stayed; any other is re-tried (behind workers never tried). So a leave and a join,
+      which cost nothing, are no faster than a re-probe (red team round 8, R8-1, R8-5, R8-6). A
+      worker that left proven, or never tried, is new again when it joins.
 
 Measured utilization
     Share of learner wall time spent stepping: ``sum(step) / sum(step + waited)`` over the
@@ -176,6 +198,9 @@ _EPS = 1e-9  # relative slack for float comparisons against hand-computed thresh
 MAX_LEASE_SECONDS = 86_400  # the wire's bound on Activate.lease_seconds
 # A version landing mid-delivery waits for that delivery, then its own is generated (Tail latency).
 TAIL_DELIVERIES = 2.0
+# A worker that left unproven has its penalty remembered this many re-probe intervals (an hour at the
+# default reprobe_seconds), long past the re-probe it could otherwise skip by leaving and joining.
+PENALTY_MEMORY_REPROBES = 60
 
 
 def _positive(prefix: str, name: str, value: float) -> None:
@@ -681,6 +706,16 @@ class _Worker:
     reprobes: int = 0  # times it was started over by a re-probe (it waits behind untried workers)
 
 
+@dataclass(frozen=True)
+class _Penalty:
+    """What a worker that left unproven had earned (module docstring, Restarts and
+    re-probes: Leaving): it is restored when the same peer joins again."""
+
+    left_at: float
+    zeroed_at: float | None  # when its measured 0 was adopted (None: not measured at 0)
+    reprobes: int  # re-tries counted on its next join (it waits behind workers never tried)
+
+
 class ActivationCore:
     """One learner's worker activation: see the module docstring."""
 
@@ -691,6 +726,9 @@ class ActivationCore:
         self._workers: dict[PeerId, _Worker] = {}
         self._bans: dict[PeerId, float] = {}  # peer -> excluded until
         self._ban_reasons: dict[PeerId, str] = {}
+        # peer -> what it earned before it left, oldest first (bounded like the workers, with an expiry)
+        self._penalties: dict[PeerId, _Penalty] = {}
+        self._claim_failed = False  # an unproven worker was measured at 0 in this run (cold start)
         self._step_time = config.step_time
         self._dissemination = config.dissemination
         self._step_measured = False
@@ -819,7 +857,20 @@ class ActivationCore:
                 self.stats.workers_refused += 1
                 return []
             self.stats.joins += 1
-            self._workers[offer.peer] = _Worker(offer=offer, planned_rate=offer.rate)
+            penalty = self._remembered(offer.peer, now)
+            if penalty is not None and penalty.zeroed_at is not None:
+                # Measured at 0 before it left: back out until its re-probe is due, as if it had
+                # stayed (a leave and a join cost nothing, so they lift no penalty).
+                self._workers[offer.peer] = _Worker(
+                    offer=offer,
+                    planned_rate=0.0,
+                    measured_adopted=True,
+                    zeroed_at=penalty.zeroed_at,
+                    reprobes=penalty.reprobes,
+                )
+                return []
+            reprobes = 0 if penalty is None else penalty.reprobes
+            self._workers[offer.peer] = _Worker(offer=offer, planned_rate=offer.rate, reprobes=reprobes)
             return self._replan(now, f"worker joined: {offer.peer}")
         old = worker.offer
         if old.address and offer.address and old.address != offer.address:
@@ -861,6 +912,7 @@ class ActivationCore:
         if worker is None:
             return []
         self.stats.leaves += 1
+        self._remember(peer, worker, now)
         mattered = worker.active or any(e.peer == peer for e in self._plan.excluded)
         return self._replan(now, f"worker left: {peer}") if mattered else []
 
@@ -955,6 +1007,31 @@ class ActivationCore:
         )
         return actions + self._replan(now, f"{cause}, measuring it afresh: {peer}")
 
+    def _remember(self, peer: PeerId, worker: _Worker, now: float) -> None:
+        """Keep what ``worker`` earned unproven (a measured 0, its re-tries) past its leave."""
+        if self._proven(worker):
+            return  # a proven worker earned nothing to hold against it
+        tried = worker.activated_at > -math.inf and worker.zeroed_at is None
+        if worker.zeroed_at is None and not tried and not worker.reprobes:
+            return  # never tried: nothing to remember
+        self._penalties.pop(peer, None)  # re-inserted: the newest last
+        self._penalties[peer] = _Penalty(now, worker.zeroed_at, worker.reprobes + int(tried))
+        horizon = now - self._penalty_memory()
+        while self._penalties:
+            oldest = next(iter(self._penalties))
+            if len(self._penalties) <= self.config.max_workers and self._penalties[oldest].left_at > horizon:
+                break
+            del self._penalties[oldest]  # expired, or over the bound: the oldest is forgotten first
+
+    def _remembered(self, peer: PeerId, now: float) -> _Penalty | None:
+        penalty = self._penalties.pop(peer, None)
+        if penalty is None or penalty.left_at <= now - self._penalty_memory():
+            return None
+        return penalty
+
+    def _penalty_memory(self) -> float:
+        return PENALTY_MEMORY_REPROBES * self.config.reprobe_seconds
+
     def _reprobe_due(self, worker: _Worker) -> float | None:
         """When ``worker`` gets a new chance (None: it needs none, or advertises no rate)."""
         if worker.zeroed_at is None or worker.active or not worker.offer.rate > 0:
@@ -999,9 +1076,12 @@ class ActivationCore:
     def _proven(self, worker: _Worker) -> bool:
         return worker.backed and worker.planned_rate > 0
 
-    def _plan_among(self, eligible: list[WorkerOffer], need: Need, *, count_fallback: bool = False) -> Plan:
-        """``plan`` with ``ActivationCore``'s latency fallback (module docstring, The rule)."""
-        all_on = self.config.policy == "all"
+    def _plan_among(
+        self, eligible: list[WorkerOffer], need: Need, *, count_fallback: bool = False, all_on: bool = False
+    ) -> Plan:
+        """``plan`` with ``ActivationCore``'s latency fallback (module docstring, The rule);
+        ``all_on``: every qualifying worker, in plan order, whatever the policy."""
+        all_on = all_on or self.config.policy == "all"
         new = plan(eligible, need, all_on=all_on)
         if not new.workers and any(exclusion_reason(o, need, check_latency=False) is None for o in eligible):
             # Nobody meets D + T_gen <= S * T. With no worker the learner takes no step, so T and D
@@ -1037,7 +1117,7 @@ class ActivationCore:
         a proven one qualifies; then ``plan(proven)`` plus at most ``max_probation`` unproven."""
         proven_peers = {o.peer for o in eligible if self._proven(self._workers[o.peer])}
         if not proven_peers:
-            return self._cold_start(full, eligible)
+            return self._cold_start(full, eligible, need)
         proven = [o for o in eligible if o.peer in proven_peers]
         retried = {o.peer for o in eligible if self._workers[o.peer].reprobes and o.peer not in proven_peers}
         # Candidates: the unproven picks among the proven and the never-tried first, then the full
@@ -1050,7 +1130,7 @@ class ActivationCore:
             return full
         base = self._plan_among(proven, need)
         if not base.workers:  # no proven worker qualifies (cold start)
-            return self._cold_start(full, eligible)
+            return self._cold_start(full, eligible, need)
         # Already on probation keep their place; new ones fill the free places in plan order.
         on_probation = [o for o in candidates if self._workers[o.peer].active]
         places = max(0, self.config.max_probation - len(on_probation))
@@ -1102,20 +1182,46 @@ class ActivationCore:
             waiting=waiting,
         )
 
-    def _cold_start(self, full: Plan, eligible: list[WorkerOffer]) -> Plan:
-        """No proven worker qualifies: ``full``, plus the active workers it drops that are delivering
-        (module docstring, Probation): nobody is proven before a full window, and a claim not yet
-        measured must not drop the workers the learner is already getting rollouts from."""
+    def _cold_start(self, full: Plan, eligible: list[WorkerOffer], need: Need) -> Plan:
+        """No proven worker qualifies (module docstring, Probation): the plan among the never-tried
+        workers when it covers the need (else ``full``); beside a pick whose claim alone covers the
+        need, never-tried workers in plan order (at most ``max_probation`` unproven in all); and the
+        active workers it drops that are delivering: nobody is proven before a full window, and a
+        claim not yet measured must not drop the workers the learner is already getting rollouts from."""
+        untried = [o for o in eligible if not self._workers[o.peer].reprobes]
+        first = self._plan_among(untried, need) if len(untried) < len(eligible) else full
+        if first.feasible:
+            full = replace(first, excluded=full.excluded)
+        picked = set(full.active)
+        hedge: list[WorkerOffer] = []
+        required = need.required_rate * (1 - _EPS)
+        if self._claim_failed and any(o.rate >= required for o in full.workers):
+            # A claim failed in this run, and one that covers the need alone would be tried alone: a
+            # learner that trusts it gets nothing until it measures 0 (first_rollout_timeout +
+            # drift_hold), then the next such claim alone, for ever with two identities that leave and
+            # join. Try never-tried workers beside it, smaller claims first, until they cover the need
+            # on their own or the probation places run out. (Before any claim failed, an honest
+            # restart plans as the plain rule does.)
+            places = self.config.max_probation - len(full.workers)
+            others = self._plan_among(untried, need, all_on=True).workers if untried else ()
+            covered = 0.0
+            for o in sorted((o for o in others if o.peer not in picked), key=lambda o: o.rate >= required):
+                if places <= 0 or covered >= required:
+                    break
+                hedge.append(o)
+                places -= 1
+                covered += o.rate
+        chosen = picked | {o.peer for o in hedge}
         delivering = [
             o
             for o in eligible
             if (w := self._workers[o.peer]).active
             and w.measure_from is not None
             and w.planned_rate > 0
-            and o.peer not in full.active
+            and o.peer not in chosen
             and exclusion_reason(o, full.need) is None
         ]
-        if not delivering:
+        if not delivering and not hedge:
             return full
         names = ", ".join(full.active) or "nobody"
         kept = tuple(
@@ -1124,7 +1230,7 @@ class ActivationCore:
             )
             for o in delivering
         )
-        workers = tuple(sorted((*full.workers, *delivering), key=_order))
+        workers = tuple(sorted((*full.workers, *hedge, *delivering), key=_order))
         rate = sum(w.rate for w in workers)
         feasible = rate >= full.need.required_rate * (1 - _EPS)
         return replace(
@@ -1136,6 +1242,7 @@ class ActivationCore:
             feasible=feasible,
             reason="" if feasible else full.reason,
             kept=kept,
+            probation=tuple(o.peer for o in hedge),
         )
 
     def _replan(self, now: float, cause: str) -> list[ActivationAction]:
@@ -1241,6 +1348,8 @@ class ActivationCore:
                 worker.planned_rate = measured
                 worker.measured_adopted = True
                 worker.zeroed_at = now if measured <= 0 else None
+                if measured <= 0 and not worker.backed:
+                    self._claim_failed = True  # a claim nobody could back: cold starts hedge from now on
                 worker.drift_since = None
                 if measured > 0 and not worker.backed:
                     worker.backed = True  # the plan now counts on what it measured: proven

@@ -9,7 +9,9 @@ Owns
     serve to a requesting peer. A verdict closes its digest for ``remember_ttl`` (admitted ones
     in their own memory, which rejected junk cannot flush), except a refusal of that copy only
     (a broken copy served under an honest id): then the digest is pulled from another announcer,
-    never again from that one. Every set and queue has a bound; every timer is explicit.
+    never again from that one; likewise from an announcer that answered its pull without it, which
+    is charged but uses up none of the digest's tries. Every set and queue has a bound; every timer
+    is explicit.
 
 Must not
     Touch sockets, clocks, threads or event loops; decode or judge payloads (the driver's
@@ -58,6 +60,10 @@ from swarmnode.errors import ConfigError
 _SCORE_ACCEPTED = 1
 _SCORE_FAILED = -2
 _SCORE_REJECTED = -5
+# Announced an id, then answered its pull without it. An honest peer does so only when the item
+# expired meanwhile, so the charge is a failure's, never a rejection's: it orders the peer after
+# others and never bans it (red team R8-3).
+_SCORE_UNSERVED = -2
 _SCORE_LIMIT = 100
 _BACKOFF_MAX_DOUBLINGS = 30  # 2**30 * any sane backoff_base is past backoff_max already
 # The admission reason (swarmnode.admit.reasons.RejectReason.REPLAY) for an id it already holds as seen.
@@ -90,7 +96,10 @@ class GossipConfig:
     pull_timeout: float = 10.0
     pull_rate: float = 8.0  # per peer; keep it below peers' serve_rate
     pull_burst: float = 32.0
-    max_attempts: int = 4  # per digest, across peers, before giving up on it
+    # Failed pulls and refused copies per digest, across peers, before giving up on it. A pull
+    # answered without the digest does not count here: anyone can announce any id and answer
+    # empty, so that would let free peer ids use up an honest digest's tries (red team R8-3).
+    max_attempts: int = 4
     backoff_base: float = 1.0
     backoff_max: float = 60.0
     # Admission.
@@ -104,7 +113,8 @@ class GossipConfig:
     # rejections, which anyone can produce in bulk, cannot push them out (red team F6).
     max_remembered_admitted: int = 65536
     # Digests whose copy from some announcer was refused before its signature held, kept with who
-    # served it while no other announcer offers them (that peer is never asked for them again).
+    # served it while no other announcer offers them (that peer is never asked for them again);
+    # likewise digests an announcer answered a pull of without serving them.
     max_refused_copies: int = 8192
     # Serving.
     max_serve_batch: int = 32
@@ -391,7 +401,9 @@ class _Candidate:
     expires_at: float
     tried: set[PeerId] = field(default_factory=set)
     attempts: int = 0
-    refused: set[PeerId] = field(default_factory=set)  # served a broken copy: never asked again
+    # Never asked for this digest again: served a broken copy, or answered its pull without it.
+    refused: set[PeerId] = field(default_factory=set)
+    unserved: int = 0  # announcers that answered a pull of it without it, <= _max_unserved
 
 
 @dataclass
@@ -478,6 +490,11 @@ class GossipCore:
         self._round_start = math.inf
         self._round_end = -math.inf
         self._pruned_round: int | None = None  # the round own-round bookkeeping was pruned for
+        # Announcers that may answer a pull of one digest without it before it is given up: a full
+        # table of them, and as many again that took the slots they gave up. More than a table,
+        # so that free ids filling every slot before the honest announcer's record is read cannot
+        # close the digest (red team R8-3); bounded, so one id cannot be pulled without end.
+        self._max_unserved = 2 * c.max_announcers_per_digest
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -694,9 +711,9 @@ class GossipCore:
                 if (
                     candidate is not None
                     and event.peer not in candidate.refused
-                    and len(candidate.announcers) < c.max_announcers_per_digest
+                    and event.peer not in candidate.announcers
                 ):
-                    candidate.announcers.setdefault(event.peer, None)
+                    self._take_slot(candidate, event.peer, in_table=False)
                 continue
             candidate = self._candidates.get(digest)
             parked = None if candidate is not None else self._refused_copies.get(digest)
@@ -724,9 +741,24 @@ class GossipCore:
                     candidate = parked
                     candidate.expires_at = expires_at
                 self._candidates.put(digest, candidate, expires_at)
-            if len(candidate.announcers) < c.max_announcers_per_digest:
-                candidate.announcers[event.peer] = None
+            if self._take_slot(candidate, event.peer, in_table=True):
                 state.candidates += 1
+
+    def _take_slot(self, candidate: _Candidate, peer: PeerId, *, in_table: bool) -> bool:
+        """Make ``peer`` an announcer of ``candidate`` if there is a slot. When all are taken, a
+        peer not tried yet takes the slot of the earliest one whose pull of it failed already:
+        peers that failed it cannot hold every slot against its honest announcer (red team R8-3).
+        ``in_table``: the candidate waits in the table, whose slots count in ``_Peer.candidates``."""
+        if len(candidate.announcers) >= self.config.max_announcers_per_digest:
+            failed = next((p for p in candidate.announcers if p in candidate.tried), None)
+            if failed is None or peer in candidate.tried:
+                return False
+            del candidate.announcers[failed]
+            state = self._peers.get(failed)
+            if in_table and state is not None:
+                state.candidates -= 1
+        candidate.announcers[peer] = None
+        return True
 
     def _known(self, digest: Digest) -> bool:
         """Own, remembered, in flight or awaiting a verdict: never to be pulled again (for now)."""
@@ -779,13 +811,16 @@ class GossipCore:
     def _choose_peer(
         self, candidate: _Candidate, now: float, open_batches: dict[PeerId, _Batch], free_slots: int
     ) -> PeerId | None:
-        """Untried announcers first, then the best history; ties by peer id (deterministic)."""
+        """Untried announcers first, then the best history; ties go to the earliest announcer.
+
+        Not to the smallest peer id (as before red team R8-3): a peer chooses its id, but not
+        when its announcement is read relative to the others'."""
         best: PeerId | None = None
-        best_key: tuple[bool, int, PeerId] | None = None
-        for peer in candidate.announcers:
+        best_key: tuple[bool, int] | None = None
+        for peer in candidate.announcers:  # in the order they announced it
             if peer not in open_batches and not self._can_open_pull(peer, now, free_slots):
                 continue
-            key = (peer in candidate.tried, -self._peers[peer].score, peer)
+            key = (peer in candidate.tried, -self._peers[peer].score)
             if best_key is None or key < best_key:
                 best, best_key = peer, key
         return best
@@ -853,12 +888,14 @@ class GossipCore:
             state.backoff_until = -math.inf
         actions: list[GossipAction] = []
         delivered: set[Digest] = set()
+        corrupt: set[Digest] = set()
         for digest, payload in event.items:
             if digest not in pull.digests or digest in delivered:
                 self.stats.items_unrequested += 1
                 continue
             if self._digest_of is not None and self._digest_of(payload) != digest:
                 self.stats.items_corrupt += 1
+                corrupt.add(digest)
                 pull.digests[digest].refused.add(event.peer)  # a broken copy: retried elsewhere only
                 actions += self._count_rejection(event.peer, now)
                 continue
@@ -870,9 +907,13 @@ class GossipCore:
             actions.append(Admit(event.peer, digest, payload))
             self.stats.admits += 1
         for digest, candidate in pull.digests.items():
-            if digest not in delivered:
-                self.stats.items_missing += 1
-                self._retry_elsewhere(digest, candidate, event.peer, now)
+            if digest in delivered:
+                continue
+            self.stats.items_missing += 1
+            if digest in corrupt:
+                self._retry_elsewhere(digest, candidate, event.peer, now)  # refused and charged above
+            else:
+                self._not_served(digest, candidate, event.peer, now)
         return actions
 
     def _on_pull_failed(self, event: PullFailed, now: float) -> None:
@@ -894,15 +935,41 @@ class GossipCore:
 
     def _retry_elsewhere(self, digest: Digest, candidate: _Candidate, peer: PeerId, now: float) -> None:
         """Put an undelivered digest back among the candidates; ``peer`` now ranks after untried ones."""
-        c = self.config
         candidate.tried.add(peer)
         candidate.attempts += 1
         if self._known(digest):
             return
-        if candidate.attempts >= c.max_attempts:
+        if candidate.attempts >= self.config.max_attempts:
             self.stats.gave_up += 1
             self._remember(digest, now)
             return
+        self._requeue(digest, candidate, now)
+
+    def _not_served(self, digest: Digest, candidate: _Candidate, peer: PeerId, now: float) -> None:
+        """``peer`` announced ``digest`` and answered its pull without it (red team R8-3).
+
+        Free peer ids can do so at will, so it must not use up the digest's ``max_attempts``,
+        which its honest announcer needs: instead the peer is charged, never asked for the digest
+        again and gives up its announcer slot. How many announcers may fail one digest so is
+        bounded (``_max_unserved``), so the pulls of one id stay bounded: at most ``max_attempts``
+        + ``_max_unserved`` in all."""
+        state = self._peers.get(peer)
+        if state is not None:
+            state.adjust(_SCORE_UNSERVED)
+        candidate.tried.add(peer)
+        candidate.refused.add(peer)
+        candidate.unserved += 1
+        if self._known(digest):
+            return
+        if candidate.unserved >= self._max_unserved:
+            self.stats.gave_up += 1
+            self._remember(digest, now)
+            return
+        self._requeue(digest, candidate, now)
+
+    def _requeue(self, digest: Digest, candidate: _Candidate, now: float) -> None:
+        """Back among the candidates with the announcers still worth asking, else parked or dropped."""
+        c = self.config
         announcers = {
             p: None
             for p in candidate.announcers

@@ -447,16 +447,21 @@ class DataPlane:
         A bad request (empty, undecodable, unsigned) is a strike against the connection and
         does not reset its idle timer; after MAX_BAD_REQUESTS strikes it is closed. The first
         valid request names the connection's identity; beyond MAX_PER_IDENTITY connections of
-        one signer the new one is refused and closed, before its handler runs (so a refused
-        request has no effect: no upload slot taken, no answer computed and dropped).
+        one signer the new one closes that signer's idlest other connection, before its handler
+        runs; only when all of them are mid-request is the new one refused and closed (so a
+        refused request has no effect: no upload slot taken, no answer computed and dropped).
         """
 
         def admit(sender: str) -> str | None:
             if conn.identity is not None:
                 return None
-            held = sum(1 for c in self._conns.values() if c.identity == sender)
-            if held >= self.max_per_identity:
-                return f"busy: over {self.max_per_identity} connections from one peer"
+            held = [c for c in self._conns.values() if c.identity == sender and c is not conn]
+            # At the cap, the newest connection of an identity wins: the idlest other one is closed
+            # (never one mid-request). Refusing the newcomer instead let anyone who copied one of a
+            # peer's signed envelopes (its public PeerRecord, say) lock that peer out by replaying it
+            # as the first request of 16 connections (red team round 8, R8-2).
+            if len(held) >= self.max_per_identity and not self._evict(sorted(held, key=_activity)):
+                return f"busy: over {self.max_per_identity} connections from one peer, all mid-request"
             conn.identity = sender  # claimed before the handler runs: concurrent handshakes count
             return None
 

@@ -30,6 +30,7 @@ from swarmnode.activation.core import (
     WorkerLeft,
     WorkerMisbehaved,
     WorkerOffer,
+    _Penalty,
     exclusion_reason,
     plan,
 )
@@ -573,10 +574,14 @@ def test_a_fake_offer_never_deactivates_a_proven_worker_and_drops_out_when_it_me
     assert honest and all(isinstance(a, Activate) and a.renewal and a.target_rate == 12.0 for a in honest)
     assert Deactivate("fake", "no rollout rate (0 completions/s)") in actions
     assert core.active() == ("honest",) and core.plan.kept == () and core.plan.probation == ()
-    # The learner re-probes it (leave + join: its measurement starts over): the same again.
+    # A leave and a join lift no penalty (red team round 8, R8-1): it stays out until its re-probe,
+    # due reprobe_seconds after its measured 0 (160 + 600); then the same again.
     actions = core.handle(WorkerLeft("fake"), 300.0) + core.handle(WorkerJoined(fake), 300.0)
-    assert moves(actions) == [Activate("fake", fake.rate, 60)]
-    actions = run(core, 300.0, 600.0)
+    assert moves(actions) == [] and core.active() == ("honest",)
+    actions = run(core, 300.0, 759.0)
+    assert not [a for a in moves(actions) if a.peer == "fake"]
+    actions = run(core, 759.0, 900.0)
+    assert Forget("fake", "worker re-probed") in actions and Activate("fake", fake.rate, 60) in actions
     assert not [a for a in moves(actions) if a.peer == "honest" and not isinstance(a, Activate)]
     assert Deactivate("fake", "no rollout rate (0 completions/s)") in actions
     assert core.active() == ("honest",) and core.stats.deactivations == 2
@@ -996,3 +1001,127 @@ def test_a_proven_worker_re_advertising_a_far_higher_rate_is_unproven_until_a_wi
     assert not {s.peer: s.proven for s in core.status(71.0).workers}["w"]
     assert "honest" in core.active() and not [a for a in actions if isinstance(a, Deactivate)]
     assert [k.peer for k in core.plan.kept] == ["honest"] and core.plan.probation == ("w",)
+
+
+# Red team round 8 (R8-1, R8-5, R8-6): identities that never deliver and, once measured at 0, leave
+# for one recruit round (the learner sends WorkerLeft) and offer again. Before the fix a leave lifted
+# the measured 0, and at cold start one fresh 1e9/s claim was the whole plan: two such identities
+# kept every honest worker out (0% of 3,000 s), and an honest newcomer off probation for ever.
+
+
+def leave_rejoin_attack(
+    identities: int, *, first_delivery: int, end: int = 3000, gap: int = 10
+) -> tuple[float, int]:
+    """Two honest workers at 6/s (price 1, together the 11/s need) and ``identities`` claimers of
+    1e9/s at price 0 join at 0 (a learner start). Honest workers deliver 6 a second from
+    ``first_delivery`` s after each activation. Returns the share of [0, end) some honest worker
+    was active, and the honest completions."""
+    core = ActivationCore(config(drift_hold=30.0, reprobe_seconds=60.0))
+    honest = [WorkerOffer(f"h{i}", rate=6.0, price=1.0, address=f"10.0.{i}.1:7000") for i in range(2)]
+    claimers = [f"x{i}" for i in range(identities)]
+    joined(core, *honest, *(WorkerOffer(x, 1e9, 0.0, address=f"{x}:1") for x in claimers))
+    since: dict[str, float] = {}
+    away: dict[str, float] = {}
+    on = delivered = 0
+    for t in range(1, end):
+        now = float(t)
+        core.poll(now)
+        for h in honest:
+            if h.peer in core.active():
+                since.setdefault(h.peer, now)
+                if now - since[h.peer] >= first_delivery:
+                    core.handle(RolloutsReceived(h.peer, 6), now)
+                    delivered += 6
+            else:
+                since.pop(h.peer, None)
+        for x in claimers:
+            measured_zero = any(s.peer == x and s.planned_rate == 0.0 for s in core.status(now).workers)
+            if measured_zero and x not in away:
+                core.handle(WorkerLeft(x), now)
+                away[x] = now + gap
+            if x in away and now >= away[x]:
+                del away[x]
+                core.handle(WorkerJoined(WorkerOffer(x, 1e9, 0.0, address=f"{x}:1")), now)
+        on += any(h.peer in core.active() for h in honest)
+    return on / (end - 1), delivered
+
+
+@pytest.mark.parametrize("identities", [1, 2])
+@pytest.mark.parametrize("first_delivery", [3, 40])
+def test_claimers_that_leave_and_rejoin_cannot_keep_honest_workers_out_at_a_learner_start(
+    identities: int, first_delivery: int
+) -> None:
+    # The first claim is tried alone (nobody failed yet: an honest start plans as the plain rule);
+    # once it measures 0 (first_rollout_timeout + drift_hold = 150 s), cold starts try never-tried
+    # workers beside a claim that covers the need alone, and a leave and a join do not make a
+    # claimer untried again. Bound: honest workers active from 150 s on, >= 94% of 3,000 s.
+    share, delivered = leave_rejoin_attack(identities, first_delivery=first_delivery)
+    assert share >= 0.94
+    assert delivered >= 0.9 * 12 * (3000 - 150 - first_delivery)
+
+
+def test_without_claimers_a_learner_start_is_unchanged() -> None:
+    share, delivered = leave_rejoin_attack(0, first_delivery=3)
+    assert share == 1.0 and delivered == 6 * 2 * (3000 - 4)
+
+
+@pytest.mark.parametrize("identities", [1, 2, 3])
+def test_leave_and_rejoin_do_not_keep_an_honest_newcomer_off_probation(identities: int) -> None:
+    # A proven worker covers the need; claimers join at 10, 85, ...; the newcomer at 20. Each
+    # identity costs one trial (first_rollout_timeout + drift_hold, 130 s here) however often it
+    # leaves and joins: the newcomer is on probation by 20 + 150 * identities.
+    core = ActivationCore(config())
+    proven_honest(core)
+    claimers = [f"s{i}" for i in range(identities)]
+    away: dict[str, float] = {}
+    activated_at = None
+    for t in range(31, 2000):
+        now = float(t)
+        core.poll(now)
+        core.handle(RolloutsReceived("honest", 12), now)
+        for i, s in enumerate(claimers):
+            if t == 40 + 75 * i:
+                core.handle(WorkerJoined(WorkerOffer(s, 1e9, 0.0, address=s)), now)
+            measured_zero = any(w.peer == s and w.planned_rate == 0.0 for w in core.status(now).workers)
+            if measured_zero and s not in away:
+                core.handle(WorkerLeft(s), now)
+                away[s] = now + 10
+            if s in away and now >= away[s]:
+                del away[s]
+                core.handle(WorkerJoined(WorkerOffer(s, 1e9, 0.0, address=s)), now)
+        if t == 50:
+            core.handle(WorkerJoined(WorkerOffer("new", 6.0, 0.1, address="new")), now)
+        assert "honest" in core.active()
+        if activated_at is None and "new" in core.active():
+            activated_at = t
+    assert activated_at is not None and activated_at <= 50 + 150 * identities
+
+
+def test_a_worker_measured_at_zero_that_leaves_and_rejoins_waits_for_its_re_probe() -> None:
+    core = ActivationCore(config(reprobe_seconds=60.0))
+    proven_honest(core)
+    core.handle(WorkerJoined(WorkerOffer("x", 1e9, 0.0)), 30.0)
+    run(core, 30.0, 160.0)  # measured 0 at 150, adopted at 160
+    assert core.status(160.0).workers[-1].planned_rate == 0.0
+    actions = core.handle(WorkerLeft("x"), 161.0)
+    actions += core.handle(WorkerJoined(WorkerOffer("x", 1e9, 0.0)), 171.0)
+    assert moves(actions) == [] and core.active() == ("honest",)
+    assert core.next_deadline() is not None and core.next_deadline() <= 220.0  # type: ignore[operator]
+    assert not [a for a in moves(run(core, 171.0, 219.0)) if a.peer == "x"]
+    assert Activate("x", 1e9, 60) in run(core, 219.0, 220.0)  # re-probed 60 s after its measured 0
+
+
+def test_the_memory_of_penalties_is_bounded_oldest_first_and_expires() -> None:
+    core = ActivationCore(config(max_workers=2, max_probation=2, reprobe_seconds=1.0))
+    for name in ("a", "b", "c"):  # each is tried (activated), then leaves before it is proven
+        core.handle(WorkerJoined(WorkerOffer(name, 20.0, 0.0)), 0.0)
+        core.handle(WorkerLeft(name), 0.0)
+    assert list(core._penalties) == ["b", "c"]  # the oldest, a, forgotten first
+    # a rejoins untried; c rejoins re-tried; b's memory expired (60 re-probe intervals, 60 s)
+    core.handle(WorkerJoined(WorkerOffer("a", 20.0, 0.0)), 1.0)
+    core.handle(WorkerJoined(WorkerOffer("c", 20.0, 0.0)), 1.0)
+    assert core._workers["a"].reprobes == 0 and core._workers["c"].reprobes == 1
+    core.handle(WorkerLeft("a"), 1.0)  # tried again: remembered, re-tried on its next join
+    assert list(core._penalties) == ["b", "a"]
+    assert core._remembered("b", 60.0) is None  # left at 0: expired at 60
+    assert core._remembered("a", 60.0) == _Penalty(1.0, None, 1)

@@ -512,6 +512,99 @@ def test_refused_copies_of_one_digest_are_tried_at_most_max_attempts_times_in_al
     assert only(Pull, announce(core, "h", [d(1)], 1.0)) == []  # given up: closed like any other
 
 
+# --- announced but not served (red team R8-3) -------------------------------------------------
+
+
+def serve_empty(core: GossipCore, pull: Pull, now: float) -> list[GossipAction]:
+    """The peer answers the pull without any of the digests it announced."""
+    return core.handle(PullSucceeded(pull.request_id, pull.peer, ()), now)
+
+
+def pull_until_quiet(core: GossipCore, actions: list[GossipAction], now: float, honest: str) -> list[str]:
+    """Drive pulls at one instant: ``honest`` serves, every other peer answers empty. The pulled peers."""
+    pulled: list[str] = []
+    pending = only(Pull, actions)
+    while pending:
+        pull = pending.pop(0)
+        pulled.append(pull.peer)
+        result = succeed(core, pull, now) if pull.peer == honest else serve_empty(core, pull, now)
+        pending += only(Pull, result)
+    return pulled
+
+
+@pytest.mark.parametrize("attackers", [[f"a{i}" for i in range(4)], [f"z{i}" for i in range(8)]])
+def test_free_ids_that_announce_an_honest_digest_and_serve_nothing_cannot_keep_it_from_being_admitted(
+    attackers: list[str],
+) -> None:
+    # Read before the honest "h" (announced in round current+1, read newest first): 4 ids that
+    # sort before "h" used up the 4 shared tries; 8 also took every announcer slot, so "h"'s own
+    # record was dropped. Now each answers once, is charged, and leaves its slot.
+    core = started(cfg(max_attempts=4, max_announcers_per_digest=8))
+    pulled: list[str] = []
+    admitted: list[Admit] = []
+    for t in (0.0, 1.0, 2.0):  # h and the attackers announce at every read
+        r = core.current_round(t)
+        events: list[GossipEvent] = [Announced(p, r + 1, (d(1),)) for p in attackers]
+        events.append(Announced("h", r, (d(1),)))
+        actions = core.handle_all(events, t)
+        pending = only(Pull, actions)
+        while pending:
+            pull = pending.pop(0)
+            pulled.append(pull.peer)
+            if pull.peer == "h":
+                result = succeed(core, pull, t)
+                admitted += only(Admit, result)
+                result += core.handle(AdmissionResult("h", d(1), True, "accepted"), t)
+            else:
+                result = serve_empty(core, pull, t)
+            pending += only(Pull, result)
+    assert [a.peer for a in admitted] == ["h"] and core.stats.accepted == 1
+    assert sorted(pulled) == sorted([*attackers, "h"])  # each attacker once, then never again
+    assert all(core._peers[p].score < 0 for p in attackers) and core._peers["h"].score > 0
+    assert core.stats.gave_up == 0 and not core._bans  # charged like a failure, never banned for it
+
+
+def test_ties_between_announcers_go_to_the_earliest_not_to_the_smallest_peer_id() -> None:
+    core = started()
+    [pull] = only(Pull, core.handle_all([Announced(p, 0, (d(1),)) for p in ("h", "a0", "a1")], 0.0))
+    assert pull.peer == "h"  # a peer chooses its id, not when its announcement is read
+
+
+def test_an_announcer_that_does_not_serve_a_digest_is_charged_and_never_asked_for_it_again() -> None:
+    core = started()
+    [pull] = only(Pull, announce(core, "a", [d(1), d(2)], 0.0))
+    actions = core.handle(PullSucceeded(pull.request_id, "a", ((d(2), b"p2"),)), 0.1)
+    assert only(Admit, actions) == [Admit("a", d(2), b"p2")] and only(Pull, actions) == []
+    assert core.stats.items_missing == 1 and core._peers["a"].score < 0 and core.stats.rejected == 0
+    for t in (1.0, 2.0, 12.0):  # a keeps announcing it: not pulled from a again, not given up
+        assert only(Pull, core.poll(t) + announce(core, "a", [d(1)], t)) == []
+    [pull] = only(Pull, announce(core, "h", [d(1)], 12.5))  # a new announcer: pulled from it
+    assert (pull.peer, pull.digests) == ("h", (d(1),)) and core.stats.gave_up == 0
+
+
+def test_pulls_of_one_digest_stay_bounded_however_many_ids_serve_it_empty() -> None:
+    config = cfg(max_announcers_per_digest=4)
+    core = started(config)
+    pulled: list[str] = []
+    for wave in range(6):  # 4 fresh ids at each read, each answering empty
+        t = float(wave)
+        events = [Announced(f"s{wave}-{i}", core.current_round(t), (d(1),)) for i in range(4)]
+        pulled += pull_until_quiet(core, core.handle_all(events, t), t, honest="nobody")
+    assert len(pulled) == 2 * config.max_announcers_per_digest and core.stats.gave_up == 1
+    assert only(Pull, announce(core, "h", [d(1)], 7.0)) == []  # given up: closed like any other
+
+
+def test_peers_whose_pull_of_a_digest_failed_give_up_their_slots_to_an_untried_announcer() -> None:
+    core = started(cfg(max_announcers_per_digest=2, max_attempts=100, backoff_base=5.0, backoff_max=5.0))
+    pulls = only(Pull, announce(core, "a", [d(1)], 0.0) + announce(core, "b", [d(1)], 0.0))
+    assert [p.peer for p in pulls] == ["a"]
+    [retry] = only(Pull, core.handle(PullFailed(pulls[0].request_id, "a", "x"), 0.1))
+    assert retry.peer == "b"
+    assert only(Pull, core.handle(PullFailed(retry.request_id, "b", "x"), 0.2)) == []  # both backed off
+    [pull] = only(Pull, announce(core, "h", [d(1)], 0.3))  # both slots were taken by failed peers
+    assert pull.peer == "h"
+
+
 def test_a_digest_whose_payload_does_not_match_is_never_pulled_again_from_that_peer() -> None:
     core = started(digest_of=sha)
     [pull] = only(Pull, announce(core, "a", [sha(b"good")], 0.0))

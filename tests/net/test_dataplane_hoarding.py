@@ -147,27 +147,50 @@ async def test_a_silent_connection_is_closed_at_the_handshake_deadline() -> None
 
 
 @asynctest
-async def test_one_identity_holds_at_most_max_per_identity_connections() -> None:
+async def test_one_identity_holds_at_most_max_per_identity_connections_the_newest_win() -> None:
     dp = await server()
     dp.max_per_identity = 2
     me = NodeIdentity.from_seed(b"m" * 32)
     try:
-        answers = []
-        writers = []
+        conns = []
         for _ in range(3):
             reader, writer = await asyncio.open_connection("127.0.0.1", dp.port)
-            writers.append(writer)
+            conns.append((reader, writer))
             await write_message(writer, encode_envelope(seal(me, HAVE, to_ms(time.time()))))
-            try:
-                await read_message(reader, 1 << 20)
-                answers.append("ok")
-            except RemoteRefused as e:
-                answers.append(str(e))
-        assert answers[:2] == ["ok", "ok"]
-        assert answers[2].startswith("busy")
-        for writer in writers:
+            assert await read_message(reader, 1 << 20)  # each one answered
+        # The third closed the idlest of the first two: the first, which now reads end of stream.
+        assert await asyncio.wait_for(conns[0][0].read(), 5) == b""
+        assert dp.stats.connections_evicted == 1
+        assert sum(1 for c in dp._conns.values() if c.identity == me.peer_id) == 2
+        for _, writer in conns:
             writer.close()
     finally:
+        await dp.close()
+
+
+@asynctest
+async def test_replaying_a_peers_signed_envelope_on_many_connections_does_not_lock_it_out() -> None:
+    """R8-2: anyone holding one of a worker's signed envelopes (its public PeerRecord) could send it
+    as the first request of 16 connections and the worker was refused "busy" on its own."""
+    dp = await server()
+    worker = NodeIdentity.from_seed(b"w" * 32)
+    replayed = encode_envelope(seal(worker, HAVE, to_ms(time.time())))
+    squatters = []
+    try:
+        for _ in range(dp.max_per_identity):
+            reader, writer = await asyncio.open_connection("127.0.0.1", dp.port)
+            squatters.append((reader, writer))
+            await write_message(writer, replayed)
+            assert await read_message(reader, 1 << 20)
+        client = DataPlane(worker)
+        try:
+            assert await client.request(dp.address, HAVE, timeout=5.0) == HAVE
+        finally:
+            await client.close()
+        assert dp.stats.connections_evicted >= 1
+    finally:
+        for _, writer in squatters:
+            writer.close()
         await dp.close()
 
 
