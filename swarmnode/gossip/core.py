@@ -119,6 +119,9 @@ class GossipConfig:
     # Serving.
     max_serve_batch: int = 32
     max_serve_bytes: int = 16 * 1024 * 1024
+    # The largest item a peer may serve (the envelope limit, SPEC.md §2): an answer within this
+    # of ``max_serve_bytes`` may have been trimmed by the server's byte cap, not by ill will.
+    max_item_bytes: int = 2 * 1024 * 1024
     serve_rate: float = 16.0  # per peer
     serve_burst: float = 64.0
     # Peers.
@@ -162,6 +165,7 @@ class GossipConfig:
             "max_refused_copies",
             "max_serve_batch",
             "max_serve_bytes",
+            "max_item_bytes",
             "max_peers",
             "max_bans",
         )
@@ -889,6 +893,10 @@ class GossipCore:
         actions: list[GossipAction] = []
         delivered: set[Digest] = set()
         corrupt: set[Digest] = set()
+        # An honest server stops adding items at its byte cap: what such an answer leaves out is
+        # retried, not held against the server (red team R9-4: 2-MiB items lost half of a pull).
+        answered = sum(len(payload) for _, payload in event.items)
+        trimmed = answered + self.config.max_item_bytes > self.config.max_serve_bytes
         for digest, payload in event.items:
             if digest not in pull.digests or digest in delivered:
                 self.stats.items_unrequested += 1
@@ -912,6 +920,8 @@ class GossipCore:
             self.stats.items_missing += 1
             if digest in corrupt:
                 self._retry_elsewhere(digest, candidate, event.peer, now)  # refused and charged above
+            elif trimmed:
+                self._retry_elsewhere(digest, candidate, event.peer, now)  # may ask the same peer
             else:
                 self._not_served(digest, candidate, event.peer, now)
         return actions

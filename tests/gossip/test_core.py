@@ -582,6 +582,21 @@ def test_an_announcer_that_does_not_serve_a_digest_is_charged_and_never_asked_fo
     assert (pull.peer, pull.digests) == ("h", (d(1),)) and core.stats.gave_up == 0
 
 
+def test_what_a_server_leaves_out_at_its_byte_cap_is_pulled_again_and_not_held_against_it() -> None:
+    """R9-4: an honest server stops adding items at ``max_serve_bytes``; large items left out of a
+    full answer are not "announced but not served": no charge, and the same peer is asked again."""
+    core = started(cfg(max_serve_bytes=10, max_item_bytes=4))
+    [pull] = only(Pull, announce(core, "a", [d(1), d(2)], 0.0))
+    actions = core.handle(PullSucceeded(pull.request_id, "a", ((d(1), b"x" * 7),)), 0.1)  # 7 + 4 > 10
+    assert only(Admit, actions) == [Admit("a", d(1), b"x" * 7)]
+    assert core._peers["a"].score >= 0 and core.stats.rejected == 0
+    [again] = only(Pull, actions + core.poll(0.2))
+    assert (again.peer, again.digests) == ("a", (d(2),))
+    # A short answer far from the cap is still an announcer that did not serve what it announced.
+    actions = core.handle(PullSucceeded(again.request_id, "a", ()), 0.3)
+    assert core._peers["a"].score < 0 and only(Pull, actions + core.poll(1.0)) == []
+
+
 def test_pulls_of_one_digest_stay_bounded_however_many_ids_serve_it_empty() -> None:
     config = cfg(max_announcers_per_digest=4)
     core = started(config)
