@@ -92,7 +92,8 @@ from swarmnode.admit import (
 from swarmnode.config import load_config
 from swarmnode.core.rounds import round_at, round_start
 from swarmnode.gossip.core import GossipConfig, GossipCore
-from swarmnode.gossip.driver import ExternalPool, GossipDriver, announcement_key, envelope_digest
+from swarmnode.gossip.driver import GossipDriver, announcement_key
+from swarmnode.gossip.intake import ExternalPool, envelope_digest
 from swarmnode.identity import NodeIdentity
 from swarmnode.net.config import NetConfig, default_identity_path
 from swarmnode.net.errors import NetError, PeerCallError

@@ -42,18 +42,14 @@ from swarmnode.gossip.core import (
     Serve,
 )
 from swarmnode.gossip.intake import (
-    MAX_TALLIED_SENDERS,
     DecodedEnvelopes,
     ExternalPool,
-    PoolEntry,
     SenderTallies,
-    SenderTally,
     decode_pulled,
-    envelope_digest,
     publication,
     verdict_events,
 )
-from swarmnode.gossip.records import ANNOUNCE_ATTEMPTS, ANNOUNCE_RETRY_DELAY, AnnouncementStores
+from swarmnode.gossip.records import AnnouncementStores
 from swarmnode.net.errors import NetError, PeerCallError
 from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.ops.faults import fault_point
@@ -344,21 +340,13 @@ class GossipDriver:
 
 
 __all__ = [
-    # Moved to the sans-IO ``gossip.intake`` and ``gossip.records``; still importable from here.
-    "ANNOUNCE_ATTEMPTS",
-    "ANNOUNCE_RETRY_DELAY",
     "DHT_TIMEOUT",
     "DIGEST_BYTES",
     "MAX_PULL_REQUEST",
     "MAX_PULL_RESPONSE",
-    "MAX_TALLIED_SENDERS",
     "PULL_HANDLER",
-    "ExternalPool",
     "GossipDriver",
-    "PoolEntry",
-    "SenderTally",
     "announcement_key",
     "decode_items",
     "encode_items",
-    "envelope_digest",
 ]

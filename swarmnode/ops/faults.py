@@ -48,6 +48,8 @@ def fault_point(phase: str, *, may_pause: bool = True) -> None:
     ``may_pause``: False where a pause would block the event loop (the marker is still written)."""
     if _DIR is None:
         return
+    if phase not in PHASES:  # a misspelt window would silently never be entered
+        raise ValueError(f"unknown fault point {phase!r}; known: {sorted(PHASES)}")
     _SEEN[phase] += 1
     directory = Path(_DIR)
     directory.mkdir(parents=True, exist_ok=True)

@@ -46,8 +46,8 @@ from swarmnode.gossip.driver import (
     announcement_key,
     decode_items,
     encode_items,
-    envelope_digest,
 )
+from swarmnode.gossip.intake import envelope_digest
 from swarmnode.identity import NodeIdentity
 from swarmnode.net.config import NetConfig
 from swarmnode.net.errors import PeerCallError

@@ -62,7 +62,8 @@ with atheris.instrument_imports(include=["swarmnode"]):
     from swarmnode.activation.records import read_record
     from swarmnode.admit import Accepted, Rejected
     from swarmnode.gossip.core import Announced, GossipConfig, GossipCore, PullRequest
-    from swarmnode.gossip.driver import DIGEST_BYTES, decode_items, envelope_digest
+    from swarmnode.gossip.driver import DIGEST_BYTES, decode_items
+    from swarmnode.gossip.intake import envelope_digest
     from swarmnode.identity import NodeIdentity
     from swarmnode.net.dataplane import DataPlane
     from swarmnode.net.framing import FramingError, MessageTooLarge, RemoteRefused, read_message
