@@ -41,34 +41,40 @@ Probation: measure before trust, make before break (``ActivationCore``)
     A re-advertised rate the plan takes up (beyond the band, while unmeasured) is a new claim: the
     worker is unproven again until a window backs it.
     The core plans among all eligible workers as above, then, if some proven worker qualifies and
-    the plan picked unproven ones:
+    some unproven one would be used beside them:
 
     * the active set is ``plan(proven workers)`` (they cover the need on their own, at their own
-      rates and targets) plus the unproven workers the full plan picked, on *probation*: an
-      unproven worker never causes a proven one to be deactivated or its target to be lowered;
-      proven workers the full plan would have dropped stay active, their leases renewed, with
-      ``Plan.kept`` saying so ("kept: proven, while <peers> on probation");
+      rates and targets) plus unproven candidates on *probation*: an unproven worker never causes
+      a proven one to be deactivated or its target to be lowered; proven workers the full plan
+      would have dropped stay active, their leases renewed, with ``Plan.kept`` saying so ("kept:
+      proven, while <peers> on probation");
+    * the candidates are the unproven workers the plan would use beside the proven ones, each
+      judged on its own claim (those proven workers cheaper per completion do not cover the need
+      without it). Not the unproven picks of one plan among them all: an unproven claim is what
+      probation measures, and one of 1e9/s covers any need alone, so it would be the only
+      candidate, and fresh identities making such claims in turn kept every other newcomer off
+      probation (red team round 9, R9-2);
     * at most ``max_probation`` unproven workers are active at once: candidates already on
-      probation keep their place, new ones are taken in the planner's order (cheapest per
-      completion first; a re-probed worker behind those never tried) into the free places, the
+      probation keep their place, new ones take the free places in the order they joined, the
       rest wait (``Plan.waiting``), so a flood of offers costs at most ``max_probation`` Activates
-      at a time;
-    * the candidates are the unproven workers picked by the plan among the proven and the
-      never-tried workers, then those the full plan picks among the re-tried (re-probed, or
-      restarted before they were proven): a re-tried worker's claim, however large, cannot keep
-      an untried worker out of the candidates (one claim of 1e9/s covers any need on its own);
+      at a time, and a later claim, however cheap, cannot jump ahead of one that waits. A
+      re-probe, a restart or a leave and a join is a new join: a worker that failed waits behind
+      those that joined before its new chance;
     * when a probationer is proven (a full window of measurement backs its rate), the core
-      re-plans if anything was kept or waiting: the normal rule may now drop the proven workers it
-      replaces. One that never delivers measures 0 after ``first_rollout_timeout`` and drops out;
-      one whose measurement does not back its claim drifts, and once the drift is adopted the plan
-      counts on what it measured.
+      re-plans if anything was kept, waiting or on probation: the normal rule may now drop the
+      proven workers it replaces, and probationers it does not need. One that never delivers
+      measures 0 after ``first_rollout_timeout`` and drops out; one whose measurement does not
+      back its claim drifts, and once the drift is adopted the plan counts on what it measured.
 
     With no proven worker qualifying (cold start) the plan is the plain rule on advertised rates,
     with no cap: someone has to be tried. Three exceptions:
 
-    * re-tried workers (above) come last: the plan is among the never-tried workers when they
-      cover the need, among all of them otherwise;
-    * once a claim has failed in this run (an unproven worker measured at 0), a pick whose claim
+    * re-tried workers (re-probed, or restarted or rejoined after they were tried unproven) come
+      last: the plan is among the never-tried workers when they cover the need, among all of
+      them otherwise;
+    * once a claim has failed in this run (an unproven worker measured at 0, or one that left or
+      restarted while active before it was proven: a fresh identity per claim, leaving before it
+      can be measured, would otherwise never arm this; red team round 9, R9-1), a pick whose claim
       alone covers the need is not tried alone: never-tried workers (smaller claims first, then
       plan order) are put on probation beside it (``Plan.probation``) until they cover the need
       on their own, at most ``max_probation`` unproven workers in all. Otherwise each identity
@@ -186,6 +192,8 @@ Measured utilization
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import math
 from collections import deque
 from collections.abc import Iterable
@@ -704,6 +712,7 @@ class _Worker:
     delivery: int = 0  # completions in its last delivery (0: none yet); models its tail latency
     zeroed_at: float | None = None  # when a measured rate of 0 was adopted (the re-probe rule)
     reprobes: int = 0  # times it was started over by a re-probe (it waits behind untried workers)
+    joined: int = 0  # join order (a leave, restart or re-probe joins anew): probation goes to who waited
 
 
 @dataclass(frozen=True)
@@ -728,7 +737,10 @@ class ActivationCore:
         self._ban_reasons: dict[PeerId, str] = {}
         # peer -> what it earned before it left, oldest first (bounded like the workers, with an expiry)
         self._penalties: dict[PeerId, _Penalty] = {}
-        self._claim_failed = False  # an unproven worker was measured at 0 in this run (cold start)
+        # In this run an activated unproven worker was measured at 0, or left or restarted before
+        # it was proven (cold starts hedge from then on).
+        self._claim_failed = False
+        self._joins = 0  # how many _Worker records were made: each one's ``joined``
         self._step_time = config.step_time
         self._dissemination = config.dissemination
         self._step_measured = False
@@ -867,10 +879,13 @@ class ActivationCore:
                     measured_adopted=True,
                     zeroed_at=penalty.zeroed_at,
                     reprobes=penalty.reprobes,
+                    joined=self._next_join(),
                 )
                 return []
             reprobes = 0 if penalty is None else penalty.reprobes
-            self._workers[offer.peer] = _Worker(offer=offer, planned_rate=offer.rate, reprobes=reprobes)
+            self._workers[offer.peer] = _Worker(
+                offer=offer, planned_rate=offer.rate, reprobes=reprobes, joined=self._next_join()
+            )
             return self._replan(now, f"worker joined: {offer.peer}")
         old = worker.offer
         if old.address and offer.address and old.address != offer.address:
@@ -885,6 +900,7 @@ class ActivationCore:
                 return []
             # Tried and not proven: its new run is a re-try, behind workers never tried (Probation).
             retried = worker.activated_at > -math.inf and not self._proven(worker)
+            self._note_dropped_out(worker)
             return self._start_over(offer, now, "worker restarted", reprobes=worker.reprobes + int(retried))
         worker.offer = offer
         need = self._need()
@@ -912,6 +928,7 @@ class ActivationCore:
         if worker is None:
             return []
         self.stats.leaves += 1
+        self._note_dropped_out(worker)
         self._remember(peer, worker, now)
         mattered = worker.active or any(e.peer == peer for e in self._plan.excluded)
         return self._replan(now, f"worker left: {peer}") if mattered else []
@@ -1003,9 +1020,24 @@ class ActivationCore:
         actions = self._replan(now, f"{cause}, forgetting what was measured: {peer}") if mattered else []
         actions.append(Forget(peer, cause))
         self._workers[peer] = _Worker(
-            offer=offer, planned_rate=offer.rate, delivery=delivery, reprobes=reprobes
+            offer=offer,
+            planned_rate=offer.rate,
+            delivery=delivery,
+            reprobes=reprobes,
+            joined=self._next_join(),
         )
         return actions + self._replan(now, f"{cause}, measuring it afresh: {peer}")
+
+    def _next_join(self) -> int:
+        self._joins += 1
+        return self._joins
+
+    def _note_dropped_out(self, worker: _Worker) -> None:
+        """A worker activated while unproven left or restarted: its claim failed as surely as one
+        measured at 0. A fresh identity per claim, each leaving before it can be measured, would
+        otherwise never arm the cold-start hedge (red team R9-1)."""
+        if worker.active and not self._proven(worker):
+            self._claim_failed = True
 
     def _remember(self, peer: PeerId, worker: _Worker, now: float) -> None:
         """Keep what ``worker`` earned unproven (a measured 0, its re-tries) past its leave."""
@@ -1112,6 +1144,33 @@ class ActivationCore:
             )
         return new
 
+    def _probation_candidates(self, base: Plan, unproven: list[WorkerOffer], need: Need) -> list[WorkerOffer]:
+        """The unproven workers the plan would use beside ``base`` (the proven workers' plan), each
+        judged on its own claim, in the order they joined (module docstring, Probation).
+
+        Not the unproven picks of one plan among them all (as before red team R9-2): one claim
+        that covers the need alone was then the only candidate, and a stream of fresh identities
+        making such claims kept every other newcomer off probation. An unproven claim is what
+        probation measures, so it must not make another one look unneeded. In join order a later
+        claim, however cheap, cannot push ahead of one that waits; a re-probe, a restart or a
+        leave and join is a new join, so a worker that failed waits behind those that joined
+        before its new chance, and fresh identities cannot starve it (before, re-tried workers
+        came after every never-tried one). (``plan`` uses a worker exactly when those before it
+        in plan order, ``_order``, fall short of the need.)"""
+        latency_met = any(exclusion_reason(o, need) is None for o in base.workers)
+        required = need.required_rate * (1 - _EPS)
+        proven = sorted(base.workers, key=_order)
+        keys = [_order(o) for o in proven]
+        covered = list(itertools.accumulate((o.rate for o in proven), initial=0.0))
+        candidates: list[WorkerOffer] = []
+        for o in sorted(unproven, key=lambda o: self._workers[o.peer].joined):
+            if exclusion_reason(o, need, check_latency=latency_met) is not None:
+                continue
+            if self.config.policy != "all" and covered[bisect.bisect_left(keys, _order(o))] >= required:
+                continue  # proven workers cheaper per completion already cover the need
+            candidates.append(o)
+        return candidates
+
     def _probation(self, full: Plan, eligible: list[WorkerOffer], need: Need) -> Plan:
         """The probation rule (module docstring): ``full`` unless it picked unproven workers while
         a proven one qualifies; then ``plan(proven)`` plus at most ``max_probation`` unproven."""
@@ -1119,27 +1178,18 @@ class ActivationCore:
         if not proven_peers:
             return self._cold_start(full, eligible, need)
         proven = [o for o in eligible if o.peer in proven_peers]
-        retried = {o.peer for o in eligible if self._workers[o.peer].reprobes and o.peer not in proven_peers}
-        # Candidates: the unproven picks among the proven and the never-tried first, then the full
-        # plan's re-tried picks. Otherwise one re-tried claim large enough to cover the need alone
-        # would keep every untried worker out of the candidates, so never behind it (Probation).
-        first = self._plan_among([o for o in eligible if o.peer not in retried], need) if retried else full
-        candidates = [o for o in first.workers if o.peer not in proven_peers]
-        candidates += [o for o in full.workers if o.peer in retried]
-        if not candidates:
-            return full
         base = self._plan_among(proven, need)
         if not base.workers:  # no proven worker qualifies (cold start)
             return self._cold_start(full, eligible, need)
-        # Already on probation keep their place; new ones fill the free places in plan order.
+        candidates = self._probation_candidates(
+            base, [o for o in eligible if o.peer not in proven_peers], need
+        )
+        if not candidates:
+            return full
+        # Already on probation keep their place; new ones fill the free places in candidate order.
         on_probation = [o for o in candidates if self._workers[o.peer].active]
         places = max(0, self.config.max_probation - len(on_probation))
-        # Never-tried workers before re-probed ones (a stable sort: plan order within each), so
-        # workers that failed once cannot, re-probed, keep untried ones from a place.
-        newcomers = sorted(
-            (o for o in candidates if not self._workers[o.peer].active),
-            key=lambda o: self._workers[o.peer].reprobes,
-        )
+        newcomers = [o for o in candidates if not self._workers[o.peer].active]
         admitted = {o.peer for o in on_probation} | {o.peer for o in newcomers[:places]}
         trial = tuple(o for o in candidates if o.peer in admitted)
         waiting = tuple(
@@ -1354,8 +1404,10 @@ class ActivationCore:
                 if measured > 0 and not worker.backed:
                     worker.backed = True  # the plan now counts on what it measured: proven
                     backed.append(peer)
-        passed = bool(backed) and bool(self._plan.kept or self._plan.waiting)
-        if passed:  # otherwise proving a worker changes no plan
+        # Proving a probationer changes the plan only where the probation rule bent it: proven
+        # workers kept, others waiting, or probationers the proven ones may now make unneeded.
+        passed = bool(backed) and bool(self._plan.kept or self._plan.waiting or self._plan.probation)
+        if passed:
             self.stats.probations_passed += len(backed)
         if adopted:
             self.stats.drift_replans += 1

@@ -305,7 +305,8 @@ class CancelPull:
 @dataclass(frozen=True)
 class Admit:
     """Run admission on an item pulled from ``peer``; one ``Admit`` per digest, or one per copy while
-    admission refuses copies of it (``AdmissionResult.copy_refused``), at most ``max_attempts``."""
+    admission refuses copies of it (``AdmissionResult.copy_refused``): one per announcer, at most
+    ``2 * max_announcers_per_digest`` copies in all."""
 
     peer: PeerId
     digest: Digest
@@ -407,7 +408,7 @@ class _Candidate:
     attempts: int = 0
     # Never asked for this digest again: served a broken copy, or answered its pull without it.
     refused: set[PeerId] = field(default_factory=set)
-    unserved: int = 0  # announcers that answered a pull of it without it, <= _max_unserved
+    unserved: int = 0  # announcers dropped for what they served of it (``_drop_announcer``), <= _max_unserved
 
 
 @dataclass
@@ -818,7 +819,10 @@ class GossipCore:
         """Untried announcers first, then the best history; ties go to the earliest announcer.
 
         Not to the smallest peer id (as before red team R8-3): a peer chooses its id, but not
-        when its announcement is read relative to the others'."""
+        when its announcement is read relative to the others'. Score can be farmed (serve other
+        signers' intact envelopes), so it may decide who is asked first, never who is asked at
+        all: an announcer that fails a digest is dropped for it without using up its tries
+        (``_drop_announcer``, red team R9-3)."""
         best: PeerId | None = None
         best_key: tuple[bool, int] | None = None
         for peer in candidate.announcers:  # in the order they announced it
@@ -904,7 +908,6 @@ class GossipCore:
             if self._digest_of is not None and self._digest_of(payload) != digest:
                 self.stats.items_corrupt += 1
                 corrupt.add(digest)
-                pull.digests[digest].refused.add(event.peer)  # a broken copy: retried elsewhere only
                 actions += self._count_rejection(event.peer, now)
                 continue
             delivered.add(digest)
@@ -919,7 +922,7 @@ class GossipCore:
                 continue
             self.stats.items_missing += 1
             if digest in corrupt:
-                self._retry_elsewhere(digest, candidate, event.peer, now)  # refused and charged above
+                self._drop_announcer(digest, candidate, event.peer, now)  # charged above
             elif trimmed:
                 self._retry_elsewhere(digest, candidate, event.peer, now)  # may ask the same peer
             else:
@@ -944,28 +947,44 @@ class GossipCore:
             self._retry_elsewhere(digest, candidate, pull.peer, now)
 
     def _retry_elsewhere(self, digest: Digest, candidate: _Candidate, peer: PeerId, now: float) -> None:
-        """Put an undelivered digest back among the candidates; ``peer`` now ranks after untried ones."""
+        """Put an undelivered digest back among the candidates; ``peer`` now ranks after untried ones.
+
+        After ``max_attempts`` the digest stays open only for announcers never asked, each such
+        try counted in ``_max_unserved`` too: free ids whose pulls time out, read before the
+        honest announcer, would otherwise use up its tries (red team rounds 7-9)."""
         candidate.tried.add(peer)
         candidate.attempts += 1
         if self._known(digest):
             return
         if candidate.attempts >= self.config.max_attempts:
-            self.stats.gave_up += 1
-            self._remember(digest, now)
-            return
+            untried = any(
+                p not in candidate.tried and p not in candidate.refused for p in candidate.announcers
+            )
+            if not untried or candidate.unserved >= self._max_unserved:
+                self.stats.gave_up += 1
+                self._remember(digest, now)
+                return
+            candidate.unserved += 1
         self._requeue(digest, candidate, now)
 
     def _not_served(self, digest: Digest, candidate: _Candidate, peer: PeerId, now: float) -> None:
-        """``peer`` announced ``digest`` and answered its pull without it (red team R8-3).
-
-        Free peer ids can do so at will, so it must not use up the digest's ``max_attempts``,
-        which its honest announcer needs: instead the peer is charged, never asked for the digest
-        again and gives up its announcer slot. How many announcers may fail one digest so is
-        bounded (``_max_unserved``), so the pulls of one id stay bounded: at most ``max_attempts``
-        + ``_max_unserved`` in all."""
+        """``peer`` announced ``digest`` and answered its pull without it (red team R8-3): charged,
+        then dropped as an announcer of it (``_drop_announcer``)."""
         state = self._peers.get(peer)
         if state is not None:
             state.adjust(_SCORE_UNSERVED)
+        self._drop_announcer(digest, candidate, peer, now)
+
+    def _drop_announcer(self, digest: Digest, candidate: _Candidate, peer: PeerId, now: float) -> None:
+        """``peer`` failed ``digest`` in a way only its own bytes show: it answered without it, served
+        a copy whose bytes do not hash to it, or one admission refused before its signature held.
+
+        Free peer ids can do each at will (a forged copy is an honest envelope with one signature
+        bit flipped), so it must not use up the digest's ``max_attempts``, which its honest
+        announcer needs (red teams R8-3, R9-3): instead the peer (charged by the caller) is never
+        asked for the digest again and gives up its announcer slot. How many announcers may fail
+        one digest so is bounded (``_max_unserved``), so the pulls of one digest stay bounded: at
+        most ``max_attempts`` + ``_max_unserved`` in all."""
         candidate.tried.add(peer)
         candidate.refused.add(peer)
         candidate.unserved += 1
@@ -1041,10 +1060,9 @@ class GossipCore:
         actions = self._count_rejection(event.peer, now)
         if event.copy_refused:
             # Only this copy is refused: charge its server (above), and pull the digest from
-            # another announcer, never again from this one, at most max_attempts times in all.
+            # another announcer, never again from this one (``_drop_announcer``).
             self.stats.copies_refused += 1
-            waiting.candidate.refused.add(event.peer)
-            self._retry_elsewhere(event.digest, waiting.candidate, event.peer, now)
+            self._drop_announcer(event.digest, waiting.candidate, event.peer, now)
         else:
             # A replay names an id admission still holds as seen: as safe from junk as an admitted one.
             self._remember(event.digest, now, admitted=event.reason == _REPLAY)

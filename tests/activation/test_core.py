@@ -631,7 +631,8 @@ def test_at_most_max_probation_unproven_workers_are_active_at_once_however_many_
     actions = [a for o in sybils for a in core.handle(WorkerJoined(o), 30.0)]
     assert [a.peer for a in moves(actions)] == ["s0000", "s0001", "s0002", "s0003"]  # cheapest first
     assert core.plan.probation == ("s0000", "s0001", "s0002", "s0003")
-    assert len(core.plan.waiting) == 106 and "waiting for probation" in core.plan.waiting[0].reason
+    # Each is judged on its own claim (red team R9-2): every one would be used beside the proven worker.
+    assert len(core.plan.waiting) == 996 and "waiting for probation" in core.plan.waiting[0].reason
     assert "honest" in core.active()
     # They never deliver: each cohort measures 0 and the next 4 (in plan order) get the places.
     cohorts = {}
@@ -1095,6 +1096,83 @@ def test_leave_and_rejoin_do_not_keep_an_honest_newcomer_off_probation(identitie
         if activated_at is None and "new" in core.active():
             activated_at = t
     assert activated_at is not None and activated_at <= 50 + 150 * identities
+
+
+# Red team round 9 (R9-1, R9-2): the same claims from a fresh identity each time, each leaving
+# before it can be measured at 0 (first_rollout_timeout + drift_hold = 150 s) with a new one joining
+# in its place. Nothing was learnt from an identity that left, the cold-start hedge armed only on a
+# measured 0, and probation candidates came from one plan among all unproven workers, in which one
+# fresh 1e9/s claim covers the need alone: honest workers stayed out of a learner start (0% of
+# 3,000 s, 22 identities) and an honest newcomer off probation (0% of 5,000 s).
+
+
+def fresh_claims(core: ActivationCore, claims: dict[str, float], now: float, *, leave_after: float) -> None:
+    """Each claimer (peer -> activated at) active ``leave_after`` s leaves, and a new one takes its place."""
+    for peer in [p for p in core.active() if p.startswith("x") and p not in claims]:
+        claims[peer] = now
+    for peer, since in list(claims.items()):
+        if now - since >= leave_after:
+            fresh = f"x{len(claims) + sum(1 for _ in core.status(now).workers)}-{now:g}"
+            core.handle(WorkerJoined(WorkerOffer(fresh, 1e9, 0.0, address=fresh)), now)
+            core.handle(WorkerLeft(peer), now)
+            del claims[peer]
+
+
+def test_fresh_identities_leaving_before_they_are_measured_cannot_keep_honest_workers_out_at_a_start() -> (
+    None
+):
+    core = ActivationCore(config(drift_hold=30.0, reprobe_seconds=60.0))
+    honest = [WorkerOffer(f"h{i}", rate=6.0, price=1.0, address=f"10.0.{i}.1:7000") for i in range(2)]
+    joined(core, *honest, WorkerOffer("x0", 1e9, 0.0, address="x0"))
+    claims: dict[str, float] = {}
+    on = delivered = 0
+    first_on = None
+    for t in range(1, 3000):
+        now = float(t)
+        core.poll(now)
+        fresh_claims(core, claims, now, leave_after=140.0)
+        for h in honest:
+            if h.peer in core.active():
+                core.handle(RolloutsReceived(h.peer, 6), now)
+                delivered += 6
+        active = any(h.peer in core.active() for h in honest)
+        on += active
+        if active and first_on is None:
+            first_on = t
+    # The first claim is tried alone (an honest start plans as the plain rule); its leave, unproven,
+    # counts as a failed claim, and from then on never-tried workers are tried beside such a claim.
+    assert first_on is not None and first_on <= 141
+    assert on / 2999 >= 0.95 and delivered >= 0.95 * 12 * (3000 - 141)
+
+
+@pytest.mark.parametrize("slots", [1, 2, 4])
+def test_fresh_identities_leaving_before_they_are_measured_cannot_keep_a_newcomer_off_probation(
+    slots: int,
+) -> None:
+    # The newcomer joins at 20, after the first claimers (10). Candidates are judged each on its
+    # own claim and take places in the order they joined: the newcomer gets the first free place.
+    core = ActivationCore(config())
+    proven_honest(core)
+    for i in range(slots):
+        core.handle(WorkerJoined(WorkerOffer(f"x{i}", 1e9, 0.0, address=f"x{i}")), 10.0 + 0.1 * i)
+    claims: dict[str, float] = {}
+    on = 0
+    first_on = None
+    for t in range(31, 3000):
+        now = float(t)
+        core.poll(now)
+        core.handle(RolloutsReceived("honest", 12), now)
+        if t == 40:
+            core.handle(WorkerJoined(WorkerOffer("new", 6.0, 0.1, address="new")), now)
+        if "new" in core.active():
+            core.handle(RolloutsReceived("new", 6), now)
+            on += 1
+            first_on = first_on or t
+        fresh_claims(core, claims, now, leave_after=110.0)
+        assert "honest" in core.active() or "new" in core.active()
+    # With free places it starts at once; with every place taken, when the first claimer leaves.
+    assert first_on is not None and first_on <= (40 if slots < 4 else 31 + 110 + 1)
+    assert on >= 3000 - 31 - 110 - 30  # and, proven a window later, stays: the cheapest worker
 
 
 def test_a_worker_measured_at_zero_that_leaves_and_rejoins_waits_for_its_re_probe() -> None:

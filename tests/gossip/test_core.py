@@ -498,18 +498,106 @@ def test_the_server_of_a_refused_copy_is_never_asked_for_that_digest_again() -> 
     assert only(Pull, announce(core, "a", [d(2)], 26.0))[0].digests == (d(2),)  # a's other digests: pulled
 
 
-def test_refused_copies_of_one_digest_are_tried_at_most_max_attempts_times_in_all() -> None:
-    core = started(cfg(max_attempts=3))
-    servers = ["s0", "s1", "s2", "s3"]
-    pulls = 0
-    for i, server in enumerate(servers):
-        t = 0.1 * i
-        for pull in only(Pull, announce(core, server, [d(1)], t)):
-            pulls += 1
-            succeed(core, pull, t)
-            refuse_copy(core, pull.peer, d(1), t)
-    assert pulls == 3 and core.stats.gave_up == 1
-    assert only(Pull, announce(core, "h", [d(1)], 1.0)) == []  # given up: closed like any other
+def test_each_announcer_of_a_refused_copy_is_asked_once_and_none_uses_up_the_digests_tries() -> None:
+    # Red team R9-3: a forged copy is free to make (flip one signature bit of the honest
+    # envelope); before, each refused copy used one of the digest's max_attempts, so 4 free ids
+    # read before the honest announcer closed the digest.
+    core = started(cfg(max_attempts=3, max_announcers_per_digest=8))
+    forgers = ["s0", "s1", "s2", "s3", "s4"]
+    pulled: list[str] = []
+    admitted: list[Admit] = []
+    t = 0.0
+    actions = core.handle_all([Announced(p, core.current_round(t), (d(1),)) for p in [*forgers, "h"]], t)
+    pending = only(Pull, actions)
+    while pending:
+        pull = pending.pop(0)
+        pulled.append(pull.peer)
+        result = succeed(core, pull, t)
+        if pull.peer == "h":
+            admitted += only(Admit, result)
+        else:
+            result += refuse_copy(core, pull.peer, d(1), t)
+        pending += only(Pull, result)
+    assert pulled == [*forgers, "h"] and [a.peer for a in admitted] == ["h"]
+    assert core.stats.copies_refused == 5 and core.stats.gave_up == 0
+
+
+def test_a_copy_whose_bytes_do_not_hash_to_its_digest_drops_its_server_without_using_a_try() -> None:
+    core = started(cfg(max_attempts=2, max_announcers_per_digest=8), digest_of=sha)
+    good = b"the real item"
+    pulled: list[str] = []
+    actions = core.handle_all([Announced(p, core.current_round(0.0), (sha(good),)) for p in "abch"], 0.0)
+    pending = only(Pull, actions)
+    admitted: list[Admit] = []
+    while pending:
+        pull = pending.pop(0)
+        pulled.append(pull.peer)
+        payload = good if pull.peer == "h" else b"forged"
+        result = core.handle(PullSucceeded(pull.request_id, pull.peer, ((sha(good), payload),)), 0.1)
+        admitted += only(Admit, result)
+        pending += only(Pull, result)
+    assert pulled == ["a", "b", "c", "h"] and admitted == [Admit("h", sha(good), good)]
+    assert core.stats.items_corrupt == 3 and core.stats.gave_up == 0
+
+
+def test_ids_with_a_farmed_score_are_asked_first_but_cannot_keep_the_honest_copy_out() -> None:
+    # Red team R9-3: ids that first served other signers' intact envelopes (+1 each) rank above
+    # the honest announcer; each forged copy now drops its server, not one of the digest's tries.
+    core = started(cfg(max_attempts=2))
+    farmers = ["z0", "z1", "z2"]
+    for k, peer in enumerate(farmers):
+        for j in range(3):
+            [pull] = only(Pull, announce(core, peer, [d(100 + 10 * k + j)], 0.0))
+            succeed(core, pull, 0.0)
+            core.handle(AdmissionResult(peer, d(100 + 10 * k + j), True, "accepted"), 0.0)
+    t = 1.0
+    actions = core.handle_all([Announced(p, core.current_round(t), (d(1),)) for p in ["h", *farmers]], t)
+    pending = only(Pull, actions)
+    pulled: list[str] = []
+    while pending:
+        pull = pending.pop(0)
+        pulled.append(pull.peer)
+        result = succeed(core, pull, t)
+        if pull.peer != "h":
+            result += refuse_copy(core, pull.peer, d(1), t)
+        pending += only(Pull, result)
+    assert pulled == [*farmers, "h"] and core.stats.gave_up == 0
+
+
+def test_ids_whose_pulls_fail_cannot_use_up_the_tries_an_untried_honest_announcer_needs() -> None:
+    # Four free ids read first accept each pull and never answer: before, their time-outs used up
+    # max_attempts = 4 and the honest "h" was never asked.
+    core = started(cfg(max_attempts=4, max_announcers_per_digest=8, max_inflight_pulls=1))
+    t = 0.0
+    events = [Announced(f"z{i}", core.current_round(t), (d(1),)) for i in range(4)]
+    pending = only(Pull, core.handle_all([*events, Announced("h", core.current_round(t), (d(1),))], t))
+    pulled: list[str] = []
+    admitted: list[Admit] = []
+    while pending:
+        pull = pending.pop(0)
+        pulled.append(pull.peer)
+        if pull.peer == "h":
+            admitted += only(Admit, succeed(core, pull, t))
+        else:
+            pending += only(Pull, core.handle(PullFailed(pull.request_id, pull.peer, "timeout"), t))
+    assert pulled == ["z0", "z1", "z2", "z3", "h"] and [a.peer for a in admitted] == ["h"]
+    assert core.stats.gave_up == 0
+
+
+def test_refused_copies_of_one_digest_stay_bounded_however_many_ids_serve_them() -> None:
+    config = cfg(max_announcers_per_digest=4)
+    core = started(config)
+    pulled: list[str] = []
+    for wave in range(6):  # 4 fresh ids at each read, each serving a refused copy
+        t = float(wave)
+        events = [Announced(f"s{wave}-{i}", core.current_round(t), (d(1),)) for i in range(4)]
+        pending = only(Pull, core.handle_all(events, t))
+        while pending:
+            pull = pending.pop(0)
+            pulled.append(pull.peer)
+            pending += only(Pull, succeed(core, pull, t) + refuse_copy(core, pull.peer, d(1), t))
+    assert len(pulled) == 2 * config.max_announcers_per_digest and core.stats.gave_up == 1
+    assert only(Pull, announce(core, "h", [d(1)], 7.0)) == []  # given up: closed like any other
 
 
 # --- announced but not served (red team R8-3) -------------------------------------------------
