@@ -39,7 +39,10 @@ Probation: measure before trust, make before break (``ActivationCore``)
     displace anyone, the plan counts on it at no more than the drift band allows above what it has
     shown.
     A re-advertised rate the plan takes up (beyond the band, while unmeasured) is a new claim: the
-    worker is unproven again until a window backs it.
+    worker is unproven again until a window backs it. An unproven worker whose own re-advertisement
+    takes it off its trial has failed its claim and waits as a re-try (a new join): otherwise it
+    could step out with a costly offer just before ``first_rollout_timeout`` and come back cheap
+    with a fresh clock, never measured (red team round 10, R10-1).
     The core plans among all eligible workers as above, then, if some proven worker qualifies and
     some unproven one would be used beside them:
 
@@ -60,6 +63,11 @@ Probation: measure before trust, make before break (``ActivationCore``)
       at a time, and a later claim, however cheap, cannot jump ahead of one that waits. A
       re-probe, a restart or a leave and a join is a new join: a worker that failed waits behind
       those that joined before its new chance;
+    * new trials are also paced: while trials are limited (some worker is proven, or a claim has
+      failed) at most ``max_probation`` start at once and ``max_probation`` per
+      ``first_rollout_timeout`` after that (a token bucket), since each is an Activate and a
+      weight fetch and free identities could otherwise make the learner send thousands an hour
+      (red team round 10, R10-3: 5,756 an hour from 8 identities at a time, now about 124);
     * when a probationer is proven (a full window of measurement backs its rate), the core
       re-plans if anything was kept, waiting or on probation: the normal rule may now drop the
       proven workers it replaces, and probationers it does not need. One that never delivers
@@ -72,15 +80,15 @@ Probation: measure before trust, make before break (``ActivationCore``)
     * re-tried workers (re-probed, or restarted or rejoined after they were tried unproven) come
       last: the plan is among the never-tried workers when they cover the need, among all of
       them otherwise;
-    * once a claim has failed in this run (an unproven worker measured at 0, or one that left or
-      restarted while active before it was proven: a fresh identity per claim, leaving before it
-      can be measured, would otherwise never arm this; red team round 9, R9-1), a pick whose claim
-      alone covers the need is not tried alone: never-tried workers (smaller claims first, then
-      plan order) are put on probation beside it (``Plan.probation``) until they cover the need
-      on their own, at most ``max_probation`` unproven workers in all. Otherwise each identity
-      claiming 1e9/s would be the whole plan for one trial, and two that leave and join in turn
-      kept every honest worker out (red team round 8, R8-1). Before any claim failed, a start
-      with honest workers only plans exactly as the plain rule does;
+    * once a claim has failed in this run (an unproven worker measured at 0, or one that left,
+      restarted, or re-advertised itself off its trial before it was proven: a fresh identity per claim,
+      leaving before it can be measured, would otherwise never arm this; red team round 9, R9-1),
+      every pick may be the next false claim (one that covers the need alone, several that do
+      together, tiny ones first in plan order: R8-1, R10-2). So at most half the ``max_probation``
+      places (at least one) go to the plan's picks, in plan order, and the rest to the other
+      workers in the order they joined (``Plan.probation``): fresh identities join after the
+      honest workers already waiting, and one tried and failed is re-tried from then on. Before
+      any claim failed, a start with honest workers only plans exactly as the plain rule does;
     * an active worker that is delivering (its window not yet full) stays active if that plan
       drops it (``Plan.kept``): a claim nobody measured yet must not cut off the rollouts the
       learner is already getting.
@@ -200,6 +208,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 
 from swarmnode.core.events import PeerBanned, PeerId
+from swarmnode.core.limits import TokenBucket
 from swarmnode.errors import ConfigError
 
 _EPS = 1e-9  # relative slack for float comparisons against hand-computed thresholds
@@ -741,6 +750,13 @@ class ActivationCore:
         # it was proven (cold starts hedge from then on).
         self._claim_failed = False
         self._joins = 0  # how many _Worker records were made: each one's ``joined``
+        # Trials started while trials are limited (a proven worker exists, or a claim failed): at
+        # most max_probation per first_rollout_timeout, each an Activate and a weight fetch
+        # (module docstring, Probation; red team round 10, R10-3).
+        self._trials = TokenBucket(
+            config.max_probation / config.first_rollout_timeout, config.max_probation, updated=-math.inf
+        )
+        self._short_of_trials = False  # the last plan left a worker waiting for a trial token
         self._step_time = config.step_time
         self._dissemination = config.dissemination
         self._step_measured = False
@@ -840,6 +856,8 @@ class ActivationCore:
             self._ban_reasons.pop(peer, None)
         if any(peer in self._workers for peer in lifted):
             actions += self._replan(now, "ban lifted: " + ", ".join(p for p in lifted if p in self._workers))
+        if self._short_of_trials and self._trials.available(now) >= 1:
+            actions += self._replan(now, "a trial is free: the next waiting worker is tried")
         actions += self._reprobe(now)
         actions += self._check_drift(now)
         actions += self._renew(now)
@@ -858,6 +876,8 @@ class ActivationCore:
             if w.drift_since is not None:
                 deadlines.append(w.drift_since + self.config.drift_hold)
         deadlines += [due for w in self._workers.values() if (due := self._reprobe_due(w)) is not None]
+        if self._short_of_trials:
+            deadlines.append(self._trials.ready_at(self._now, 1))
         return min(deadlines, default=None)
 
     # -- events ---------------------------------------------------------------------------------
@@ -921,7 +941,17 @@ class ActivationCore:
             material = True
         if not material:
             return []
-        return self._replan(now, f"worker re-advertised: {offer.peer}")
+        on_trial = worker.active and not self._proven(worker)
+        actions = self._replan(now, f"worker re-advertised: {offer.peer}")
+        if on_trial and not worker.active:
+            # Its own new offer took it off its trial before a window backed it: its claim failed,
+            # and it waits as a re-try (a new join). Otherwise it could step out with a costly offer
+            # just before first_rollout_timeout and come back cheap with a fresh clock, never
+            # measured and never counted as failed (red team round 10, R10-1).
+            self._claim_failed = True
+            worker.reprobes += 1
+            worker.joined = self._next_join()
+        return actions
 
     def _on_left(self, peer: PeerId, now: float) -> list[ActivationAction]:
         worker = self._workers.pop(peer, None)
@@ -1027,6 +1057,16 @@ class ActivationCore:
             joined=self._next_join(),
         )
         return actions + self._replan(now, f"{cause}, measuring it afresh: {peer}")
+
+    def _trial_places(self, wanted: int) -> int:
+        """How many of ``wanted`` new trials the trial tokens allow now (noting a shortfall)."""
+        places = min(wanted, max(0, math.floor(self._trials.available(self._now) + _EPS)))
+        if places < wanted:
+            self._short_of_trials = True
+        return places
+
+    def _trials_limited(self) -> bool:
+        return self._claim_failed or any(self._proven(w) for w in self._workers.values())
 
     def _next_join(self) -> int:
         self._joins += 1
@@ -1190,6 +1230,8 @@ class ActivationCore:
         on_probation = [o for o in candidates if self._workers[o.peer].active]
         places = max(0, self.config.max_probation - len(on_probation))
         newcomers = [o for o in candidates if not self._workers[o.peer].active]
+        if newcomers and places:  # new trials only as trial tokens allow
+            places = self._trial_places(min(places, len(newcomers)))
         admitted = {o.peer for o in on_probation} | {o.peer for o in newcomers[:places]}
         trial = tuple(o for o in candidates if o.peer in admitted)
         waiting = tuple(
@@ -1234,33 +1276,39 @@ class ActivationCore:
 
     def _cold_start(self, full: Plan, eligible: list[WorkerOffer], need: Need) -> Plan:
         """No proven worker qualifies (module docstring, Probation): the plan among the never-tried
-        workers when it covers the need (else ``full``); beside a pick whose claim alone covers the
-        need, never-tried workers in plan order (at most ``max_probation`` unproven in all); and the
+        workers when it covers the need (else ``full``); once a claim has failed, at most half of
+        ``max_probation`` of its picks and other workers in join order to fill the rest; and the
         active workers it drops that are delivering: nobody is proven before a full window, and a
         claim not yet measured must not drop the workers the learner is already getting rollouts from."""
         untried = [o for o in eligible if not self._workers[o.peer].reprobes]
         first = self._plan_among(untried, need) if len(untried) < len(eligible) else full
         if first.feasible:
             full = replace(first, excluded=full.excluded)
-        picked = set(full.active)
+        picks = list(full.workers)
         hedge: list[WorkerOffer] = []
-        required = need.required_rate * (1 - _EPS)
-        if self._claim_failed and any(o.rate >= required for o in full.workers):
-            # A claim failed in this run, and one that covers the need alone would be tried alone: a
-            # learner that trusts it gets nothing until it measures 0 (first_rollout_timeout +
-            # drift_hold), then the next such claim alone, for ever with two identities that leave and
-            # join. Try never-tried workers beside it, smaller claims first, until they cover the need
-            # on their own or the probation places run out. (Before any claim failed, an honest
-            # restart plans as the plain rule does.)
-            places = self.config.max_probation - len(full.workers)
-            others = self._plan_among(untried, need, all_on=True).workers if untried else ()
-            covered = 0.0
-            for o in sorted((o for o in others if o.peer not in picked), key=lambda o: o.rate >= required):
-                if places <= 0 or covered >= required:
-                    break
-                hedge.append(o)
-                places -= 1
-                covered += o.rate
+        if self._claim_failed:
+            # A claim failed in this run, and claims are free: whatever the plan picks may be the next
+            # one (one that covers the need alone, several that do together, or tiny ones that come
+            # first in plan order; red teams R8-1, R9-1, R10-2). So half the probation places (at
+            # least one) go to the plan's picks in plan order and the rest to the other workers in
+            # the order they joined: a fresh identity joins after the honest workers already waiting,
+            # and each one tried and failed is re-tried from then on (a re-probe is a new join).
+            # (Before any claim failed, an honest start plans as the plain rule does.)
+            limit = self.config.max_probation
+            picks = picks[: max(1, limit // 2)]
+            taken = {o.peer for o in picks}
+            others = [o for o in eligible if o.peer not in taken]
+            waiting = sorted(
+                self._plan_among(others, need, all_on=True).workers if others else (),
+                key=lambda o: self._workers[o.peer].joined,
+            )
+            hedge = waiting[: max(0, limit - len(picks))]
+            # New trials only as trial tokens allow (those already active keep their place).
+            fresh = [o for o in (*picks, *hedge) if not self._workers[o.peer].active]
+            allowed = {o.peer for o in fresh[: self._trial_places(len(fresh))]}
+            picks = [o for o in picks if self._workers[o.peer].active or o.peer in allowed]
+            hedge = [o for o in hedge if self._workers[o.peer].active or o.peer in allowed]
+        picked = {o.peer for o in picks}
         chosen = picked | {o.peer for o in hedge}
         delivering = [
             o
@@ -1271,16 +1319,16 @@ class ActivationCore:
             and o.peer not in chosen
             and exclusion_reason(o, full.need) is None
         ]
-        if not delivering and not hedge:
+        if not delivering and not hedge and len(picks) == len(full.workers):
             return full
-        names = ", ".join(full.active) or "nobody"
+        names = ", ".join(o.peer for o in picks) or "nobody"
         kept = tuple(
             Kept(
                 o.peer, f"kept: delivering while its rate is measured, no proven worker yet ({names} planned)"
             )
             for o in delivering
         )
-        workers = tuple(sorted((*full.workers, *hedge, *delivering), key=_order))
+        workers = tuple(sorted((*picks, *hedge, *delivering), key=_order))
         rate = sum(w.rate for w in workers)
         feasible = rate >= full.need.required_rate * (1 - _EPS)
         return replace(
@@ -1306,6 +1354,7 @@ class ActivationCore:
                 reason = self._ban_reasons.get(offer.peer, "banned")
                 banned.append(Exclusion(offer.peer, f"{reason} (excluded until {until:.6g})"))
         need = self._need()
+        self._short_of_trials = False
         full = self._plan_among(eligible, need, count_fallback=True)
         new = self._probation(full, eligible, need)
         new = replace(new, excluded=new.excluded + tuple(banned))
@@ -1313,9 +1362,12 @@ class ActivationCore:
         self.stats.replans += 1
         lease = self.config.lease_seconds
         activations: list[ActivationAction] = []
+        limited = self._trials_limited()
         for offer in new.workers:
             worker = self._workers[offer.peer]
             if not worker.active:
+                if limited and not self._proven(worker):
+                    self._trials.spend(now, 1.0)  # planned within the tokens (``_trial_places``)
                 worker.active = True
                 worker.activated_at = now
                 worker.measure_from = None

@@ -897,13 +897,12 @@ class GossipCore:
         actions: list[GossipAction] = []
         delivered: set[Digest] = set()
         corrupt: set[Digest] = set()
-        # An honest server stops adding items at its byte cap: what such an answer leaves out is
-        # retried, not held against the server (red team R9-4: 2-MiB items lost half of a pull).
-        answered = sum(len(payload) for _, payload in event.items)
-        trimmed = answered + self.config.max_item_bytes > self.config.max_serve_bytes
+        answered = 0  # bytes of the requested items it served intact
+        unrequested = False
         for digest, payload in event.items:
             if digest not in pull.digests or digest in delivered:
                 self.stats.items_unrequested += 1
+                unrequested = True
                 continue
             if self._digest_of is not None and self._digest_of(payload) != digest:
                 self.stats.items_corrupt += 1
@@ -911,12 +910,20 @@ class GossipCore:
                 actions += self._count_rejection(event.peer, now)
                 continue
             delivered.add(digest)
+            answered += len(payload)
             if self._known(digest):
                 continue  # published by ourselves meanwhile
             waiting = _Awaiting(event.peer, pull.digests[digest])
             self._awaiting.put(digest, waiting, now + self.config.admission_timeout)
             actions.append(Admit(event.peer, digest, payload))
             self.stats.admits += 1
+        if unrequested:  # an honest server sends only what was asked, once
+            actions += self._count_rejection(event.peer, now)
+        # An honest server stops adding items at its byte cap: what such an answer leaves out is
+        # retried, not held against the server (red team R9-4: 2-MiB items lost half of a pull).
+        # Counted over the requested items it served intact only: padding an answer with items
+        # nobody asked for must not pass a censor's omission off as a full answer (red team R10-4).
+        trimmed = answered + self.config.max_item_bytes > self.config.max_serve_bytes
         for digest, candidate in pull.digests.items():
             if digest in delivered:
                 continue
@@ -965,6 +972,7 @@ class GossipCore:
                 self._remember(digest, now)
                 return
             candidate.unserved += 1
+            candidate.refused |= candidate.tried  # from now on only announcers never asked (R10-4)
         self._requeue(digest, candidate, now)
 
     def _not_served(self, digest: Digest, candidate: _Candidate, peer: PeerId, now: float) -> None:

@@ -225,7 +225,14 @@ def test_a_cheaper_worker_joining_replaces_dearer_ones_activating_before_deactiv
         Deactivate("a", "not needed: cheaper workers cover the need"),
     ]
     # It leaves: the planner falls back to c and a. No Deactivate is sent to a peer that is gone.
-    assert moves(core.handle(WorkerLeft("e"), 6.0)) == [Activate("c", 8.0, 60), Activate("a", 4.0, 60)]
+    # e left on trial, unproven: a failed claim (red team R9-1), so b, waiting longest, is tried
+    # beside them (R10-2) in case they are false claims too.
+    assert moves(core.handle(WorkerLeft("e"), 6.0)) == [
+        Activate("c", 8.0, 60),
+        Activate("a", 4.0, 60),
+        Activate("b", 5.0, 60),
+    ]
+    assert core.plan.probation == ("b",)
     assert core.stats.leaves == 1
 
 
@@ -685,8 +692,16 @@ def test_the_all_on_policy_keeps_every_proven_worker_and_caps_the_unproven() -> 
     assert {k.peer for k in core.plan.waiting} == {"b", "d"} and core.plan.kept == ()
     for t in range(32, 62):  # c delivers at its rate from 32: a full window backs it at 62
         assert moves(core.handle(RolloutsReceived("c", 8), float(t))) == []
-    actions = core.handle(RolloutsReceived("c", 8), 62.0)  # c proven: a place for b
-    assert moves(actions) == [Activate("b", 5.0, 60)]
+    actions = core.handle(RolloutsReceived("c", 8), 62.0)  # c proven: a place for b ...
+    # ... once a trial token is back: 2 per first_rollout_timeout (120 s), both spent at 31
+    assert moves(actions) == [] and [k.peer for k in core.plan.waiting] == ["b", "d"]
+    started = None
+    for t in range(63, 100):  # everyone active keeps delivering at its rate
+        events = [RolloutsReceived(p, {"honest": 12, "c": 8, "a": 4}[p]) for p in core.active() if p != "b"]
+        actions = core.handle_all(events, float(t)) + core.poll(float(t))
+        if started is None and Activate("b", 5.0, 60) in moves(actions):
+            started = t
+    assert started == 91  # 31 + 120 / 2: the first token back
     assert set(core.active()) == {"honest", "c", "a", "b"}
 
 
@@ -987,6 +1002,9 @@ def test_a_worker_restarting_before_it_is_proven_waits_behind_untried_ones() -> 
     core.handle(WorkerJoined(WorkerOffer("new", 6.0, 0.1, address="new")), 32.0)
     actions = core.handle(WorkerJoined(WorkerOffer("x", 1e9, 0.0, address="x:1")), 33.0)
     assert Forget("x", "worker restarted") in actions
+    # x's trial spent the one trial token (1 per first_rollout_timeout, 120 s): both wait, new first
+    assert core.plan.probation == () and [k.peer for k in core.plan.waiting] == ["new", "x"]
+    core.poll(151.0)
     assert core.plan.probation == ("new",) and [k.peer for k in core.plan.waiting] == ["x"]
 
 
@@ -1190,7 +1208,10 @@ def test_a_worker_measured_at_zero_that_leaves_and_rejoins_waits_for_its_re_prob
 
 
 def test_the_memory_of_penalties_is_bounded_oldest_first_and_expires() -> None:
-    core = ActivationCore(config(max_workers=2, max_probation=2, reprobe_seconds=1.0))
+    # (first_rollout_timeout 0.01 s: trial tokens, 2 per 0.01 s, never run short here)
+    core = ActivationCore(
+        config(max_workers=2, max_probation=2, reprobe_seconds=1.0, first_rollout_timeout=0.01)
+    )
     for name in ("a", "b", "c"):  # each is tried (activated), then leaves before it is proven
         core.handle(WorkerJoined(WorkerOffer(name, 20.0, 0.0)), 0.0)
         core.handle(WorkerLeft(name), 0.0)
@@ -1203,3 +1224,121 @@ def test_the_memory_of_penalties_is_bounded_oldest_first_and_expires() -> None:
     assert list(core._penalties) == ["b", "a"]
     assert core._remembered("b", 60.0) is None  # left at 0: expired at 60
     assert core._remembered("a", 60.0) == _Penalty(1.0, None, 1)
+
+
+# Red team round 10 (R10-1..R10-3): a worker that steps off its trial with a costly offer and comes
+# back cheap (never measured, never failed), several false claims that cover the need only
+# together (the hedge armed only beside one that covers it alone), and the Activates either costs.
+
+
+def honest_share_under(attack: str, *, end: int = 3600) -> tuple[float, int]:
+    """Cold start: two honest workers at 6/s (price 1, together the 11/s need) deliver from 3 s
+    after each Activate. ``attack``: "toggle" (two claimers of 1e9/s at price 0 that, 110 s into
+    each trial, re-advertise rate 1 at price 1e6 for one 5-s recruit round, then cheap again) or
+    "split" (fresh identities claiming 10/s each, two at a time, each leaving 140 s into its
+    trial). Returns the share of [0, end) some honest worker was active, and the Activates sent
+    to attackers."""
+    core = ActivationCore(config(drift_hold=30.0, reprobe_seconds=60.0))
+    honest = [WorkerOffer(f"h{i}", rate=6.0, price=1.0, address=f"h{i}") for i in range(2)]
+    joined(core, *honest)
+    cheap = {"toggle": 1e9, "split": 10.0}[attack]
+    live: dict[str, float | None] = {}  # attacker -> activated at (None: not yet)
+    stepped_out: set[str] = set()
+    made = 0
+    attacks = on = 0
+    since: dict[str, float] = {}
+    for t in range(0, end):
+        now = float(t)
+        actions = core.poll(now)
+        if t % 5 == 0:
+            while len(live) < 2:
+                peer = f"x{made}"
+                made += 1
+                live[peer] = None
+                actions += core.handle(WorkerJoined(WorkerOffer(peer, cheap, 0.0, address=peer)), now)
+            for peer in list(live):
+                if peer in stepped_out:
+                    stepped_out.discard(peer)
+                    actions += core.handle(WorkerJoined(WorkerOffer(peer, cheap, 0.0, address=peer)), now)
+                    continue
+                activated = live[peer]
+                if activated is None or peer not in core.active():
+                    continue
+                if attack == "toggle" and now - activated >= 110:
+                    stepped_out.add(peer)
+                    live[peer] = None
+                    actions += core.handle(WorkerJoined(WorkerOffer(peer, 1.0, 1e6, address=peer)), now)
+                elif attack == "split" and now - activated >= 140:  # its successor joins first
+                    fresh = f"x{made}"
+                    made += 1
+                    live[fresh] = None
+                    actions += core.handle(WorkerJoined(WorkerOffer(fresh, cheap, 0.0, address=fresh)), now)
+                    del live[peer]
+                    actions += core.handle(WorkerLeft(peer), now)
+        for h in honest:
+            if h.peer in core.active():
+                since.setdefault(h.peer, now)
+                if now - since[h.peer] >= 3:
+                    actions += core.handle(RolloutsReceived(h.peer, 6), now)
+            else:
+                since.pop(h.peer, None)
+        for a in actions:
+            if isinstance(a, Activate) and not a.renewal and a.peer.startswith("x"):
+                attacks += 1
+        for peer in live:
+            if live[peer] is None and peer in core.active():
+                live[peer] = now
+        on += any(h.peer in core.active() for h in honest)
+    return on / end, attacks
+
+
+@pytest.mark.parametrize("attack", ["toggle", "split"])
+def test_claims_that_step_off_their_trial_or_cover_the_need_only_together_cannot_keep_honest_workers_out(
+    attack: str,
+) -> None:
+    # Before: 0% of the hour. Now the first trial (about 110-140 s) is lost, then a claim has
+    # failed and half the places go to workers in join order: the honest ones joined first.
+    share, _ = honest_share_under(attack)
+    assert share >= 0.94
+
+
+def test_an_unproven_worker_stepping_off_its_trial_with_a_new_offer_is_a_failed_claim_and_a_re_try() -> None:
+    core = ActivationCore(config())
+    proven_honest(core)
+    core.handle(WorkerJoined(WorkerOffer("x", 1e9, 0.0)), 31.0)
+    assert core.plan.probation == ("x",)
+    core.handle(WorkerJoined(WorkerOffer("new", 6.0, 0.1)), 32.0)  # joins after x: waits behind it
+    core.handle(WorkerJoined(WorkerOffer("x", 1.0, 1e6)), 141.0)  # steps off just before 150 s
+    assert "x" not in core.active()
+    core.handle(WorkerJoined(WorkerOffer("x", 1e9, 0.0)), 146.0)  # back cheap: a new join, behind new
+    status = {w.peer: w for w in core.status(146.0).workers}
+    assert "new" in core.active() and not status["x"].proven
+    assert [k.peer for k in core.plan.waiting] in ([], ["x"])
+    assert core.plan.probation[0] == "new"
+
+
+def test_trials_cost_at_most_max_probation_activates_per_first_rollout_timeout() -> None:
+    # Fresh identities, 8 at a time, each dropping its offer one recruit round after joining:
+    # before, 5,756 Activates an hour (each one also a weight fetch). Now the trial tokens allow
+    # max_probation (4) at once and 4 per first_rollout_timeout (120 s) after: 4 + 120 an hour.
+    core = ActivationCore(config())
+    proven_honest(core)
+    live: dict[str, int] = {}
+    made = activates = 0
+    for t in range(31, 3631):
+        now = float(t)
+        actions = core.poll(now) + core.handle(RolloutsReceived("honest", 12), now)
+        if t % 5 == 0:
+            for peer in [p for p, born in live.items() if t - born >= 5]:
+                actions += core.handle(WorkerLeft(peer), now)
+                del live[peer]
+            while len(live) < 8:
+                peer = f"f{made}"
+                made += 1
+                live[peer] = t
+                actions += core.handle(WorkerJoined(WorkerOffer(peer, 1e9, 0.0)), now)
+        activates += sum(
+            1 for a in actions if isinstance(a, Activate) and not a.renewal and a.peer != "honest"
+        )
+        assert "honest" in core.active()
+    assert 100 <= activates <= 4 + 3600 * 4 / 120 + 1

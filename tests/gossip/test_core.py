@@ -7,6 +7,7 @@ import heapq
 import itertools
 import random
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import pytest
@@ -564,24 +565,73 @@ def test_ids_with_a_farmed_score_are_asked_first_but_cannot_keep_the_honest_copy
     assert pulled == [*farmers, "h"] and core.stats.gave_up == 0
 
 
-def test_ids_whose_pulls_fail_cannot_use_up_the_tries_an_untried_honest_announcer_needs() -> None:
-    # Four free ids read first accept each pull and never answer: before, their time-outs used up
-    # max_attempts = 4 and the honest "h" was never asked.
-    core = started(cfg(max_attempts=4, max_announcers_per_digest=8, max_inflight_pulls=1))
-    t = 0.0
-    events = [Announced(f"z{i}", core.current_round(t), (d(1),)) for i in range(4)]
-    pending = only(Pull, core.handle_all([*events, Announced("h", core.current_round(t), (d(1),))], t))
+def serve_honestly(
+    core: GossipCore,
+    actions: list[GossipAction],
+    now: float,
+    answer: Callable[[Pull], list[GossipAction]],
+) -> tuple[list[str], list[Admit]]:
+    """Drive pulls at one instant: "h" serves each pull intact, every other peer as ``answer`` does.
+    Returns the peers pulled, in order, and the Admits of "h"'s items."""
+    pending = only(Pull, actions)
     pulled: list[str] = []
     admitted: list[Admit] = []
     while pending:
         pull = pending.pop(0)
         pulled.append(pull.peer)
         if pull.peer == "h":
-            admitted += only(Admit, succeed(core, pull, t))
+            admitted += only(Admit, succeed(core, pull, now))
         else:
-            pending += only(Pull, core.handle(PullFailed(pull.request_id, pull.peer, "timeout"), t))
+            pending += only(Pull, answer(pull))
+    return pulled, admitted
+
+
+def test_ids_whose_pulls_fail_cannot_use_up_the_tries_an_untried_honest_announcer_needs() -> None:
+    # Four free ids read first accept each pull and never answer: before, their time-outs used up
+    # max_attempts = 4 and the honest "h" was never asked.
+    core = started(cfg(max_attempts=4, max_announcers_per_digest=8, max_inflight_pulls=1))
+    t = 0.0
+    events = [Announced(f"z{i}", core.current_round(t), (d(1),)) for i in range(4)]
+    actions = core.handle_all([*events, Announced("h", core.current_round(t), (d(1),))], t)
+    pulled, admitted = serve_honestly(
+        core, actions, t, lambda pull: core.handle(PullFailed(pull.request_id, pull.peer, "timeout"), t)
+    )
     assert pulled == ["z0", "z1", "z2", "z3", "h"] and [a.peer for a in admitted] == ["h"]
     assert core.stats.gave_up == 0
+
+
+def test_an_answer_padded_with_unrequested_items_cannot_pass_off_an_omission_as_the_byte_cap() -> None:
+    # Red team R10-4: one id read first answered the honest digest's pull with 16 MiB of items
+    # nobody asked for; the omission looked like an honest server's byte cap, was retried without
+    # a charge and used up the digest's tries. Only requested items served intact count now, and
+    # past max_attempts only announcers never asked are tried.
+    core = started(cfg(max_attempts=2, max_announcers_per_digest=8))
+    t = 0.0
+    events = [Announced("z", core.current_round(t), (d(1),)), Announced("h", core.current_round(t), (d(1),))]
+    padding = tuple((d(500 + i), b"p" * (2 * 1024 * 1024)) for i in range(8))
+    pulled, admitted = serve_honestly(
+        core,
+        core.handle_all(events, t),
+        t,
+        lambda pull: core.handle(PullSucceeded(pull.request_id, pull.peer, padding), t),
+    )
+    assert pulled == ["z", "h"] and [a.peer for a in admitted] == ["h"]
+    assert core.stats.items_unrequested == 8 and core._peers["z"].score < 0
+
+
+def test_past_its_tries_a_digest_is_asked_only_of_announcers_never_asked() -> None:
+    core = started(cfg(max_attempts=1, max_announcers_per_digest=8, max_inflight_pulls=1))
+    t = 0.0
+    events = [Announced(p, core.current_round(t), (d(1),)) for p in ("z0", "z1", "h")]
+    pending = only(Pull, core.handle_all(events, t))
+    pulled: list[str] = []
+    while pending:
+        pull = pending.pop(0)
+        pulled.append(pull.peer)
+        if pull.peer != "h":
+            pending += only(Pull, core.handle(PullFailed(pull.request_id, pull.peer, "timeout"), t))
+            pending += only(Pull, core.poll(t + 1.0))  # the failed ones wait out a backoff
+    assert pulled == ["z0", "z1", "h"]
 
 
 def test_refused_copies_of_one_digest_stay_bounded_however_many_ids_serve_them() -> None:
