@@ -67,7 +67,10 @@ Probation: measure before trust, make before break (``ActivationCore``)
       failed) at most ``max_probation`` start at once and ``max_probation`` per
       ``first_rollout_timeout`` after that (a token bucket), since each is an Activate and a
       weight fetch and free identities could otherwise make the learner send thousands an hour
-      (red team round 10, R10-3: 5,756 an hour from 8 identities at a time, now about 124);
+      (red team round 10, R10-3: 5,756 an hour from 8 identities at a time, now about 124). A
+      trial that proves its worker gives its token back, and the places grow to the number of
+      proven workers when that is more than ``max_probation`` (proven capacity was delivered, so
+      cannot be faked): honest capacity ramps up by doubling (round 11, R11-3);
     * when a probationer is proven (a full window of measurement backs its rate), the core
       re-plans if anything was kept, waiting or on probation: the normal rule may now drop the
       proven workers it replaces, and probationers it does not need. One that never delivers
@@ -1065,8 +1068,23 @@ class ActivationCore:
             self._short_of_trials = True
         return places
 
+    def _probation_limit(self) -> int:
+        """Unproven workers active at once: ``max_probation``, or as many as are proven. Proven
+        capacity cannot be faked (it was delivered), so a swarm of many small honest workers
+        ramps up by doubling instead of ``max_probation`` at a time (red team round 11, R11-3)."""
+        proven = sum(1 for w in self._workers.values() if self._proven(w))
+        return max(self.config.max_probation, proven)
+
     def _trials_limited(self) -> bool:
         return self._claim_failed or any(self._proven(w) for w in self._workers.values())
+
+    def _trial_passed(self) -> None:
+        """A trial that proved its worker gives its token back: pacing bounds what failed trials
+        cost, not how fast honest workers are taken on (red team round 11, R11-3)."""
+        now = self._now
+        if self._trials.available(now) < self._trials.burst:
+            self._trials.spend(now, -1.0)
+            self._trials.tokens = min(self._trials.tokens, self._trials.burst)
 
     def _next_join(self) -> int:
         self._joins += 1
@@ -1228,7 +1246,7 @@ class ActivationCore:
             return full
         # Already on probation keep their place; new ones fill the free places in candidate order.
         on_probation = [o for o in candidates if self._workers[o.peer].active]
-        places = max(0, self.config.max_probation - len(on_probation))
+        places = max(0, self._probation_limit() - len(on_probation))
         newcomers = [o for o in candidates if not self._workers[o.peer].active]
         if newcomers and places:  # new trials only as trial tokens allow
             places = self._trial_places(min(places, len(newcomers)))
@@ -1294,7 +1312,7 @@ class ActivationCore:
             # the order they joined: a fresh identity joins after the honest workers already waiting,
             # and each one tried and failed is re-tried from then on (a re-probe is a new join).
             # (Before any claim failed, an honest start plans as the plain rule does.)
-            limit = self.config.max_probation
+            limit = self._probation_limit()
             picks = picks[: max(1, limit // 2)]
             taken = {o.peer for o in picks}
             others = [o for o in eligible if o.peer not in taken]
@@ -1303,8 +1321,10 @@ class ActivationCore:
                 key=lambda o: self._workers[o.peer].joined,
             )
             hedge = waiting[: max(0, limit - len(picks))]
-            # New trials only as trial tokens allow (those already active keep their place).
-            fresh = [o for o in (*picks, *hedge) if not self._workers[o.peer].active]
+            # New trials only as trial tokens allow (those already active keep their place), the
+            # join-order places first: fresh claims at the top of plan order must not take every
+            # token as it comes back (red team round 11, R11-2).
+            fresh = [o for o in (*hedge, *picks) if not self._workers[o.peer].active]
             allowed = {o.peer for o in fresh[: self._trial_places(len(fresh))]}
             picks = [o for o in picks if self._workers[o.peer].active or o.peer in allowed]
             hedge = [o for o in hedge if self._workers[o.peer].active or o.peer in allowed]
@@ -1442,6 +1462,7 @@ class ActivationCore:
                 if measured is not None and measured > 0 and not worker.backed:
                     worker.backed = True  # a full window shows what the plan counts on: proven
                     backed.append(peer)
+                    self._trial_passed()
                 continue
             if worker.drift_since is None:
                 worker.drift_since = now
@@ -1456,6 +1477,7 @@ class ActivationCore:
                 if measured > 0 and not worker.backed:
                     worker.backed = True  # the plan now counts on what it measured: proven
                     backed.append(peer)
+                    self._trial_passed()
         # Proving a probationer changes the plan only where the probation rule bent it: proven
         # workers kept, others waiting, or probationers the proven ones may now make unneeded.
         passed = bool(backed) and bool(self._plan.kept or self._plan.waiting or self._plan.probation)

@@ -272,7 +272,10 @@ def test_the_cpu_a_replay_costs_is_charged_to_whoever_delivered_it() -> None:
     assert RejectReason.REPLAY in reasons
     assert reasons <= {RejectReason.REPLAY, RejectReason.CPU_BUDGET, RejectReason.BANNED}
     assert pipeline.banned_until(ALICE.peer_id, time.time()) is None
-    assert pipeline.cpu.level(ALICE.peer_id) == after_first[0]  # not a microsecond of Alice's
+    # Not a microsecond of Alice's: her level did not fall (it may only refill as time passes,
+    # which under load made an equality flaky).
+    level = pipeline.cpu.level(ALICE.peer_id)
+    assert level is not None and after_first[0] is not None and level >= after_first[0]
     mallory = pipeline.cpu.level("mallory")
     assert mallory is not None and mallory < pipeline.config.cpu_initial
 
