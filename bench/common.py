@@ -7,6 +7,7 @@ import json
 import os
 import platform
 import statistics
+import time
 from pathlib import Path
 from typing import Any
 
@@ -48,3 +49,24 @@ def print_table(title: str, header: list[str], rows: list[list[Any]], notes: lis
 def write_json(path: str | None, payload: dict[str, Any]) -> None:
     if path:
         Path(path).write_text(json.dumps(payload, indent=1), encoding="utf-8")
+
+
+def matmul_gflops(m: int, k: int, n: int, repeats: int = 20) -> float:
+    """Median GFLOP/s of ``torch.mm`` (m x k) @ (k x n) in float32 on the current threads: the
+    arithmetic roofline a model's matmuls of that shape can reach on this machine."""
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    for _ in range(3):
+        torch.mm(a, b)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        torch.mm(a, b)
+        times.append(time.perf_counter() - started)
+    return 2 * m * k * n / median(times) / 1e9
+
+
+def non_embedding_parameters(model: torch.nn.Module) -> int:
+    """Parameters a token's forward multiplies through (the input embedding is a lookup; a tied
+    lm head is counted once, as the output projection)."""
+    embedding = model.get_input_embeddings().weight.numel()  # type: ignore[operator]
+    return sum(p.numel() for p in model.parameters()) - embedding

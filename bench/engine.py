@@ -32,6 +32,10 @@ from typing import Any
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import matmul_gflops, non_embedding_parameters
+
 from swarmnode.policy.model import Policy, build_tiny_policy, load_policy
 from swarmnode.rollout.hf_engine import HFEngine
 from swarmnode.rollout.torch_engine import TorchEngine
@@ -108,6 +112,12 @@ def main(argv: list[str] | None = None) -> int:
         prompt_tokens = statistics.mean(len(policy.encode_prompt(p)) for p in prompts)
         timings = _time_runs(engines, prompts, args.samples, params, args.runs, args.warmup)
         ours, reference = _summary(timings["torch"]), _summary(timings["hf"])
+        # Arithmetic done: 2 * N FLOPs per token through the non-embedding weights, each prompt
+        # prefilled once and every new token decoded (attention left out), over the median run.
+        tokens = args.prompts * prompt_tokens + ours["new_tokens_mean"]
+        gflops = 2 * non_embedding_parameters(policy.model) * tokens / ours["seconds_median"] / 1e9
+        config: Any = policy.model.config
+        roofline = matmul_gflops(args.prompts * args.samples, config.hidden_size, config.intermediate_size)
         rows.append(
             {
                 "prompt_format": prompt_format,
@@ -115,6 +125,11 @@ def main(argv: list[str] | None = None) -> int:
                 "ours": ours,
                 "hf_generate": reference,
                 "ratio": ours["tokens_per_s"] / reference["tokens_per_s"],
+                "ours_gflops": gflops,
+                "roofline_gflops_decode_shape": roofline,
+                "roofline_shape": [args.prompts * args.samples, config.hidden_size, config.intermediate_size],
+                "roofline_gflops_1024": matmul_gflops(1024, 1024, 1024),
+                "fraction_of_roofline": gflops / roofline,
             }
         )
     report = {
@@ -159,14 +174,23 @@ def _print_table(report: dict[str, Any]) -> None:
         f"machine: {machine['cpu_count']} cores, {machine['torch_threads']} torch threads, torch "
         f"{machine['torch']}; load average at start {machine['load_average_at_start']} (run alone)"
     )
-    header = f"{'prompts':<10}{'prompt tok':>11}{'ours tok/s':>12}{'HF generate tok/s':>19}{'ratio':>8}"
+    header = (
+        f"{'prompts':<10}{'prompt tok':>11}{'ours tok/s':>12}{'HF generate tok/s':>19}{'ratio':>8}"
+        f"{'ours GFLOP/s':>14}{'roofline':>10}{'share':>8}"
+    )
     print(header)
     print("-" * len(header))
     for row in report["results"]:
         print(
             f"{row['prompt_format']:<10}{row['prompt_tokens_mean']:>11.1f}{row['ours']['tokens_per_s']:>12,.0f}"
-            f"{row['hf_generate']['tokens_per_s']:>19,.0f}{row['ratio']:>7.2f}x"
+            f"{row['hf_generate']['tokens_per_s']:>19,.0f}{row['ratio']:>7.2f}x{row['ours_gflops']:>14.2f}"
+            f"{row['roofline_gflops_decode_shape']:>10.1f}{row['fraction_of_roofline']:>8.1%}"
         )
+    shape = "x".join(map(str, report["results"][0]["roofline_shape"])) if report["results"] else ""
+    print(
+        f"roofline: torch.mm at the decode shape {shape} (GFLOP/s, same threads, same run); "
+        "ours: 2 * non-embedding parameters * tokens (prompts once + new tokens) / median seconds"
+    )
 
 
 if __name__ == "__main__":

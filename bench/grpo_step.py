@@ -1,11 +1,22 @@
 """One full GRPO iteration (generate, score, update) on the tiny model: ours vs TRL's GRPOTrainer.
 
 Same model weights, same tokenizer, same prompts per step (8), group size (8),
-completion cap, temperature 1, one AdamW step per iteration, no KL. Reports
-completions (samples) per second, median over the timed iterations, after warm-up.
+completion cap, temperature 1, one AdamW step per iteration, no KL, every group
+trained on. Two prompt formats: ``compact`` (``58+26=``, what the tiny model
+trains on; 8 new tokens) and ``question`` (reasoning-gym's chain_sum question,
+about 70 tokens; 16 new tokens). Ours runs twice, with the shared-prefix update
+(``learn.shared_prefix``, the default: each group's prompt scored once) and
+without it (one row per completion), alternating iteration by iteration so both
+see the same background load. Reports completions per second (median over the
+timed iterations, after warm-up), the update's share of an iteration, and the
+update's achieved GFLOP/s beside a matmul roofline measured in the same run on
+the same threads: ``6 * N * T`` FLOPs (N non-embedding parameters, T the tokens
+the update must score: each group's prompt once plus its completions; attention
+and the lm head are left out), against ``torch.mm`` at the model's own
+``(tokens x hidden) @ (hidden x intermediate)`` shape and at 1024^3.
 Run it alone: on 2 cores any other busy process distorts the figures.
 
-    python bench/grpo_step.py [--repeats 10] [--json out.json]
+    python bench/grpo_step.py [--repeats 7] [--formats compact,question] [--json out.json]
 """
 
 from __future__ import annotations
@@ -15,64 +26,107 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import base_parser, machine, median, print_table, write_json
+from common import (
+    base_parser,
+    machine,
+    matmul_gflops,
+    median,
+    non_embedding_parameters,
+    print_table,
+    write_json,
+)
 
 from swarmnode.config import Config, load_config
 from swarmnode.policy import build_tiny_policy, load_policy, save_policy
 from swarmnode.rollout import make_engine
 from swarmnode.store import CheckpointStore, Ledger
-from swarmnode.tasks import default_mixture, score_completion
+from swarmnode.tasks import DatasetSpec, TaskMixture, score_completion
 from swarmnode.train import Trainer
 
-PROMPTS, G, MAX_NEW = 8, 8, 8
+PROMPTS, G = 8, 8
+NEW_TOKENS = {"compact": 8, "question": 16}
+CHAIN_SUM = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
 
 
-def bench_ours(model_dir: Path, repeats: int, warmup: int) -> list[float]:
-    config: Config = load_config(
+def mixture(prompt_format: str) -> TaskMixture:
+    return TaskMixture([DatasetSpec("chain_sum", CHAIN_SUM, 1.0, prompt_format)], seed=0)
+
+
+def ours_config(max_new: int, shared: bool) -> Config:
+    return load_config(
         None,
         environ={},
         overrides={
             "rollout.prompts_per_round": PROMPTS,
             "rollout.group_size": G,
-            "rollout.max_new_tokens": MAX_NEW,
+            "rollout.max_new_tokens": max_new,
             "tasks.heldout_size": 0,
             "checkpoint.every_rounds": 10**6,
             "learn.drop_zero_advantage": False,  # TRL trains on every group; so do we here
+            "learn.shared_prefix": shared,
         },
     )
-    policy = load_policy(model_dir)
+
+
+def bench_ours(model_dir: Path, prompt_format: str, repeats: int, warmup: int) -> dict[str, dict[str, Any]]:
+    """Per variant: seconds per iteration, per update, and the tokens each update scored."""
+    max_new = NEW_TOKENS[prompt_format]
+    variants = {"shared": True, "unshared": False}
+    out: dict[str, dict[str, Any]] = {
+        name: {"iteration_s": [], "update_s": [], "tokens_needed": [], "tokens_run": []} for name in variants
+    }
     with tempfile.TemporaryDirectory() as tmp:
-        with Ledger(Path(tmp) / "ledger.sqlite") as ledger:
-            trainer = Trainer(
-                config,
-                policy,
-                make_engine("torch", policy),
-                default_mixture(0),
+        trainers = {}
+        for name, shared in variants.items():
+            policy = load_policy(model_dir)
+            ledger = Ledger(Path(tmp) / f"{name}.sqlite")
+            trainers[name] = (
+                Trainer(
+                    ours_config(max_new, shared),
+                    policy,
+                    make_engine("torch", policy),
+                    mixture(prompt_format),
+                    ledger,
+                    CheckpointStore(Path(tmp) / f"ckpt-{name}"),
+                ),
                 ledger,
-                CheckpointStore(Path(tmp) / "ckpt"),
             )
-            times = []
-            for i in range(warmup + repeats):
+        for i in range(warmup + repeats):
+            for name, (trainer, _) in trainers.items():
                 t0 = time.perf_counter()
-                trainer.run_round()
+                own, tokens, gen_seconds = trainer.generate_groups(trainer.round + 1)
+                t1 = time.perf_counter()
+                trainer.train_round(own, tokens=tokens, gen_seconds=gen_seconds)
+                t2 = time.perf_counter()
                 if i >= warmup:
-                    times.append(time.perf_counter() - t0)
-    return times
+                    record = out[name]
+                    record["iteration_s"].append(t2 - t0)
+                    record["update_s"].append(t2 - t1)
+                    completion = sum(len(c) for g in own for c in g.completion_ids)
+                    record["tokens_needed"].append(sum(len(g.prompt_ids) for g in own) + completion)
+                    record["tokens_run"].append(
+                        sum(len(g.prompt_ids) * g.size for g in own) + completion
+                        if name == "unshared"
+                        else sum(len(g.prompt_ids) for g in own) + completion
+                    )
+        for _, ledger in trainers.values():
+            ledger.close()
+    return out
 
 
-def bench_trl(model_dir: Path, repeats: int, warmup: int) -> list[float]:
+def bench_trl(model_dir: Path, prompt_format: str, repeats: int, warmup: int) -> list[float]:
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
     policy = load_policy(model_dir)
-    mixture = default_mixture(0)
-    tasks = [t for r in range(warmup + repeats + 2) for t in mixture.sample(r, PROMPTS)]
+    tasks = [t for r in range(warmup + repeats + 2) for t in mixture(prompt_format).sample(r + 1, PROMPTS)]
     by_prompt = {t.prompt: t for t in tasks}
     dataset = Dataset.from_list([{"prompt": t.prompt} for t in tasks])
 
@@ -96,7 +150,7 @@ def bench_trl(model_dir: Path, repeats: int, warmup: int) -> list[float]:
             output_dir=out,
             per_device_train_batch_size=PROMPTS * G,
             num_generations=G,
-            max_completion_length=MAX_NEW,
+            max_completion_length=NEW_TOKENS[prompt_format],
             learning_rate=1e-4,
             beta=0.0,
             temperature=1.0,
@@ -122,49 +176,114 @@ def bench_trl(model_dir: Path, repeats: int, warmup: int) -> list[float]:
     return timer.times[warmup:]
 
 
+def model_shape(model_dir: Path) -> tuple[int, int, int]:
+    """(non-embedding parameters, hidden size, intermediate size) of the saved model."""
+    model = load_policy(model_dir).model
+    config: Any = model.config
+    return non_embedding_parameters(model), int(config.hidden_size), int(config.intermediate_size)
+
+
 def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--formats", default="compact,question", help="comma list of: compact, question")
+    parser.set_defaults(repeats=7)
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     logging.disable(logging.WARNING)
+    formats = [f.strip() for f in args.formats.split(",") if f.strip()]
+    for f in formats:
+        if f not in NEW_TOKENS:
+            parser.error(f"--formats: unknown format {f!r}; choose from {', '.join(NEW_TOKENS)}")
+    info = machine()
+    results = []
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = Path(tmp) / "tiny"
-        save_policy(build_tiny_policy(0), model_dir)
-        ours = bench_ours(model_dir, args.repeats, args.warmup)
-        trl = bench_trl(model_dir, args.repeats, args.warmup)
-    n = PROMPTS * G
-    ours_sps, trl_sps = n / median(ours), n / median(trl)
-    info = machine()
-    print_table(
-        f"GRPO iteration, tiny model, {PROMPTS} prompts x {G} samples, {MAX_NEW} new tokens max",
-        ["implementation", "median s/iter", "samples/s", "vs TRL"],
-        [
+        tiny = build_tiny_policy(0)
+        # Question prompts run past the tiny config's 64 positions; RoPE has no table limit.
+        tiny.model.config.max_position_embeddings = 256
+        save_policy(tiny, model_dir)
+        params, hidden, intermediate = model_shape(model_dir)
+        for prompt_format in formats:
+            ours = bench_ours(model_dir, prompt_format, args.repeats, args.warmup)
+            trl = bench_trl(model_dir, prompt_format, args.repeats, args.warmup)
+            tokens = int(median([float(t) for t in ours["shared"]["tokens_run"]]))
+            roofline_shape = matmul_gflops(tokens, hidden, intermediate)
+            roofline_peak = matmul_gflops(1024, 1024, 1024)
+            n = PROMPTS * G
+            trl_sps = n / median(trl)
+            row: dict[str, Any] = {
+                "prompt_format": prompt_format,
+                "max_new_tokens": NEW_TOKENS[prompt_format],
+                "trl_seconds": trl,
+                "trl_samples_per_s": trl_sps,
+                "roofline_gflops_model_shape": roofline_shape,
+                "roofline_gflops_1024": roofline_peak,
+                "roofline_shape": [tokens, hidden, intermediate],
+            }
+            for name, record in ours.items():
+                update = median(record["update_s"])
+                needed = median([float(t) for t in record["tokens_needed"]])
+                gflops = 6 * params * needed / update / 1e9
+                row[name] = {
+                    **record,
+                    "samples_per_s": n / median(record["iteration_s"]),
+                    "update_median_s": update,
+                    "update_share": update / median(record["iteration_s"]),
+                    "update_gflops": gflops,
+                    "update_fraction_of_roofline": gflops / roofline_shape,
+                    "vs_trl": n / median(record["iteration_s"]) / trl_sps,
+                }
+            row["shared_vs_unshared_update"] = (
+                row["unshared"]["update_median_s"] / row["shared"]["update_median_s"]
+            )
+            results.append(row)
+    for row in results:
+        print_table(
+            f"GRPO iteration, tiny model, {PROMPTS} prompts x {G} samples, {row['prompt_format']} prompts, "
+            f"{row['max_new_tokens']} new tokens max",
+            ["implementation", "s/iter", "samples/s", "vs TRL", "update s", "update GFLOP/s", "of roofline"],
             [
-                "swarmnode (torch engine)",
-                f"{median(ours):.3f}",
-                f"{ours_sps:.1f}",
-                f"{ours_sps / trl_sps:.2f}x",
+                *(
+                    [
+                        f"swarmnode, {name} prefix",
+                        f"{median(row[name]['iteration_s']):.3f}",
+                        f"{row[name]['samples_per_s']:.1f}",
+                        f"{row[name]['vs_trl']:.2f}x",
+                        f"{row[name]['update_median_s']:.3f}",
+                        f"{row[name]['update_gflops']:.2f}",
+                        f"{row[name]['update_fraction_of_roofline']:.1%}",
+                    ]
+                    for name in ("shared", "unshared")
+                ),
+                [
+                    "TRL GRPOTrainer",
+                    f"{median(row['trl_seconds']):.3f}",
+                    f"{row['trl_samples_per_s']:.1f}",
+                    "1.00x",
+                    "",
+                    "",
+                    "",
+                ],
             ],
-            ["TRL GRPOTrainer", f"{median(trl):.3f}", f"{trl_sps:.1f}", "1.00x"],
-        ],
-        [
-            f"machine: {info['cores']} cores, torch {info['torch']} ({info['torch_threads']} threads), "
-            f"{args.repeats} timed iterations after {args.warmup} warm-up"
-        ],
-    )
+            [
+                f"shared-prefix update {row['shared_vs_unshared_update']:.2f}x faster than unshared; "
+                f"matmul roofline {row['roofline_gflops_model_shape']:.1f} GFLOP/s at "
+                f"{'x'.join(map(str, row['roofline_shape']))}, {row['roofline_gflops_1024']:.1f} at 1024^3",
+                f"machine: {info['cores']} cores, torch {info['torch']} ({info['torch_threads']} threads), "
+                f"{args.repeats} timed iterations after {args.warmup} warm-up",
+                "",
+            ],
+        )
     write_json(
         args.json,
         {
             "bench": "grpo_step",
-            "settings": {"prompts": PROMPTS, "group_size": G, "max_new_tokens": MAX_NEW},
+            "settings": {"prompts": PROMPTS, "group_size": G, "max_new_tokens": NEW_TOKENS},
             "machine": info,
-            "ours_seconds": ours,
-            "trl_seconds": trl,
-            "ours_samples_per_s": ours_sps,
-            "trl_samples_per_s": trl_sps,
-            "ratio": ours_sps / trl_sps,
+            "non_embedding_parameters": params,
+            "results": results,
         },
     )
 

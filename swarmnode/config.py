@@ -102,6 +102,11 @@ class LearnConfig(Section):
         "M2PO (ALGORITHMS.md §4), or the same loss as fresh data.",
     )
     m2po_tau: float = Field(0.04, gt=0.0, description="M2PO second-moment threshold tau.")
+    shared_prefix: bool = Field(
+        True,
+        description="Score each group's prompt once in the update (one packed forward/backward per group; "
+        "exact up to float rounding). False: one row per completion, the prompt repeated.",
+    )
 
 
 class CheckpointConfig(Section):

@@ -65,9 +65,14 @@ def recompute_request(
         if i >= len(completions) or request.prefix(i) > len(completions[i]):
             raise ValueError(f"spot-check request names completion {i} beyond the group it was made for")
     rows = [list(completions[i][: request.prefix(i)]) for i in wanted]
-    with torch.no_grad():
+    with torch.no_grad():  # the rows share one prompt: scored once (``shared_prefix``)
         values, _ = completion_logprobs(
-            _model(policy), [list(prompt_ids)] * len(rows), rows, temperature, pad_token_id
+            _model(policy),
+            [list(prompt_ids)] * len(rows),
+            rows,
+            temperature,
+            pad_token_id,
+            shared_prefix=True,
         )
     row_of = {completion: r for r, completion in enumerate(wanted)}
     return [float(values[row_of[t.completion], t.position]) for t in request.tokens]

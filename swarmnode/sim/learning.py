@@ -154,6 +154,7 @@ class LearningScenario:
     lr: float = 1e-4
     updates_per_round: int = 1
     shared_tasks: bool = False
+    shared_prefix: bool = True  # learn.shared_prefix: each group's prompt scored once in the update
     eval_every: int = 0
     heldout_size: int = 200
     eval_seed: int = 0
@@ -233,6 +234,10 @@ def parse_learning(scenario: Mapping[str, Any]) -> LearningScenario:
         if not isinstance(table["shared_tasks"], bool):
             raise ConfigError(f"learning.shared_tasks must be true or false, got {table['shared_tasks']!r}")
         values["shared_tasks"] = table["shared_tasks"]
+    if "shared_prefix" in table:
+        if not isinstance(table["shared_prefix"], bool):
+            raise ConfigError(f"learning.shared_prefix must be true or false, got {table['shared_prefix']!r}")
+        values["shared_prefix"] = table["shared_prefix"]
     if "cache_dir" in table:
         values["cache_dir"] = str(table["cache_dir"])
     if "seed" in table and "seeds" in table:
@@ -319,6 +324,7 @@ class Agent:
                 "learn.algorithm": spec.algorithm,
                 "learn.lr": spec.lr,
                 "learn.updates_per_round": spec.updates_per_round,
+                "learn.shared_prefix": spec.shared_prefix,
                 "swarm.mixing": spec.mixing,
                 "swarm.local_groups": spec.local_groups,
                 "swarm.external_groups": spec.external_groups,

@@ -52,6 +52,8 @@ def completion_logprobs(
     completion_ids: list[list[int]],
     temperature: float = 1.0,
     pad_token_id: int = 0,
+    *,
+    shared_prefix: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Log-probs of each completion token under ``model``: (B, T) values and (B, T) mask.
 
@@ -59,7 +61,13 @@ def completion_logprobs(
     0..n-1 a causal LM expects; the completion token at position p is scored by
     the logits at p-1. Logits are divided by the sampling temperature, the same
     rule the rollout engines use (TRL's convention).
+
+    ``shared_prefix``: rows that repeat the previous row's prompt (a group's G
+    completions) are scored in one packed sequence, the prompt once
+    (``shared_prefix_logprobs``); the same values up to float rounding.
     """
+    if shared_prefix and supports_packed_attention(model):
+        return shared_prefix_logprobs(model, prompt_ids, completion_ids, temperature, pad_token_id)
     full = [p + c for p, c in zip(prompt_ids, completion_ids, strict=True)]
     input_ids = pad_right(full, pad_token_id, torch.long)
     attention = pad_right([[1] * len(r) for r in full], 0, torch.long)
@@ -75,3 +83,108 @@ def completion_logprobs(
     mask = (offsets.unsqueeze(0) < lengths.unsqueeze(1)).float()
     values = token_logp.gather(1, index) * mask
     return values, mask
+
+
+# ---------------------------------------------------------------------------------------------
+# Shared-prefix scoring (Prefix Grouper, arXiv 2506.05433; verl's ``use_prefix_grouper``).
+#
+# A group's G rows share their prompt exactly, so the unshared path runs the prompt's P tokens G
+# times, forward and backward. Packed, a group is one sequence
+#
+#     prompt (P tokens) | completion 1 | completion 2 | ... | completion G
+#
+# under a mask in which a prompt token attends causally within the prompt and a completion token
+# attends to the whole prompt and causally within its own completion (never to another one), with
+# position ids P, P+1, ... restarted for each completion. Every completion token then sees exactly
+# the keys, values and positions it sees in its own unshared row, so each logit is the same
+# function of the weights; the prompt's gradient is the sum of its G uses, as in the unshared
+# sum. A completion's first token is scored by the logits at the prompt's last token (shared).
+
+#: Attention implementations that take a custom additive 4D mask as given (FlashAttention does not).
+_PACKED_ATTENTION = ("sdpa", "eager")
+
+
+def supports_packed_attention(model: torch.nn.Module) -> bool:
+    """Can ``model`` run a packed group (a custom 4D mask and per-token position ids)?"""
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None) in _PACKED_ATTENTION
+
+
+@dataclass(frozen=True)
+class _Pack:
+    """One packed sequence: a prompt and the rows (indices into the batch) that share it."""
+
+    prompt: list[int]
+    rows: list[int]
+
+
+def _packs(prompt_ids: list[list[int]]) -> list[_Pack]:
+    packs: list[_Pack] = []
+    for i, prompt in enumerate(prompt_ids):
+        if packs and packs[-1].prompt == prompt:
+            packs[-1].rows.append(i)
+        else:
+            packs.append(_Pack(list(prompt), [i]))
+    return packs
+
+
+def shared_prefix_logprobs(
+    model: torch.nn.Module,
+    prompt_ids: list[list[int]],
+    completion_ids: list[list[int]],
+    temperature: float = 1.0,
+    pad_token_id: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``completion_logprobs`` with each run of rows that share a prompt packed into one sequence.
+
+    Same (B, T) values and mask as the unshared path (float rounding aside), in the same row order;
+    consecutive rows with equal prompts form a pack, so a batch ordered by group shares each prompt.
+    """
+    if len(prompt_ids) != len(completion_ids):
+        raise ValueError(f"{len(prompt_ids)} prompts for {len(completion_ids)} completions")
+    packs = _packs(prompt_ids)
+    width = max(max((len(c) for c in completion_ids), default=1), 1)
+    lengths = [len(p.prompt) + sum(len(completion_ids[r]) for r in p.rows) for p in packs]
+    length = max(lengths)
+    n = len(packs)
+    input_ids = torch.full((n, length), pad_token_id, dtype=torch.long)
+    positions = torch.zeros((n, length), dtype=torch.long)
+    segment = torch.full((n, length), -2, dtype=torch.long)  # -2 padding, -1 prompt, j completion j
+    # Where each completion token is scored from: (pack, position of the logits), and its target.
+    source_pack = torch.zeros((len(completion_ids), width), dtype=torch.long)
+    source_pos = torch.zeros((len(completion_ids), width), dtype=torch.long)
+    targets = torch.full((len(completion_ids), width), pad_token_id, dtype=torch.long)
+    for k, pack in enumerate(packs):
+        p = len(pack.prompt)
+        input_ids[k, :p] = torch.tensor(pack.prompt, dtype=torch.long)
+        positions[k, :p] = torch.arange(p)
+        segment[k, :p] = -1
+        start = p
+        for j, row in enumerate(pack.rows):
+            tokens = completion_ids[row]
+            m = len(tokens)
+            if m:
+                input_ids[k, start : start + m] = torch.tensor(tokens, dtype=torch.long)
+                positions[k, start : start + m] = torch.arange(p, p + m)
+                segment[k, start : start + m] = j
+                source_pack[row, :m] = k
+                # token 0 from the prompt's last position, token t from the completion's token t - 1
+                source_pos[row, 0] = p - 1
+                source_pos[row, 1:m] = torch.arange(start, start + m - 1)
+                targets[row, :m] = torch.tensor(tokens, dtype=torch.long)
+            start += m
+    query, key = segment.unsqueeze(2), segment.unsqueeze(1)  # (n, L, 1), (n, 1, L)
+    causal = torch.ones(length, length, dtype=torch.bool).tril()
+    allowed = causal & (key != -2) & ((key == -1) | (key == query))
+    allowed |= torch.eye(length, dtype=torch.bool)  # padding queries see themselves: no empty softmax
+    dtype = next(model.parameters()).dtype
+    mask4d = torch.zeros((n, 1, length, length), dtype=dtype)
+    mask4d.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
+    logits = model(input_ids=input_ids, attention_mask=mask4d, position_ids=positions).logits
+    picked = logits[source_pack, source_pos].float()  # (B, T, V): only the positions that score a token
+    if temperature != 1.0:
+        picked = picked / temperature
+    token_logp = torch.log_softmax(picked, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    row_lengths = torch.tensor([len(c) for c in completion_ids])
+    mask = (torch.arange(width).unsqueeze(0) < row_lengths.unsqueeze(1)).float()
+    return token_logp * mask, mask

@@ -302,6 +302,7 @@ class Trainer:
                 completions,
                 self.config.rollout.temperature,
                 self.policy.pad_token_id,
+                shared_prefix=self.config.learn.shared_prefix,
             )
         own_rows = [lp for g in groups for lp in (g.behaviour_logprobs or [[] for _ in range(g.size)])]
         for i, row in enumerate(own_rows):
@@ -322,6 +323,7 @@ class Trainer:
         learn = self.config.learn
         temperature = self.config.rollout.temperature
         pad = self.policy.pad_token_id
+        shared = learn.shared_prefix  # a group's rows are adjacent: each prompt is scored once
         prompts = [g.prompt_ids for g in groups for _ in range(g.size)]
         completions = [c for g in groups for c in g.completion_ids]
         old_logp = self._old_logprobs(groups, prompts, completions)
@@ -340,14 +342,18 @@ class Trainer:
         ref_logp = None
         if self.reference is not None:
             with torch.no_grad():
-                ref_logp, _ = completion_logprobs(self.reference, prompts, completions, temperature, pad)
+                ref_logp, _ = completion_logprobs(
+                    self.reference, prompts, completions, temperature, pad, shared_prefix=shared
+                )
         token_low, token_high = clip_range(learn, sequence=False)
         sequence_low, sequence_high = clip_range(learn, sequence=True)
         clip: dict[str, Any] = {"beta": learn.beta, "ref_logp": ref_logp}
         self.policy.model.train()
         losses = []
         for step in range(learn.updates_per_round):
-            logp, mask = completion_logprobs(self.policy.model, prompts, completions, temperature, pad)
+            logp, mask = completion_logprobs(
+                self.policy.model, prompts, completions, temperature, pad, shared_prefix=shared
+            )
             old = old_logp[:, : logp.shape[1]]
             if hacpo:
                 loss, _ = hacpo_loss(

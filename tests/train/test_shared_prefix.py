@@ -1,0 +1,187 @@
+"""The shared-prefix update is the unshared one: same log-probs, losses and gradients (fp32).
+
+A group's G completions are packed behind one copy of their prompt (``shared_prefix_logprobs``);
+each completion token must see exactly what it sees in its own row. Checked for every loss the
+trainer runs, for the built-in tiny Llama and for small Qwen2 / Qwen3 models built from configs,
+with groups of different prompt lengths and completions of different lengths (empty ones too)
+in one batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from torch import nn
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from swarmnode.admit.recompute import recompute_request
+from swarmnode.admit.spotcheck import SpotCheckRequest, TokenRef
+from swarmnode.config import load_config
+from swarmnode.learn import dapo_loss, grpo_loss, gspo_loss
+from swarmnode.learn.hacpo import hacpo_loss
+from swarmnode.learn.m2po import m2po_loss
+from swarmnode.policy import build_tiny_policy
+from swarmnode.train.batch import completion_logprobs, shared_prefix_logprobs, supports_packed_attention
+
+VOCAB = 23
+
+
+def small_model(kind: str) -> nn.Module:
+    if kind == "tiny-llama":
+        return build_tiny_policy(0).model
+    settings = dict(
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,  # grouped-query attention, as the real Qwen models
+        max_position_embeddings=128,
+        tie_word_embeddings=True,
+    )
+    if kind == "qwen3":
+        settings["head_dim"] = 16
+    config = AutoConfig.for_model(kind, **settings)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+
+
+def batch(seed: int = 1) -> tuple[list[list[int]], list[list[int]], list[int]]:
+    """Three groups: prompt lengths 1 (BOS only), 9 and 4; group sizes 3, 4, 2; completions 0-7 long."""
+    g = torch.Generator().manual_seed(seed)
+    prompts: list[list[int]] = []
+    completions: list[list[int]] = []
+    sizes = []
+    for length, size in [(1, 3), (9, 4), (4, 2)]:
+        prompt = [1, *torch.randint(3, VOCAB, (length - 1,), generator=g).tolist()]
+        for j in range(size):
+            n = 0 if j == 1 else int(torch.randint(1, 8, (1,), generator=g))
+            prompts.append(prompt)
+            completions.append(torch.randint(3, VOCAB, (n,), generator=g).tolist())
+        sizes.append(size)
+    return prompts, completions, sizes
+
+
+def inputs(logp: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Behaviour log-probs a little off the policy's (ratios near 1, inside every clip band and
+    below M2PO's threshold, so each loss has gradient), advantages and HACPO's extras."""
+    g = torch.Generator().manual_seed(7)
+    rows = logp.shape[0]
+    old = (logp.detach() + 0.02 * torch.randn(logp.shape, generator=g)) * mask
+    return {
+        "old": old,
+        "advantages": torch.randn(rows, generator=g),
+        "ratio": torch.rand(rows, generator=g) + 0.5,
+        "is_self": torch.tensor([i % 2 == 0 for i in range(rows)]),
+        "old_mean": old.sum(-1) / mask.sum(-1).clamp(min=1),
+    }
+
+
+Loss = Callable[[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]], torch.Tensor]
+
+LOSSES: dict[str, Loss] = {
+    "grpo": lambda lp, m, x: grpo_loss(lp, x["old"], x["advantages"], m)[0],
+    "grpo-token-mean": lambda lp, m, x: grpo_loss(lp, x["old"], x["advantages"], m, agg="token-mean")[0],
+    "dapo": lambda lp, m, x: dapo_loss(lp, x["old"], x["advantages"], m)[0],
+    "gspo": lambda lp, m, x: gspo_loss(lp, x["old"], x["advantages"], m, eps_low=0.5, eps_high=0.5)[0],
+    "m2po": lambda lp, m, x: m2po_loss(lp, x["old"], x["advantages"], m)[0],
+    "hacpo": lambda lp, m, x: hacpo_loss(
+        lp,
+        m,
+        x["old_mean"],
+        x["advantages"],
+        x["ratio"],
+        x["is_self"],
+        update_index=0,
+        eps_low=0.5,
+        eps_high=0.5,
+    )[0],
+    "grpo-kl": lambda lp, m, x: grpo_loss(lp, x["old"], x["advantages"], m, beta=0.1, ref_logp=x["old"])[0],
+}
+
+
+def gradients(model: nn.Module, loss: torch.Tensor) -> dict[str, torch.Tensor]:
+    model.zero_grad(set_to_none=True)
+    loss.backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+
+@pytest.mark.parametrize("kind", ["tiny-llama", "qwen2", "qwen3"])
+def test_packed_log_probs_equal_one_row_per_completion(kind: str) -> None:
+    model = small_model(kind)
+    assert supports_packed_attention(model)
+    prompts, completions, _ = batch()
+    with torch.no_grad():
+        for temperature in (1.0, 0.7):
+            plain, plain_mask = completion_logprobs(model, prompts, completions, temperature)
+            packed, packed_mask = shared_prefix_logprobs(model, prompts, completions, temperature)
+            assert torch.equal(plain_mask, packed_mask)
+            assert plain.shape == packed.shape
+            torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5)
+    assert float(plain_mask[1].sum()) == 0.0  # the empty completion scores nothing on either path
+
+
+@pytest.mark.parametrize("kind", ["tiny-llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("loss_name", list(LOSSES))
+def test_every_loss_and_every_gradient_is_the_same_on_the_packed_path(kind: str, loss_name: str) -> None:
+    model = small_model(kind)
+    model.train()
+    prompts, completions, _ = batch()
+    loss_of = LOSSES[loss_name]
+    plain_lp, mask = completion_logprobs(model, prompts, completions)
+    x = inputs(plain_lp, mask)
+    plain_loss = loss_of(plain_lp, mask, x)
+    plain_grads = gradients(model, plain_loss)
+    packed_lp, packed_mask = completion_logprobs(model, prompts, completions, shared_prefix=True)
+    packed_loss = loss_of(packed_lp, packed_mask, x)
+    packed_grads = gradients(model, packed_loss)
+    assert float(plain_loss.detach()) != 0.0  # something to compare
+    torch.testing.assert_close(packed_loss, plain_loss, rtol=1e-5, atol=1e-6)
+    assert plain_grads.keys() == packed_grads.keys() and plain_grads
+    scale = max(float(g.abs().max()) for g in plain_grads.values())
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
+
+
+def test_rows_are_packed_only_with_neighbours_that_share_their_prompt() -> None:
+    # Equal prompts that are not adjacent are scored separately; order and values are kept.
+    model = small_model("tiny-llama")
+    prompts, completions, _ = batch()
+    order = [0, 3, 1, 7, 4, 2, 8, 5, 6]  # groups interleaved
+    shuffled_prompts = [prompts[i] for i in order]
+    shuffled_completions = [completions[i] for i in order]
+    with torch.no_grad():
+        plain, _ = completion_logprobs(model, shuffled_prompts, shuffled_completions)
+        packed, _ = shared_prefix_logprobs(model, shuffled_prompts, shuffled_completions)
+    torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5)
+
+
+def test_a_model_without_custom_masks_takes_the_unshared_path() -> None:
+    model = small_model("tiny-llama")
+    model.config._attn_implementation = "flash_attention_2"  # takes no custom 4D mask
+    assert not supports_packed_attention(model)
+    model.config._attn_implementation = "sdpa"
+    assert supports_packed_attention(model)
+
+
+def test_the_spot_check_recomputation_is_unchanged_by_packing() -> None:
+    model = small_model("qwen2")
+    prompts, completions, _ = batch()
+    prompt, rows = prompts[3], completions[3:7]
+    tokens = tuple(TokenRef(completion=i, position=t) for i, row in enumerate(rows) for t in range(len(row)))
+    request = SpotCheckRequest(peer="w", group="g", tokens=tokens)
+    got = recompute_request(model, request, prompt, rows)
+    with torch.no_grad():
+        plain, _ = completion_logprobs(model, [prompt] * len(rows), [list(r) for r in rows])
+    want = [float(plain[t.completion, t.position]) for t in tokens]
+    assert got == pytest.approx(want, abs=1e-5)
+
+
+def test_the_trainer_switch_defaults_to_the_shared_prefix_and_keeps_the_unshared_path() -> None:
+    assert load_config(None, environ={}).learn.shared_prefix is True
+    assert (
+        load_config(None, environ={}, overrides={"learn.shared_prefix": False}).learn.shared_prefix is False
+    )
