@@ -42,7 +42,11 @@ Probation: measure before trust, make before break (``ActivationCore``)
     worker is unproven again until a window backs it. An unproven worker whose own re-advertisement
     takes it off its trial has failed its claim and waits as a re-try (a new join): otherwise it
     could step out with a costly offer just before ``first_rollout_timeout`` and come back cheap
-    with a fresh clock, never measured (red team round 10, R10-1).
+    with a fresh clock, never measured (red team round 10, R10-1). The same holds when the plan
+    drops an unproven worker for a rival's claim before it delivered anything: it is a re-try, and
+    once it had been on trial a ``rate_window`` its claim counts as failed (two identities taking
+    turns to undercut each other would otherwise never be judged: round 11, R11-1; honest offers
+    arriving at a start displace each other within seconds and arm nothing).
     The core plans among all eligible workers as above, then, if some proven worker qualifies and
     some unproven one would be used beside them:
 
@@ -1406,6 +1410,17 @@ class ActivationCore:
         reasons = {e.peer: e.reason for e in new.excluded}
         for peer, worker in self._workers.items():
             if worker.active and peer not in chosen:
+                if peer not in reasons and not self._proven(worker) and worker.measure_from is None:
+                    # Dropped for a rival's claim before it delivered anything: its trial ends
+                    # unjudged, so it is a re-try (a new join), and after a rate window on trial
+                    # its claim counts as failed. Otherwise two identities could take turns
+                    # undercutting each other just before first_rollout_timeout, neither ever
+                    # judged (red team round 11, R11-1); the churn of honest offers arriving at a
+                    # start displaces within seconds and arms nothing.
+                    worker.reprobes += 1
+                    worker.joined = self._next_join()
+                    if now - worker.activated_at >= self.config.rate_window:
+                        self._claim_failed = True
                 worker.active = False
                 worker.drift_since = None
                 self.stats.deactivations += 1

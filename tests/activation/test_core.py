@@ -1354,3 +1354,80 @@ def test_after_a_failed_claim_many_small_honest_workers_are_taken_on_by_doubling
         if met is None and len(core.active()) >= 44:
             met = t
     assert met is not None and met <= 400
+
+
+# Red team round 11 (R11-1, R11-2): two identities taking turns to undercut each other's claim just
+# before first_rollout_timeout, so that the plan, not their own offer, ends each trial unjudged;
+# and fresh claims at the top of plan order taking every trial token as it came back.
+
+
+def test_identities_that_undercut_each_other_in_turn_cannot_keep_honest_workers_out_at_a_start() -> None:
+    core = ActivationCore(config())
+    honest = [WorkerOffer(f"h{i}", rate=6.0, price=1.0, address=f"h{i}") for i in range(2)]
+    rate = {"x0": 1e9, "x1": 1.0}
+    joined(
+        core, *honest, WorkerOffer("x0", 1e9, 0.0, address="x0"), WorkerOffer("x1", 1.0, 1e6, address="x1")
+    )
+    on_since: dict[str, float] = {}
+    on = 0
+    for t in range(1, 3600):
+        now = float(t)
+        core.poll(now)
+        for peer in ("x0", "x1"):
+            if peer in core.active():
+                on_since.setdefault(peer, now)
+            else:
+                on_since.pop(peer, None)
+        if t % 5 == 0:
+            for active, waiting in (("x0", "x1"), ("x1", "x0")):
+                if active in on_since and now - on_since[active] >= 110 and waiting not in core.active():
+                    rate[waiting] = rate[active] + 1.0  # undercuts: faster at the same price 0
+                    core.handle(WorkerJoined(WorkerOffer(waiting, rate[waiting], 0.0, address=waiting)), now)
+                    core.handle(
+                        WorkerJoined(WorkerOffer(active, 1.0, 1e6, address=active)), now
+                    )  # waits again
+                    break
+        core.handle_all([RolloutsReceived(h.peer, 6) for h in honest if h.peer in core.active()], now)
+        on += any(h.peer in core.active() for h in honest)
+    assert on / 3599 >= 0.94  # before: 0%
+
+
+def test_trial_tokens_go_to_workers_in_join_order_before_the_cheapest_fresh_claims() -> None:
+    # Once a claim failed, two fresh claims of 6/s at price 0 are always waiting (together they
+    # cover the need, so both plan-order places are theirs); each one activated steps off its
+    # trial at the next round and leaves. The honest workers' offers arrive 30 s after the
+    # attack began. Before, every token that came back went to a fresh claim: honest 0%.
+    core = ActivationCore(config())
+    honest = [WorkerOffer(f"h{i}", rate=6.0, price=1.0, address=f"h{i}") for i in range(2)]
+    live: dict[str, str] = {}
+    made = 0
+
+    def fresh(now: float) -> None:
+        nonlocal made
+        peer = f"p{made}"
+        made += 1
+        live[peer] = "cheap"
+        core.handle(WorkerJoined(WorkerOffer(peer, 6.0, 0.0, address=peer)), now)
+
+    for _ in range(3):
+        fresh(0.0)
+    on = 0
+    for t in range(0, 3600):
+        now = float(t)
+        core.poll(now)
+        if t == 30:
+            joined(core, *honest, now=now)
+        if t % 5 == 0 and t > 0:
+            for peer in list(live):
+                worker_active = peer in core.active()
+                if worker_active and live[peer] == "cheap":
+                    live[peer] = "off"
+                    core.handle(WorkerJoined(WorkerOffer(peer, 1.0, 1e6, address=peer)), now)
+                elif worker_active or live[peer] == "off":
+                    del live[peer]
+                    core.handle(WorkerLeft(peer), now)
+            while sum(1 for p, s in live.items() if s == "cheap" and p not in core.active()) < 2:
+                fresh(now)
+        core.handle_all([RolloutsReceived(h.peer, 6) for h in honest if h.peer in core.active()], now)
+        on += any(h.peer in core.active() for h in honest)
+    assert on / 3600 >= 0.95
