@@ -94,6 +94,10 @@ def run_bench(name: str, timeout: float) -> tuple[Figures, dict[str, Any], float
     return pick(report), report, seconds
 
 
+def _show(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.3f}"
+
+
 def compare(figures: Figures, baseline: Figures) -> None:
     width = max((len(k) for k in figures), default=10)
     print(f"\n{'figure':<{width}}  {'baseline':>12}  {'now':>12}  {'now / baseline':>14}")
@@ -101,8 +105,7 @@ def compare(figures: Figures, baseline: Figures) -> None:
         now, then = figures.get(key), baseline.get(key)
         ratio = f"{now / then:.2f}x" if now is not None and then else "-"
         flag = "  <- slower" if now is not None and then and now / then < 0.8 else ""
-        show = lambda v: f"{v:,.3f}" if v is not None else "-"  # noqa: E731
-        print(f"{key:<{width}}  {show(then):>12}  {show(now):>12}  {ratio:>14}{flag}")
+        print(f"{key:<{width}}  {_show(then):>12}  {_show(now):>12}  {ratio:>14}{flag}")
 
 
 def main() -> int:

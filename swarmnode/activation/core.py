@@ -863,7 +863,7 @@ class ActivationCore:
             self._ban_reasons.pop(peer, None)
         if any(peer in self._workers for peer in lifted):
             actions += self._replan(now, "ban lifted: " + ", ".join(p for p in lifted if p in self._workers))
-        if self._short_of_trials and self._trials.available(now) >= 1:
+        if self._short_of_trials and self._free_trials() >= 1:
             actions += self._replan(now, "a trial is free: the next waiting worker is tried")
         actions += self._reprobe(now)
         actions += self._check_drift(now)
@@ -1067,10 +1067,14 @@ class ActivationCore:
 
     def _trial_places(self, wanted: int) -> int:
         """How many of ``wanted`` new trials the trial tokens allow now (noting a shortfall)."""
-        places = min(wanted, max(0, math.floor(self._trials.available(self._now) + _EPS)))
+        places = min(wanted, self._free_trials())
         if places < wanted:
             self._short_of_trials = True
         return places
+
+    def _free_trials(self) -> int:
+        """Whole trial tokens held now (the same count for planning and for the wake-up)."""
+        return max(0, math.floor(self._trials.available(self._now) + _EPS))
 
     def _probation_limit(self) -> int:
         """Unproven workers active at once: ``max_probation``, or as many as are proven. Proven
@@ -1085,10 +1089,7 @@ class ActivationCore:
     def _trial_passed(self) -> None:
         """A trial that proved its worker gives its token back: pacing bounds what failed trials
         cost, not how fast honest workers are taken on (red team round 11, R11-3)."""
-        now = self._now
-        if self._trials.available(now) < self._trials.burst:
-            self._trials.spend(now, -1.0)
-            self._trials.tokens = min(self._trials.tokens, self._trials.burst)
+        self._trials.give(self._now)
 
     def _next_join(self) -> int:
         self._joins += 1

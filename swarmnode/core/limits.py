@@ -63,6 +63,11 @@ class TokenBucket:
         self._refill(now)
         self.tokens -= amount
 
+    def give(self, now: float, amount: float = 1.0) -> None:
+        """Return ``amount`` tokens (a cost refunded), never past ``burst``."""
+        self._refill(now)
+        self.tokens = min(self.burst, self.tokens + amount)
+
     def ready_at(self, now: float, amount: float = 1.0) -> float:
         """The earliest time at which ``amount`` tokens will be available (``now`` if they are)."""
         self._refill(now)

@@ -65,3 +65,12 @@ def test_expiring_map_expires_in_order_and_evicts_the_oldest_beyond_capacity() -
     assert m.next_expiry() == 11.0
     assert m.pop_expired(11.0) == [("b", 2)]
     assert len(m) == 1 and "c" in m and m.get("c") == 3
+
+
+def test_tokens_given_back_refill_the_bucket_but_never_past_its_burst() -> None:
+    bucket = TokenBucket(rate=1.0, burst=2.0, updated=0.0)
+    assert bucket.take(0.0, 2.0) and bucket.available(0.0) == 0.0
+    bucket.give(0.0)
+    assert bucket.available(0.0) == 1.0
+    bucket.give(0.0, 5.0)
+    assert bucket.available(0.0) == 2.0

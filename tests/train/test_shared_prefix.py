@@ -10,6 +10,8 @@ in one batch.
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -23,6 +25,11 @@ from swarmnode.learn import dapo_loss, grpo_loss, gspo_loss
 from swarmnode.learn.hacpo import hacpo_loss
 from swarmnode.learn.m2po import m2po_loss
 from swarmnode.policy import build_tiny_policy
+from swarmnode.rollout import make_engine
+from swarmnode.store import CheckpointStore, Ledger
+from swarmnode.tasks import default_mixture
+from swarmnode.train import Trainer
+from swarmnode.train import batch as batch_module
 from swarmnode.train.batch import completion_logprobs, shared_prefix_logprobs, supports_packed_attention
 
 VOCAB = 23
@@ -159,12 +166,66 @@ def test_rows_are_packed_only_with_neighbours_that_share_their_prompt() -> None:
     torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5)
 
 
-def test_a_model_without_custom_masks_takes_the_unshared_path() -> None:
+class _NoConfig(nn.Module):
+    """A causal LM seen without its config: nothing says its attention takes a custom mask."""
+
+    def __init__(self, inner: nn.Module) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, **kwargs: torch.Tensor) -> object:
+        return self.inner(**kwargs)
+
+
+def count_packed_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Count the calls ``completion_logprobs`` makes to the packed path."""
+    calls: list[int] = []
+    packed = batch_module.shared_prefix_logprobs
+
+    def counting(*args: Any, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        calls.append(1)
+        return packed(*args, **kwargs)
+
+    monkeypatch.setattr(batch_module, "shared_prefix_logprobs", counting)
+    return calls
+
+
+def test_a_model_without_custom_masks_takes_the_unshared_path(monkeypatch: pytest.MonkeyPatch) -> None:
     model = small_model("tiny-llama")
     model.config._attn_implementation = "flash_attention_2"  # takes no custom 4D mask
     assert not supports_packed_attention(model)
     model.config._attn_implementation = "sdpa"
     assert supports_packed_attention(model)
+    calls = count_packed_calls(monkeypatch)
+    prompts, completions, _ = batch()
+    with torch.no_grad():
+        fallback, _ = completion_logprobs(_NoConfig(model), prompts, completions, shared_prefix=True)
+        plain, _ = completion_logprobs(model, prompts, completions)
+    assert calls == [] and torch.equal(fallback, plain)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_trainer_scores_on_the_path_its_switch_names(
+    shared: bool, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    config = load_config(
+        None,
+        environ={},
+        overrides={
+            "learn.shared_prefix": shared,
+            "rollout.prompts_per_round": 2,
+            "rollout.group_size": 4,
+            "tasks.heldout_size": 0,
+            "learn.drop_zero_advantage": False,
+        },
+    )
+    policy = build_tiny_policy(0)
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        engine = make_engine("torch", policy)
+        trainer = Trainer(config, policy, engine, default_mixture(0), ledger, CheckpointStore(tmp_path / "c"))
+        calls = count_packed_calls(monkeypatch)
+        trainer.run_round()
+    assert (len(calls) > 0) is shared
 
 
 def test_the_spot_check_recomputation_is_unchanged_by_packing() -> None:
@@ -180,7 +241,7 @@ def test_the_spot_check_recomputation_is_unchanged_by_packing() -> None:
     assert got == pytest.approx(want, abs=1e-5)
 
 
-def test_the_trainer_switch_defaults_to_the_shared_prefix_and_keeps_the_unshared_path() -> None:
+def test_the_switch_defaults_to_the_shared_prefix() -> None:
     assert load_config(None, environ={}).learn.shared_prefix is True
     assert (
         load_config(None, environ={}, overrides={"learn.shared_prefix": False}).learn.shared_prefix is False
