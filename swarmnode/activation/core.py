@@ -44,9 +44,8 @@ Probation: measure before trust, make before break (``ActivationCore``)
     could step out with a costly offer just before ``first_rollout_timeout`` and come back cheap
     with a fresh clock, never measured (red team round 10, R10-1). The same holds when the plan
     drops an unproven worker for a rival's claim before it delivered anything: it is a re-try, and
-    once it had been on trial a ``rate_window`` its claim counts as failed (two identities taking
-    turns to undercut each other would otherwise never be judged: round 11, R11-1; honest offers
-    arriving at a start displace each other within seconds and arm nothing).
+    once it was silent as long as ``first_rollout_timeout`` allows its claim counts as failed (at a
+    cold start an unjudged trial is not dropped at all: below, make before break for trials).
     The core plans among all eligible workers as above, then, if some proven worker qualifies and
     some unproven one would be used beside them:
 
@@ -72,9 +71,13 @@ Probation: measure before trust, make before break (``ActivationCore``)
       ``first_rollout_timeout`` after that (a token bucket), since each is an Activate and a
       weight fetch and free identities could otherwise make the learner send thousands an hour
       (red team round 10, R10-3: 5,756 an hour from 8 identities at a time, now about 124). A
-      trial that proves its worker gives its token back, and the places grow to the number of
-      proven workers when that is more than ``max_probation`` (proven capacity was delivered, so
-      cannot be faked): honest capacity ramps up by doubling (round 11, R11-3);
+      trial that proves its worker gives back the token it spent (only that one, once), and the
+      places grow to the number of proven workers when that is more than ``max_probation``
+      (proven capacity was delivered, so cannot be faked): honest capacity ramps up by doubling
+      (round 11, R11-3). A worker that leaves, restarts or re-advertises itself off its proof
+      within ``first_rollout_timeout`` of that refund pays the token after all (the bucket may go
+      into debt): identities passing trials on tiny real output and leaving cost a token each
+      (round 12, R12-2: 439-864 Activates an hour, now about 121);
     * when a probationer is proven (a full window of measurement backs its rate), the core
       re-plans if anything was kept, waiting or on probation: the normal rule may now drop the
       proven workers it replaces, and probationers it does not need. One that never delivers
@@ -96,9 +99,16 @@ Probation: measure before trust, make before break (``ActivationCore``)
       workers in the order they joined (``Plan.probation``): fresh identities join after the
       honest workers already waiting, and one tried and failed is re-tried from then on. Before
       any claim failed, a start with honest workers only plans exactly as the plain rule does;
-    * an active worker that is delivering (its window not yet full) stays active if that plan
-      drops it (``Plan.kept``): a claim nobody measured yet must not cut off the rollouts the
-      learner is already getting.
+    * make before break for trials: an active worker that has not been judged yet (delivering with
+      its window not yet full, or silent within ``first_rollout_timeout``) stays active if that
+      plan drops it (``Plan.kept``) until it is proven or measured at 0. A claim nobody measured
+      yet must not cut off the rollouts the learner is already getting, nor end a trial before
+      its verdict: fresh identities each displacing the last before it could be judged kept every
+      claim unjudged, no claim ever failed, and honest workers were off for good (red team rounds
+      11 and 12, R11-1, R12-1: honest 0% of an hour, now 95.8%). Trials begun at the same instant
+      are not kept (offers that arrive together, as at a start, are planned as the plain rule
+      plans them). A start where cheaper honest offers keep arriving costs the dearer trials under
+      way one more window each, and arms nothing (R12-3).
 
     ``policy="all"`` activates every qualifying proven worker and, with the same cap, unproven ones.
 
@@ -729,6 +739,8 @@ class _Worker:
     zeroed_at: float | None = None  # when a measured rate of 0 was adopted (the re-probe rule)
     reprobes: int = 0  # times it was started over by a re-probe (it waits behind untried workers)
     joined: int = 0  # join order (a leave, restart or re-probe joins anew): probation goes to who waited
+    trial_token: bool = False  # its trial spent a trial token, not yet given back
+    refunded_at: float | None = None  # when its proof gave its trial token back
 
 
 @dataclass(frozen=True)
@@ -928,6 +940,7 @@ class ActivationCore:
             # Tried and not proven: its new run is a re-try, behind workers never tried (Probation).
             retried = worker.activated_at > -math.inf and not self._proven(worker)
             self._note_dropped_out(worker)
+            self._take_back_refund(worker, now)
             return self._start_over(offer, now, "worker restarted", reprobes=worker.reprobes + int(retried))
         worker.offer = offer
         need = self._need()
@@ -945,6 +958,7 @@ class ActivationCore:
             worker.planned_rate = offer.rate
             # What a window showed backed the old rate, not this one: unproven until one backs it.
             worker.backed = False
+            self._take_back_refund(worker, now)
             material = True
         if not material:
             return []
@@ -966,6 +980,7 @@ class ActivationCore:
             return []
         self.stats.leaves += 1
         self._note_dropped_out(worker)
+        self._take_back_refund(worker, now)
         self._remember(peer, worker, now)
         mattered = worker.active or any(e.peer == peer for e in self._plan.excluded)
         return self._replan(now, f"worker left: {peer}") if mattered else []
@@ -1086,10 +1101,25 @@ class ActivationCore:
     def _trials_limited(self) -> bool:
         return self._claim_failed or any(self._proven(w) for w in self._workers.values())
 
-    def _trial_passed(self) -> None:
-        """A trial that proved its worker gives its token back: pacing bounds what failed trials
-        cost, not how fast honest workers are taken on (red team round 11, R11-3)."""
-        self._trials.give(self._now)
+    def _trial_passed(self, worker: _Worker, now: float) -> None:
+        """A trial that proved its worker gives back the token it spent: pacing bounds what failed
+        trials cost, not how fast honest workers are taken on (red team round 11, R11-3). Only the
+        token that trial spent, once: a worker whose re-advertisements make it unproven and proven
+        again while active must not mint tokens for others."""
+        if worker.trial_token:
+            worker.trial_token = False
+            worker.refunded_at = now
+            self._trials.give(now)
+
+    def _take_back_refund(self, worker: _Worker, now: float) -> None:
+        """A worker that leaves, restarts or gives up its proof within ``first_rollout_timeout`` of
+        the refund pays its trial token after all (the bucket may go into debt): identities that
+        deliver one window of tiny real output, are proven and leave would otherwise never spend a
+        token, and cost the learner an Activate and a weight fetch each, several hundred an hour
+        (red team round 12, R12-2)."""
+        if worker.refunded_at is not None and now - worker.refunded_at < self.config.first_rollout_timeout:
+            self._trials.spend(now, 1.0)
+        worker.refunded_at = None
 
     def _next_join(self) -> int:
         self._joins += 1
@@ -1300,9 +1330,12 @@ class ActivationCore:
     def _cold_start(self, full: Plan, eligible: list[WorkerOffer], need: Need) -> Plan:
         """No proven worker qualifies (module docstring, Probation): the plan among the never-tried
         workers when it covers the need (else ``full``); once a claim has failed, at most half of
-        ``max_probation`` of its picks and other workers in join order to fill the rest; and the
-        active workers it drops that are delivering: nobody is proven before a full window, and a
-        claim not yet measured must not drop the workers the learner is already getting rollouts from."""
+        ``max_probation`` of its picks and other workers in join order to fill the rest; and every
+        active worker it drops that has not been judged yet (make before break for trials): a
+        claim not yet measured must not end a trial that is not over, whether the worker is
+        delivering already or still within ``first_rollout_timeout``. Otherwise fresh identities,
+        each displacing the last before it could be judged, kept every claim unjudged and the
+        honest workers off for good (red team rounds 11 and 12, R11-1 and R12-1)."""
         untried = [o for o in eligible if not self._workers[o.peer].reprobes]
         first = self._plan_among(untried, need) if len(untried) < len(eligible) else full
         if first.feasible:
@@ -1335,25 +1368,31 @@ class ActivationCore:
             hedge = [o for o in hedge if self._workers[o.peer].active or o.peer in allowed]
         picked = {o.peer for o in picks}
         chosen = picked | {o.peer for o in hedge}
-        delivering = [
+        # Active and not judged: a measured 0 is adopted as a planned rate of 0, a measured rate
+        # is adopted or backs the claim (proven), so a positive planned rate means on trial. A
+        # trial begun at this same instant has not begun (offers that arrive together, as at a
+        # start, are planned as the plain rule plans them); any later one is kept until judged.
+        on_trial = [
             o
             for o in eligible
             if (w := self._workers[o.peer]).active
-            and w.measure_from is not None
-            and w.planned_rate > 0
+            and w.activated_at < self._now
+            and o.rate > 0
             and o.peer not in chosen
             and exclusion_reason(o, full.need) is None
         ]
-        if not delivering and not hedge and len(picks) == len(full.workers):
+        if not on_trial and not hedge and len(picks) == len(full.workers):
             return full
         names = ", ".join(o.peer for o in picks) or "nobody"
         kept = tuple(
             Kept(
-                o.peer, f"kept: delivering while its rate is measured, no proven worker yet ({names} planned)"
+                o.peer,
+                f"kept: on trial until its rate is measured (or it is silent for "
+                f"activation.first_rollout_timeout), no proven worker yet ({names} planned)",
             )
-            for o in delivering
+            for o in on_trial
         )
-        workers = tuple(sorted((*picks, *hedge, *delivering), key=_order))
+        workers = tuple(sorted((*picks, *hedge, *on_trial), key=_order))
         rate = sum(w.rate for w in workers)
         feasible = rate >= full.need.required_rate * (1 - _EPS)
         return replace(
@@ -1393,6 +1432,7 @@ class ActivationCore:
             if not worker.active:
                 if limited and not self._proven(worker):
                     self._trials.spend(now, 1.0)  # planned within the tokens (``_trial_places``)
+                    worker.trial_token = True
                 worker.active = True
                 worker.activated_at = now
                 worker.measure_from = None
@@ -1412,15 +1452,16 @@ class ActivationCore:
         for peer, worker in self._workers.items():
             if worker.active and peer not in chosen:
                 if peer not in reasons and not self._proven(worker) and worker.measure_from is None:
-                    # Dropped for a rival's claim before it delivered anything: its trial ends
-                    # unjudged, so it is a re-try (a new join), and after a rate window on trial
-                    # its claim counts as failed. Otherwise two identities could take turns
-                    # undercutting each other just before first_rollout_timeout, neither ever
-                    # judged (red team round 11, R11-1); the churn of honest offers arriving at a
-                    # start displaces within seconds and arms nothing.
+                    # Dropped before it delivered anything (at a cold start an unjudged trial is
+                    # kept, so this is a probationer that cheaper proven workers made unneeded): its
+                    # trial ends unjudged, so it is a re-try (a new join), and once it was silent as
+                    # long as ``first_rollout_timeout`` allows its claim counts as failed, as if it
+                    # had been measured at 0. (Judged by rate_window, honest workers whose first
+                    # delivery takes longer, a large model's weights and first batch, armed the
+                    # hedge with no attacker: red team round 12, R12-3.)
                     worker.reprobes += 1
                     worker.joined = self._next_join()
-                    if now - worker.activated_at >= self.config.rate_window:
+                    if now - worker.activated_at >= self.config.first_rollout_timeout:
                         self._claim_failed = True
                 worker.active = False
                 worker.drift_since = None
@@ -1478,7 +1519,7 @@ class ActivationCore:
                 if measured is not None and measured > 0 and not worker.backed:
                     worker.backed = True  # a full window shows what the plan counts on: proven
                     backed.append(peer)
-                    self._trial_passed()
+                    self._trial_passed(worker, now)
                 continue
             if worker.drift_since is None:
                 worker.drift_since = now
@@ -1493,7 +1534,7 @@ class ActivationCore:
                 if measured > 0 and not worker.backed:
                     worker.backed = True  # the plan now counts on what it measured: proven
                     backed.append(peer)
-                    self._trial_passed()
+                    self._trial_passed(worker, now)
         # Proving a probationer changes the plan only where the probation rule bent it: proven
         # workers kept, others waiting, or probationers the proven ones may now make unneeded.
         passed = bool(backed) and bool(self._plan.kept or self._plan.waiting or self._plan.probation)

@@ -215,24 +215,33 @@ def test_joins_activate_only_the_workers_the_plan_needs() -> None:
     assert core.active() == ("c", "a")
 
 
-def test_a_cheaper_worker_joining_replaces_dearer_ones_activating_before_deactivating() -> None:
+def test_a_cheaper_worker_joining_replaces_dearer_ones_once_it_is_proven_make_before_break() -> None:
     core = ActivationCore(config())
     joined(core, C, A, B_)
     cheap = WorkerOffer("e", rate=20.0, price=1.0)
-    assert moves(core.handle(WorkerJoined(cheap), 5.0)) == [
-        Activate("e", 20.0, 60),
+    # Nobody is proven: e is tried, and c and a, on trial since 0, are kept until they are judged
+    # (a claim not yet measured must not end a trial: red team R12-1).
+    assert moves(core.handle(WorkerJoined(cheap), 5.0)) == [Activate("e", 20.0, 60)]
+    assert set(core.active()) == {"e", "c", "a"}
+    assert [k.peer for k in core.plan.kept] == ["c", "a"] and "on trial" in core.plan.kept[0].reason
+    for t in range(6, 36):  # e delivers its 20/s from 6: a full window backs it at 36
+        assert moves(core.handle(RolloutsReceived("e", 20), float(t))) == []
+    assert moves(core.handle(RolloutsReceived("e", 20), 36.0)) == [
         Deactivate("c", "not needed: cheaper workers cover the need"),
         Deactivate("a", "not needed: cheaper workers cover the need"),
     ]
-    # It leaves: the planner falls back to c and a. No Deactivate is sent to a peer that is gone.
-    # e left on trial, unproven: a failed claim (red team R9-1), so b, waiting longest, is tried
-    # beside them (R10-2) in case they are false claims too.
-    assert moves(core.handle(WorkerLeft("e"), 6.0)) == [
-        Activate("c", 8.0, 60),
-        Activate("a", 4.0, 60),
-        Activate("b", 5.0, 60),
-    ]
-    assert core.plan.probation == ("b",)
+    assert core.active() == ("e",)
+
+
+def test_a_claim_that_leaves_on_trial_falls_back_to_the_workers_kept_and_tries_one_more() -> None:
+    core = ActivationCore(config())
+    joined(core, C, A, B_)
+    core.handle(WorkerJoined(WorkerOffer("e", rate=20.0, price=1.0)), 5.0)
+    # It leaves: c and a were kept, so nothing is re-sent to them; no Deactivate to a peer that is
+    # gone. e left on trial, unproven: a failed claim (red team R9-1), so b, waiting longest, is
+    # tried beside them (R10-2) in case they are false claims too.
+    assert moves(core.handle(WorkerLeft("e"), 6.0)) == [Activate("b", 5.0, 60)]
+    assert core.active() == ("c", "a", "b") and core.plan.probation == ("b",)
     assert core.stats.leaves == 1
 
 
@@ -250,12 +259,14 @@ def test_a_re_advertisement_within_the_band_changes_nothing() -> None:
     replans = core.stats.replans
     assert core.handle(WorkerJoined(WorkerOffer("c", 8.5, 4.0)), 1.0) == []
     assert core.stats.replans == replans
-    # A price change re-plans: c at 400 (ratio 50) goes last; a + b + d = 19/s.
+    # A price change re-plans: c at 400 (ratio 50) goes last; a + b + d = 19/s. Nobody is proven,
+    # so c, on trial since 0, is kept until it is judged (make before break), and its own offer
+    # cannot end its trial for a fresh clock (red team R10-1).
     assert moves(core.handle(WorkerJoined(WorkerOffer("c", 8.0, 400.0)), 2.0)) == [
         Activate("b", 5.0, 60),
         Activate("d", 10.0, 60),
-        Deactivate("c", "not needed: cheaper workers cover the need"),
     ]
+    assert core.plan.active == ("a", "b", "d", "c") and [k.peer for k in core.plan.kept] == ["c"]
 
 
 def test_a_drift_that_lasts_drift_hold_re_plans_on_the_measured_rate() -> None:
@@ -436,7 +447,8 @@ def test_a_banned_worker_is_deactivated_and_comes_back_when_the_ban_lifts() -> N
     assert core.handle(WorkerJoined(WorkerOffer("c", 8.0, 4.0)), 2.0) == []
     assert core.next_deadline() is not None and core.next_deadline() <= 100.0  # type: ignore[operator]
     assert moves(core.poll(100.0))[0] == Activate("c", 8.0, 60)
-    assert core.active() == ("c", "a")
+    # b, on trial since 1 and not judged yet, is kept beside them (make before break)
+    assert core.active() == ("c", "a", "b") and [k.peer for k in core.plan.kept] == ["b"]
 
 
 def test_measured_utilization_is_the_share_of_wall_time_spent_stepping() -> None:
@@ -664,12 +676,15 @@ def test_a_cold_start_plans_on_advertised_rates_without_a_cap() -> None:
     core = ActivationCore(config(max_probation=1))
     joined(core, C, A, B_, D)
     assert core.active() == ("c", "a") and core.plan == plan([C, A, B_, D], core.plan.need)
-    cheap = WorkerOffer("e", rate=20.0, price=1.0)
-    assert [type(a) for a in moves(core.handle(WorkerJoined(cheap), 1.0))] == [
-        Activate,
-        Deactivate,
-        Deactivate,
-    ]
+    # Offers arriving at the same instant are planned as the plain rule plans them: a trial begun
+    # at this instant has not begun, so it is not kept.
+    core.handle(WorkerJoined(WorkerOffer("e", rate=20.0, price=1.0)), 0.0)
+    assert core.active() == ("e",) and core.plan.kept == ()
+    # Later, a cheaper claim is tried beside the trials under way, which are kept until judged.
+    core.handle(WorkerJoined(WorkerOffer("f", rate=40.0, price=1.0)), 1.0)
+    assert set(core.active()) == {"f", "e"} and [k.peer for k in core.plan.kept] == ["e"]
+    core = ActivationCore(config(max_probation=1))
+    joined(core, C, A, B_, D)
     # A bigger need, still nobody proven: all three picks at once, cap or not.
     core = ActivationCore(config(max_probation=1, step_time=5.0))  # 22/s
     joined(core, C, A, B_, D)
@@ -939,7 +954,7 @@ def test_before_anyone_is_proven_a_delivering_worker_is_not_dropped_for_an_unmea
     actions = core.handle(WorkerJoined(WorkerOffer("x", 1e9, 0.0)), 2.0)
     assert moves(actions) == [Activate("x", 1e9, 60)]  # cold start: the claim is tried, no cap ...
     assert core.active() == ("honest", "x")  # ... but honest stays
-    assert [k.peer for k in core.plan.kept] == ["honest"] and "delivering" in core.plan.kept[0].reason
+    assert [k.peer for k in core.plan.kept] == ["honest"] and "on trial" in core.plan.kept[0].reason
     actions = core.handle(RolloutsReceived("x", 1), 3.0)  # one delivery of its own changes nothing
     assert moves(actions) == [] and core.active() == ("honest", "x")
     for t in range(4, 44):
@@ -1431,3 +1446,127 @@ def test_trial_tokens_go_to_workers_in_join_order_before_the_cheapest_fresh_clai
         core.handle_all([RolloutsReceived(h.peer, 6) for h in honest if h.peer in core.active()], now)
         on += any(h.peer in core.active() for h in honest)
     assert on / 3600 >= 0.95
+
+
+# Red team round 12 (R12-1, R12-2, R12-3): fresh identities each displacing the last claim before it
+# could be judged; identities that pass a trial on tiny real output and leave, each costing an
+# Activate; and honest workers whose first delivery takes longer than a rate window.
+
+
+@pytest.mark.parametrize("hold", [15, 25])
+def test_fresh_identities_displacing_each_unjudged_claim_in_turn_cannot_keep_honest_workers_out(
+    hold: int,
+) -> None:
+    # Each identity claims 1e9/s at price 0 and never delivers; `hold` s after its Activate the next,
+    # a little faster, joins, and a displaced one leaves. Before (displacement under a rate window
+    # armed nothing): honest 0%, no claim ever failed. Now an unjudged trial is kept until judged.
+    core = ActivationCore(config(drift_hold=30.0))
+    honest = [WorkerOffer(f"h{i}", rate=6.0, price=1.0, address=f"h{i}") for i in range(2)]
+    joined(core, *honest)
+    made = 0
+    live: dict[str, float | None] = {}  # identity -> when it was activated
+
+    def fresh(now: float) -> None:
+        nonlocal made
+        made += 1
+        live[f"x{made}"] = None
+        core.handle(WorkerJoined(WorkerOffer(f"x{made}", 1e9 + made, 0.0, address=f"x{made}")), now)
+
+    fresh(0.0)
+    on = 0
+    for t in range(0, 3600):
+        now = float(t)
+        core.poll(now)
+        active = set(core.active())
+        for peer, since in list(live.items()):
+            if peer in active:
+                live[peer] = now if since is None else since
+            elif since is not None:  # displaced, or measured at 0: it leaves
+                del live[peer]
+                core.handle(WorkerLeft(peer), now)
+        ours = [since for since in live.values() if since is not None]
+        waiting = len(live) - len(ours)
+        if all(now - since >= hold for since in ours) and waiting < 2:
+            fresh(now)
+        core.handle_all([RolloutsReceived(h.peer, 6) for h in honest if h.peer in core.active()], now)
+        on += any(h.peer in core.active() for h in honest)
+    assert on / 3599 >= 0.95  # the first claim is judged at 120 + 30 s; honest from then on
+
+
+def test_identities_that_pass_a_trial_and_leave_pay_for_it_in_trial_tokens() -> None:
+    # An honest worker is proven; 4 identities at a time claim 0.1/s at price 0 and deliver it,
+    # so each is proven after a window; then it leaves and a fresh one takes its place. Before, a
+    # proof gave the trial token back and the learner sent 439 Activates an hour; now a refund is
+    # taken back from a worker that leaves within first_rollout_timeout of it.
+    core = ActivationCore(config(drift_hold=30.0))
+    proven_honest(core)
+    live: set[str] = set()
+    made = activates = 0
+    for t in range(31, 3600):
+        now = float(t)
+        actions = core.poll(now)
+        proven = {w.peer for w in core.status(now).workers if w.proven}
+        for peer in sorted(live & proven):
+            live.discard(peer)
+            actions += core.handle(WorkerLeft(peer), now)
+        while len(live) < 4:
+            made += 1
+            live.add(f"y{made}")
+            actions += core.handle(WorkerJoined(WorkerOffer(f"y{made}", 0.1, 0.0, address=f"y{made}")), now)
+        if t % 10 == 0:
+            actions += core.handle_all([RolloutsReceived(p, 1) for p in live if p in core.active()], now)
+        actions += core.handle(RolloutsReceived("honest", 12), now)
+        activates += sum(
+            1 for a in actions if isinstance(a, Activate) and not a.renewal and a.peer != "honest"
+        )
+    assert activates <= 4 + 3600 * 4 / 120 + 1  # the pacing bound: max_probation per first_rollout_timeout
+
+
+def test_a_proof_gives_back_only_the_token_its_trial_spent() -> None:
+    # A proven worker re-advertising a rate outside the band is unproven again while it stays
+    # active, and a second proof must not give back a token it never spent (tokens minted so would
+    # pay for others' trials).
+    core = ActivationCore(config(max_probation=1, first_rollout_timeout=1200.0))
+    proven_honest(core)
+    core.handle(WorkerJoined(WorkerOffer("w", 6.0, 0.1, address="w")), 31.0)  # spends the one token
+    assert "w" in core.active() and core._free_trials() == 0
+    for t in range(31, 62):
+        core.handle(RolloutsReceived("w", 6), float(t))
+    assert {w.peer: w.proven for w in core.status(62.0).workers}["w"] and core._free_trials() == 1
+    core.handle(WorkerJoined(WorkerOffer("w", 9.0, 0.1, address="w")), 62.0)  # a new claim: unproven
+    core.handle(WorkerJoined(WorkerOffer("z", 6.0, 0.2, address="z")), 62.0)  # takes the token back
+    assert core._free_trials() == 0
+    for t in range(63, 130):
+        core.handle(RolloutsReceived("w", 9), float(t))
+        core.poll(float(t))
+    assert {w.peer: w.proven for w in core.status(130.0).workers}["w"]
+    assert core._free_trials() == 0  # z's trial still holds it; w's second proof minted nothing
+
+
+def test_honest_workers_slow_to_first_deliver_at_a_staggered_start_arm_no_hedge() -> None:
+    # 60 honest workers of 1/s join 1 s apart, each a little cheaper than the last, need 44/s; each
+    # first delivers 45 s after its Activate (weights and a first batch of a large model). Before,
+    # a cheaper arrival displaced a trial 44 s old, which armed the hedge: the need was first met
+    # at t = 451. Now a trial under way is kept until judged and nothing arms.
+    core = ActivationCore(config(batch=400, drift_hold=30.0))
+    offers = [WorkerOffer(f"h{i:02d}", 1.0, 10.0 - 0.1 * i, address=f"h{i}") for i in range(60)]
+    since: dict[str, float] = {}
+    met = None
+    for t in range(600):
+        now = float(t)
+        if t < 60:
+            core.handle(WorkerJoined(offers[t]), now)
+        core.poll(now)
+        delivering = []
+        for o in offers:
+            if o.peer in core.active():
+                since.setdefault(o.peer, now)
+                if now - since[o.peer] >= 45:
+                    delivering.append(o.peer)
+            else:
+                since.pop(o.peer, None)
+        core.handle_all([RolloutsReceived(p, 1) for p in delivering], now)
+        if met is None and len(delivering) >= 44:
+            met = t
+    assert not core._claim_failed
+    assert met is not None and met <= 150
