@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from swarmnode.errors import ConfigError
 
@@ -46,9 +46,50 @@ class ModelConfig(Section):
     warm_start: bool = Field(True, description="Warm-start the built-in tiny model on task demonstrations.")
 
 
+class TaskDatasetConfig(Section):
+    """One ``[[tasks.datasets]]`` (or ``[[tasks.warm_start_datasets]]``) entry: a generator in a mixture.
+
+    The shape is checked here; whether the generator exists, takes these config keys and can be
+    scored safely is checked when the node builds its mixture at start
+    (``swarmnode.tasks.mixture.mixture_from_specs``), before any other work."""
+
+    name: str = Field(
+        description="reasoning-gym generator, e.g. 'chain_sum' (`swarmnode tasks audit --all`)."
+    )
+    config: dict[str, Any] = Field(
+        default_factory=dict,
+        description="That generator's config keys (its reasoning-gym config dataclass; not seed or size).",
+    )
+    weight: float = Field(
+        1.0, gt=0.0, allow_inf_nan=False, description="Relative sampling weight (> 0, finite)."
+    )
+    prompt_format: Literal["question", "compact"] = Field(
+        "question",
+        description="'question': the generator's question text; 'compact': the bare arithmetic "
+        "expression and '=' (the built-in tiny model's format).",
+    )
+
+
 class TasksConfig(Section):
     mixture: Literal["default", "sapo"] = Field(
-        "default", description="'default': 2-term chain_sum (tiny model); 'sapo': SAPO's nine generators."
+        "default",
+        description="Preset mixture when tasks.datasets is empty: 'default': 2-term chain_sum (tiny model); "
+        "'sapo': SAPO's nine generators.",
+    )
+    datasets: list[TaskDatasetConfig] = Field(
+        default_factory=list,
+        description="Your own mixture, replacing the preset: one [[tasks.datasets]] table per generator "
+        "with name, config (a table), weight (default 1) and prompt_format ('question' or 'compact'; "
+        "default 'question'). Empty = the tasks.mixture preset; setting both a non-default "
+        "tasks.mixture and tasks.datasets is an error. Peers accept only groups of the families "
+        "listed here (others are refused task_not_allowed, charged to nobody).",
+    )
+    warm_start_datasets: list[TaskDatasetConfig] = Field(
+        default_factory=list,
+        description="Mixture the built-in tiny model is warm-started on (a specialist), same entry shape "
+        "as tasks.datasets, as [[tasks.warm_start_datasets]] tables. Empty = the training mixture. "
+        "Used only when model.path is empty and model.warm_start is true; each mixture gets its own "
+        "cache directory under HOME/models.",
     )
     heldout_size: int = Field(200, ge=0, description="Held-out tasks for accuracy evaluation.")
     seed: int = Field(
@@ -57,6 +98,15 @@ class TasksConfig(Section):
         description="Task stream seed; -1 = node.seed. The same value on every node makes peers "
         "answer the same prompts each swarm round (HACPO's joint groups).",
     )
+
+    @model_validator(mode="after")
+    def _preset_or_datasets(self) -> TasksConfig:
+        if self.datasets and self.mixture != "default":
+            raise ValueError(
+                f"tasks.mixture = {self.mixture!r} and tasks.datasets are both set: tasks.datasets replaces "
+                "the preset, so remove one of the two keys"
+            )
+        return self
 
 
 class RolloutConfig(Section):
@@ -238,18 +288,42 @@ class Config(Section):
     verify: VerifyConfig = Field(default_factory=VerifyConfig)  # type: ignore[arg-type]
 
 
-def _format_error(error: ValidationError) -> str:
+def _describe_location(loc: tuple[int | str, ...], data: Any) -> tuple[str, str]:
+    """Split an error location at its first list index: ``("tasks", "datasets", 2, "weight")`` ->
+    ``("tasks.datasets[2] (products)", "weight")``, naming the entry by its ``name`` when it has one.
+    Without a list index: ``(dotted key, "")``."""
+    where = ""
+    node = data
+    for at, part in enumerate(loc):
+        if isinstance(part, int):
+            where += f"[{part}]"
+            node = node[part] if isinstance(node, list) and 0 <= part < len(node) else None
+            name = node.get("name") if isinstance(node, dict) else None
+            if isinstance(name, str):
+                where += f" ({name})"
+            return where, ".".join(str(p) for p in loc[at + 1 :])
+        where = f"{where}.{part}" if where else str(part)
+        node = node.get(part) if isinstance(node, dict) else None
+    return where, ""
+
+
+def _format_error(error: ValidationError, data: Any = None) -> str:
     lines = []
     for item in error.errors():
-        key = ".".join(str(part) for part in item["loc"])
+        where, rest = _describe_location(item["loc"], data)
+        prefix, key = (f"{where}: ", rest) if rest else ("", where)
         value = item.get("input")
         if item["type"] == "extra_forbidden":
             lines.append(
-                f"unknown config key '{key}' "
+                f"{prefix}unknown config key '{key}' "
                 "(check the spelling; `swarmnode config reference` lists every key)"
             )
+        elif item["type"] == "missing":
+            lines.append(f"{prefix}missing config key '{key}'")
+        elif item["type"] == "value_error":
+            lines.append(f"invalid config: {item.get('ctx', {}).get('error', item['msg'])}")
         else:
-            lines.append(f"invalid config value {key} = {value!r}: {item['msg']}")
+            lines.append(f"{prefix}invalid config value {key} = {value!r}: {item['msg']}")
     return "\n".join(lines)
 
 
@@ -306,7 +380,11 @@ def load_config(
         return Config.model_validate(data)
     except ValidationError as exc:
         source = f" (from {path})" if path is not None and path.exists() else ""
-        raise ConfigError(_format_error(exc) + source) from exc
+        raise ConfigError(_format_error(exc, data) + source) from exc
+
+
+def _toml_key(key: str) -> str:
+    return key if key and all(c.isascii() and (c.isalnum() or c in "_-") for c in key) else _toml_value(key)
 
 
 def _toml_value(value: Any) -> str:
@@ -314,8 +392,12 @@ def _toml_value(value: Any) -> str:
         return "true" if value else "false"
     if isinstance(value, str):
         return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    if isinstance(value, list):
+    if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    if isinstance(value, BaseModel):  # a [[tasks.datasets]] entry: an inline table
+        value = value.model_dump()
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{_toml_key(str(k))} = {_toml_value(v)}" for k, v in value.items()) + "}"
     return repr(value)
 
 

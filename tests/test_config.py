@@ -70,6 +70,28 @@ def test_an_unknown_key_is_an_error_not_silently_ignored() -> None:
         load_config(None, environ={}, overrides={"learn.learning_rate": 1e-3})
 
 
+def test_an_error_in_a_list_entry_names_its_index_and_its_name(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "c.toml",
+        '[[tasks.datasets]]\nname = "chain_sum"\n[[tasks.datasets]]\nname = "products"\nweight = "heavy"\n',
+    )
+    with pytest.raises(ConfigError) as info:
+        load_config(path, environ={})
+    assert str(info.value).startswith(
+        "tasks.datasets[1] (products): invalid config value weight = 'heavy': Input should be a valid number"
+    )
+    with pytest.raises(ConfigError, match=r"^tasks\.datasets\[0\]: missing config key 'name'$"):
+        load_config(None, environ={}, overrides={"tasks.datasets": [{"weight": 2}]})
+
+
+def test_the_tasks_dataset_keys_are_in_the_reference_and_the_commented_config() -> None:
+    table = reference_markdown()
+    assert "| `tasks.datasets` | `[]` | `SWARMNODE_TASKS__DATASETS` | Your own mixture" in table
+    assert "| `tasks.warm_start_datasets` | `[]` |" in table
+    text = render_commented_config()
+    assert "datasets = []\n" in text and "warm_start_datasets = []\n" in text
+
+
 def test_broken_toml_names_the_file(tmp_path: Path) -> None:
     path = write(tmp_path / "c.toml", "[learn\n")
     with pytest.raises(ConfigError, match="not valid TOML"):

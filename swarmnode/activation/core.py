@@ -108,13 +108,20 @@ Probation: measure before trust, make before break (``ActivationCore``)
       11 and 12, R11-1, R12-1: honest 0% of an hour, now 95.8%). Trials begun at the same instant
       are not kept (offers that arrive together, as at a start, are planned as the plain rule
       plans them). A start where cheaper honest offers keep arriving costs the dearer trials under
-      way one more window each, and arms nothing (R12-3).
+      way one more window each, and arms nothing (R12-3). New trials beside kept ones are paced by
+      the trial tokens, as once a claim failed: otherwise a fresh claim per recruit round, each
+      kept, piled up unjudged trials (red team round 13: 256 at once, 23,750 Activates an hour).
 
     ``policy="all"`` activates every qualifying proven worker and, with the same cap, unproven ones.
 
 Driving ``ActivationCore``
     ``handle(event, now)`` and ``poll(now)`` return actions; the driver performs all of them, in
-    order. ``next_deadline()`` is when to call ``poll`` at the latest (``None``: only when an event
+    order. ``handle_all(events, now)`` takes the events of one instant (a recruit round's joins and
+    leaves) and leaves out the Activate and Deactivate of a worker inactive before and after them.
+    A worker's measured rate is judged against the rate the plan counts on; a new target it is
+    sent (its own re-advertisement re-planned) does not restart its drift hold (red team round 13:
+    a silent claim re-advertising beyond the band every 20 s was never judged).
+    ``next_deadline()`` is when to call ``poll`` at the latest (``None``: only when an event
     arrives; a value in the past: now). If ``now`` goes backwards the core holds its last value.
 
     =========================  =============================================================
@@ -776,6 +783,7 @@ class ActivationCore:
             config.max_probation / config.first_rollout_timeout, config.max_probation, updated=-math.inf
         )
         self._short_of_trials = False  # the last plan left a worker waiting for a trial token
+        self._trials_kept = False  # the last plan kept a cold-start trial under way (make before break)
         self._step_time = config.step_time
         self._dissemination = config.dissemination
         self._step_measured = False
@@ -860,10 +868,26 @@ class ActivationCore:
         raise TypeError(f"not an activation event: {event!r}")
 
     def handle_all(self, events: Iterable[ActivationEvent], now: float) -> list[ActivationAction]:
+        """``handle`` each event at one ``now`` (a recruit round), without the Activates that the
+        batch took back: a worker inactive before the batch and after it is sent neither its
+        Activate nor its Deactivate. Otherwise each of a round's fresh offers, each cheaper than
+        the last, was activated and deactivated in turn, hundreds of Activates at a learner start
+        (red team round 13)."""
+        before = {peer for peer, w in self._workers.items() if w.active}
         actions: list[ActivationAction] = []
         for event in events:
             actions += self.handle(event, now)
-        return actions
+        after = {peer for peer, w in self._workers.items() if w.active}
+        return [
+            a
+            for a in actions
+            if not (
+                isinstance(a, (Activate, Deactivate))
+                and not (isinstance(a, Activate) and a.renewal)
+                and a.peer not in before
+                and a.peer not in after
+            )
+        ]
 
     def poll(self, now: float) -> list[ActivationAction]:
         """Timers: lifted bans, re-probes, silent or drifting workers, lease renewals."""
@@ -1099,7 +1123,7 @@ class ActivationCore:
         return max(self.config.max_probation, proven)
 
     def _trials_limited(self) -> bool:
-        return self._claim_failed or any(self._proven(w) for w in self._workers.values())
+        return self._claim_failed or self._trials_kept or any(self._proven(w) for w in self._workers.values())
 
     def _trial_passed(self, worker: _Worker, now: float) -> None:
         """A trial that proved its worker gives back the token it spent: pacing bounds what failed
@@ -1381,6 +1405,15 @@ class ActivationCore:
             and o.peer not in chosen
             and exclusion_reason(o, full.need) is None
         ]
+        if on_trial and not self._claim_failed:
+            # New claims beside trials under way, before any claim failed: claims are displacing
+            # each other, so new trials are paced as once a claim failed (those under way keep their
+            # place). Otherwise a fresh claim per recruit round, each kept until judged, made the
+            # learner hold hundreds of unjudged trials at once (red team round 13).
+            self._trials_kept = True
+            fresh = [o for o in picks if not self._workers[o.peer].active]
+            allowed = {o.peer for o in fresh[: self._trial_places(len(fresh))]}
+            picks = [o for o in picks if self._workers[o.peer].active or o.peer in allowed]
         if not on_trial and not hedge and len(picks) == len(full.workers):
             return full
         names = ", ".join(o.peer for o in picks) or "nobody"
@@ -1419,6 +1452,7 @@ class ActivationCore:
                 banned.append(Exclusion(offer.peer, f"{reason} (excluded until {until:.6g})"))
         need = self._need()
         self._short_of_trials = False
+        self._trials_kept = False
         full = self._plan_among(eligible, need, count_fallback=True)
         new = self._probation(full, eligible, need)
         new = replace(new, excluded=new.excluded + tuple(banned))
@@ -1429,7 +1463,8 @@ class ActivationCore:
         limited = self._trials_limited()
         for offer in new.workers:
             worker = self._workers[offer.peer]
-            if not worker.active:
+            new_trial = not worker.active
+            if new_trial:
                 if limited and not self._proven(worker):
                     self._trials.spend(now, 1.0)  # planned within the tokens (``_trial_places``)
                     worker.trial_token = True
@@ -1444,7 +1479,11 @@ class ActivationCore:
                 self.stats.rate_changes += 1
             worker.target_rate = offer.rate
             worker.lease_expires_at = now + lease
-            worker.drift_since = None
+            if new_trial:
+                worker.drift_since = None
+            # A new target for a worker already active does not restart its drift hold: a worker
+            # measured at 0 that re-advertised beyond the band every 20 s was never judged, kept the
+            # plan and every probation place for the hour (red team round 13).
             activations.append(Activate(offer.peer, offer.rate, lease))
         deactivations: list[ActivationAction] = []
         chosen = set(new.active)

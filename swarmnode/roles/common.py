@@ -17,7 +17,7 @@ from typing import TextIO
 
 import torch
 
-from swarmnode.config import Config
+from swarmnode.config import Config, TaskDatasetConfig
 from swarmnode.errors import EngineUnavailable
 from swarmnode.home import NodeHome
 from swarmnode.net.config import NetConfig
@@ -25,24 +25,49 @@ from swarmnode.ops.metrics import Metrics
 from swarmnode.policy import Policy, build_tiny_policy, load_policy
 from swarmnode.policy.warmstart import warm_start
 from swarmnode.rollout import RolloutEngine, make_engine
-from swarmnode.tasks import TaskMixture, default_mixture, sapo_mixture
+from swarmnode.tasks import DatasetSpec, TaskMixture, default_mixture, mixture_from_specs, sapo_mixture
 from swarmnode.verify import VerifierPool
 
 
+def _specs(entries: list[TaskDatasetConfig]) -> list[DatasetSpec]:
+    return [DatasetSpec(e.name, dict(e.config), e.weight, e.prompt_format) for e in entries]
+
+
+def task_seed(config: Config) -> int:
+    """The task stream seed: ``tasks.seed``, or ``node.seed`` when it is -1."""
+    return config.tasks.seed if config.tasks.seed >= 0 else config.node.seed
+
+
 def build_mixture(config: Config) -> TaskMixture:
-    seed = config.tasks.seed if config.tasks.seed >= 0 else config.node.seed
+    """The training mixture: ``tasks.datasets`` when given (each entry checked now, before any
+    work; a bad one is a ``ConfigError`` naming it), else the ``tasks.mixture`` preset."""
+    seed = task_seed(config)
+    if config.tasks.datasets:
+        return mixture_from_specs(_specs(config.tasks.datasets), seed, key="tasks.datasets")
     if config.tasks.mixture == "sapo":
         return sapo_mixture(seed)
     return default_mixture(seed)
 
 
+def build_warm_start_mixture(config: Config, mixture: TaskMixture) -> TaskMixture:
+    """What the built-in tiny model is warm-started on: ``tasks.warm_start_datasets`` (a specialist)
+    when given, else the training ``mixture``. Same seed and checks as ``build_mixture``."""
+    if not config.tasks.warm_start_datasets:
+        return mixture
+    return mixture_from_specs(
+        _specs(config.tasks.warm_start_datasets), task_seed(config), key="tasks.warm_start_datasets"
+    )
+
+
 def build_policy(config: Config, home: NodeHome, mixture: TaskMixture, say: TextIO = sys.stderr) -> Policy:
-    """The configured model: a local HF directory, or the built-in tiny model (warm-started, cached)."""
+    """The configured model: a local HF directory, or the built-in tiny model warm-started (cached)
+    on ``build_warm_start_mixture``. ``tasks.warm_start_datasets`` is checked even when unused."""
+    warm_mixture = build_warm_start_mixture(config, mixture)
     if config.model.path:
         return load_policy(Path(config.model.path).expanduser())
     if not config.model.warm_start:
         return build_tiny_policy(config.node.seed)
-    path = warm_start(home.root, mixture, config.node.seed, progress=lambda line: print(line, file=say))
+    path = warm_start(home.root, warm_mixture, config.node.seed, progress=lambda line: print(line, file=say))
     return load_policy(path)
 
 
@@ -116,9 +141,11 @@ __all__ = [
     "StopFlag",
     "build_mixture",
     "build_policy",
+    "build_warm_start_mixture",
     "configure_threads",
     "model_family",
     "net_config",
     "role_engine",
+    "task_seed",
     "verifier_gauges",
 ]

@@ -377,7 +377,12 @@ class LearnerNode:
         self._feed(act.DisseminationMeasured(seconds), time.time())
 
     def _feed(self, event: act.ActivationEvent, now: float) -> None:
-        for action in self.activation.handle(event, now):
+        self._feed_all([event], now)
+
+    def _feed_all(self, events: list[act.ActivationEvent], now: float) -> None:
+        """Events of one instant (a recruit round's joins and leaves) go in together: the core sends
+        no Activate it took back within them."""
+        for action in self.activation.handle_all(events, now):
             self._perform(action)
         self.deadline_moved.set()  # the timer job re-reads next_deadline()
         self._plan_gauges()
@@ -507,15 +512,18 @@ class LearnerNode:
             both = newest(await read_signed_records(self.runtime, key), self.direct_offers.live(now))
             seen = {p: r for p, r in both.items() if Role.WORKER in r.roles}
             now = time.time()
+            events: list[act.ActivationEvent] = []
             for peer, record in seen.items():
                 # Re-advertisements go in as WorkerJoined too: the core re-plans only on a material
                 # change, starts the worker over on a new address (a restart), and measured
                 # deliveries (RolloutsReceived) outrank advertised rates. The record is kept first,
                 # so an Activate the join causes goes to the worker's current address.
                 self.offers[peer] = record
-                self._feed(act.WorkerJoined(self._offer(peer, record)), now)
-            for peer in [p for p in self.offers if p not in seen]:
-                self._feed(act.WorkerLeft(peer), now)
+                events.append(act.WorkerJoined(self._offer(peer, record)))
+            gone = [p for p in self.offers if p not in seen]
+            events += [act.WorkerLeft(peer) for peer in gone]
+            self._feed_all(events, now)
+            for peer in gone:
                 self.publisher.forget(peer)
                 del self.offers[peer]
             self.publisher.set_peers({p: peer_address(r) for p, r in self.offers.items()})

@@ -249,10 +249,13 @@ class ActivationRun:
         self._idle_since = 0.0
         if self.policy == "planner":
             self.core = act.ActivationCore(activation_config(spec))
-            for w in self.workers.values():
-                # One run per worker (a simulated worker never restarts): one address each.
-                offer = act.WorkerOffer(w.name, w.rate, w.price, address=f"sim:{w.name}")
-                self._feed(act.WorkerJoined(offer))
+            # One run per worker (a simulated worker never restarts): one address each. The offers
+            # arrive together, as in the learner's first recruit round (one handle_all).
+            offers = [
+                act.WorkerOffer(w.name, w.rate, w.price, address=f"sim:{w.name}")
+                for w in self.workers.values()
+            ]
+            self._perform(self.core.handle_all([act.WorkerJoined(o) for o in offers], self.sim.now))
             chosen = [self.workers[p] for p in self.core.plan.active]
         else:
             chosen = fixed_active_set(self.policy, list(self.workers.values()), self.sim.seed)

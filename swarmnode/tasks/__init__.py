@@ -6,7 +6,14 @@ answer or reward carried with a rollout: scoring always re-derives the task.
 """
 
 from swarmnode.tasks.ids import PROMPT_FORMATS, TaskId
-from swarmnode.tasks.mixture import DatasetSpec, TaskMixture, default_mixture, sapo_mixture
+from swarmnode.tasks.mixture import (
+    DatasetSpec,
+    TaskMixture,
+    default_mixture,
+    generator_config_keys,
+    mixture_from_specs,
+    sapo_mixture,
+)
 from swarmnode.tasks.scoring import UnsafeScorerError, check_family, extract_answer, score_completion
 from swarmnode.tasks.source import Task, regenerate
 
@@ -20,6 +27,8 @@ __all__ = [
     "check_family",
     "default_mixture",
     "extract_answer",
+    "generator_config_keys",
+    "mixture_from_specs",
     "regenerate",
     "sapo_mixture",
     "score_completion",

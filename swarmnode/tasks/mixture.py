@@ -6,13 +6,18 @@ any node can tell which tasks a round asks for and a restart draws the same ones
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import hashlib
+import inspect
+import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from swarmnode.errors import TaskError
-from swarmnode.tasks.ids import TaskId, canonical_config
+from swarmnode.errors import ConfigError, TaskError
+from swarmnode.tasks.ids import PROMPT_FORMATS, TaskId, canonical_config
 from swarmnode.tasks.scoring import check_family
 from swarmnode.tasks.source import MAX_TASK_INDEX, Task, regenerate
 
@@ -41,8 +46,8 @@ class TaskMixture:
     def __init__(self, specs: list[DatasetSpec], seed: int = 0) -> None:
         if not specs:
             raise TaskError("a task mixture needs at least one dataset")
-        if any(spec.weight <= 0 for spec in specs):
-            raise TaskError("every dataset weight in a task mixture must be > 0")
+        if not all(spec.weight > 0 and math.isfinite(spec.weight) for spec in specs):
+            raise TaskError("every dataset weight in a task mixture must be finite and > 0")
         self.specs = list(specs)
         self.seed = seed
         total = sum(spec.weight for spec in specs)
@@ -117,3 +122,81 @@ SAPO_DATASETS = (
 
 def sapo_mixture(seed: int = 0) -> TaskMixture:
     return TaskMixture([DatasetSpec(name) for name in SAPO_DATASETS], seed=seed)
+
+
+#: Config keys a dataset entry may not set: they are part of every task id (tasks.seed, the draw).
+RESERVED_CONFIG_KEYS = ("seed", "size")
+
+
+def generator_config_keys(name: str) -> tuple[str, ...]:
+    """The config keys reasoning-gym generator ``name`` takes (its config dataclass's fields,
+    less ``seed`` and ``size``); raises ``TaskError`` for an unknown generator."""
+    import reasoning_gym.factory
+
+    registered = reasoning_gym.factory.DATASETS
+    if name not in registered:
+        close = difflib.get_close_matches(name, list(registered), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise TaskError(
+            f"unknown reasoning-gym generator {name!r}{hint} "
+            "(`swarmnode tasks audit --all` lists every family)"
+        )
+    config_cls = registered[name][1]
+    if dataclasses.is_dataclass(config_cls):
+        keys = [f.name for f in dataclasses.fields(config_cls)]
+    else:  # not seen in reasoning-gym today; its constructor's keywords are the keys
+        keys = [p for p in inspect.signature(config_cls).parameters if p != "self"]
+    return tuple(sorted(k for k in keys if k not in RESERVED_CONFIG_KEYS))
+
+
+def _check_spec(spec: DatasetSpec, seed: int) -> None:
+    """Raise ``TaskError`` if ``spec`` cannot be part of a mixture; the message omits the entry."""
+    known = generator_config_keys(spec.name)
+    for key in spec.config:
+        if key in RESERVED_CONFIG_KEYS:
+            raise TaskError(
+                f"config key {key!r} cannot be set per dataset: a task's seed comes from tasks.seed and "
+                "its index from the mixture's draw"
+            )
+        if key not in known:
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise TaskError(f"unknown config key {key!r}{hint}; known: {', '.join(known) or '(none)'}")
+    if not (spec.weight > 0 and math.isfinite(spec.weight)):
+        raise TaskError(f"weight must be finite and > 0, not {spec.weight!r}")
+    if spec.prompt_format not in PROMPT_FORMATS:
+        raise TaskError(f"unknown prompt_format {spec.prompt_format!r}; allowed: {', '.join(PROMPT_FORMATS)}")
+    try:
+        canonical_config(spec.config)
+    except (TypeError, ValueError) as exc:
+        raise TaskError(f"config values must be numbers, strings, booleans, lists or tables: {exc}") from exc
+    check_family(spec.name)  # UnsafeScorerError names what the audit found
+    regenerate(spec.task_id(seed, 0))  # the generator accepts this config (and the prompt format)
+
+
+def mixture_from_specs(
+    specs: Sequence[DatasetSpec], seed: int = 0, *, key: str = "tasks.datasets"
+) -> TaskMixture:
+    """A mixture from configured entries, each checked before any work: the generator exists, its
+    config keys are the generator's own, the weight is finite and > 0, the prompt format is known,
+    the family's scorer is safe on peer text (``check_family``) and a task regenerates.
+
+    Raises ``ConfigError`` naming the entry as ``{key}[i] (name): ...``; two entries of the same
+    family (generator, config and prompt format) are an error too."""
+    if not specs:
+        raise ConfigError(f"{key} is empty: a task mixture needs at least one dataset")
+    seen: dict[tuple[str, str, str], int] = {}
+    for i, spec in enumerate(specs):
+        where = f"{key}[{i}] ({spec.name})"
+        try:
+            _check_spec(spec, seed)
+        except TaskError as exc:
+            raise ConfigError(f"{where}: {exc}") from exc
+        family = (spec.name, canonical_config(spec.config), spec.prompt_format)
+        if family in seen:
+            raise ConfigError(
+                f"{where}: the same generator, config and prompt_format as {key}[{seen[family]}]; "
+                "keep one entry (add the weights together)"
+            )
+        seen[family] = i
+    return TaskMixture(list(specs), seed=seed)

@@ -1570,3 +1570,97 @@ def test_honest_workers_slow_to_first_deliver_at_a_staggered_start_arm_no_hedge(
             met = t
     assert not core._claim_failed
     assert met is not None and met <= 150
+
+
+# Red team round 13: a worker re-advertising its rate beyond the band restarted its drift hold with
+# each new target, so a silent claim was never judged; a fresh claim per recruit round, each kept
+# until judged, piled up unjudged trials; and a round's fresh offers were activated and deactivated
+# in turn.
+
+
+def rate_flipper(core: ActivationCore, peer: str, now: float, every: int = 20) -> None:
+    """``peer`` re-advertises 1e9 <-> 2e9 (beyond the drift band) every ``every`` s, delivering nothing."""
+    if int(now) % every == 0:
+        rate = 2e9 if int(now) // every % 2 else 1e9
+        core.handle(WorkerJoined(WorkerOffer(peer, rate, 0.0, address=peer)), now)
+
+
+def test_a_silent_claim_re_advertising_beyond_the_band_is_still_judged_at_a_start() -> None:
+    # Before: each re-plan sent a new target and reset the drift hold (30 s), so its measured 0
+    # never lasted long enough: honest 0% of the hour, no claim ever failed.
+    core = ActivationCore(config(drift_hold=30.0))
+    honest = [WorkerOffer(f"h{i}", rate=6.0, price=1.0, address=f"h{i}") for i in range(2)]
+    core.handle_all([WorkerJoined(o) for o in (*honest, WorkerOffer("x", 1e9, 0.0, address="x"))], 0.0)
+    on = 0
+    for t in range(1, 3600):
+        now = float(t)
+        rate_flipper(core, "x", now)
+        core.poll(now)
+        core.handle_all([RolloutsReceived(h.peer, 6) for h in honest if h.peer in core.active()], now)
+        on += any(h.peer in core.active() for h in honest)
+    assert on / 3599 >= 0.95  # judged at 120 + 30 s, whatever it re-advertises
+
+
+def test_probationers_re_advertising_beyond_the_band_cannot_hold_every_place() -> None:
+    # Mid-run: 4 silent claims on probation, each re-advertising every 20 s; a newcomer joins at
+    # 200. Before: never activated in the hour. Now they are judged and the newcomer is tried.
+    core = ActivationCore(config(drift_hold=30.0))
+    proven_honest(core)
+    holders = [f"x{i}" for i in range(4)]
+    core.handle_all([WorkerJoined(WorkerOffer(p, 1e9, 0.0, address=p)) for p in holders], 31.0)
+    first = None
+    for t in range(32, 1200):
+        now = float(t)
+        for p in holders:
+            rate_flipper(core, p, now)
+        if t == 200:
+            core.handle(WorkerJoined(WorkerOffer("new", 6.0, 0.1, address="new")), now)
+        core.poll(now)
+        core.handle(RolloutsReceived("honest", 12), now)
+        if first is None and "new" in core.active():
+            first = t
+    assert first is not None and first <= 400
+
+
+def test_trials_kept_at_a_start_are_paced_like_any_trial() -> None:
+    # One fresh claim per 5-s recruit round, each cheaper than the last and re-advertising beyond
+    # the band: each is kept until judged (make before break). Before: every one of them active at
+    # once (256 with 32 networks) and about 23,750 Activates an hour. Now new trials beside kept
+    # ones spend tokens.
+    core = ActivationCore(config(drift_hold=30.0))
+    honest = [WorkerOffer(f"h{i}", rate=6.0, price=1.0, address=f"h{i}") for i in range(2)]
+    core.handle_all([WorkerJoined(o) for o in honest], 0.0)
+    claims: list[str] = []
+    trials = peak = 0
+    for t in range(0, 900):
+        now = float(t)
+        events = []
+        if t % 5 == 0 and len(claims) < 64:
+            claims.append(f"x{len(claims)}")
+            events.append(WorkerJoined(WorkerOffer(claims[-1], 1e9 + len(claims), 0.0, address=claims[-1])))
+        if t % 20 == 0 and t:
+            for i, p in enumerate(claims):
+                events.append(WorkerJoined(WorkerOffer(p, (2e9 if t // 20 % 2 else 1e9) + i, 0.0, address=p)))
+        core.handle_all(events, now)
+        core.poll(now)
+        core.handle_all([RolloutsReceived(h.peer, 6) for h in honest if h.peer in core.active()], now)
+        peak = max(peak, sum(1 for p in core.active() if p.startswith("x")))
+    trials = core.stats.activations
+    assert peak <= 12
+    assert trials <= 2 + 1 + 4 + 900 * 4 / 120 + 1  # honest, the first claim, the bucket's burst and refill
+
+
+def test_a_batch_of_joins_sends_no_activate_it_took_back() -> None:
+    # 64 fresh claims in one recruit round, each cheaper than the last: each join re-plans, and
+    # only the last pick is activated; the others were activated and dropped within the batch.
+    core = ActivationCore(config())
+    offers = [WorkerOffer(f"x{i:02d}", 1e9 + i, 0.0, address=f"x{i}") for i in range(64)]
+    actions = core.handle_all([WorkerJoined(o) for o in offers], 0.0)
+    assert moves(actions) == [Activate("x63", 1e9 + 63, 60)]
+    assert core.active() == ("x63",)
+    # Workers active before the batch still get what the batch decided for them.
+    actions = core.handle_all([WorkerJoined(WorkerOffer("cheaper", 2e9, 0.0, address="c"))], 0.0)
+    assert moves(actions) == [
+        Activate("cheaper", 2e9, 60),
+        Deactivate("x63", "not needed: cheaper workers cover the need"),
+    ]
