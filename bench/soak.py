@@ -10,8 +10,6 @@ not a claim. Linux only (reads /proc).
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
 import sys
 import time
 import urllib.request
@@ -21,6 +19,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import base_parser, machine, print_table, write_json
+
+from swarmnode.testing import spawn
 
 
 def find_node_pids(root: Path) -> dict[str, int]:
@@ -111,9 +111,10 @@ def main() -> None:
     parser.add_argument("--home", default="runs/soak")
     args = parser.parse_args()
     root = Path(args.home)
-    swarm = subprocess.Popen(
+    log = root.with_suffix(".log")
+    swarm = spawn(
+        "swarm",
         [
-            sys.executable,
             "-m",
             "swarmnode.cli",
             "swarm",
@@ -124,14 +125,13 @@ def main() -> None:
             "--minutes",
             str(args.minutes),
         ],
-        stdout=open(root.with_suffix(".log"), "wb") if root.parent.exists() else subprocess.DEVNULL,
-        stderr=subprocess.STDOUT,
+        log,
     )
     samples: list[dict[str, Any]] = []
     t0 = time.monotonic()
     try:
         pids: dict[str, int] = {}
-        while swarm.poll() is None:
+        while swarm.alive():
             pids = find_node_pids(root) or pids
             if len(pids) == args.nodes:
                 samples.append({"t": round(time.monotonic() - t0, 1), "nodes": sample(pids, root)})
@@ -146,12 +146,12 @@ def main() -> None:
                 )
             time.sleep(args.every if len(pids) == args.nodes else 2.0)
     except KeyboardInterrupt:
-        swarm.send_signal(signal.SIGINT)
-    swarm.wait(timeout=300)
+        pass
+    swarm.stop(timeout=300)  # SIGINT to the swarm's group (a clean stop), SIGKILL after 300 s
     # Before p2pd is up a node is still importing: start-up, not steady state.
     samples = [s for s in samples if all(v["children_rss_mib"] > 0 for v in s["nodes"].values())]
     if len(samples) < 2:
-        print("not enough samples (did the swarm start? see the .log beside --home)")
+        print(f"not enough samples (did the swarm start? see {log})")
         return
     first, last = samples[0]["nodes"], samples[-1]["nodes"]
     rows = []

@@ -45,7 +45,13 @@ Probation: measure before trust, make before break (``ActivationCore``)
     with a fresh clock, never measured (red team round 10, R10-1). The same holds when the plan
     drops an unproven worker for a rival's claim before it delivered anything: it is a re-try, and
     once it was silent as long as ``first_rollout_timeout`` allows its claim counts as failed (at a
-    cold start an unjudged trial is not dropped at all: below, make before break for trials).
+    cold start an unjudged trial is not dropped at all: below, make before break for trials). An
+    unproven worker the plan excludes on its own figures (a delivery so large that its modelled
+    tail misses the staleness bound, a measured 0) has failed its claim too, and waits as a re-try
+    (red team round 14: one large delivery before ``first_rollout_timeout`` ended each trial while
+    the next identity was picked; honest 0% of a learner start's hour, now 96.7%). A trial
+    activated and dropped at the same instant (within one ``handle_all`` batch) never began: it
+    costs no trial token and no join place.
     The core plans among all eligible workers as above, then, if some proven worker qualifies and
     some unproven one would be used beside them:
 
@@ -1450,6 +1456,7 @@ class ActivationCore:
             else:
                 reason = self._ban_reasons.get(offer.peer, "banned")
                 banned.append(Exclusion(offer.peer, f"{reason} (excluded until {until:.6g})"))
+        banned_peers = {e.peer for e in banned}
         need = self._need()
         self._short_of_trials = False
         self._trials_kept = False
@@ -1490,7 +1497,25 @@ class ActivationCore:
         reasons = {e.peer: e.reason for e in new.excluded}
         for peer, worker in self._workers.items():
             if worker.active and peer not in chosen:
-                if peer not in reasons and not self._proven(worker) and worker.measure_from is None:
+                if worker.activated_at >= now:
+                    # Activated and dropped at this same instant (within a recruit round's batch,
+                    # which sends neither): the trial never began, so it costs no token and no
+                    # join place (red team round 14, F3).
+                    if worker.trial_token:
+                        worker.trial_token = False
+                        self._trials.give(now)
+                elif peer in reasons and not self._proven(worker) and peer not in banned_peers:
+                    # Unproven, and the plan can no longer use it: its own figures put it out (a
+                    # delivery so large that its modelled tail misses the staleness bound, a rate
+                    # measured at 0). Its trial ended on its own doing, unjudged: a failed claim and
+                    # a re-try. Otherwise a claim could end each trial with one large delivery just
+                    # before first_rollout_timeout while the next identity was picked (red team
+                    # round 14, F1: honest workers 0% of a learner start's hour).
+                    self._claim_failed = True
+                    if worker.zeroed_at is None:
+                        worker.reprobes += 1
+                        worker.joined = self._next_join()
+                elif peer not in reasons and not self._proven(worker) and worker.measure_from is None:
                     # Dropped before it delivered anything (at a cold start an unjudged trial is
                     # kept, so this is a probationer that cheaper proven workers made unneeded): its
                     # trial ends unjudged, so it is a re-try (a new join), and once it was silent as

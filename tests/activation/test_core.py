@@ -1664,3 +1664,57 @@ def test_a_batch_of_joins_sends_no_activate_it_took_back() -> None:
         Activate("cheaper", 2e9, 60),
         Deactivate("x63", "not needed: cheaper workers cover the need"),
     ]
+
+
+# Red team round 14: a trial ending itself through its own delivery (a batch so large that the
+# modelled tail misses the staleness bound), and a recruit round's taken-back trials costing tokens
+# and join places though they were never sent.
+
+
+def test_a_claim_that_excludes_itself_by_a_huge_delivery_is_a_failed_claim() -> None:
+    # Each identity claims 11.5/s at price 0; 115 s after its Activate it delivers 240 completions
+    # at once, so its modelled tail misses S * T and the plan excludes it; the next identity, which
+    # waited, is picked. Before: no claim ever failed, honest 0% of the hour.
+    core = ActivationCore(config(drift_hold=30.0))
+    honest = [WorkerOffer(f"h{i}", rate=6.0, price=1.0, address=f"h{i}") for i in range(2)]
+    made = 0
+
+    def fresh() -> WorkerJoined:
+        nonlocal made
+        made += 1
+        return WorkerJoined(WorkerOffer(f"x{made}", 11.5 + made * 1e-3, 0.0, address=f"x{made}"))
+
+    core.handle_all([WorkerJoined(h) for h in honest] + [fresh(), fresh()], 0.0)
+    since: dict[str, float] = {}
+    on = 0
+    for t in range(1, 3600):
+        now = float(t)
+        core.poll(now)
+        active = set(core.active())
+        events: list = []  # type: ignore[type-arg]
+        for peer in [p for p in since if p not in active]:
+            del since[peer]
+            events.append(WorkerLeft(peer))  # excluded: it leaves, and a fresh one waits
+        for peer in active:
+            if peer.startswith("x"):
+                since.setdefault(peer, now)
+                if now - since[peer] == 115:
+                    core.handle(RolloutsReceived(peer, 240), now)
+        if events:
+            core.handle_all([*events, fresh()], now)
+        core.handle_all([RolloutsReceived(h.peer, 6) for h in honest if h.peer in core.active()], now)
+        on += any(h.peer in core.active() for h in honest)
+    assert on / 3599 >= 0.95
+
+
+def test_a_trial_taken_back_within_its_batch_costs_no_token_and_no_join_place() -> None:
+    # A claim on trial since 0 is kept, so new trials beside it are paced. At 5 a batch brings 8
+    # fresh claims, each cheaper than the last: each join re-plans and activates the newest, the
+    # batch takes the others back unsent. Before: each of them spent a token and became a re-try.
+    core = ActivationCore(config())
+    core.handle_all([WorkerJoined(HONEST), WorkerJoined(WorkerOffer("x", 1e9, 0.0, address="x"))], 0.0)
+    offers = [WorkerOffer(f"y{i}", 2e9 + i, 0.0, address=f"y{i}") for i in range(8)]
+    actions = core.handle_all([WorkerJoined(o) for o in offers], 5.0)
+    assert moves(actions) == [Activate("y7", 2e9 + 7, 60)]
+    assert core._free_trials() == 3  # y7's token only, of the 4
+    assert [core._workers[o.peer].reprobes for o in offers] == [0] * 8

@@ -7,21 +7,16 @@ import signal
 import sqlite3
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 from swarmnode.store import CheckpointStore, Ledger
+from swarmnode.testing import Proc, spawn, wait_until
 
 EVERY = 3
 
 
-def start(home: Path) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        start_args(home),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )
+def start(home: Path, log: Path) -> Proc:
+    return spawn("solo", start_args(home)[1:], log, env={"OMP_NUM_THREADS": "1"})
 
 
 def committed_rounds(ledger_path: Path) -> int:
@@ -38,15 +33,16 @@ def committed_rounds(ledger_path: Path) -> int:
 def test_sigkill_mid_run_then_restart_loses_no_committed_round(tmp_path: Path) -> None:
     home = tmp_path / "home"
     for trial, kill_after in enumerate((EVERY + 1, 2 * EVERY + 2)):
-        proc = start(home)
-        deadline = time.monotonic() + 120
-        while committed_rounds(home / "ledger.sqlite") < kill_after and time.monotonic() < deadline:
-            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
-            time.sleep(0.05)
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=30)
-        assert proc.stdout is not None
-        proc.stdout.close()
+        proc = start(home, tmp_path / f"solo-{trial}.log")
+        wait_until(
+            lambda: committed_rounds(home / "ledger.sqlite") >= kill_after,  # noqa: B023 (called at once)
+            120,
+            f"{kill_after} committed rounds",
+            procs=[proc],
+            interval=0.05,
+        )
+        proc.kill_group(signal.SIGKILL)
+        proc.popen.wait(timeout=30)
 
         state = CheckpointStore(home / "checkpoints").load_latest()
         assert state is not None, f"trial {trial}: no verified checkpoint after the kill"
