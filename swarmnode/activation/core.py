@@ -120,6 +120,14 @@ Probation: measure before trust, make before break (``ActivationCore``)
 
     ``policy="all"`` activates every qualifying proven worker and, with the same cap, unproven ones.
 
+Dissemination
+    Each worker is judged on its own D: ``D_i + T_gen_tail_i <= S * T``. The need's D is the least
+    of the workers' own (else the learner-wide D, or ``dissemination`` until one is measured), and
+    a worker's excess over it is added to its planned tail. So a worker that announces its weights
+    late excludes only itself, and the latency fallback (nearest to meeting the rule) sees it too:
+    one shared D let three late identities push it past ``S * T`` and keep proven honest workers
+    out 98% of the hour, kept by the fallback for their own tiny modelled tails (red team round 15).
+
 Driving ``ActivationCore``
     ``handle(event, now)`` and ``poll(now)`` return actions; the driver performs all of them, in
     order. ``handle_all(events, now)`` takes the events of one instant (a recruit round's joins and
@@ -144,8 +152,10 @@ Driving ``ActivationCore``
                                ``wait_seconds`` waiting for rollouts; refines T (EWMA) and
                                measured utilization; re-plan when T leaves the
                                ``drift_fraction`` band around the T of the current plan
-    ``DisseminationMeasured``  a weight broadcast took D s (EWMA); re-plan when that changes
-                               which workers meet the latency constraint
+    ``DisseminationMeasured``  a weight version reached ``peer`` D s after it was published to
+                               it (that worker's own EWMA; no peer: the learner-wide one);
+                               re-plan when that changes which workers meet the latency
+                               constraint (Dissemination)
     ``RolloutsReceived``       ``count`` completions (one delivery) arrived from an active
                                worker; its first one proves the worker (see Probation); its
                                size models the worker's tail latency (see Tail latency)
@@ -604,9 +614,11 @@ class StepMeasured:
 
 @dataclass(frozen=True)
 class DisseminationMeasured:
-    """One weight version reached the workers ``seconds`` after it was published."""
+    """One weight version reached ``peer`` (every chunk verified there, by its own announcement)
+    ``seconds`` after it was published to it; ``peer`` None: reached the workers (no one worker)."""
 
     seconds: float
+    peer: PeerId | None = None
 
 
 @dataclass(frozen=True)
@@ -753,6 +765,7 @@ class _Worker:
     reprobes: int = 0  # times it was started over by a re-probe (it waits behind untried workers)
     joined: int = 0  # join order (a leave, restart or re-probe joins anew): probation goes to who waited
     trial_token: bool = False  # its trial spent a trial token, not yet given back
+    dissemination: float | None = None  # its own D (EWMA), from its weight announcements
     refunded_at: float | None = None  # when its proof gave its trial token back
 
 
@@ -811,7 +824,8 @@ class ActivationCore:
 
     @property
     def dissemination(self) -> float:
-        return self._dissemination
+        """D as the plan's need counts it (module docstring, Dissemination)."""
+        return self._plan_dissemination()
 
     def active(self) -> tuple[PeerId, ...]:
         return tuple(peer for peer, w in self._workers.items() if w.active)
@@ -848,7 +862,7 @@ class ActivationCore:
         return ActivationStatus(
             plan=self._plan,
             step_time=self._step_time,
-            dissemination=self._dissemination,
+            dissemination=self._plan_dissemination(),
             measured_utilization=self.measured_utilization(now),
             workers=workers,
             stats=self.stats.as_dict(),
@@ -864,7 +878,7 @@ class ActivationCore:
             case StepMeasured():
                 return self._on_step(event, now)
             case DisseminationMeasured():
-                return self._on_dissemination(event.seconds, now)
+                return self._on_dissemination(event.seconds, event.peer, now)
             case RolloutsReceived():
                 return self._on_rollouts(event, now)
             case PeerBanned():
@@ -1035,21 +1049,33 @@ class ActivationCore:
             )
         return []
 
-    def _on_dissemination(self, seconds: float, now: float) -> list[ActivationAction]:
+    def _on_dissemination(self, seconds: float, peer: PeerId | None, now: float) -> list[ActivationAction]:
         if not (math.isfinite(seconds) and seconds >= 0):
             return []
-        if self._dissemination_measured:
-            a = self.config.smoothing
+        worker = self._workers.get(peer) if peer is not None else None
+        if peer is not None and worker is None:
+            return []  # a worker no longer here: nothing to plan with
+        before = [exclusion_reason(o, self._plan.need) is None for o in self._offers()]
+        a = self.config.smoothing
+        if worker is not None:
+            # Its own D: a worker that announces its weights late excludes itself, not the others
+            # (red team round 15: three late identities raised one shared D past S * T and kept
+            # proven honest workers out, 98% of the hour).
+            worker.dissemination = (
+                seconds if worker.dissemination is None else a * seconds + (1 - a) * worker.dissemination
+            )
+        elif self._dissemination_measured:
             self._dissemination = a * seconds + (1 - a) * self._dissemination
         else:
             self._dissemination = seconds
             self._dissemination_measured = True
         # D only enters the latency constraint: re-plan when it changes who qualifies.
-        old, new = self._plan.need, self._need()
-        changed = any(
-            (exclusion_reason(o, old) is None) != (exclusion_reason(o, new) is None) for o in self._offers()
-        )
-        return self._replan(now, f"dissemination time {self._dissemination:.4g} s") if changed else []
+        need = self._need()
+        after = [exclusion_reason(o, need) is None for o in self._offers()]
+        if before == after:
+            return []
+        who = f" ({peer})" if peer is not None else ""
+        return self._replan(now, f"dissemination time {seconds:.4g} s{who}")
 
     def _on_rollouts(self, event: RolloutsReceived, now: float) -> list[ActivationAction]:
         worker = self._workers.get(event.peer)
@@ -1215,14 +1241,27 @@ class ActivationCore:
 
     def _need(self) -> Need:
         c = self.config
-        return Need(self._step_time, c.batch, self._dissemination, c.staleness, c.margin)
+        return Need(self._step_time, c.batch, self._plan_dissemination(), c.staleness, c.margin)
+
+    def _plan_dissemination(self) -> float:
+        """D in the need: the least of the workers' own D (each worker's excess over it is added to
+        its tail, ``_planned_offer``), else the learner-wide D. The least, because no worker can
+        raise it for the others; each is still judged on its own D."""
+        own = [w.dissemination for w in self._workers.values() if w.dissemination is not None]
+        return min(own) if own else self._dissemination
 
     def _offers(self) -> list[WorkerOffer]:
-        return [self._planned_offer(w) for w in self._workers.values()]
+        d = self._plan_dissemination()
+        return [self._planned_offer(w, d) for w in self._workers.values()]
 
-    def _planned_offer(self, worker: _Worker) -> WorkerOffer:
-        """The offer as the plan counts on it: the planned rate and the modelled tail latency."""
+    def _planned_offer(self, worker: _Worker, dissemination: float | None = None) -> WorkerOffer:
+        """The offer as the plan counts on it: the planned rate, and the modelled tail latency plus
+        the worker's own D beyond the need's (so ``D + tail <= S * T`` holds for its own D)."""
         tail = modelled_tail(worker.offer, worker.delivery)
+        if worker.dissemination is not None:
+            d = self._plan_dissemination() if dissemination is None else dissemination
+            if worker.dissemination > d:
+                tail = (tail or 0.0) + (worker.dissemination - d)
         return replace(worker.offer, rate=worker.planned_rate, gen_tail_latency=tail)
 
     def _qualifies(self, worker: _Worker) -> bool:

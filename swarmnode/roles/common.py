@@ -8,12 +8,14 @@ blocking roles. Must not: run a role (``solo``, ``trainer``, ``learner``, ``work
 
 from __future__ import annotations
 
+import functools
 import signal
 import sys
 import threading
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import FrameType
-from typing import TextIO
+from typing import Any, TextIO
 
 import torch
 
@@ -21,6 +23,7 @@ from swarmnode.config import Config, TaskDatasetConfig
 from swarmnode.errors import EngineUnavailable
 from swarmnode.home import NodeHome
 from swarmnode.net.config import NetConfig
+from swarmnode.ops.api import serve_forever
 from swarmnode.ops.metrics import Metrics
 from swarmnode.policy import Policy, build_tiny_policy, load_policy
 from swarmnode.policy.warmstart import warm_start
@@ -93,6 +96,20 @@ class StopFlag:
         signal.signal(signal.SIGTERM, handler)
 
 
+def api_job(
+    config: Config,
+    home: NodeHome,
+    metrics: Metrics,
+    status: Callable[[], dict[str, Any]],
+    healthy: Callable[[], bool],
+) -> Callable[[], Awaitable[None]]:
+    """The job every role runs beside its own: the HTTP API (``/status``, ``/metrics``, ``/healthz``)
+    on ``api.host``:``api.port`` until cancelled, its bound port in ``HOME/api.port``."""
+    return functools.partial(
+        serve_forever, metrics, status, healthy, config.api.host, config.api.port, home.root / "api.port"
+    )
+
+
 def role_engine(config: Config, policy: Policy) -> RolloutEngine:
     """The rollout engine ``model.engine`` names, serving ``policy`` (``rollout.make_engine``).
 
@@ -139,6 +156,7 @@ def net_config(config: Config, home: NodeHome) -> NetConfig:
 
 __all__ = [
     "StopFlag",
+    "api_job",
     "build_mixture",
     "build_policy",
     "build_warm_start_mixture",

@@ -63,11 +63,17 @@ from swarmnode.home import NodeHome
 from swarmnode.identity import load_or_create_identity
 from swarmnode.net.dataplane import DataPlane, DataPlaneError, RefuseRequest, request_source
 from swarmnode.net.hivemind_runtime import HivemindRuntime
-from swarmnode.ops.api import serve_forever
 from swarmnode.ops.metrics import Metrics
 from swarmnode.ops.supervise import run_jobs
 from swarmnode.policy.lock import ModelLock
-from swarmnode.roles.common import build_mixture, build_policy, configure_threads, model_family, role_engine
+from swarmnode.roles.common import (
+    api_job,
+    build_mixture,
+    build_policy,
+    configure_threads,
+    model_family,
+    role_engine,
+)
 from swarmnode.roles.convert import WorkerDataError, from_worker
 from swarmnode.store import CheckpointStore, Ledger
 from swarmnode.train import ScoredGroup, Trainer
@@ -374,7 +380,7 @@ class LearnerNode:
 
     def _disseminated(self, worker: str, version: int, seconds: float) -> None:
         """A version reached ``worker`` (every chunk verified there): D for the latency constraint."""
-        self._feed(act.DisseminationMeasured(seconds), time.time())
+        self._feed(act.DisseminationMeasured(seconds, worker), time.time())
 
     def _feed(self, event: act.ActivationEvent, now: float) -> None:
         self._feed_all([event], now)
@@ -602,16 +608,6 @@ class LearnerNode:
                 self.stop.set()
                 return
 
-    async def _serve(self) -> None:
-        await serve_forever(
-            self.metrics,
-            self.status,
-            lambda: self.runtime.is_running,
-            self.config.api.host,
-            self.config.api.port,
-            self.home.root / "api.port",
-        )
-
     # ------------------------------------------------------------------ run
 
     async def run(self, runtime_factory: Callable[[], Any]) -> None:
@@ -707,7 +703,9 @@ class LearnerNode:
             "activation": self._activation_timers,
             "control": self._control,
             "learn": self._learn,
-            "serve": self._serve,
+            "serve": api_job(
+                self.config, self.home, self.metrics, self.status, lambda: self.runtime.is_running
+            ),
         }
         await run_jobs(jobs, self.metrics, self.stop)
 

@@ -33,11 +33,11 @@ from swarmnode.home import NodeHome
 from swarmnode.identity import NodeIdentity, load_or_create_identity
 from swarmnode.net.config import NetConfig
 from swarmnode.net.hivemind_runtime import HivemindRuntime
-from swarmnode.ops.api import serve_forever
 from swarmnode.ops.metrics import Metrics
 from swarmnode.ops.supervise import run_jobs, stop_on_signals
 from swarmnode.policy.lock import ModelLock
 from swarmnode.roles.common import (
+    api_job,
     build_mixture,
     build_policy,
     configure_threads,
@@ -217,16 +217,6 @@ class SwarmNode:
                 self.stop.set()
                 return
 
-    async def _serve(self) -> None:
-        await serve_forever(
-            self.metrics,
-            self.status,
-            lambda: self.runtime.is_running,
-            self.config.api.host,
-            self.config.api.port,
-            self.home.root / "api.port",
-        )
-
     # ------------------------------------------------------------------ run
 
     async def run(self) -> None:
@@ -291,7 +281,9 @@ class SwarmNode:
             "generate": self._generate,
             "train": self._train,
             "exchange": self.driver.run,
-            "serve": self._serve,
+            "serve": api_job(
+                self.config, self.home, self.metrics, self.status, lambda: self.runtime.is_running
+            ),
         }
         await run_jobs(jobs, self.metrics, self.stop)
 

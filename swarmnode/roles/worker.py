@@ -42,10 +42,16 @@ from swarmnode.home import NodeHome
 from swarmnode.identity import load_or_create_identity
 from swarmnode.net.dataplane import DataPlane, DataPlaneError, PeerRefused
 from swarmnode.net.hivemind_runtime import HivemindRuntime
-from swarmnode.ops.api import serve_forever
 from swarmnode.ops.metrics import Metrics
 from swarmnode.ops.supervise import run_jobs
-from swarmnode.roles.common import build_mixture, build_policy, configure_threads, model_family, role_engine
+from swarmnode.roles.common import (
+    api_job,
+    build_mixture,
+    build_policy,
+    configure_threads,
+    model_family,
+    role_engine,
+)
 from swarmnode.roles.convert import worker_batch
 from swarmnode.rollout import SamplingParams
 from swarmnode.tasks import score_completion
@@ -345,16 +351,6 @@ class WorkerNode:
                 self.stop.set()
                 return
 
-    async def _serve(self) -> None:
-        await serve_forever(
-            self.metrics,
-            self.status,
-            lambda: self.runtime.is_running,
-            self.config.api.host,
-            self.config.api.port,
-            self.home.root / "api.port",
-        )
-
     async def run(self, runtime_factory: Callable[[], Any]) -> None:
         await asyncio.to_thread(self._build)
         dp = self.config.dataplane
@@ -382,7 +378,9 @@ class WorkerNode:
                 jobs = {
                     "advertise": self._advertise,
                     "work": self._work,
-                    "serve": self._serve,
+                    "serve": api_job(
+                        self.config, self.home, self.metrics, self.status, lambda: self.runtime.is_running
+                    ),
                 }
                 await run_jobs(jobs, self.metrics, self.stop)
             finally:

@@ -1718,3 +1718,30 @@ def test_a_trial_taken_back_within_its_batch_costs_no_token_and_no_join_place() 
     assert moves(actions) == [Activate("y7", 2e9 + 7, 60)]
     assert core._free_trials() == 3  # y7's token only, of the 4
     assert [core._workers[o.peer].reprobes for o in offers] == [0] * 8
+
+
+# Red team round 15: workers that announce their weights late raised one shared D past S * T, and
+# the latency fallback then kept only them; each worker is now judged on its own D.
+
+
+def test_a_worker_that_announces_its_weights_late_excludes_only_itself() -> None:
+    core = ActivationCore(config())  # S * T = 4 * 10 s = 40 s
+    proven_honest(core)
+    core.handle(DisseminationMeasured(1.5, "honest"), 31.0)
+    late = [WorkerOffer(f"x{i}", 1e9, 0.0, address=f"x{i}") for i in range(4)]
+    core.handle_all([WorkerJoined(o) for o in late], 31.0)
+    for t in range(32, 400):
+        now = float(t)
+        if t % 10 == 0:  # each version: honest has it 1.5 s after it was told, the others 49 s
+            core.handle_all(
+                [DisseminationMeasured(1.5, "honest")] + [DisseminationMeasured(49.0, o.peer) for o in late],
+                now,
+            )
+        core.poll(now)
+        core.handle(RolloutsReceived("honest", 12), now)
+        assert "honest" in core.active()
+    assert core.dissemination == pytest.approx(1.5)  # no worker can raise D for the others
+    excluded = {e.peer: e.reason for e in core.plan.excluded}
+    assert set(excluded) == {o.peer for o in late} and all("staleness bound" in r for r in excluded.values())
+    # A measurement for a worker no longer here changes nothing.
+    assert core.handle(DisseminationMeasured(100.0, "gone"), 400.0) == []
