@@ -71,7 +71,11 @@ Probation: measure before trust, make before break (``ActivationCore``)
       rest wait (``Plan.waiting``), so a flood of offers costs at most ``max_probation`` Activates
       at a time, and a later claim, however cheap, cannot jump ahead of one that waits. A
       re-probe, a restart or a leave and a join is a new join: a worker that failed waits behind
-      those that joined before its new chance;
+      those that joined before its new chance. A worker proven when it restarts or leaves keeps
+      its join place for its next run (it earned it by delivering), and new trials get tokens in
+      join order: a restart of every honest worker had queued them behind every identity that
+      joined meanwhile, and those identities took every token (red team round 16, 0% over
+      3,000 s; now back within 20 s);
     * new trials are also paced: while trials are limited (some worker is proven, or a claim has
       failed) at most ``max_probation`` start at once and ``max_probation`` per
       ``first_rollout_timeout`` after that (a token bucket), since each is an Activate and a
@@ -122,8 +126,10 @@ Probation: measure before trust, make before break (``ActivationCore``)
 
 Dissemination
     Each worker is judged on its own D: ``D_i + T_gen_tail_i <= S * T``. The need's D is the least
-    of the workers' own (else the learner-wide D, or ``dissemination`` until one is measured), and
-    a worker's excess over it is added to its planned tail. So a worker that announces its weights
+    of the workers' own and the learner-wide D (``dissemination`` until one is measured), and
+    a worker's excess over it is added to its planned tail. An inactive worker is told no new
+    versions, so its own D is forgotten ``reprobe_seconds`` after it was last measured (a download
+    hiccup must not keep a worker out for good). So a worker that announces its weights
     late excludes only itself, and the latency fallback (nearest to meeting the rule) sees it too:
     one shared D let three late identities push it past ``S * T`` and keep proven honest workers
     out 98% of the hour, kept by the fallback for their own tiny modelled tails (red team round 15).
@@ -731,6 +737,7 @@ class WorkerStatus:
     lease_expires_at: float | None
     banned_until: float | None
     proven: bool = False  # a full rate window since it joined backs a positive planned rate
+    dissemination: float | None = None  # its own D (s), None: not measured (or forgotten)
 
 
 @dataclass(frozen=True)
@@ -766,6 +773,7 @@ class _Worker:
     joined: int = 0  # join order (a leave, restart or re-probe joins anew): probation goes to who waited
     trial_token: bool = False  # its trial spent a trial token, not yet given back
     dissemination: float | None = None  # its own D (EWMA), from its weight announcements
+    dissemination_at: float = -math.inf  # when its D was last measured
     refunded_at: float | None = None  # when its proof gave its trial token back
 
 
@@ -777,6 +785,7 @@ class _Penalty:
     left_at: float
     zeroed_at: float | None  # when its measured 0 was adopted (None: not measured at 0)
     reprobes: int  # re-tries counted on its next join (it waits behind workers never tried)
+    joined: int | None = None  # proven when it left: the join place it keeps
 
 
 class ActivationCore:
@@ -803,6 +812,8 @@ class ActivationCore:
         )
         self._short_of_trials = False  # the last plan left a worker waiting for a trial token
         self._trials_kept = False  # the last plan kept a cold-start trial under way (make before break)
+        self._in_batch = False  # inside handle_all: its take-backs are never sent
+        self._batch_active: set[PeerId] = set()  # who was active when the batch began
         self._step_time = config.step_time
         self._dissemination = config.dissemination
         self._step_measured = False
@@ -856,6 +867,7 @@ class ActivationCore:
                 lease_expires_at=w.lease_expires_at if w.active else None,
                 banned_until=self._banned_until(peer, now),
                 proven=self._proven(w),
+                dissemination=w.dissemination,
             )
             for peer, w in sorted(self._workers.items())
         )
@@ -895,8 +907,13 @@ class ActivationCore:
         (red team round 13)."""
         before = {peer for peer, w in self._workers.items() if w.active}
         actions: list[ActivationAction] = []
-        for event in events:
-            actions += self.handle(event, now)
+        self._batch_active = before
+        self._in_batch = True
+        try:
+            for event in events:
+                actions += self.handle(event, now)
+        finally:
+            self._in_batch = False
         after = {peer for peer, w in self._workers.items() if w.active}
         return [
             a
@@ -922,6 +939,7 @@ class ActivationCore:
         if self._short_of_trials and self._free_trials() >= 1:
             actions += self._replan(now, "a trial is free: the next waiting worker is tried")
         actions += self._reprobe(now)
+        actions += self._forget_dissemination(now)
         actions += self._check_drift(now)
         actions += self._renew(now)
         self._next_check_at = now + self.config.check_interval if self.active() else None
@@ -939,6 +957,11 @@ class ActivationCore:
             if w.drift_since is not None:
                 deadlines.append(w.drift_since + self.config.drift_hold)
         deadlines += [due for w in self._workers.values() if (due := self._reprobe_due(w)) is not None]
+        deadlines += [
+            w.dissemination_at + self.config.reprobe_seconds
+            for w in self._workers.values()
+            if w.dissemination is not None and not w.active
+        ]
         if self._short_of_trials:
             deadlines.append(self._trials.ready_at(self._now, 1))
         return min(deadlines, default=None)
@@ -966,8 +989,11 @@ class ActivationCore:
                 )
                 return []
             reprobes = 0 if penalty is None else penalty.reprobes
+            joined = (
+                penalty.joined if penalty is not None and penalty.joined is not None else self._next_join()
+            )
             self._workers[offer.peer] = _Worker(
-                offer=offer, planned_rate=offer.rate, reprobes=reprobes, joined=self._next_join()
+                offer=offer, planned_rate=offer.rate, reprobes=reprobes, joined=joined
             )
             return self._replan(now, f"worker joined: {offer.peer}")
         old = worker.offer
@@ -985,7 +1011,11 @@ class ActivationCore:
             retried = worker.activated_at > -math.inf and not self._proven(worker)
             self._note_dropped_out(worker)
             self._take_back_refund(worker, now)
-            return self._start_over(offer, now, "worker restarted", reprobes=worker.reprobes + int(retried))
+            # A proven worker's restart keeps its join place (it earned it by delivering).
+            place = worker.joined if self._proven(worker) else None
+            return self._start_over(
+                offer, now, "worker restarted", reprobes=worker.reprobes + int(retried), joined=place
+            )
         worker.offer = offer
         need = self._need()
         # A new tail latency matters only when it changes who meets the staleness bound: tails
@@ -1064,6 +1094,7 @@ class ActivationCore:
             worker.dissemination = (
                 seconds if worker.dissemination is None else a * seconds + (1 - a) * worker.dissemination
             )
+            worker.dissemination_at = now
         elif self._dissemination_measured:
             self._dissemination = a * seconds + (1 - a) * self._dissemination
         else:
@@ -1118,7 +1149,14 @@ class ActivationCore:
     # -- starting a worker over (restarts and re-probes) ----------------------------------------
 
     def _start_over(
-        self, offer: WorkerOffer, now: float, cause: str, *, delivery: int = 0, reprobes: int = 0
+        self,
+        offer: WorkerOffer,
+        now: float,
+        cause: str,
+        *,
+        delivery: int = 0,
+        reprobes: int = 0,
+        joined: int | None = None,
     ) -> list[ActivationAction]:
         """Forget what was measured of ``offer.peer`` and take ``offer`` afresh: a leave, then a join
         (module docstring, Restarts and re-probes); ``delivery`` and ``reprobes`` are kept."""
@@ -1132,7 +1170,7 @@ class ActivationCore:
             planned_rate=offer.rate,
             delivery=delivery,
             reprobes=reprobes,
-            joined=self._next_join(),
+            joined=self._next_join() if joined is None else joined,
         )
         return actions + self._replan(now, f"{cause}, measuring it afresh: {peer}")
 
@@ -1189,14 +1227,18 @@ class ActivationCore:
             self._claim_failed = True
 
     def _remember(self, peer: PeerId, worker: _Worker, now: float) -> None:
-        """Keep what ``worker`` earned unproven (a measured 0, its re-tries) past its leave."""
+        """Keep what ``worker`` earned unproven (a measured 0, its re-tries) past its leave; and a
+        proven worker's join place, which it earned by delivering (a restart of every honest
+        worker must not queue them behind identities that joined meanwhile: red team round 16)."""
         if self._proven(worker):
-            return  # a proven worker earned nothing to hold against it
-        tried = worker.activated_at > -math.inf and worker.zeroed_at is None
-        if worker.zeroed_at is None and not tried and not worker.reprobes:
-            return  # never tried: nothing to remember
+            penalty = _Penalty(now, None, 0, joined=worker.joined)
+        else:
+            tried = worker.activated_at > -math.inf and worker.zeroed_at is None
+            if worker.zeroed_at is None and not tried and not worker.reprobes:
+                return  # never tried: nothing to remember
+            penalty = _Penalty(now, worker.zeroed_at, worker.reprobes + int(tried))
         self._penalties.pop(peer, None)  # re-inserted: the newest last
-        self._penalties[peer] = _Penalty(now, worker.zeroed_at, worker.reprobes + int(tried))
+        self._penalties[peer] = penalty
         horizon = now - self._penalty_memory()
         while self._penalties:
             oldest = next(iter(self._penalties))
@@ -1225,6 +1267,27 @@ class ActivationCore:
             due = max(due, until)
         return due
 
+    def _forget_dissemination(self, now: float) -> list[ActivationAction]:
+        """An inactive worker's own D, measured ``reprobe_seconds`` ago or more, is forgotten: it is
+        planned at the need's D again and measured afresh once active. An inactive worker is told no
+        new versions, so a D that once excluded it (a download hiccup) kept it out for good (red team
+        round 16: no attacker, 30% of the hour)."""
+        horizon = now - self.config.reprobe_seconds
+        stale = [
+            w
+            for w in self._workers.values()
+            if w.dissemination is not None and not w.active and w.dissemination_at <= horizon
+        ]
+        if not stale:
+            return []
+        before = [exclusion_reason(o, self._plan.need) is None for o in self._offers()]
+        for w in stale:
+            w.dissemination = None
+        after = [exclusion_reason(o, self._need()) is None for o in self._offers()]
+        if before == after:
+            return []
+        return self._replan(now, "dissemination times forgotten: " + ", ".join(w.offer.peer for w in stale))
+
     def _reprobe(self, now: float) -> list[ActivationAction]:
         actions: list[ActivationAction] = []
         for worker in list(self._workers.values()):
@@ -1244,11 +1307,13 @@ class ActivationCore:
         return Need(self._step_time, c.batch, self._plan_dissemination(), c.staleness, c.margin)
 
     def _plan_dissemination(self) -> float:
-        """D in the need: the least of the workers' own D (each worker's excess over it is added to
-        its tail, ``_planned_offer``), else the learner-wide D. The least, because no worker can
-        raise it for the others; each is still judged on its own D."""
+        """D in the need: the least of the workers' own D and the learner-wide D (the configured
+        estimate until measured); each worker's excess over it is added to its tail
+        (``_planned_offer``). The least, so that no worker can raise it for the others, nor for a
+        worker not measured yet (red team round 16: judged at silent identities' 49.5 s, restarted
+        honest workers waited up to 3,000 s); each is still judged on its own D."""
         own = [w.dissemination for w in self._workers.values() if w.dissemination is not None]
-        return min(own) if own else self._dissemination
+        return min([*own, self._dissemination])
 
     def _offers(self) -> list[WorkerOffer]:
         d = self._plan_dissemination()
@@ -1304,7 +1369,51 @@ class ActivationCore:
                     f"stepping and re-measures T and D ({new.reason})"
                 ),
             )
+        elif not new.feasible and not all_on:
+            new = self._top_up(new, eligible, need, count_fallback=count_fallback)
         return new
+
+    def _top_up(self, short: Plan, eligible: list[WorkerOffer], need: Need, *, count_fallback: bool) -> Plan:
+        """The workers that meet the latency rule fall short of the need: add those nearest to
+        meeting it (shortest tail first, then the plan order) until the need is met, and say so.
+        Otherwise one claim meeting the rule (announcing instantly, a tail of 0) switched the
+        fallback off and cut off every honest worker just outside ``S * T`` (red team round 16)."""
+        chosen = {o.peer for o in short.workers}
+        missing = [
+            o
+            for o in eligible
+            if o.peer not in chosen
+            and exclusion_reason(o, need) is not None
+            and exclusion_reason(o, need, check_latency=False) is None
+        ]
+        if not missing:
+            return short
+        if count_fallback:
+            self.stats.latency_fallbacks += 1
+        workers = list(short.workers)
+        rate = sum(o.rate for o in workers)
+        required = need.required_rate * (1 - _EPS)
+        for o in sorted(missing, key=lambda o: ((o.gen_tail_latency or 0.0), _order(o))):
+            if rate >= required:
+                break
+            workers.append(o)
+            rate += o.rate
+        added = len(workers) - len(short.workers)
+        excluded = tuple(e for e in short.excluded if e.peer not in {o.peer for o in workers})
+        workers_t = tuple(sorted(workers, key=_order))
+        return replace(
+            short,
+            workers=workers_t,
+            predicted_rate=rate,
+            predicted_utilization=_utilization(rate, need),
+            cost_per_step=_cost_per_step(workers_t, need),
+            feasible=False,
+            excluded=excluded,
+            reason=(
+                f"the workers that meet D + T_gen_tail <= S * T (S * T {need.latency_budget:.4g} s) fall "
+                f"short of the need; {added} nearest to meeting it added ({short.reason})"
+            ),
+        )
 
     def _probation_candidates(self, base: Plan, unproven: list[WorkerOffer], need: Need) -> list[WorkerOffer]:
         """The unproven workers the plan would use beside ``base`` (the proven workers' plan), each
@@ -1428,10 +1537,15 @@ class ActivationCore:
                 key=lambda o: self._workers[o.peer].joined,
             )
             hedge = waiting[: max(0, limit - len(picks))]
-            # New trials only as trial tokens allow (those already active keep their place), the
-            # join-order places first: fresh claims at the top of plan order must not take every
-            # token as it comes back (red team round 11, R11-2).
-            fresh = [o for o in (*hedge, *picks) if not self._workers[o.peer].active]
+            # New trials only as trial tokens allow (those already active keep their place), in the
+            # order they joined, picks and the others alike: fresh claims at the top of plan order
+            # must not take every token as it comes back (red team round 11, R11-2), nor fresh
+            # claims queued in the other places every token from the plan's picks (round 16: honest
+            # workers restarted, picked, and never tried).
+            fresh = sorted(
+                (o for o in (*hedge, *picks) if not self._workers[o.peer].active),
+                key=lambda o: self._workers[o.peer].joined,
+            )
             allowed = {o.peer for o in fresh[: self._trial_places(len(fresh))]}
             picks = [o for o in picks if self._workers[o.peer].active or o.peer in allowed]
             hedge = [o for o in hedge if self._workers[o.peer].active or o.peer in allowed]
@@ -1536,10 +1650,11 @@ class ActivationCore:
         reasons = {e.peer: e.reason for e in new.excluded}
         for peer, worker in self._workers.items():
             if worker.active and peer not in chosen:
-                if worker.activated_at >= now:
-                    # Activated and dropped at this same instant (within a recruit round's batch,
-                    # which sends neither): the trial never began, so it costs no token and no
-                    # join place (red team round 14, F3).
+                if self._in_batch and worker.activated_at >= now and peer not in self._batch_active:
+                    # Activated and dropped within one batch (``handle_all`` sends neither): the
+                    # trial never began, so it costs no token and no join place (red team round
+                    # 14, F3). Only within a batch: an Activate sent by ``poll`` or another event
+                    # was sent, and its token stays spent.
                     if worker.trial_token:
                         worker.trial_token = False
                         self._trials.give(now)

@@ -227,8 +227,14 @@ class LearnerNode:
             "loss_last": self.last_loss,
             "queue": len(self.queue),
             "plan": plan.as_dict(),
-            # D as the core holds it now (the plan above keeps the D it was made with).
+            # D as the core's need holds it now (the plan above keeps the D it was made with), and
+            # each worker's own D, which the plan adds beyond that to the worker's tail.
             "dissemination_s": self.activation.dissemination,
+            "worker_dissemination_s": {
+                w.peer: w.dissemination
+                for w in self.activation.status(time.time()).workers
+                if w.dissemination is not None
+            },
             # The core's counters: re-plans, re-probes, restarts, renewals, ...
             "activation": self.activation.stats.as_dict(),
             "control_queue": self.outbox.qsize(),

@@ -383,15 +383,30 @@ def test_the_fallback_keeps_to_the_workers_nearest_to_meeting_the_bound() -> Non
 
 def test_a_tail_latency_change_re_plans_only_when_it_changes_who_meets_the_bound() -> None:
     core = ActivationCore(config(staleness=2, dissemination=0.0))  # S * T = 20 s
-    joined(core, WorkerOffer("c", 8.0, 4.0, gen_tail_latency=1.0), A)
+    core.handle_all(
+        [WorkerJoined(o) for o in (WorkerOffer("c", 8.0, 4.0, gen_tail_latency=1.0), A, B_, D)], 0.0
+    )
+    assert core.active() == ("c", "a")
     replans = core.stats.replans
     for tail in (1.1, 0.9, 1.05):  # an estimate wobbling with the advertised rate
         assert core.handle(WorkerJoined(WorkerOffer("c", 8.0, 4.0, gen_tail_latency=tail)), 1.0) == []
     assert core.stats.replans == replans
     actions = core.handle(WorkerJoined(WorkerOffer("c", 8.0, 4.0, gen_tail_latency=21.0)), 2.0)
-    (deactivate,) = moves(actions)
+    deactivate = moves(actions)[-1]
     assert isinstance(deactivate, Deactivate) and deactivate.peer == "c"
-    assert "staleness bound" in deactivate.reason and core.active() == ("a",)
+    assert "staleness bound" in deactivate.reason and set(core.active()) == {"a", "b", "d"}
+
+
+def test_workers_just_outside_the_bound_top_up_those_that_meet_it_when_they_fall_short() -> None:
+    # S * T = 20 s. Only "fast" (1/s) meets the rule; the others miss it by a little. Before, one
+    # worker meeting the rule switched the fallback off: the learner got 1/s (red team round 16).
+    core = ActivationCore(config(staleness=2, dissemination=0.0))
+    fast = WorkerOffer("fast", 1.0, 0.0, gen_tail_latency=0.0)
+    near = [WorkerOffer(f"n{i}", 6.0, 1.0, gen_tail_latency=20.5 + i) for i in range(3)]
+    core.handle_all([WorkerJoined(o) for o in (fast, *near)], 0.0)
+    assert set(core.active()) == {"fast", "n0", "n1"}  # 1 + 6 + 6 >= 11: the nearest first
+    assert not core.plan.feasible and "nearest to meeting it added" in core.plan.reason
+    assert [e.peer for e in core.plan.excluded] == ["n2"]
 
 
 def test_leases_are_renewed_before_they_lapse() -> None:
@@ -1740,8 +1755,82 @@ def test_a_worker_that_announces_its_weights_late_excludes_only_itself() -> None
         core.poll(now)
         core.handle(RolloutsReceived("honest", 12), now)
         assert "honest" in core.active()
-    assert core.dissemination == pytest.approx(1.5)  # no worker can raise D for the others
+    assert core.dissemination == 0.0  # the configured estimate: no worker can raise D for the others
+    own = {w.peer: w.dissemination for w in core.status(400.0).workers}
+    assert own["honest"] == pytest.approx(1.5) and own["x0"] == pytest.approx(49.0)
     excluded = {e.peer: e.reason for e in core.plan.excluded}
     assert set(excluded) == {o.peer for o in late} and all("staleness bound" in r for r in excluded.values())
     # A measurement for a worker no longer here changes nothing.
     assert core.handle(DisseminationMeasured(100.0, "gone"), 400.0) == []
+
+
+def test_a_worker_out_for_a_download_hiccup_comes_back_once_its_dissemination_is_forgotten() -> None:
+    # Two proven workers; h0's announcements come 49 s late for 200 s, so its own D excludes it
+    # (S * T = 40 s) and it is told no new versions. Before: its D was never measured again, and it
+    # was out for good with no attacker (30% of the hour). Now it is forgotten reprobe_seconds on.
+    core = ActivationCore(config(drift_hold=30.0))
+    h = [WorkerOffer(f"h{i}", 6.0, 1.0, address=f"h{i}") for i in range(2)]
+    core.handle_all([WorkerJoined(o) for o in h], 0.0)
+    back = None
+    for t in range(0, 1500):
+        now = float(t)
+        core.poll(now)
+        active = set(core.active())
+        if t % 10 == 0:
+            late = 200 <= t < 400
+            core.handle_all(
+                [
+                    DisseminationMeasured(49.0 if late and o.peer == "h0" else 1.5, o.peer)
+                    for o in h
+                    if o.peer in active
+                ],
+                now,
+            )
+        core.handle_all([RolloutsReceived(o.peer, 6) for o in h if o.peer in core.active()], now)
+        if t >= 400 and back is None and "h0" in core.active():
+            back = t
+    assert back is not None and back <= 400 + 60 + 10
+
+
+def test_a_worker_not_measured_yet_is_judged_at_the_configured_dissemination_not_at_others() -> None:
+    # Silent identities whose own D is 49.5 s are measured; an honest worker (re)joins unmeasured.
+    # Before: judged at the least own D, 49.5 s > S * T, it waited behind them in the fallback.
+    core = ActivationCore(config())
+    late = [WorkerOffer(f"x{i}", 1e9, 0.0, address=f"x{i}") for i in range(4)]
+    core.handle_all([WorkerJoined(o) for o in late], 0.0)
+    core.handle_all([DisseminationMeasured(49.5, o.peer) for o in late], 1.0)
+    core.handle(WorkerJoined(HONEST), 2.0)
+    assert core.dissemination == 0.0
+    assert "honest" not in {e.peer for e in core.plan.excluded}
+    first = next(
+        (t for t in range(2, 120) if core.poll(float(t)) is not None and "honest" in core.active()), None
+    )
+    assert first is not None and first <= 40  # a trial token at most one refill away
+
+
+def test_proven_workers_that_restart_keep_their_join_place_and_get_trial_tokens_first() -> None:
+    # Two proven workers; from 40, 32 silent claims queue for trials (each fails at 0 and waits
+    # again). At 400 both proven workers leave and at 410 come back. Before: they joined behind
+    # every queued claim, and the claims in the other places took every token from them: honest
+    # 0% over 3,000 s (red team round 16). Now a proven worker keeps its join place.
+    core = ActivationCore(config(drift_hold=30.0))
+    honest = [WorkerOffer(f"h{i}", 6.0, 1.0, address=f"h{i}") for i in range(2)]
+    core.handle_all([WorkerJoined(o) for o in honest], 0.0)
+    claims = [WorkerOffer(f"x{i:02d}", 1e9 + i, 0.0, address=f"x{i}") for i in range(32)]
+    back = None
+    for t in range(0, 1000):
+        now = float(t)
+        events: list = []  # type: ignore[type-arg]
+        if t == 40:
+            events += [WorkerJoined(o) for o in claims]
+        if t == 400:
+            events += [WorkerLeft(o.peer) for o in honest]
+        if t == 410:
+            events += [WorkerJoined(o) for o in honest]
+        core.handle_all(events, now)
+        core.poll(now)
+        active = set(core.active())
+        core.handle_all([RolloutsReceived(o.peer, 6) for o in honest if o.peer in active], now)
+        if t > 410 and back is None and active & {"h0", "h1"}:
+            back = t
+    assert back is not None and back <= 440
