@@ -72,10 +72,13 @@ Probation: measure before trust, make before break (``ActivationCore``)
       at a time, and a later claim, however cheap, cannot jump ahead of one that waits. A
       re-probe, a restart or a leave and a join is a new join: a worker that failed waits behind
       those that joined before its new chance. A worker proven when it restarts or leaves keeps
-      its join place for its next run (it earned it by delivering), and new trials get tokens in
-      join order: a restart of every honest worker had queued them behind every identity that
-      joined meanwhile, and those identities took every token (red team round 16, 0% over
-      3,000 s; now back within 20 s);
+      its join place for its next run (it earned it by delivering), once per penalty memory, and
+      new trials get tokens in join order: a restart of every honest worker had queued them
+      behind every identity that joined meanwhile, and those identities took every token (red
+      team round 16, 0% over 3,000 s; now back within 20 s). A trial token comes back at most
+      once per identity per penalty memory, across its restarts and rejoins (round 17:
+      identities proven once on tiny output, restarting whenever their refund had lapsed, cost
+      2,341 Activates an hour from 64);
     * new trials are also paced: while trials are limited (some worker is proven, or a claim has
       failed) at most ``max_probation`` start at once and ``max_probation`` per
       ``first_rollout_timeout`` after that (a token bucket), since each is an Activate and a
@@ -774,7 +777,9 @@ class _Worker:
     trial_token: bool = False  # its trial spent a trial token, not yet given back
     dissemination: float | None = None  # its own D (EWMA), from its weight announcements
     dissemination_at: float = -math.inf  # when its D was last measured
-    refunded_at: float | None = None  # when its proof gave its trial token back
+    refunded_at: float | None = None  # when its proof gave its trial token back (until taken back)
+    last_refund_at: float | None = None  # its last refund, kept across restarts and rejoins
+    place_kept_at: float | None = None  # when a restart or rejoin last kept its join place
 
 
 @dataclass(frozen=True)
@@ -786,6 +791,8 @@ class _Penalty:
     zeroed_at: float | None  # when its measured 0 was adopted (None: not measured at 0)
     reprobes: int  # re-tries counted on its next join (it waits behind workers never tried)
     joined: int | None = None  # proven when it left: the join place it keeps
+    last_refund_at: float | None = None  # its last trial-token refund (one per penalty memory)
+    place_kept_at: float | None = None  # when its join place was last kept (once per penalty memory)
 
 
 class ActivationCore:
@@ -993,7 +1000,12 @@ class ActivationCore:
                 penalty.joined if penalty is not None and penalty.joined is not None else self._next_join()
             )
             self._workers[offer.peer] = _Worker(
-                offer=offer, planned_rate=offer.rate, reprobes=reprobes, joined=joined
+                offer=offer,
+                planned_rate=offer.rate,
+                reprobes=reprobes,
+                joined=joined,
+                last_refund_at=None if penalty is None else penalty.last_refund_at,
+                place_kept_at=None if penalty is None else penalty.place_kept_at,
             )
             return self._replan(now, f"worker joined: {offer.peer}")
         old = worker.offer
@@ -1011,10 +1023,17 @@ class ActivationCore:
             retried = worker.activated_at > -math.inf and not self._proven(worker)
             self._note_dropped_out(worker)
             self._take_back_refund(worker, now)
-            # A proven worker's restart keeps its join place (it earned it by delivering).
-            place = worker.joined if self._proven(worker) else None
+            # A proven worker's restart keeps its join place (it earned it by delivering), once
+            # per penalty memory.
+            keeps = self._proven(worker) and self._keeps_place(worker, now)
             return self._start_over(
-                offer, now, "worker restarted", reprobes=worker.reprobes + int(retried), joined=place
+                offer,
+                now,
+                "worker restarted",
+                reprobes=worker.reprobes + int(retried),
+                joined=worker.joined if keeps else None,
+                last_refund_at=worker.last_refund_at,
+                place_kept_at=now if keeps else worker.place_kept_at,
             )
         worker.offer = offer
         need = self._need()
@@ -1157,6 +1176,8 @@ class ActivationCore:
         delivery: int = 0,
         reprobes: int = 0,
         joined: int | None = None,
+        last_refund_at: float | None = None,
+        place_kept_at: float | None = None,
     ) -> list[ActivationAction]:
         """Forget what was measured of ``offer.peer`` and take ``offer`` afresh: a leave, then a join
         (module docstring, Restarts and re-probes); ``delivery`` and ``reprobes`` are kept."""
@@ -1171,6 +1192,8 @@ class ActivationCore:
             delivery=delivery,
             reprobes=reprobes,
             joined=self._next_join() if joined is None else joined,
+            last_refund_at=last_refund_at,
+            place_kept_at=place_kept_at,
         )
         return actions + self._replan(now, f"{cause}, measuring it afresh: {peer}")
 
@@ -1200,10 +1223,16 @@ class ActivationCore:
         trials cost, not how fast honest workers are taken on (red team round 11, R11-3). Only the
         token that trial spent, once: a worker whose re-advertisements make it unproven and proven
         again while active must not mint tokens for others."""
-        if worker.trial_token:
-            worker.trial_token = False
-            worker.refunded_at = now
-            self._trials.give(now)
+        if not worker.trial_token:
+            return
+        worker.trial_token = False
+        # One refund per identity per penalty memory: identities proven on tiny real output that
+        # restart with a new address, keeping their join place, were re-tried and refunded again
+        # and again, 39 Activates an hour each (red team round 17: 2,341 an hour from 64).
+        if worker.last_refund_at is not None and now - worker.last_refund_at < self._penalty_memory():
+            return
+        worker.refunded_at = worker.last_refund_at = now
+        self._trials.give(now)
 
     def _take_back_refund(self, worker: _Worker, now: float) -> None:
         """A worker that leaves, restarts or gives up its proof within ``first_rollout_timeout`` of
@@ -1231,12 +1260,26 @@ class ActivationCore:
         proven worker's join place, which it earned by delivering (a restart of every honest
         worker must not queue them behind identities that joined meanwhile: red team round 16)."""
         if self._proven(worker):
-            penalty = _Penalty(now, None, 0, joined=worker.joined)
+            keeps = self._keeps_place(worker, now)
+            penalty = _Penalty(
+                now,
+                None,
+                0,
+                joined=worker.joined if keeps else None,
+                last_refund_at=worker.last_refund_at,
+                place_kept_at=now if keeps else worker.place_kept_at,
+            )
         else:
             tried = worker.activated_at > -math.inf and worker.zeroed_at is None
             if worker.zeroed_at is None and not tried and not worker.reprobes:
                 return  # never tried: nothing to remember
-            penalty = _Penalty(now, worker.zeroed_at, worker.reprobes + int(tried))
+            penalty = _Penalty(
+                now,
+                worker.zeroed_at,
+                worker.reprobes + int(tried),
+                last_refund_at=worker.last_refund_at,
+                place_kept_at=worker.place_kept_at,
+            )
         self._penalties.pop(peer, None)  # re-inserted: the newest last
         self._penalties[peer] = penalty
         horizon = now - self._penalty_memory()
@@ -1251,6 +1294,13 @@ class ActivationCore:
         if penalty is None or penalty.left_at <= now - self._penalty_memory():
             return None
         return penalty
+
+    def _keeps_place(self, worker: _Worker, now: float) -> bool:
+        """Whether a proven worker's restart or rejoin keeps its join place: once per penalty
+        memory. Identities proven on tiny real output that restarted whenever their refund had
+        lapsed took the front of the trial queue every time (red team round 17: a newcomer out
+        441 s behind 64 of them)."""
+        return worker.place_kept_at is None or now - worker.place_kept_at >= self._penalty_memory()
 
     def _penalty_memory(self) -> float:
         return PENALTY_MEMORY_REPROBES * self.config.reprobe_seconds
@@ -1296,7 +1346,13 @@ class ActivationCore:
                 continue
             self.stats.reprobes += 1
             actions += self._start_over(
-                worker.offer, now, "worker re-probed", delivery=worker.delivery, reprobes=worker.reprobes + 1
+                worker.offer,
+                now,
+                "worker re-probed",
+                delivery=worker.delivery,
+                reprobes=worker.reprobes + 1,
+                last_refund_at=worker.last_refund_at,
+                place_kept_at=worker.place_kept_at,
             )
         return actions
 
@@ -1386,6 +1442,11 @@ class ActivationCore:
             and exclusion_reason(o, need) is not None
             and exclusion_reason(o, need, check_latency=False) is None
         ]
+        if any(self._proven(self._workers[o.peer]) for o in eligible):
+            # Once someone is proven, only proven workers top up: an unproven claim's tail is its
+            # own say-so, and ranked by it, a claim of 100/s with a tail of 0 took the top-up from
+            # every proven honest worker (red team round 17: honest out 41% of the time).
+            missing = [o for o in missing if self._proven(self._workers[o.peer])]
         if not missing:
             return short
         if count_fallback:

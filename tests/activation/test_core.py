@@ -1834,3 +1834,48 @@ def test_proven_workers_that_restart_keep_their_join_place_and_get_trial_tokens_
         if t > 410 and back is None and active & {"h0", "h1"}:
             back = t
     assert back is not None and back <= 440
+
+
+# Red team round 17: an unproven claim with a self-reported tail of 0 took the latency top-up from
+# proven workers; identities proven once on tiny output restarted again and again, each run refunded.
+
+
+def test_once_someone_is_proven_only_proven_workers_top_up_those_that_meet_the_bound() -> None:
+    core = ActivationCore(config(staleness=2, dissemination=0.0))  # S * T = 20 s
+    near = [WorkerOffer(f"n{i}", 6.0, 1.0, gen_tail_latency=20.5, address=f"n{i}") for i in range(2)]
+    core.handle_all([WorkerJoined(o) for o in near], 0.0)
+    for t in range(0, 31):  # both proven (the fallback keeps them: nobody meets the bound)
+        core.handle_all([RolloutsReceived(o.peer, 6) for o in near], float(t))
+    assert all(w.proven for w in core.status(31.0).workers)
+    fast = WorkerOffer("fast", 1.0, 0.0, gen_tail_latency=0.0, address="fast")  # meets the bound
+    claim = WorkerOffer("claim", 100.0, 0.0, gen_tail_latency=20.1, address="claim")  # nearer than n*
+    core.handle_all([WorkerJoined(fast), WorkerJoined(claim)], 32.0)
+    # The claim may be tried, on probation beside them; it cannot take the proven workers' places.
+    assert {"n0", "n1"} <= set(core.active())
+    assert "claim" not in core.plan.active or "claim" in core.plan.probation
+    for t in range(33, 400):
+        now = float(t)
+        core.poll(now)
+        core.handle_all([RolloutsReceived(o.peer, 6) for o in near if o.peer in core.active()], now)
+        core.handle(RolloutsReceived("fast", 1), now)
+        assert {"n0", "n1"} <= set(core.active())
+
+
+def test_a_proven_identity_gets_its_trial_token_back_once_per_penalty_memory_across_restarts() -> None:
+    core = ActivationCore(config(max_probation=1))
+    proven_honest(core)
+    tiny = WorkerOffer("y", 0.2, 0.0, address="y0")
+    core.handle(WorkerJoined(tiny), 31.0)  # spends the one token
+    run = 0
+    for t in range(31, 400):
+        now = float(t)
+        core.poll(now)
+        if "y" in core.active() and t % 5 == 0:
+            core.handle(RolloutsReceived("y", 1), now)
+        if {w.peer: w.proven for w in core.status(now).workers}.get("y") and t >= 200 and run == 0:
+            run = 1  # proven, refunded long ago: restart with a new address, a new trial
+            core.handle(WorkerJoined(replace(tiny, address="y1")), now)
+    assert core._workers["y"].last_refund_at is not None
+    first_refund = core._workers["y"].last_refund_at
+    # Its second run's proof (if any) refunds nothing: the last refund is still the first one.
+    assert core._workers["y"].last_refund_at == first_refund < 200
