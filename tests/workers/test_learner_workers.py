@@ -150,5 +150,6 @@ def test_a_worker_that_misreports_logprobs_is_caught_and_deactivated(processes: 
         timeout=600,
     )
     assert status["spot_checks"]["passes"] >= 1  # the honest worker passes its checks
-    assert status["dissemination_s"] > 0  # D measured: versions reach the honest worker
+    # D measured: versions reach the honest worker (each worker's own D, in /status)
+    assert any(d > 0 for peer, d in status["worker_dissemination_s"].items() if peer != liar_id)
     assert liar_id not in status["completions_by_worker"]  # nothing of the liar's was trained on
