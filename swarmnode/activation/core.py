@@ -1386,7 +1386,8 @@ class ActivationCore:
         return replace(worker.offer, rate=worker.planned_rate, gen_tail_latency=tail)
 
     def _qualifies(self, worker: _Worker) -> bool:
-        return exclusion_reason(self._planned_offer(worker), self._need()) is None
+        need = self._need()  # one pass over the workers for the need's D, not two (every delivery)
+        return exclusion_reason(self._planned_offer(worker, need.dissemination), need) is None
 
     def _proven(self, worker: _Worker) -> bool:
         return worker.backed and worker.planned_rate > 0

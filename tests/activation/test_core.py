@@ -1865,17 +1865,21 @@ def test_a_proven_identity_gets_its_trial_token_back_once_per_penalty_memory_acr
     core = ActivationCore(config(max_probation=1))
     proven_honest(core)
     tiny = WorkerOffer("y", 0.2, 0.0, address="y0")
-    core.handle(WorkerJoined(tiny), 31.0)  # spends the one token
-    run = 0
-    for t in range(31, 400):
+    core.handle(WorkerJoined(tiny), 31.0)  # its trial spends the one token
+    first_refund = None
+    restarted_at = None
+    for t in range(31, 600):
         now = float(t)
         core.poll(now)
         if "y" in core.active() and t % 5 == 0:
             core.handle(RolloutsReceived("y", 1), now)
-        if {w.peer: w.proven for w in core.status(now).workers}.get("y") and t >= 200 and run == 0:
-            run = 1  # proven, refunded long ago: restart with a new address, a new trial
+        proven = {w.peer: w.proven for w in core.status(now).workers}.get("y")
+        if proven and first_refund is None:
+            first_refund = core._workers["y"].last_refund_at
+        if proven and restarted_at is None and t >= 200:
+            restarted_at = t  # proven, refunded long ago: a new run, a new trial, a new token
             core.handle(WorkerJoined(replace(tiny, address="y1")), now)
-    assert core._workers["y"].last_refund_at is not None
-    first_refund = core._workers["y"].last_refund_at
-    # Its second run's proof (if any) refunds nothing: the last refund is still the first one.
-    assert core._workers["y"].last_refund_at == first_refund < 200
+    assert first_refund is not None and first_refund < 200
+    assert restarted_at is not None
+    assert {w.peer: w.proven for w in core.status(600.0).workers}["y"]  # its second run was proven too
+    assert core._workers["y"].last_refund_at == first_refund  # ... and refunded nothing
