@@ -819,8 +819,8 @@ class ActivationCore:
         )
         self._short_of_trials = False  # the last plan left a worker waiting for a trial token
         self._trials_kept = False  # the last plan kept a cold-start trial under way (make before break)
-        self._in_batch = False  # inside handle_all: its take-backs are never sent
-        self._batch_active: set[PeerId] = set()  # who was active when the batch began
+        # Inside handle_all (whose take-backs are never sent): who was active when it began.
+        self._batch_active: set[PeerId] | None = None
         self._step_time = config.step_time
         self._dissemination = config.dissemination
         self._step_measured = False
@@ -915,12 +915,11 @@ class ActivationCore:
         before = {peer for peer, w in self._workers.items() if w.active}
         actions: list[ActivationAction] = []
         self._batch_active = before
-        self._in_batch = True
         try:
             for event in events:
                 actions += self.handle(event, now)
         finally:
-            self._in_batch = False
+            self._batch_active = None
         after = {peer for peer, w in self._workers.items() if w.active}
         return [
             a
@@ -1712,7 +1711,8 @@ class ActivationCore:
         reasons = {e.peer: e.reason for e in new.excluded}
         for peer, worker in self._workers.items():
             if worker.active and peer not in chosen:
-                if self._in_batch and worker.activated_at >= now and peer not in self._batch_active:
+                batch = self._batch_active
+                if batch is not None and worker.activated_at >= now and peer not in batch:
                     # Activated and dropped within one batch (``handle_all`` sends neither): the
                     # trial never began, so it costs no token and no join place (red team round
                     # 14, F3). Only within a batch: an Activate sent by ``poll`` or another event
