@@ -62,7 +62,14 @@ Probation: measure before trust, make before break (``ActivationCore``)
       proven, while <peers> on probation");
     * the candidates are the unproven workers the plan would use beside the proven ones, each
       judged on its own claim (those proven workers cheaper per completion do not cover the need
-      without it). Not the unproven picks of one plan among them all: an unproven claim is what
+      without it), by the latency rule only while the proven workers (their latency top-up
+      included) cover the need: a fresh worker just outside ``S * T`` has its own D measured
+      before a window can prove it, and only proven workers top up, so judged by the rule it was
+      dropped before its first delivery for ever (red team round 18, F1: 1,500 completions of
+      36,000 beside one proven identity, 18,000 with no attacker). When probation takes none of
+      the unproven workers the full plan would use, the plan is the proven workers' own: the
+      full plan's pick of a silent dearer claim had replaced a proven worker outside probation
+      (F2: -37%). Not the unproven picks of one plan among them all: an unproven claim is what
       probation measures, and one of 1e9/s covers any need alone, so it would be the only
       candidate, and fresh identities making such claims in turn kept every other newcomer off
       probation (red team round 9, R9-2);
@@ -129,13 +136,17 @@ Probation: measure before trust, make before break (``ActivationCore``)
 
 Dissemination
     Each worker is judged on its own D: ``D_i + T_gen_tail_i <= S * T``. The need's D is the least
-    of the workers' own and the learner-wide D (``dissemination`` until one is measured), and
-    a worker's excess over it is added to its planned tail. An inactive worker is told no new
+    of the workers' own and the learner-wide D (``dissemination`` until one is measured), and a
+    worker's excess over it is added to its planned tail. An inactive worker is told no new
     versions, so its own D is forgotten ``reprobe_seconds`` after it was last measured (a download
-    hiccup must not keep a worker out for good). So a worker that announces its weights
-    late excludes only itself, and the latency fallback (nearest to meeting the rule) sees it too:
-    one shared D let three late identities push it past ``S * T`` and keep proven honest workers
-    out 98% of the hour, kept by the fallback for their own tiny modelled tails (red team round 15).
+    hiccup must not keep a worker out for good); a proven worker whose D was forgotten counts as
+    unproven for probation until it is measured again, so it is re-checked beside the proven
+    workers, never in place of one (red team round 18: two slow-link workers swapped places every
+    ~100 s, each measured late again before its first delivery: 25,740 completions of 36,000). So a
+    worker that announces its weights late excludes only itself, and the latency fallback (nearest
+    to meeting the rule) sees it too: one shared D let three late identities push it past ``S * T``
+    and keep proven honest workers out 98% of the hour, kept by the fallback for their own tiny
+    modelled tails (red team round 15).
 
 Driving ``ActivationCore``
     ``handle(event, now)`` and ``poll(now)`` return actions; the driver performs all of them, in
@@ -777,6 +788,7 @@ class _Worker:
     trial_token: bool = False  # its trial spent a trial token, not yet given back
     dissemination: float | None = None  # its own D (EWMA), from its weight announcements
     dissemination_at: float = -math.inf  # when its D was last measured
+    dissemination_forgotten: bool = False  # its D was forgotten and not measured since (re-checked)
     refunded_at: float | None = None  # when its proof gave its trial token back (until taken back)
     last_refund_at: float | None = None  # its last refund, kept across restarts and rejoins
     place_kept_at: float | None = None  # when a restart or rejoin last kept its join place
@@ -1113,6 +1125,7 @@ class ActivationCore:
                 seconds if worker.dissemination is None else a * seconds + (1 - a) * worker.dissemination
             )
             worker.dissemination_at = now
+            worker.dissemination_forgotten = False
         elif self._dissemination_measured:
             self._dissemination = a * seconds + (1 - a) * self._dissemination
         else:
@@ -1332,6 +1345,7 @@ class ActivationCore:
         before = [exclusion_reason(o, self._plan.need) is None for o in self._offers()]
         for w in stale:
             w.dissemination = None
+            w.dissemination_forgotten = True
         after = [exclusion_reason(o, self._need()) is None for o in self._offers()]
         if before == after:
             return []
@@ -1384,12 +1398,31 @@ class ActivationCore:
                 tail = (tail or 0.0) + (worker.dissemination - d)
         return replace(worker.offer, rate=worker.planned_rate, gen_tail_latency=tail)
 
+    def _late_only(self, worker: _Worker, need: Need) -> bool:
+        """It misses the latency rule by its own D alone (its tail, modelled from its deliveries,
+        would meet it). A trial that its D puts just outside ``S * T`` is kept until judged at a
+        cold start: its weights come before its first delivery, so its D is measured first, and
+        silent claims meeting the rule had it dropped as a failed claim before it delivered, again
+        after each re-try (red team round 18, search seed 383: 79.8% of the completions)."""
+        tail = modelled_tail(worker.offer, worker.delivery)
+        offer = replace(worker.offer, rate=worker.planned_rate, gen_tail_latency=tail)
+        return exclusion_reason(offer, need) is None
+
     def _qualifies(self, worker: _Worker) -> bool:
         need = self._need()  # one pass over the workers for the need's D, not two (every delivery)
         return exclusion_reason(self._planned_offer(worker, need.dissemination), need) is None
 
     def _proven(self, worker: _Worker) -> bool:
         return worker.backed and worker.planned_rate > 0
+
+    def _trusted(self, worker: _Worker) -> bool:
+        """Proven, and its latency figures are measured: a proven worker whose D was forgotten
+        (``_forget_dissemination``) is re-checked on probation, beside the proven workers, not in
+        place of one. Planned at the need's D it looked better than the proven worker measured
+        just outside ``S * T``, replaced it, was measured there again before its first delivery
+        (its weights come first), and the two swapped every ~100 s delivering almost nothing (red
+        team round 18: 25,740 completions of 36,000)."""
+        return self._proven(worker) and not worker.dissemination_forgotten
 
     def _plan_among(
         self, eligible: list[WorkerOffer], need: Need, *, count_fallback: bool = False, all_on: bool = False
@@ -1489,8 +1522,16 @@ class ActivationCore:
         before its new chance, and fresh identities cannot starve it (before, re-tried workers
         came after every never-tried one). (``plan`` uses a worker exactly when those before it
         in plan order, ``_order``, fall short of the need.)"""
-        latency_met = any(exclusion_reason(o, need) is None for o in base.workers)
         required = need.required_rate * (1 - _EPS)
+        # Judged with the latency rule only when the proven workers (their latency top-up included)
+        # cover the need and some of them meet the rule. When they fall short, a fresh worker just
+        # outside S * T (its own D measured before a window could prove it) is what the top-up
+        # needs, and only a proven one may top up: judged by the rule it was dropped before its
+        # first delivery and re-tried for ever (red team round 18, F1: 1,500 completions of 36,000
+        # beside one proven identity delivering 0.5/s; 18,000 with no attacker at all).
+        latency_met = any(exclusion_reason(o, need) is None for o in base.workers) and (
+            sum(o.rate for o in base.workers) >= required
+        )
         proven = sorted(base.workers, key=_order)
         keys = [_order(o) for o in proven]
         covered = list(itertools.accumulate((o.rate for o in proven), initial=0.0))
@@ -1506,7 +1547,7 @@ class ActivationCore:
     def _probation(self, full: Plan, eligible: list[WorkerOffer], need: Need) -> Plan:
         """The probation rule (module docstring): ``full`` unless it picked unproven workers while
         a proven one qualifies; then ``plan(proven)`` plus at most ``max_probation`` unproven."""
-        proven_peers = {o.peer for o in eligible if self._proven(self._workers[o.peer])}
+        proven_peers = {o.peer for o in eligible if self._trusted(self._workers[o.peer])}
         if not proven_peers:
             return self._cold_start(full, eligible, need)
         proven = [o for o in eligible if o.peer in proven_peers]
@@ -1517,7 +1558,12 @@ class ActivationCore:
             base, [o for o in eligible if o.peer not in proven_peers], need
         )
         if not candidates:
-            return full
+            if all(o.peer in proven_peers for o in full.workers):
+                return full
+            # ``full`` uses an unproven worker that probation does not take (dearer than the
+            # proven workers that cover the need): it must not replace one of them outside probation
+            # (red team round 18, F2: one silent dearer claim cost 37% of the learner's rollouts).
+            return replace(base, excluded=full.excluded)
         # Already on probation keep their place; new ones fill the free places in candidate order.
         on_probation = [o for o in candidates if self._workers[o.peer].active]
         places = max(0, self._probation_limit() - len(on_probation))
@@ -1623,7 +1669,7 @@ class ActivationCore:
             and w.activated_at < self._now
             and o.rate > 0
             and o.peer not in chosen
-            and exclusion_reason(o, full.need) is None
+            and (exclusion_reason(o, full.need) is None or self._late_only(w, full.need))
         ]
         if on_trial and not self._claim_failed:
             # New claims beside trials under way, before any claim failed: claims are displacing

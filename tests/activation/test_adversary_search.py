@@ -1,0 +1,89 @@
+"""A randomized adversary search over the real ``ActivationCore`` (``adversary.py``).
+
+Properties, judged over [600 s, 3,600 s) of each simulated hour against the same honest world with
+no attacker (the control):
+
+(a) the learner is fed: the completions it accepts from anyone (attackers' real deliveries count)
+    are at least ``FED`` of the control's. A loss above 20% is a high finding (red team severity);
+    below it, a medium one, which the README lists;
+(b) the attacker's Activates (new trials and re-activations, each a weight fetch) stay within
+    ``ACTIVATES_PER_IDENTITY`` per identity it used, plus the 124 an hour trial tokens allow.
+
+The default suite runs the programs the search shrank its findings to (red team round 18) and a
+few random programs; ``pytest -m slow tests/activation/test_adversary_search.py`` runs 400.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import pytest
+
+from tests.activation.adversary import Move, Outcome, random_program, simulate
+
+FED = 0.8
+ACTIVATES_PER_IDENTITY = 30
+
+
+@cache
+def control(world: str) -> Outcome:
+    return simulate(world, ())
+
+
+def check(world: str, program: list[Move]) -> Outcome:
+    outcome = simulate(world, program)
+    fed = outcome.useful / control(world).useful
+    assert fed >= FED, f"{world}: the learner got {fed:.1%} of the control's completions ({outcome})"
+    bound = 124 + ACTIVATES_PER_IDENTITY * outcome.identities
+    assert outcome.attacker_activates <= bound, f"{world}: {outcome.attacker_activates} Activates > {bound}"
+    return outcome
+
+
+def test_a_fast_link_worker_and_a_needed_slow_link_one_both_work_with_no_attacker() -> None:
+    # Round 18 F1 with no attacker: the slow-link worker's own D (41 s) was measured before a
+    # window could prove it, and only proven workers could top up: 18,000 of 36,000.
+    assert simulate("mixed2", ()).useful == control("fast2").useful
+
+
+def test_one_proven_identity_meeting_the_latency_rule_does_not_lock_out_slow_link_workers() -> None:
+    # F1: one identity delivering 0.5/s at price 0, announcing at once: 1,500 of 36,000.
+    program: list[Move] = [(0, "join", 0, 0.5, 0.0, None), (0, "late", 0, 0.0), (0, "deliver", 0, ("claim",))]
+    assert simulate("slowreal2", program).useful >= 0.98 * control("slowreal2").useful
+
+
+def test_a_silent_dearer_claim_never_replaces_a_proven_worker_outside_probation() -> None:
+    # F2: ``full`` (the plan among everyone) took the silent claim and dropped a proven worker
+    # when probation had no candidate: 22,512 of 36,000.
+    program: list[Move] = [(0, "join", 0, 6.0, 2.0, None), (0, "deliver", 0, ("none",))]
+    outcome = simulate("slow2", program)
+    assert outcome.useful == control("slow2").useful and outcome.honest_deactivates == 0
+
+
+def test_a_proven_worker_whose_d_was_forgotten_is_rechecked_beside_the_others_not_instead() -> None:
+    # Search seed 38, shrunk: two slow-link proven workers took turns (the one whose D was
+    # forgotten looked better and replaced the other) and delivered almost nothing: 25,740.
+    program: list[Move] = [
+        (0, "join", 2, 1.0, 1.0, None),
+        (0, "join", 8, 0.5, 2.0, 39.0),
+        (0, "late", 8, 1.0),
+        (0, "deliver", 8, ("huge", 200)),
+        (0, "join", 12, 6.0, 0.5, None),
+        (0, "late", 12, 0.0),
+        (0, "deliver", 12, ("claim",)),
+        (0, "policy", 12, "c115"),
+        (0, "join", 13, 100.0, 1.0, 2.0),
+        (0, "late", 13, None),
+        (0, "deliver", 13, ("real", 0.5)),
+    ]
+    assert simulate("slowreal2", program).useful >= 0.98 * control("slowreal2").useful
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_random_programs_keep_the_learner_fed(seed: int) -> None:
+    check(*random_program(seed))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", range(6, 406))
+def test_random_programs_keep_the_learner_fed_search(seed: int) -> None:
+    check(*random_program(seed))
