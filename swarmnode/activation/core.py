@@ -139,14 +139,14 @@ Dissemination
     of the workers' own and the learner-wide D (``dissemination`` until one is measured), and a
     worker's excess over it is added to its planned tail. An inactive worker is told no new
     versions, so its own D is forgotten ``reprobe_seconds`` after it was last measured (a download
-    hiccup must not keep a worker out for good); a proven worker whose D was forgotten counts as
-    unproven for probation until it is measured again, so it is re-checked beside the proven
-    workers, never in place of one (red team round 18: two slow-link workers swapped places every
-    ~100 s, each measured late again before its first delivery: 25,740 completions of 36,000). So a
-    worker that announces its weights late excludes only itself, and the latency fallback (nearest
-    to meeting the rule) sees it too: one shared D let three late identities push it past ``S * T``
-    and keep proven honest workers out 98% of the hour, kept by the fallback for their own tiny
-    modelled tails (red team round 15).
+    hiccup must not keep a worker out for good); a proven worker whose own D is not measured (not
+    yet, or forgotten) counts as unproven for probation until it is, so it is re-checked beside the
+    proven workers, never in place of one (red team round 18: two slow-link workers swapped places
+    every ~100 s, each measured late again before its first delivery: 25,740 completions of 36,000).
+    So a worker that announces its weights late excludes only itself, and the latency fallback
+    (nearest to meeting the rule) sees it too: one shared D let three late identities push it past
+    ``S * T`` and keep proven honest workers out 98% of the hour, kept by the fallback for their own
+    tiny modelled tails (red team round 15).
 
 Driving ``ActivationCore``
     ``handle(event, now)`` and ``poll(now)`` return actions; the driver performs all of them, in
@@ -207,10 +207,12 @@ Measured rates and drift
     delivery only marks the start: generation and weight download come before it), over the last
     ``rate_window`` seconds, once a full window has passed. A worker that delivers nothing within
     ``first_rollout_timeout`` of activation measures 0. A worker drifts when its measured rate is
-    more than ``drift_fraction`` away from the rate the plan counts on; a drift that lasts
-    ``drift_hold`` seconds is adopted (the plan now counts on the measured rate) and the core
-    re-plans. With ``drift_hold >= rate_window`` (the default) a step change in a worker's output
-    is adopted once, at its settled value, not at the intermediate values the window passes through.
+    more than ``drift_fraction`` away from the rate the plan counts on, or short of it by more than
+    the margin absorbs (red team round 19: a claim of 12/s delivering 9/s, inside the band, had
+    covered the need alone); a drift that lasts ``drift_hold`` seconds is adopted (the plan now
+    counts on the measured rate) and the core re-plans. With ``drift_hold >= rate_window`` (the
+    default) a step change in a worker's output is adopted once, at its settled value, not at the
+    intermediate values the window passes through.
     Hysteresis: after adoption the band is centred on the new rate, so a rate wobbling
     around a band edge re-plans once, not on every sample; step time is smoothed and banded the
     same way. A measured rate, once adopted, outranks the worker's own advertisement until the worker
@@ -788,7 +790,6 @@ class _Worker:
     trial_token: bool = False  # its trial spent a trial token, not yet given back
     dissemination: float | None = None  # its own D (EWMA), from its weight announcements
     dissemination_at: float = -math.inf  # when its D was last measured
-    dissemination_forgotten: bool = False  # its D was forgotten and not measured since (re-checked)
     refunded_at: float | None = None  # when its proof gave its trial token back (until taken back)
     last_refund_at: float | None = None  # its last refund, kept across restarts and rejoins
     place_kept_at: float | None = None  # when a restart or rejoin last kept its join place
@@ -837,6 +838,7 @@ class ActivationCore:
         self._dissemination = config.dissemination
         self._step_measured = False
         self._dissemination_measured = False
+        self._peer_dissemination_seen = False  # some worker's own D was measured (the learner does)
         self._steps: deque[tuple[float, float, float]] = deque()  # (at, seconds, waited)
         self._next_check_at: float | None = None
         self._plan = plan([], self._need())
@@ -1125,7 +1127,7 @@ class ActivationCore:
                 seconds if worker.dissemination is None else a * seconds + (1 - a) * worker.dissemination
             )
             worker.dissemination_at = now
-            worker.dissemination_forgotten = False
+            self._peer_dissemination_seen = True
         elif self._dissemination_measured:
             self._dissemination = a * seconds + (1 - a) * self._dissemination
         else:
@@ -1345,7 +1347,6 @@ class ActivationCore:
         before = [exclusion_reason(o, self._plan.need) is None for o in self._offers()]
         for w in stale:
             w.dissemination = None
-            w.dissemination_forgotten = True
         after = [exclusion_reason(o, self._need()) is None for o in self._offers()]
         if before == after:
             return []
@@ -1416,13 +1417,17 @@ class ActivationCore:
         return worker.backed and worker.planned_rate > 0
 
     def _trusted(self, worker: _Worker) -> bool:
-        """Proven, and its latency figures are measured: a proven worker whose D was forgotten
-        (``_forget_dissemination``) is re-checked on probation, beside the proven workers, not in
-        place of one. Planned at the need's D it looked better than the proven worker measured
-        just outside ``S * T``, replaced it, was measured there again before its first delivery
-        (its weights come first), and the two swapped every ~100 s delivering almost nothing (red
-        team round 18: 25,740 completions of 36,000)."""
-        return self._proven(worker) and not worker.dissemination_forgotten
+        """Proven, and its own D is measured (where the driver measures each worker's D, as the
+        learner does): a worker is on probation, beside the proven workers and never in place of
+        one, until both its rate and its latency are measured. A proven worker whose D was
+        forgotten (``_forget_dissemination``), planned at the need's D, looked better than one
+        measured just outside ``S * T``, replaced it and was measured there again before its first
+        delivery: two swapped places every ~100 s (red team round 18: 25,740 completions of
+        36,000). A fresh identity delivering its claim but announcing its weights late was proven
+        before its D came in and displaced the proven workers each time (round 19: 52.8%)."""
+        if not self._proven(worker):
+            return False
+        return worker.dissemination is not None or not self._peer_dissemination_seen
 
     def _plan_among(
         self, eligible: list[WorkerOffer], need: Need, *, count_fallback: bool = False, all_on: bool = False
@@ -1532,13 +1537,24 @@ class ActivationCore:
         latency_met = any(exclusion_reason(o, need) is None for o in base.workers) and (
             sum(o.rate for o in base.workers) >= required
         )
-        proven = sorted(base.workers, key=_order)
-        keys = [_order(o) for o in proven]
-        covered = list(itertools.accumulate((o.rate for o in proven), initial=0.0))
+
+        def coverage(workers: Iterable[WorkerOffer]) -> tuple[list[tuple[float, float, PeerId]], list[float]]:
+            ordered = sorted(workers, key=_order)
+            covered = itertools.accumulate((o.rate for o in ordered), initial=0.0)
+            return [_order(o) for o in ordered], list(covered)
+
+        everyone = coverage(base.workers)
+        # A candidate that meets the latency rule is weighed against the proven workers that meet
+        # it too: a proven worker outside S * T kept by the fallback does not make it unneeded (red
+        # team round 19: one identity delivering 12/s but announcing 49 s late became the fallback
+        # plan at a learner start, and honest workers meeting the rule were never tried; the
+        # staleness gate would have dropped all its rollouts).
+        meeting = coverage(o for o in base.workers if exclusion_reason(o, need) is None)
         candidates: list[WorkerOffer] = []
         for o in sorted(unproven, key=lambda o: self._workers[o.peer].joined):
             if exclusion_reason(o, need, check_latency=latency_met) is not None:
                 continue
+            keys, covered = meeting if exclusion_reason(o, need) is None else everyone
             if self.config.policy != "all" and covered[bisect.bisect_left(keys, _order(o))] >= required:
                 continue  # proven workers cheaper per completion already cover the need
             candidates.append(o)
@@ -1800,6 +1816,14 @@ class ActivationCore:
 
     # -- measurement ----------------------------------------------------------------------------
 
+    def _rate_drifts(self, measured: float, planned: float) -> bool:
+        """Outside the drift band, or short of the plan by more than its margin absorbs: with a
+        band (25%) wider than the margin (10%), one claim of 12/s delivering 9/s covered the need
+        alone and kept every honest worker idle (red team round 19: 75% of the completions)."""
+        margin = self.config.margin
+        short = margin > 0 and measured * (1 + margin) < planned * (1 - _EPS)
+        return short or self._outside_band(measured, planned)
+
     def _outside_band(self, value: float, reference: float) -> bool:
         return abs(value - reference) > self.config.drift_fraction * reference * (1 + _EPS)
 
@@ -1840,7 +1864,7 @@ class ActivationCore:
             if not worker.active or (only is not None and peer != only):
                 continue
             measured = self._measured_rate(worker, now)
-            if measured is None or not self._outside_band(measured, worker.planned_rate):
+            if measured is None or not self._rate_drifts(measured, worker.planned_rate):
                 worker.drift_since = None
                 if measured is not None and measured > 0 and not worker.backed:
                     worker.backed = True  # a full window shows what the plan counts on: proven

@@ -187,11 +187,13 @@ def honest_world(name: str) -> list[Honest]:
         "slowreal2": [Honest("h0", **slow), Honest("h1", **slow)],  # type: ignore[arg-type]
         "slowrst2": [Honest(f"h{i}", restarts=(1500,), **slow) for i in range(2)],  # type: ignore[arg-type]
         "mixed2": [Honest("h0"), Honest("h1", **slow)],  # type: ignore[arg-type]
+        # Slow first deliveries (a large model's weights and first batch), round 19.
+        "first60": [Honest("h0", first=60.0), Honest("h1", first=90.0)],
     }
     return worlds[name]
 
 
-WORLDS = ("fast2", "fast3", "new2", "rst2", "slow2", "slowreal2", "slowrst2", "mixed2")
+WORLDS = ("fast2", "fast3", "new2", "rst2", "slow2", "slowreal2", "slowrst2", "mixed2", "first60")
 
 
 @dataclass

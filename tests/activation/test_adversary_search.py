@@ -78,6 +78,39 @@ def test_a_proven_worker_whose_d_was_forgotten_is_rechecked_beside_the_others_no
     assert simulate("slowreal2", program).useful >= 0.98 * control("slowreal2").useful
 
 
+def test_a_proven_identity_whose_d_is_not_measured_yet_does_not_displace_the_proven_workers() -> None:
+    # Round 19, D: fresh identities delivering their claim and announcing their weights 49 s late
+    # were proven before their D came in and displaced the honest workers, whose first delivery
+    # takes 60-90 s, every ~160 s: 52.8% of the completions.
+    program: list[Move] = [
+        (0, "join", 0, 6.0, 0.0, 45.0),
+        (0, "late", 0, 49.0),
+        (0, "deliver", 0, ("claim",)),
+        (0, "policy", 0, "lap"),
+        (275, "readv", 0, 12.0, 0.0, None),
+    ]
+    assert simulate("first60", program).useful >= 0.9 * control("first60").useful
+
+
+def test_a_late_proven_identity_kept_by_the_fallback_does_not_keep_out_workers_meeting_the_rule() -> None:
+    # Round 19, E: its 12/s covered the need in the fallback plan, so honest workers meeting the
+    # rule were never tried (0 honest completions; the staleness gate would drop its rollouts).
+    program: list[Move] = [
+        (0, "join", 0, 12.0, 0.0, None),
+        (0, "late", 0, 49.0),
+        (0, "deliver", 0, ("claim",)),
+    ]
+    outcome = simulate("fast2", program)
+    assert outcome.honest >= 0.9 * control("fast2").honest
+
+
+def test_a_claim_delivering_less_than_the_margin_absorbs_does_not_cover_the_need_alone() -> None:
+    # Round 19, B: 12/s claimed, 9/s delivered (inside the 25% drift band, outside the 10%
+    # margin): the plan counted 12 and kept every honest worker idle, 75% of the completions.
+    program: list[Move] = [(0, "join", 0, 12.0, 0.0, None), (0, "deliver", 0, ("real", 9.0))]
+    assert simulate("fast3", program).useful >= 0.95 * control("fast3").useful
+
+
 @pytest.mark.parametrize("seed", range(6))
 def test_random_programs_keep_the_learner_fed(seed: int) -> None:
     check(*random_program(seed))
