@@ -22,7 +22,6 @@ Writes ``simulations/results/hacpo_pair/{reduced,full}.json`` and ``.png`` and e
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -41,6 +40,7 @@ from learning_runs import (
     recorded_wall,
     run_all,
     run_logged,
+    write_summary,
 )
 
 RESULTS = ROOT / "simulations" / "results" / "hacpo_pair"
@@ -178,10 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         "full_estimate_seconds_single_job": full_estimate,
         "full_estimate_basis": basis,
     }
-    text = json.dumps(summary, indent=1)
-    (results_dir / f"{kind}.json").write_text(text, encoding="utf-8")
-    if args.json is not None:
-        args.json.write_text(text, encoding="utf-8")
+    write_summary(results_dir, kind, summary, args.json)
     plot(
         results_dir / f"{kind}.png",
         {arm: heldout_curves(result) for arm, result in results.items()},

@@ -103,3 +103,13 @@ def cpu_per_round(result: Result) -> float | None:
     if not rounds or any("cpu_seconds" not in t for t in runs):
         return None
     return sum(t["cpu_seconds"] for t in runs) / (rounds * len(runs))
+
+
+def write_summary(results_dir: Path, kind: str, summary: Mapping[str, Any], also: Path | None) -> Path:
+    """``results_dir/KIND.json`` (and ``--json``'s path, when given); returns the first."""
+    text = json.dumps(summary, indent=1)
+    path = results_dir / f"{kind}.json"
+    path.write_text(text, encoding="utf-8")
+    if also is not None:
+        also.write_text(text, encoding="utf-8")
+    return path

@@ -18,7 +18,6 @@ Writes ``simulations/results/sapo_ablation/{reduced,full}.json`` and ``.png`` an
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 import statistics
@@ -37,6 +36,7 @@ from learning_runs import (
     recorded_wall,
     run_all,
     run_logged,
+    write_summary,
 )
 
 RESULTS = ROOT / "simulations" / "results" / "sapo_ablation"
@@ -178,10 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         "full_estimate_basis": basis,
         "note": "total reward = sum over agents and rounds of each agent's mean own-completion reward",
     }
-    text = json.dumps(summary, indent=1)
-    (results_dir / f"{kind}.json").write_text(text, encoding="utf-8")
-    if args.json is not None:
-        args.json.write_text(text, encoding="utf-8")
+    write_summary(results_dir, kind, summary, args.json)
     plot(
         results_dir / f"{kind}.png",
         table,

@@ -248,7 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--home", default="runs/swarm", help="directory for all homes (default runs/swarm)")
     p.add_argument("--nodes", type=int, default=3, help="number of nodes (default 3)")
     p.add_argument("--minutes", type=float, default=3.0, help="how long to run (default 3)")
-    p.add_argument("--mixing", choices=["none", "sapo", "hacpo"], default="sapo")
+    p.add_argument(
+        "--mixing",
+        choices=["none", "sapo", "hacpo", "joint", "receiver_baseline", "positive_only"],
+        default="sapo",
+        help="how nodes use each other's groups (swarm.mixing; default sapo)",
+    )
     p.add_argument("--round-seconds", type=float, default=4.0, help="swarm round length (default 4)")
     p.set_defaults(handler=cmd_swarm)
 

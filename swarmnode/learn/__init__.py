@@ -1,7 +1,8 @@
 """Losses and sample-selection rules for RL on language models: pure torch functions, no I/O.
 
 One file per algorithm, each readable top to bottom beside its equation and sources:
-advantages (group-relative), aggregate (loss reduction modes), grpo, dapo, gspo, hacpo, m2po, sapo.
+advantages (group-relative), aggregate (loss reduction modes), grpo, dapo, gspo, hacpo, m2po, sapo,
+transfer (sharing rules that teach a node its peers' skills).
 Shapes: logp / old_logp / ref_logp / mask are (B, T) float, advantages (B,); a loss returns
 ``(scalar tensor to minimise, dict[str, float] of stats)``. This package must not run models, read files or
 talk to peers.

@@ -39,7 +39,8 @@ optional, unknown keys are an error)::
     rounds = 20                # training rounds per run
     seeds = [0, 1, 2]          # one run per seed (or seed = 0; default [simulation] seed, else 0);
                                # agent i of seed s uses node seed 1000*s + i
-    mixing = "sapo"            # "none" | "sapo" | "hacpo" (the trainer's swarm.mixing)
+    mixing = "sapo"            # "none" | "sapo" | "hacpo" | "joint" | "receiver_baseline" |
+                               # "positive_only" (the trainer's swarm.mixing; learn.transfer)
     local_groups = 4           # I: own groups per update (SAPO; HACPO uses every own group)
     external_groups = 4        # J: external groups per update; 0 = no exchange (nothing published)
     prompts_per_round = 8      # groups each agent generates per round
@@ -54,6 +55,12 @@ optional, unknown keys are an error)::
     heldout_size = 200         # held-out tasks, the same set for every agent (mixture seed eval_seed)
     eval_seed = 0
     mixture = "default"        # the tiny model's task mixture (2-term chain_sum, compact prompts)
+    datasets = [               # or: the training mixture of every agent, as [[tasks.datasets]]
+      { name = "chain_sum", config = { max_terms = 2 }, weight = 1.0, prompt_format = "compact" },
+      { name = "products", config = { max_digits = 1 }, prompt_format = "compact", label = "mul" },
+    ]                          # (label: the family's name in results; default: the generator's)
+    specialists = false        # true: agent i is warm-started on datasets[i % len(datasets)] alone
+                               # (held-out accuracy is then reported per family as well)
     warm_start_seed = 0        # every agent starts from the same warm start of its model
     warm_start_steps = 0       # 0: the standard warm start (stops by evaluation); n: exactly n steps
     cache_dir = "runs/sim-cache"   # warm-start cache (default: OUT_DIR/cache)
@@ -67,7 +74,8 @@ optional, unknown keys are an error)::
 Result (also written to ``OUT_DIR/learning.json``): ``scenario`` (the name from ``[simulation]``),
 ``learning`` (the parsed keys), ``runs`` (one per
 seed: per agent its rewards, accuracy, own/external groups used and received per round, held-out
-accuracy by round, gossip and admission counters, a SHA-256 of its final weights; and the run's
+accuracy by round (with several ``datasets``: per family too, and the mean over families), the
+family it was warm-started on, gossip and admission counters, a SHA-256 of its final weights; and the run's
 ``total_reward`` = sum over agents and rounds of each agent's mean own reward), ``summary`` over
 seeds, and ``timing`` and ``wall_seconds`` (the only parts that differ between identical runs).
 """
@@ -113,7 +121,7 @@ from swarmnode.policy.warmstart import WarmStartSettings, warm_start
 from swarmnode.roles.convert import rollout_batch, to_scored
 from swarmnode.rollout import make_engine
 from swarmnode.store import CheckpointStore, Ledger
-from swarmnode.tasks import Task, TaskMixture, default_mixture
+from swarmnode.tasks import DatasetSpec, Task, TaskMixture, default_mixture, mixture_from_specs
 from swarmnode.train import ScoredGroup, Trainer
 from swarmnode.wire import encode_envelope, seal, to_ms
 
@@ -159,6 +167,9 @@ class LearningScenario:
     heldout_size: int = 200
     eval_seed: int = 0
     mixture: str = "default"
+    datasets: tuple[DatasetSpec, ...] = ()
+    labels: tuple[str, ...] = ()  # each dataset's optional label (its ``label`` key)
+    specialists: bool = False
     warm_start_seed: int = 0
     warm_start_steps: int = 0
     cache_dir: str = ""
@@ -173,6 +184,28 @@ class LearningScenario:
 
     def model_of(self, agent: int) -> ModelSpec:
         return self.models[agent % len(self.models)]
+
+    def training_mixture(self, seed: int) -> TaskMixture:
+        """Every agent's training mixture (``datasets``, else the ``mixture`` preset) at ``seed``."""
+        return TaskMixture(list(self.datasets), seed) if self.datasets else default_mixture(seed)
+
+    def families(self) -> dict[str, DatasetSpec]:
+        """Each dataset by its family label: its ``label``, else its generator's name (``name#i`` when
+        a name repeats)."""
+        names = [d.name for d in self.datasets]
+        return {
+            self.labels[i]
+            if i < len(self.labels) and self.labels[i]
+            else (d.name if names.count(d.name) == 1 else f"{d.name}#{i}"): d
+            for i, d in enumerate(self.datasets)
+        }
+
+    def warm_family(self, agent: int) -> str | None:
+        """The family agent ``agent`` is warm-started on alone (None: the training mixture)."""
+        if not self.specialists:
+            return None
+        labels = list(self.families())
+        return labels[agent % len(labels)]
 
 
 _INT_KEYS = {
@@ -192,7 +225,7 @@ _INT_KEYS = {
     "threads": 1,
 }
 _CHOICES = {
-    "mixing": ("none", "sapo", "hacpo"),
+    "mixing": ("none", "sapo", "hacpo", "joint", "receiver_baseline", "positive_only"),
     "algorithm": ("grpo", "dapo", "gspo"),
     "mixture": ("default",),
 }
@@ -240,6 +273,16 @@ def parse_learning(scenario: Mapping[str, Any]) -> LearningScenario:
         values["shared_prefix"] = table["shared_prefix"]
     if "cache_dir" in table:
         values["cache_dir"] = str(table["cache_dir"])
+    if "datasets" in table:
+        if "mixture" in table:
+            raise ConfigError("give learning.datasets or learning.mixture, not both")
+        values["datasets"], values["labels"] = _parse_datasets(table["datasets"])
+    if "specialists" in table:
+        if not isinstance(table["specialists"], bool):
+            raise ConfigError(f"learning.specialists must be true or false, got {table['specialists']!r}")
+        if table["specialists"] and len(values.get("datasets", ())) < 2:
+            raise ConfigError("learning.specialists = true needs learning.datasets with at least two entries")
+        values["specialists"] = table["specialists"]
     if "seed" in table and "seeds" in table:
         raise ConfigError("give learning.seeds (a list) or learning.seed, not both")
     simulation = scenario.get("simulation", {})
@@ -268,12 +311,42 @@ def parse_learning(scenario: Mapping[str, Any]) -> LearningScenario:
     parsed = LearningScenario(**values)
     if parsed.agents >= 1000:
         raise ConfigError("learning.agents must be below 1000 (agent seeds are 1000 * seed + index)")
-    if parsed.mixing == "hacpo" and not parsed.shared_tasks and parsed.exchanges:
+    if parsed.mixing in ("hacpo", "joint") and not parsed.shared_tasks and parsed.exchanges:
         raise ConfigError(
-            "learning.mixing = 'hacpo' needs shared_tasks = true: HACPO learns from other agents' "
+            f"learning.mixing = {parsed.mixing!r} needs shared_tasks = true: it learns from other agents' "
             "answers to the prompts it answered itself"
         )
     return parsed
+
+
+def _parse_datasets(entries: object) -> tuple[tuple[DatasetSpec, ...], tuple[str, ...]]:
+    """``learning.datasets``: tables as ``[[tasks.datasets]]`` entries (plus an optional ``label``
+    naming the family in results), each checked as a node checks its mixture at start
+    (``mixture_from_specs``: generator, config keys, weight, safe scorer). Returns specs and labels."""
+    if not isinstance(entries, list | tuple) or not entries:
+        raise ConfigError(
+            "learning.datasets must be a non-empty list of tables {name, config, weight, prompt_format}"
+        )
+    specs, labels = [], []
+    allowed = {"name", "config", "weight", "prompt_format", "label"}
+    for i, entry in enumerate(entries):
+        where = f"learning.datasets[{i}]"
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str) or set(entry) - allowed:
+            raise ConfigError(f"{where} must be a table with a name and only the keys {sorted(allowed)}")
+        config = entry.get("config", {})
+        weight = entry.get("weight", 1.0)
+        if not isinstance(config, Mapping):
+            raise ConfigError(f"{where}.config must be a table")
+        if isinstance(weight, bool) or not isinstance(weight, int | float):
+            raise ConfigError(f"{where}.weight must be a number, got {weight!r}")
+        fmt = entry.get("prompt_format", "question")
+        specs.append(DatasetSpec(entry["name"], dict(config), float(weight), str(fmt)))
+        labels.append(str(entry.get("label", "")))
+    mixture_from_specs(specs, 0, key="learning.datasets")  # raises ConfigError naming the entry
+    given = [label for label in labels if label]
+    if len(set(given)) != len(given):
+        raise ConfigError(f"learning.datasets labels must differ, got {given}")
+    return tuple(specs), tuple(labels)
 
 
 # ------------------------------------------------------------------------------------- agents
@@ -290,6 +363,7 @@ class AgentLog:
     external_received: list[int] = field(default_factory=list)
     loss: list[float | None] = field(default_factory=list)
     heldout: dict[int, float] = field(default_factory=dict)
+    heldout_by_family: dict[str, dict[int, float]] = field(default_factory=dict)
 
 
 class Agent:
@@ -331,7 +405,8 @@ class Agent:
                 "checkpoint.every_rounds": 10**9,  # a simulated run is never resumed
             },
         )
-        self.mixture: TaskMixture = default_mixture(task_seed)
+        self.mixture: TaskMixture = spec.training_mixture(task_seed)
+        self.warm_family = spec.warm_family(index)
         self.ledger = Ledger(workdir / f"agent-{index}.sqlite")
         self.trainer = Trainer(
             config,
@@ -479,7 +554,10 @@ class MemoryNetwork:
 # ------------------------------------------------------------------------------------- running
 
 
-def _warm_policies(spec: LearningScenario, cache: Path, say: Progress) -> dict[str, Path]:
+WarmKey = tuple[str, str | None]  # (model name, the family it is warm-started on alone; None: the mixture)
+
+
+def _warm_policies(spec: LearningScenario, cache: Path, say: Progress) -> dict[WarmKey, Path]:
     settings = (
         WarmStartSettings(
             max_steps=spec.warm_start_steps, target_accuracy=2.0, eval_every=spec.warm_start_steps
@@ -487,13 +565,22 @@ def _warm_policies(spec: LearningScenario, cache: Path, say: Progress) -> dict[s
         if spec.warm_start_steps
         else WarmStartSettings()
     )
-    paths: dict[str, Path] = {}
-    for model in spec.models:
-        if model.name in paths:
+    families = spec.families()
+    paths: dict[WarmKey, Path] = {}
+    for agent in range(spec.agents):
+        model, family = spec.model_of(agent), spec.warm_family(agent)
+        if (model.name, family) in paths:
             continue
-        paths[model.name] = warm_start(
+        mixture = (
+            spec.training_mixture(spec.warm_start_seed)
+            if family is None
+            else TaskMixture([families[family]], spec.warm_start_seed)
+        )
+        if family is not None:
+            say(f"warm start of {model.name} on {family} alone")
+        paths[(model.name, family)] = warm_start(
             cache,
-            default_mixture(spec.warm_start_seed),
+            mixture,
             spec.warm_start_seed,
             progress=say,
             settings=settings,
@@ -502,18 +589,48 @@ def _warm_policies(spec: LearningScenario, cache: Path, say: Progress) -> dict[s
     return paths
 
 
-def _heldout(agent: Agent, tasks: Sequence[Task]) -> float:
-    return evaluate_accuracy(
-        agent.trainer.policy, tasks, agent.trainer.engine, max_new_tokens=agent.max_new_tokens
-    )
+#: The held-out sets: one per family when the mixture has several (label -> tasks), else {"": tasks}.
+HeldOut = dict[str, list[Task]]
+
+
+def _heldout_sets(spec: LearningScenario) -> HeldOut:
+    if not spec.heldout_size:
+        return {}
+    if len(spec.datasets) > 1:
+        return {
+            label: TaskMixture([d], spec.eval_seed).heldout(spec.heldout_size)
+            for label, d in spec.families().items()
+        }
+    return {"": spec.training_mixture(spec.eval_seed).heldout(spec.heldout_size)}
+
+
+def _evaluate(agent: Agent, sets: HeldOut, r: int) -> None:
+    """Greedy held-out accuracy at round ``r``: per family when there are several, and their mean."""
+    scores = {
+        label: evaluate_accuracy(
+            agent.trainer.policy, tasks, agent.trainer.engine, max_new_tokens=agent.max_new_tokens
+        )
+        for label, tasks in sets.items()
+    }
+    agent.log.heldout[r] = statistics.fmean(scores.values())
+    if len(scores) > 1:
+        for label, value in scores.items():
+            agent.log.heldout_by_family.setdefault(label, {})[r] = value
 
 
 def _run_seed(
-    spec: LearningScenario, seed: int, paths: Mapping[str, Path], heldout: Sequence[Task], say: Progress
+    spec: LearningScenario, seed: int, paths: Mapping[WarmKey, Path], heldout: HeldOut, say: Progress
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     with tempfile.TemporaryDirectory(prefix="swarmnode-sim-") as tmp:
         agents = [
-            Agent(i, seed, spec, load_policy(paths[spec.model_of(i).name]), spec.model_of(i), Path(tmp))
+            Agent(
+                i,
+                seed,
+                spec,
+                load_policy(paths[(spec.model_of(i).name, spec.warm_family(i))]),
+                spec.model_of(i),
+                Path(tmp),
+            )
             for i in range(spec.agents)
         ]
         network = MemoryNetwork(agents)
@@ -523,7 +640,7 @@ def _run_seed(
         try:
             if heldout:
                 for agent in agents:
-                    agent.log.heldout[0] = _heldout(agent, heldout)
+                    _evaluate(agent, heldout, 0)
             for r in range(1, spec.rounds + 1):
                 t_round = time.perf_counter()
                 # Round r of the run is swarm round base + r, starting on a round boundary of the cores.
@@ -549,7 +666,7 @@ def _run_seed(
                     log.external_received.append(received)
                     log.loss.append(None if math.isnan(m.loss) else m.loss)
                     if heldout and (r == spec.rounds or (spec.eval_every and r % spec.eval_every == 0)):
-                        log.heldout[r] = _heldout(agent, heldout)
+                        _evaluate(agent, heldout, r)
                 round_seconds.append(time.perf_counter() - t_round)
                 mean = statistics.fmean(a.log.rewards[-1] for a in agents)
                 received = sum(a.log.external_received[-1] for a in agents)
@@ -569,9 +686,20 @@ def _run_seed(
                         "model": a.model.name,
                         "parameters": sum(p.numel() for p in a.trainer.policy.model.parameters()),
                         "total_reward": sum(a.log.rewards),
-                        **asdict(a.log),
+                        **{k: v for k, v in asdict(a.log).items() if k != "heldout_by_family"},
                         "external_sources": {names.get(p, p): n for p, n in sorted(a.sources.items())},
                         "heldout": {str(k): v for k, v in a.log.heldout.items()},
+                        **(
+                            {
+                                "warm_family": a.warm_family,
+                                "heldout_by_family": {
+                                    family: {str(k): v for k, v in curve.items()}
+                                    for family, curve in a.log.heldout_by_family.items()
+                                },
+                            }
+                            if spec.datasets
+                            else {}
+                        ),
                         "gossip": {
                             k: v
                             for k, v in a.core.stats.as_dict().items()
@@ -618,7 +746,7 @@ def _summary(spec: LearningScenario, runs: Sequence[Mapping[str, Any]]) -> dict[
             if a["heldout"]:
                 entry["start"].append(a["heldout"]["0"])
                 entry["end"].append(a["heldout"][str(max(int(k) for k in a["heldout"]))])
-    return {
+    summary: dict[str, Any] = {
         "total_reward_mean": statistics.fmean(totals),
         "total_reward_stdev": statistics.stdev(totals) if len(totals) > 1 else 0.0,
         "total_reward_per_seed": totals,
@@ -632,6 +760,36 @@ def _summary(spec: LearningScenario, runs: Sequence[Mapping[str, Any]]) -> dict[
             }
             for name, v in by_model.items()
         },
+    }
+    if spec.specialists and spec.heldout_size:
+        summary["specialists"] = _specialist_summary(runs)
+    return summary
+
+
+def _specialist_summary(runs: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """Held-out accuracy of specialists on their own family and on the others' (mean over the
+    other families), at the start and the end, per run (seed) and as mean and sd over runs."""
+    per_run: dict[str, list[float]] = {"own_start": [], "own_end": [], "others_start": [], "others_end": []}
+    for run in runs:
+        values: dict[str, list[float]] = {k: [] for k in per_run}
+        for a in run["agents"]:
+            curves = a["heldout_by_family"]
+            last = str(max(int(k) for k in a["heldout"]))
+            own = a["warm_family"]
+            others = [f for f in curves if f != own]
+            values["own_start"].append(curves[own]["0"])
+            values["own_end"].append(curves[own][last])
+            values["others_start"].append(statistics.fmean(curves[f]["0"] for f in others))
+            values["others_end"].append(statistics.fmean(curves[f][last] for f in others))
+        for key, v in values.items():
+            per_run[key].append(statistics.fmean(v))
+    return {
+        key: {
+            "mean": statistics.fmean(v),
+            "sd": statistics.stdev(v) if len(v) > 1 else 0.0,
+            "per_seed": v,
+        }
+        for key, v in per_run.items()
     }
 
 
@@ -648,7 +806,7 @@ def run_learning(
     started = time.perf_counter()
     paths = _warm_policies(spec, cache, say)
     warm_seconds = time.perf_counter() - started
-    heldout = default_mixture(spec.eval_seed).heldout(spec.heldout_size) if spec.heldout_size else []
+    heldout = _heldout_sets(spec)
     runs, timings = [], []
     for seed in spec.seeds:
         record, timing = _run_seed(spec, seed, paths, heldout, say)
@@ -656,6 +814,8 @@ def run_learning(
         timings.append(timing)
     scenario_record = asdict(spec)
     scenario_record["models"] = [asdict(m) for m in spec.models]
+    if not spec.datasets:  # the record of a run on the preset mixture is as it was before datasets
+        del scenario_record["datasets"], scenario_record["labels"], scenario_record["specialists"]
     simulation = scenario.get("simulation", {})
     name = simulation.get("name", "learning") if isinstance(simulation, Mapping) else "learning"
     result = {

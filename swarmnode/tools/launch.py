@@ -94,8 +94,8 @@ class SwarmDemo:
             "node.threads": max(1, (os.cpu_count() or 1) // self.nodes),
             "swarm.mixing": self.mixing,
             "checkpoint.every_rounds": 5,
-            # HACPO compares agents on the same prompts: share the task stream.
-            "tasks.seed": 0 if self.mixing == "hacpo" else -1,
+            # HACPO and the joint rule compare agents on the same prompts: share the task stream.
+            "tasks.seed": 0 if self.mixing in ("hacpo", "joint") else -1,
         }
 
     def _stop_all(self) -> None:

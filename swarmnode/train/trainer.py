@@ -36,6 +36,13 @@ from swarmnode.learn.hacpo import (
     hacpo_loss,
 )
 from swarmnode.learn.m2po import m2po_loss
+from swarmnode.learn.transfer import (
+    FamilyBaseline,
+    joint_advantages,
+    receiver_advantages,
+    select_teaching,
+    teaching_value,
+)
 from swarmnode.ops.faults import fault_point
 from swarmnode.policy import Policy
 from swarmnode.policy.evaluate import evaluate_accuracy
@@ -46,6 +53,15 @@ from swarmnode.train.batch import ScoredGroup, completion_logprobs, pad_right
 from swarmnode.verify import GroupScorer, Scored, score_in_process
 
 log = logging.getLogger(__name__)
+
+#: ``swarm.mixing`` values whose advantages for external groups come from ``learn.transfer``.
+BASELINE_RULES = ("receiver_baseline", "positive_only")
+TRANSFER_RULES = (*BASELINE_RULES, "joint")
+
+
+def family_of(task: Task) -> str:
+    """A task's family: its generator, config and prompt format (what a skill is learnt on)."""
+    return f"{task.id.dataset}/{task.id.config}/{task.id.prompt_format}"
 
 
 def clip_range(learn: LearnConfig, *, sequence: bool) -> tuple[float, float]:
@@ -114,6 +130,7 @@ class Trainer:
         # SAPO's uniform choice of groups; seeded so a resumed run picks the same ones.
         self.mixing_rng = random.Random(config.node.seed)
         self.capabilities = CapabilityTracker(window=5)
+        self.family_baseline = FamilyBaseline(alpha=0.1)  # b_f of the baseline rules (learn.transfer)
         self.last_step_stale = False  # did the last update use M2PO (stale own groups)?
         self.last_m2po_masked = float("nan")  # share of tokens M2PO masked in that step
         self.saved_round = -1  # round of the newest checkpoint this trainer wrote or loaded
@@ -143,6 +160,8 @@ class Trainer:
             self.mixing_rng.setstate((version, tuple(internal), gauss))
         if "capabilities" in state.extra:
             self.capabilities.load_state_dict(state.extra["capabilities"])
+        if "family_baseline" in state.extra:
+            self.family_baseline.load_state_dict(state.extra["family_baseline"])
         self.round = state.round
         self.saved_round = state.round
         self.policy.version = state.policy_version
@@ -183,7 +202,11 @@ class Trainer:
                     "torch": torch.get_rng_state(),
                     "mixing": [version, list(internal), gauss],
                 },
-                extra={"model_id": self.policy.model_id, "capabilities": self.capabilities.state_dict()},
+                extra={
+                    "model_id": self.policy.model_id,
+                    "capabilities": self.capabilities.state_dict(),
+                    "family_baseline": self.family_baseline.state_dict(),
+                },
             )
         )
         self.saved_round = self.round
@@ -254,7 +277,7 @@ class Trainer:
             keep = [
                 g for g in own if not (self.config.learn.drop_zero_advantage and zero_advantage(g.rewards))
             ]
-            if swarm.mixing == "sapo":  # no external groups yet: still at most I local groups
+            if swarm.mixing in ("sapo", *TRANSFER_RULES):  # no external groups yet: still at most I
                 keep = self.mixing_rng.sample(keep, min(swarm.local_groups, len(keep)))
             return keep, []
         if swarm.mixing == "sapo":
@@ -262,6 +285,16 @@ class Trainer:
                 own, external, swarm.local_groups, swarm.external_groups, self.mixing_rng
             )
             return list(local), list(ext)
+        if swarm.mixing in BASELINE_RULES:
+            # learn.transfer: I own groups as SAPO picks them, the J external ones that teach most.
+            local = self.mixing_rng.sample(
+                [g for g in own if not zero_advantage(g.rewards)],
+                min(swarm.local_groups, sum(1 for g in own if not zero_advantage(g.rewards))),
+            )
+            valued = [(g, teaching_value(self._external_advantages(g))) for g in external]
+            return local, select_teaching(valued, swarm.external_groups, self.mixing_rng)
+        if swarm.mixing == "joint":
+            return self._choose_joint(own, external)
         # HACPO: every own group, and up to J external groups whose *joint* group (with ours on the
         # same prompt) can have signal: a peer's all-correct group beside our all-wrong one is
         # exactly the cross-agent signal HACPO uses.
@@ -269,6 +302,46 @@ class Trainer:
         ext_ok = [g for g in external if not zero_advantage(g.rewards) or g.task.id.key() in own_keys]
         ext = self.mixing_rng.sample(ext_ok, min(swarm.external_groups, len(ext_ok)))
         return list(own), ext
+
+    def _external_advantages(self, group: ScoredGroup) -> list[float]:
+        """Advantages of an external group's completions under a baseline rule (learn.transfer)."""
+        baseline = self.family_baseline.rate(family_of(group.task))
+        positive_only = self.config.swarm.mixing == "positive_only"
+        return receiver_advantages(group.rewards, baseline, positive_only=positive_only)
+
+    def _choose_joint(
+        self, own: Sequence[ScoredGroup], external: Sequence[ScoredGroup]
+    ) -> tuple[list[ScoredGroup], list[ScoredGroup]]:
+        """Joint rule (learn.transfer): J external groups among those whose joint rewards (with our
+        groups on the same prompt) are not all equal; our groups on their prompts first among the I."""
+        swarm = self.config.swarm
+        ours: dict[str, list[ScoredGroup]] = {}
+        for g in own:
+            ours.setdefault(g.task.id.key(), []).append(g)
+
+        def joint_rewards(g: ScoredGroup) -> list[float]:
+            return [*g.rewards, *(r for o in ours.get(g.task.id.key(), []) for r in o.rewards)]
+
+        candidates = [g for g in external if not zero_advantage(joint_rewards(g))]
+        ext = self.mixing_rng.sample(candidates, min(swarm.external_groups, len(candidates)))
+        keys = {g.task.id.key() for g in ext}
+        paired = [g for g in own if g.task.id.key() in keys][: swarm.local_groups]
+        rest = [g for g in own if g.task.id.key() not in keys and not zero_advantage(g.rewards)]
+        local = paired + self.mixing_rng.sample(rest, min(swarm.local_groups - len(paired), len(rest)))
+        return local, ext
+
+    def _transfer_advantages(self, local: Sequence[ScoredGroup], ext: Sequence[ScoredGroup]) -> torch.Tensor:
+        """Per-completion advantages for ``[*local, *ext]`` under a learn.transfer rule."""
+        if self.config.swarm.mixing == "joint":
+            groups = [*local, *ext]
+            scale = "group" if self.config.learn.scale_rewards == "batch" else self.config.learn.scale_rewards
+            values = joint_advantages(
+                [g.rewards for g in groups], [g.task.id.key() for g in groups], scale=scale
+            )
+            return torch.tensor([a for row in values for a in row], dtype=torch.float32)
+        foreign = [a for g in ext for a in self._external_advantages(g)]
+        own = self._advantages(local) if local else torch.zeros(0)
+        return torch.cat([own, torch.tensor(foreign, dtype=torch.float32)])
 
     def update_capabilities(self, own: Sequence[ScoredGroup], external: Sequence[ScoredGroup]) -> None:
         """One capability sample per agent per step (ALGORITHMS.md §3.1), each the mean of rewards
@@ -316,6 +389,11 @@ class Trainer:
         """``k`` optimizer steps; returns (mean loss or nan if nothing to learn, own used, external used)."""
         if self.config.swarm.mixing == "hacpo":
             self.update_capabilities(own, external)
+        if self.config.swarm.mixing in BASELINE_RULES:
+            by_family: dict[str, list[float]] = {}
+            for g in own:
+                by_family.setdefault(family_of(g.task), []).extend(g.rewards)
+            self.family_baseline.update(by_family)  # b_f includes this round: our competence now
         local, ext = self.choose_groups(own, external)
         groups = [*local, *ext]  # own samples first (HACPO's official ordering)
         if not groups:
@@ -337,6 +415,8 @@ class Trainer:
             advantages, ratio, is_self, old_mean = self._hacpo_inputs(
                 local, ext, old_logp, prompts, completions
             )
+        elif self.config.swarm.mixing in TRANSFER_RULES and ext:
+            advantages = self._transfer_advantages(local, ext)
         else:
             advantages = self._advantages(groups)
         ref_logp = None

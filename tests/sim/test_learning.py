@@ -102,6 +102,64 @@ def test_unknown_or_invalid_keys_are_refused_by_name() -> None:
     assert [spec.model_of(i).name for i in range(3)] == ["tiny", "s", "tiny"]
 
 
+#: Two families the tiny alphabet writes: 1-digit sums and differences, 1-digit products.
+FAMILIES = [
+    {
+        "name": "chain_sum",
+        "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+        "prompt_format": "compact",
+    },
+    {
+        "name": "products",
+        "config": {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1},
+        "prompt_format": "compact",
+    },
+]
+
+
+@pytest.mark.slow
+def test_specialists_are_warm_started_each_on_its_own_family_and_evaluated_on_every_family(
+    cache: Path, tmp_path: Path
+) -> None:
+    result = run_learning(
+        scenario(cache, datasets=FAMILIES, specialists=True, heldout_size=20, warm_start_steps=150), tmp_path
+    )
+    first, second = result["runs"][0]["agents"]
+    assert (first["warm_family"], second["warm_family"]) == ("chain_sum", "products")
+    for agent in (first, second):
+        curves = agent["heldout_by_family"]
+        assert set(curves) == {"chain_sum", "products"} and set(curves["products"]) == {"0", "2"}
+        for r in ("0", "2"):  # the overall figure is the mean over families
+            assert agent["heldout"][r] == pytest.approx((curves["chain_sum"][r] + curves["products"][r]) / 2)
+    # Each warm start learnt its own family better than the other agent's (150 supervised steps).
+    assert first["heldout_by_family"]["chain_sum"]["0"] > second["heldout_by_family"]["chain_sum"]["0"]
+    assert second["heldout_by_family"]["products"]["0"] > first["heldout_by_family"]["products"]["0"]
+    # Both train on the union, so each admits the other's groups of both families.
+    assert first["admission"] == {"accepted": 2} and second["admission"] == {"accepted": 2}
+    summary = result["summary"]["specialists"]
+    assert summary["own_start"]["mean"] > summary["others_start"]["mean"]
+    assert result["learning"]["datasets"][1]["name"] == "products"
+
+
+def test_configured_datasets_are_checked_by_entry() -> None:
+    spec = parse_learning({"learning": {"datasets": FAMILIES, "specialists": True, "agents": 3}})
+    assert list(spec.families()) == ["chain_sum", "products"]
+    assert [spec.warm_family(i) for i in range(3)] == ["chain_sum", "products", "chain_sum"]
+    assert spec.training_mixture(0).specs[1].name == "products"
+    assert parse_learning({"learning": {"datasets": FAMILIES}}).warm_family(0) is None
+    bad_key = [{**FAMILIES[0], "config": {"max_term": 2}}]
+    with pytest.raises(ConfigError, match=r"learning\.datasets\[0\] \(chain_sum\).*max_term"):
+        parse_learning({"learning": {"datasets": bad_key}})
+    with pytest.raises(ConfigError, match=r"learning\.datasets\[0\] \(no_such_family\)"):
+        parse_learning({"learning": {"datasets": [{"name": "no_such_family"}]}})
+    with pytest.raises(ConfigError, match=r"learning\.datasets\[1\] must be a table"):
+        parse_learning({"learning": {"datasets": [FAMILIES[0], {"name": "products", "wieght": 2}]}})
+    with pytest.raises(ConfigError, match="at least two"):
+        parse_learning({"learning": {"datasets": FAMILIES[:1], "specialists": True}})
+    with pytest.raises(ConfigError, match="not both"):
+        parse_learning({"learning": {"datasets": FAMILIES, "mixture": "default"}})
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread() -> Any:
     threads = torch.get_num_threads()

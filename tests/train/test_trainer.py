@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from pathlib import Path
 
@@ -186,3 +187,47 @@ def test_stale_loss_same_keeps_the_configured_loss_for_stale_groups(
         trainer.policy.version += 3
         trainer.update(groups)
         assert trainer.last_step_stale is False
+
+
+def test_the_receiver_baseline_rule_trains_on_a_peers_all_correct_group_with_r_minus_our_rate(
+    quick_model: Path, tmp_path: Path
+) -> None:
+    # One update of plain GRPO (lr, one step, old = ours: ratio 1) on the chosen rows with the
+    # rule's advantages: the loss is -mean over rows of A_i * mean_t(ratio) = -mean(A).
+    cfg = config(**{"swarm.mixing": "receiver_baseline", "swarm.local_groups": 0, "swarm.external_groups": 1})
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        trainer = make_trainer(quick_model, tmp_path, cfg, ledger)
+        own, _, _ = trainer.generate_groups(1)
+        own = [dataclasses.replace(g, rewards=[1.0, 0.0, 0.0, 0.0]) for g in own]  # we solve 25%
+        demo = relabelled(own[0], [1.0, 1.0, 1.0, 1.0])  # SAPO would drop it: zero advantage
+        wrong = relabelled(own[1], [0.0, 0.0, 0.0, 0.0])  # teaches nothing: never chosen
+        loss, used_own, used_ext = trainer.update(own, [wrong, demo])
+        assert list(trainer.family_baseline.state_dict().values()) == [0.25]  # b_f from own groups
+        assert (used_own, used_ext) == (0, 1)
+        assert trainer.choose_groups(own, [wrong, demo])[1] == [demo]
+        assert loss == pytest.approx(-(1.0 - 0.25), abs=1e-5)
+
+
+def test_the_positive_only_rule_ignores_a_peers_errors_and_joint_needs_our_group_on_the_prompt(
+    quick_model: Path, tmp_path: Path
+) -> None:
+    cfg = config(**{"swarm.mixing": "positive_only", "swarm.local_groups": 0, "swarm.external_groups": 2})
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        trainer = make_trainer(quick_model, tmp_path, cfg, ledger)
+        own, _, _ = trainer.generate_groups(1)
+        own = [dataclasses.replace(g, rewards=[0.0] * 4) for g in own]  # we solve nothing: b_f = 0
+        mixed = relabelled(own[0], [1.0, 0.0, 0.0, 0.0])
+        loss, _, used_ext = trainer.update(own, [mixed])
+        assert used_ext == 1
+        assert loss == pytest.approx(-(1.0 + 0 + 0 + 0) / 4, abs=1e-5)  # errors weigh 0, not -b
+    cfg = config(**{"swarm.mixing": "joint", "swarm.local_groups": 1, "swarm.external_groups": 1})
+    with Ledger(tmp_path / "ledger2.sqlite") as ledger:
+        trainer = make_trainer(quick_model, tmp_path / "j", cfg, ledger)
+        own, _, _ = trainer.generate_groups(1)
+        own = [dataclasses.replace(g, rewards=[0.0] * 4) for g in own]
+        on_our_prompt = relabelled(own[2], [1.0] * 4)
+        local, ext = trainer.choose_groups(own, [on_our_prompt])
+        assert ext == [on_our_prompt] and local == [own[2]]  # the joint group: ours and the peer's
+        loss, used_own, used_ext = trainer.update(own, [on_our_prompt])
+        assert (used_own, used_ext) == (1, 1)
+        assert loss == pytest.approx(0.0, abs=1e-5)  # +a on the peer's rows, -a on ours: mean 0

@@ -1,0 +1,183 @@
+"""Specialists testbed (#14): does a sharing rule teach each node what its peers know?
+
+4 tiny agents, each warm-started on one family the tiny alphabet writes (1-digit additions,
+subtractions, products, 1-decimal sums: ``simulations/scenarios/specialists.toml``), all training
+on the union of the four and answering the same prompts each round, exchanging rollouts through
+the real gossip core and admission (``swarmnode.sim.learning``). Every rule runs on the same
+scenario and seeds: solo (no exchange), SAPO (the paper's rule), HACPO (ALGORITHMS.md §3), and the
+transfer rules of ``swarmnode.learn.transfer`` (joint groups, receiver baseline, positive only).
+Prints, per rule, each specialist's held-out accuracy on its own family and on its peers'
+families (mean over the other three), start -> end, mean and sd over seeds, and plots both over
+rounds.
+
+    python simulations/specialists.py --reduced --jobs 2   # 200 rounds, 1 seed
+    python simulations/specialists.py --jobs 2             # the scenario's 1,000 rounds, 3 seeds
+    python simulations/specialists.py --rules solo,receiver_baseline --rounds 300 --seeds 0
+
+Writes ``simulations/results/specialists/{reduced,full}.json`` and ``.png`` and each rule's
+``learning.json`` under ``{reduced,full}/<rule>/``.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from learning_runs import (
+    ROOT,
+    cpu_per_round,
+    learning_of,
+    load_scenario,
+    parser,
+    read_results,
+    recorded_wall,
+    run_all,
+    run_logged,
+    write_summary,
+)
+
+RESULTS = ROOT / "simulations" / "results" / "specialists"
+#: rule name -> [learning] overrides
+RULES: dict[str, dict[str, Any]] = {
+    "solo": {"mixing": "none", "external_groups": 0},
+    "sapo": {"mixing": "sapo"},
+    "hacpo": {"mixing": "hacpo"},
+    "joint": {"mixing": "joint"},
+    "receiver_baseline": {"mixing": "receiver_baseline"},
+    "positive_only": {"mixing": "positive_only"},
+}
+REDUCED_ROUNDS = 200
+FULL_ROUNDS = 1000
+
+
+def run_rule(rule: str, rounds: int | None, seeds: list[int] | None, out: Path) -> dict[str, Any]:
+    scenario = load_scenario("specialists.toml", rounds, seeds, eval_every=lambda r: max(1, r // 10))
+    scenario["learning"].update(RULES[rule])
+    return run_logged(rule, scenario, out / rule)
+
+
+def curves(result: dict[str, Any]) -> tuple[list[int], list[float], list[float]]:
+    """Rounds evaluated, and the mean over seeds and agents of own-family and peers'-family accuracy."""
+    rounds = sorted(int(r) for r in result["runs"][0]["agents"][0]["heldout"])
+    own, others = [], []
+    for r in rounds:
+        o, x = [], []
+        for run in result["runs"]:
+            for a in run["agents"]:
+                fam = a["heldout_by_family"]
+                o.append(fam[a["warm_family"]][str(r)])
+                x.append(statistics.fmean(fam[f][str(r)] for f in fam if f != a["warm_family"]))
+        own.append(statistics.fmean(o))
+        others.append(statistics.fmean(x))
+    return rounds, own, others
+
+
+def plot(path: Path, results: dict[str, dict[str, Any]], title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for rule, result in results.items():
+        rounds, own, others = curves(result)
+        left.plot(rounds, others, marker=".", label=rule)
+        right.plot(rounds, own, marker=".", label=rule)
+    left.set_title("peers' families (mean of the other three)", fontsize=9)
+    right.set_title("own family (warm-started on)", fontsize=9)
+    for ax in (left, right):
+        ax.set_xlabel("round")
+        ax.grid(alpha=0.3)
+        ax.set_ylim(0, 1.02)
+    left.set_ylabel("greedy held-out accuracy (agents, seeds)")
+    right.legend(title="rule", fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__, reduced_rounds=REDUCED_ROUNDS, full_rounds=FULL_ROUNDS, unit="rules", results=RESULTS)
+    p.add_argument("--rules", default=",".join(RULES), help=f"comma list of: {', '.join(RULES)}")
+    args = p.parse_args(argv)
+    rules = [r for r in args.rules.split(",") if r]
+    unknown = sorted(set(rules) - set(RULES))
+    if unknown:
+        p.error(f"unknown rule(s) {unknown}; known: {', '.join(RULES)}")
+    rounds = args.rounds if args.rounds is not None else (REDUCED_ROUNDS if args.reduced else None)
+    seeds = args.seeds if args.seeds is not None else ([0] if args.reduced else None)
+    kind = "reduced" if args.reduced else "full"
+    results_dir: Path = args.out
+    out = results_dir / kind
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    calls = {rule: (rule, rounds, seeds, out) for rule in rules}
+    by_rule = read_results(out, rules) if args.summarize_only else run_all(run_rule, calls, args.jobs)
+    wall = time.perf_counter() - started
+    learning = learning_of(next(iter(by_rule.values())))
+    agents, n_rounds, run_seeds = learning["agents"], learning["rounds"], learning["seeds"]
+    table = []
+    for rule, result in by_rule.items():
+        s = result["summary"]["specialists"]
+        cpu = cpu_per_round(result)
+        table.append(
+            {
+                "rule": rule,
+                **{k: {"mean": v["mean"], "sd": v["sd"], "per_seed": v["per_seed"]} for k, v in s.items()},
+                "cpu_seconds_per_agent_round": cpu / agents if cpu is not None else None,
+                "seconds": sum(t["seconds"] for t in result["timing"]["runs"]),
+            }
+        )
+    print(
+        f"Specialists on the tiny model ({kind}: {n_rounds} rounds, {agents} agents, "
+        f"seeds {list(run_seeds)}); greedy held-out accuracy, mean ± sd over seeds"
+    )
+    print(
+        "{:>18} {:>30} {:>30} {:>10}".format(
+            "rule", "peers' families start -> end", "own family start -> end", "CPU s/a-r"
+        )
+    )
+    for row in table:
+        peers, own = (
+            f"{row[k + '_start']['mean']:.3f} -> {row[k + '_end']['mean']:.3f} ± {row[k + '_end']['sd']:.3f}"
+            for k in ("others", "own")
+        )
+        cpu = row["cpu_seconds_per_agent_round"]
+        print(f"{row['rule']:>18} {peers:>30} {own:>30} {cpu if cpu is None else round(cpu, 3):>10}")
+    wall, args.jobs = recorded_wall(results_dir / f"{kind}.json", wall, args.jobs, args.summarize_only)
+    print(f"wall {wall:.0f} s with --jobs {args.jobs} on {os.cpu_count()} cores")
+    summary = {
+        "kind": kind,
+        "rounds": n_rounds,
+        "seeds": list(run_seeds),
+        "agents": agents,
+        "families": [
+            label or d["name"] for d, label in zip(learning["datasets"], learning["labels"], strict=True)
+        ],
+        "table": table,
+        "curves": {
+            rule: dict(zip(("rounds", "own", "peers"), curves(r), strict=True)) for rule, r in by_rule.items()
+        },
+        "wall_seconds": wall,
+        "jobs": args.jobs,
+        "cpu_count": os.cpu_count(),
+        "machine": platform.platform(),
+    }
+    write_summary(results_dir, kind, summary, args.json)
+    plot(
+        results_dir / f"{kind}.png",
+        by_rule,
+        f"Specialists ({kind}: {n_rounds} rounds, {agents} agents, {len(run_seeds)} seed(s))",
+    )
+    print(f"wrote {results_dir / (kind + '.json')} and {results_dir / (kind + '.png')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,139 @@
+"""Sharing rules meant to transfer skill between peers: which external groups a node trains on, and
+the advantage each external completion gets.
+
+Owns: the per-family success baseline of the receiver, the receiver-baseline and positive-only
+advantages, teaching-value selection, and the joint-group advantage. Must not: score, tokenize, run
+a model or do I/O (the trainer feeds in rewards our own verifier gave and family keys).
+
+Why (ALGORITHMS.md §10, #14's first probe): a specialist's groups on its own family are mostly all
+correct, so SAPO's zero-advantage filter discards exactly its demonstrations, and GRPO's per-group
+baseline gives an all-correct group advantage 0 even when it is on a family the receiver never gets
+right. What a foreign completion teaches the receiver depends on the *receiver's* competence on
+that prompt's family, not on the sender's other completions.
+
+Rules (``swarm.mixing``; own groups get the usual GRPO advantage in every one, external rows are
+scored under the receiver's own policy as SAPO does: ``pi_old`` is ours, no importance correction
+toward the sender)::
+
+    b_f            = receiver's success rate on family f: EWMA (weight ``alpha``) of the mean reward
+                     its verifier gave its *own* groups of f, one sample per round (``FamilyBaseline``)
+    receiver_baseline:  A(y) = R(y) - b_f                 every external completion
+    positive_only:      A(y) = max(R(y) - b_f, 0)         only foreign successes beyond our own rate
+    joint:              A(y) = (R(y) - mean(R_u)) / (std(R_u) + eps)
+                        over the union u of our completions and the peers' on the same prompt
+                        (the probe's joint groups; HACPO's joint baseline without its ratio band)
+
+``receiver_baseline`` is advantage-weighted regression (Peng et al., arXiv 1910.00177) toward the
+peers' completions with the receiver's own value estimate as the baseline: a correct foreign answer
+on a family we solve 10% of the time gets +0.9, a wrong one -0.1; on a family we solve 95% of the
+time a peer's correct answer gets +0.05 and its error -0.95, which protects our own skill from its
+mistakes. ``positive_only`` drops the negative half (rejection-sampling fine-tuning on foreign
+successes: RAFT, arXiv 2304.06767; ReST, arXiv 2308.08998): a peer's error says little about our
+policy, whose probability of it may be tiny. A family we have never answered has ``b_f = 0``.
+
+Selection (both baseline rules): the J external groups with the largest *teaching value*
+``sum_y max(A(y), 0)`` (ties in a random order from the trainer's rng), among those with value > 0.
+Values come from rewards our verifier gave, so a sender cannot inflate them; what it can do is send
+correct answers on families we are weak at, which is what we want from it.
+
+The joint rule needs the prompts the receiver answered itself (``learning.shared_tasks``, or a
+node that answers the prompts it receives); an external group on a prompt we did not answer keeps
+its own group's advantage, as SAPO. Its J external groups are drawn uniformly among those whose
+joint rewards are not all equal; our groups on the same prompts come first among the I own ones.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Hashable, Mapping, Sequence
+from typing import TypeVar
+
+import torch
+
+from swarmnode.learn.advantages import Scale, group_advantages, zero_advantage
+
+KeyT = TypeVar("KeyT", bound=Hashable)
+T = TypeVar("T")
+
+
+class FamilyBaseline:
+    """The receiver's success rate per task family: an EWMA of its own groups' mean reward.
+
+    Bounded by the number of families in the node's own mixture (only own groups update it)."""
+
+    def __init__(self, alpha: float = 0.1) -> None:
+        if not 0 < alpha <= 1:
+            raise ValueError(f"alpha must be in (0, 1], got {alpha}")
+        self.alpha = alpha
+        self._rate: dict[str, float] = {}
+
+    def update(self, samples: Mapping[str, Sequence[float]]) -> None:
+        """One round's own rewards per family (each family's mean is one EWMA sample)."""
+        for family, rewards in samples.items():
+            if not rewards:
+                continue
+            mean = sum(rewards) / len(rewards)
+            if not math.isfinite(mean):
+                raise ValueError(f"rewards of family {family!r} must be finite")
+            old = self._rate.get(family)
+            self._rate[family] = mean if old is None else (1 - self.alpha) * old + self.alpha * mean
+
+    def rate(self, family: str) -> float:
+        """b_f (0.0 for a family never answered: a foreign success there teaches the most)."""
+        return self._rate.get(family, 0.0)
+
+    def state_dict(self) -> dict[str, float]:
+        return dict(self._rate)
+
+    def load_state_dict(self, state: Mapping[str, float]) -> None:
+        self._rate = {str(k): float(v) for k, v in state.items()}
+
+
+def receiver_advantages(rewards: Sequence[float], baseline: float, *, positive_only: bool) -> list[float]:
+    """A(y) = R(y) - b (or max(R(y) - b, 0)) for each external completion of one group."""
+    if positive_only:
+        return [max(r - baseline, 0.0) for r in rewards]
+    return [r - baseline for r in rewards]
+
+
+def teaching_value(advantages: Sequence[float]) -> float:
+    """How much a group can teach: the sum of its positive advantages."""
+    return sum(a for a in advantages if a > 0)
+
+
+def select_teaching(candidates: Sequence[tuple[T, float]], n: int, rng: random.Random) -> list[T]:
+    """The ``n`` items of largest value (> 0) among ``(item, value)``; ties in ``rng``'s order."""
+    if n < 0:
+        raise ValueError(f"n must be >= 0, got {n}")
+    order = list(range(len(candidates)))
+    rng.shuffle(order)
+    order.sort(key=lambda i: -candidates[i][1])  # stable: equal values keep the shuffled order
+    return [candidates[i][0] for i in order if candidates[i][1] > 0][:n]
+
+
+def joint_advantages(
+    rewards: Sequence[Sequence[float]], keys: Sequence[KeyT], *, scale: Scale = "group", eps: float = 1e-6
+) -> list[list[float]]:
+    """Per group, the advantages of its completions over the union of every group with its key.
+
+    ``rewards[i]`` are group i's rewards, ``keys[i]`` its prompt; groups sharing a key are one
+    joint group (GRPO's normalisation over all their completions); a key of one group is plain GRPO."""
+    if len(rewards) != len(keys):
+        raise ValueError(f"{len(rewards)} groups but {len(keys)} keys")
+    members: dict[KeyT, list[int]] = {}
+    for i, key in enumerate(keys):
+        members.setdefault(key, []).append(i)
+    out: list[list[float]] = [[] for _ in rewards]
+    for indices in members.values():
+        union = [r for i in indices for r in rewards[i]]
+        if zero_advantage(union):
+            values = [0.0] * len(union)
+        else:
+            row = torch.tensor([union], dtype=torch.float32)
+            values = group_advantages(row, scale=scale, eps=eps)[0].tolist()
+        offset = 0
+        for i in indices:
+            out[i] = values[offset : offset + len(rewards[i])]
+            offset += len(rewards[i])
+    return out

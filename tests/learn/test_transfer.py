@@ -1,0 +1,66 @@
+"""The transfer rules (learn.transfer) against hand computations."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from swarmnode.learn.transfer import (
+    FamilyBaseline,
+    joint_advantages,
+    receiver_advantages,
+    select_teaching,
+    teaching_value,
+)
+
+
+def test_the_family_baseline_is_an_ewma_of_own_round_means_and_zero_for_an_unseen_family() -> None:
+    b = FamilyBaseline(alpha=0.5)
+    assert b.rate("products") == 0.0
+    b.update({"products": [1.0, 0.0, 0.0, 0.0], "chain_sum": []})  # first sample: taken as is
+    assert b.rate("products") == 0.25 and b.rate("chain_sum") == 0.0
+    b.update({"products": [1.0, 1.0]})
+    assert b.rate("products") == pytest.approx(0.5 * 0.25 + 0.5 * 1.0)
+    again = FamilyBaseline(alpha=0.5)
+    again.load_state_dict(b.state_dict())
+    assert again.rate("products") == b.rate("products")
+    with pytest.raises(ValueError, match="alpha"):
+        FamilyBaseline(alpha=0.0)
+    with pytest.raises(ValueError, match="finite"):
+        b.update({"x": [float("nan")]})
+
+
+def test_a_foreign_success_on_a_family_we_fail_teaches_much_and_on_one_we_master_little() -> None:
+    # Receiver solves 10% of family f: a peer's right answer +0.9, its wrong one -0.1.
+    assert receiver_advantages([1.0, 0.0], 0.1, positive_only=False) == pytest.approx([0.9, -0.1])
+    # Receiver solves 95%: the peer's right answer +0.05, its error -0.95 (protects our skill).
+    assert receiver_advantages([1.0, 0.0], 0.95, positive_only=False) == pytest.approx([0.05, -0.95])
+    # Positive-only keeps the first half only.
+    assert receiver_advantages([1.0, 0.0], 0.95, positive_only=True) == pytest.approx([0.05, 0.0])
+    # An all-correct group (SAPO drops it: zero advantage) is a demonstration here.
+    assert teaching_value(receiver_advantages([1.0] * 4, 0.25, positive_only=False)) == pytest.approx(3.0)
+
+
+def test_selection_takes_the_groups_that_teach_most_and_never_one_that_teaches_nothing() -> None:
+    rng = random.Random(0)
+    picked = select_teaching([("a", 0.5), ("b", 3.0), ("c", 0.0), ("d", 1.0)], 2, rng)
+    assert picked == ["b", "d"]
+    assert select_teaching([("a", 0.5), ("c", 0.0)], 5, rng) == ["a"]
+    ties = {tuple(select_teaching([(x, 1.0) for x in "abcd"], 2, random.Random(s))) for s in range(20)}
+    assert len(ties) > 1  # ties broken by the rng, not by arrival order
+    with pytest.raises(ValueError):
+        select_teaching([], -1, rng)
+
+
+def test_joint_advantages_normalise_over_every_group_of_a_prompt() -> None:
+    # Ours on prompt p: all wrong (GRPO: 0). The peer's on p: all right. Jointly: mean 0.5,
+    # unbiased std of [0,0,1,1] = sqrt(1/3): ours -0.866, the peer's +0.866.
+    out = joint_advantages([[0.0, 0.0], [1.0, 1.0], [1.0, 0.0]], ["p", "p", "q"], eps=0.0)
+    s = (1 / 3) ** 0.5
+    assert out[0] == pytest.approx([-0.5 / s] * 2)
+    assert out[1] == pytest.approx([0.5 / s] * 2)
+    assert out[2] == pytest.approx([0.5 / 0.5**0.5, -0.5 / 0.5**0.5])  # prompt q alone: plain GRPO
+    assert joint_advantages([[1.0], [1.0]], ["p", "p"]) == [[0.0], [0.0]]  # all equal: no signal
+    with pytest.raises(ValueError):
+        joint_advantages([[1.0]], ["p", "q"])
