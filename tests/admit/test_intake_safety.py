@@ -276,8 +276,12 @@ def test_the_cpu_a_replay_costs_is_charged_to_whoever_delivered_it() -> None:
     # which under load made an equality flaky).
     level = pipeline.cpu.level(ALICE.peer_id)
     assert level is not None and after_first[0] is not None and level >= after_first[0]
-    mallory = pipeline.cpu.level("mallory")
-    assert mallory is not None and mallory < pipeline.config.cpu_initial
+    # The replays are charged to their deliverer. (Not "Mallory's level is below cpu_initial": her
+    # bucket refills with wall time, and under load the refill outran the replays' tiny cost.)
+    assert all(
+        v.charged == "mallory" for v in replays if isinstance(v, Rejected) and v.reason is RejectReason.REPLAY
+    )
+    assert pipeline.cpu.level("mallory") is not None
 
 
 @pytest.mark.parametrize("kind", ["too_old", "stale_policy"])
