@@ -1405,9 +1405,7 @@ class ActivationCore:
         cold start: its weights come before its first delivery, so its D is measured first, and
         silent claims meeting the rule had it dropped as a failed claim before it delivered, again
         after each re-try (red team round 18, search seed 383: 79.8% of the completions)."""
-        tail = modelled_tail(worker.offer, worker.delivery)
-        offer = replace(worker.offer, rate=worker.planned_rate, gen_tail_latency=tail)
-        return exclusion_reason(offer, need) is None
+        return exclusion_reason(self._planned_offer(worker, math.inf), need) is None  # no D excess
 
     def _qualifies(self, worker: _Worker) -> bool:
         need = self._need()  # one pass over the workers for the need's D, not two (every delivery)

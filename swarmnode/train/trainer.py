@@ -287,10 +287,7 @@ class Trainer:
             return list(local), list(ext)
         if swarm.mixing in BASELINE_RULES:
             # learn.transfer: I own groups as SAPO picks them, the J external ones that teach most.
-            local = self.mixing_rng.sample(
-                [g for g in own if not zero_advantage(g.rewards)],
-                min(swarm.local_groups, sum(1 for g in own if not zero_advantage(g.rewards))),
-            )
+            local, _ = select_groups(own, (), swarm.local_groups, 0, self.mixing_rng)
             valued = [(g, teaching_value(self._external_advantages(g))) for g in external]
             return local, select_teaching(valued, swarm.external_groups, self.mixing_rng)
         if swarm.mixing == "joint":
