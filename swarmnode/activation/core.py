@@ -218,6 +218,19 @@ Measured rates and drift
     same way. A measured rate, once adopted, outranks the worker's own advertisement until the worker
     is started over (so a worker measured at 0 stays out of the plan until its re-probe, even if
     it leaves and joins again: Restarts and re-probes).
+    Flap damping (as BGP damps flapping routes): a proven worker whose rate is adopted *down*
+    (measured below the rate the plan counted on, 0 included) is untrusted for
+    ``(first_rollout_timeout + rate_window) * 2 ** (k - 1)`` seconds, k its down-adoptions within the
+    penalty memory (an hour at the default; the hold at most that long): it is on probation, beside
+    the trusted workers and never in place of one, as a worker not yet proven is. The workers its
+    slowdown switched on need up to ``first_rollout_timeout`` for a first delivery and a window to
+    be proven; trusted at once, its recovery dropped them before they delivered, every time (red
+    team round 20: an identity alternating 12/s and 1/s every 45 s held the learner at 53.7% of its
+    completions, honest workers delivering nothing; now 100%). Its recovery is still adopted (the
+    plan counts on what it delivers); when the hold ends ``poll`` re-plans and the plan may use it
+    in place of the others again. A restart, a re-probe or a leave and a join does not lift it. A
+    claim measured below itself before it was proven is not a flap (that is what probation
+    measures) and is not held.
 
 Tail latency
     A worker's ``gen_tail_latency`` is the driver's when the offer carries one; otherwise the core
@@ -280,6 +293,9 @@ TAIL_DELIVERIES = 2.0
 # A worker that left unproven has its penalty remembered this many re-probe intervals (an hour at the
 # default reprobe_seconds), long past the re-probe it could otherwise skip by leaving and joining.
 PENALTY_MEMORY_REPROBES = 60
+# Down-adoptions of a proven worker remembered for flap damping (Measured rates: Flap damping); the
+# hold doubles with each, so a few more than the doublings that reach the penalty memory suffice.
+MAX_DOWN_ADOPTIONS = 16
 
 
 def _positive(prefix: str, name: str, value: float) -> None:
@@ -737,6 +753,7 @@ class ActivationStats:
     probations_passed: int = 0  # probationers whose full window of measurement re-planned (kept or waiting)
     restarts: int = 0  # workers started over because they came back at a new address
     reprobes: int = 0  # workers measured at 0 started over to be measured again
+    flap_holds: int = 0  # proven workers held untrusted after their rate was adopted down (flap damping)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -754,6 +771,7 @@ class WorkerStatus:
     banned_until: float | None
     proven: bool = False  # a full rate window since it joined backs a positive planned rate
     dissemination: float | None = None  # its own D (s), None: not measured (or forgotten)
+    held_until: float | None = None  # untrusted until then by flap damping (None: no hold now)
 
 
 @dataclass(frozen=True)
@@ -793,6 +811,10 @@ class _Worker:
     refunded_at: float | None = None  # when its proof gave its trial token back (until taken back)
     last_refund_at: float | None = None  # its last refund, kept across restarts and rejoins
     place_kept_at: float | None = None  # when a restart or rejoin last kept its join place
+    # Flap damping: when its rate, proven, was adopted down (within the penalty memory), and until
+    # when that keeps it untrusted (None: no hold pending). Kept across restarts, re-probes, rejoins.
+    down_adoptions: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_DOWN_ADOPTIONS))
+    held_until: float | None = None
 
 
 @dataclass(frozen=True)
@@ -806,6 +828,8 @@ class _Penalty:
     joined: int | None = None  # proven when it left: the join place it keeps
     last_refund_at: float | None = None  # its last trial-token refund (one per penalty memory)
     place_kept_at: float | None = None  # when its join place was last kept (once per penalty memory)
+    down_adoptions: tuple[float, ...] = ()  # flap damping (``_Worker``)
+    held_until: float | None = None
 
 
 class ActivationCore:
@@ -889,6 +913,7 @@ class ActivationCore:
                 banned_until=self._banned_until(peer, now),
                 proven=self._proven(w),
                 dissemination=w.dissemination,
+                held_until=w.held_until if self._held(w) else None,
             )
             for peer, w in sorted(self._workers.items())
         )
@@ -959,6 +984,7 @@ class ActivationCore:
         if self._short_of_trials and self._free_trials() >= 1:
             actions += self._replan(now, "a trial is free: the next waiting worker is tried")
         actions += self._reprobe(now)
+        actions += self._release_holds(now)
         actions += self._forget_dissemination(now)
         actions += self._check_drift(now)
         actions += self._renew(now)
@@ -977,6 +1003,7 @@ class ActivationCore:
             if w.drift_since is not None:
                 deadlines.append(w.drift_since + self.config.drift_hold)
         deadlines += [due for w in self._workers.values() if (due := self._reprobe_due(w)) is not None]
+        deadlines += [w.held_until for w in self._workers.values() if w.held_until is not None]
         deadlines += [
             w.dissemination_at + self.config.reprobe_seconds
             for w in self._workers.values()
@@ -1007,6 +1034,7 @@ class ActivationCore:
                     reprobes=penalty.reprobes,
                     joined=self._next_join(),
                 )
+                self._carry_hold(self._workers[offer.peer], penalty.down_adoptions, penalty.held_until)
                 return []
             reprobes = 0 if penalty is None else penalty.reprobes
             joined = (
@@ -1020,6 +1048,8 @@ class ActivationCore:
                 last_refund_at=None if penalty is None else penalty.last_refund_at,
                 place_kept_at=None if penalty is None else penalty.place_kept_at,
             )
+            if penalty is not None:
+                self._carry_hold(self._workers[offer.peer], penalty.down_adoptions, penalty.held_until)
             return self._replan(now, f"worker joined: {offer.peer}")
         old = worker.offer
         if old.address and offer.address and old.address != offer.address:
@@ -1047,6 +1077,7 @@ class ActivationCore:
                 joined=worker.joined if keeps else None,
                 last_refund_at=worker.last_refund_at,
                 place_kept_at=now if keeps else worker.place_kept_at,
+                hold=worker,
             )
         worker.offer = offer
         need = self._need()
@@ -1192,9 +1223,11 @@ class ActivationCore:
         joined: int | None = None,
         last_refund_at: float | None = None,
         place_kept_at: float | None = None,
+        hold: _Worker | None = None,
     ) -> list[ActivationAction]:
         """Forget what was measured of ``offer.peer`` and take ``offer`` afresh: a leave, then a join
-        (module docstring, Restarts and re-probes); ``delivery`` and ``reprobes`` are kept."""
+        (module docstring, Restarts and re-probes); ``delivery`` and ``reprobes`` are kept, and
+        ``hold``'s flap damping (a new run must not lift it)."""
         peer = offer.peer
         old = self._workers.pop(peer)
         mattered = old.active or any(e.peer == peer for e in self._plan.excluded)
@@ -1209,6 +1242,8 @@ class ActivationCore:
             last_refund_at=last_refund_at,
             place_kept_at=place_kept_at,
         )
+        if hold is not None:
+            self._carry_hold(self._workers[peer], hold.down_adoptions, hold.held_until)
         return actions + self._replan(now, f"{cause}, measuring it afresh: {peer}")
 
     def _trial_places(self, wanted: int) -> int:
@@ -1282,10 +1317,12 @@ class ActivationCore:
                 joined=worker.joined if keeps else None,
                 last_refund_at=worker.last_refund_at,
                 place_kept_at=now if keeps else worker.place_kept_at,
+                down_adoptions=tuple(worker.down_adoptions),
+                held_until=worker.held_until,
             )
         else:
             tried = worker.activated_at > -math.inf and worker.zeroed_at is None
-            if worker.zeroed_at is None and not tried and not worker.reprobes:
+            if worker.zeroed_at is None and not tried and not worker.reprobes and not worker.down_adoptions:
                 return  # never tried: nothing to remember
             penalty = _Penalty(
                 now,
@@ -1293,6 +1330,8 @@ class ActivationCore:
                 worker.reprobes + int(tried),
                 last_refund_at=worker.last_refund_at,
                 place_kept_at=worker.place_kept_at,
+                down_adoptions=tuple(worker.down_adoptions),
+                held_until=worker.held_until,
             )
         self._penalties.pop(peer, None)  # re-inserted: the newest last
         self._penalties[peer] = penalty
@@ -1318,6 +1357,42 @@ class ActivationCore:
 
     def _penalty_memory(self) -> float:
         return PENALTY_MEMORY_REPROBES * self.config.reprobe_seconds
+
+    def _note_down_adoption(self, worker: _Worker, now: float) -> None:
+        """Flap damping (module docstring, Measured rates): a proven worker whose rate is adopted
+        down is untrusted for ``(first_rollout_timeout + rate_window) * 2 ** (k - 1)`` seconds, k its
+        down-adoptions within the penalty memory (the hold capped at that memory). The workers its
+        slowdown switched on need up to ``first_rollout_timeout`` to deliver and a window to be
+        proven: trusted again sooner, its recovery dropped them before their first delivery, and
+        an identity alternating real output and a trickle kept the learner at 53.7% of its
+        completions with honest workers delivering nothing (red team round 20)."""
+        memory = self._penalty_memory()
+        down = worker.down_adoptions
+        while down and down[0] <= now - memory:
+            down.popleft()
+        down.append(now)
+        base = self.config.first_rollout_timeout + self.config.rate_window
+        hold = min(base * 2.0 ** min(len(down) - 1, MAX_DOWN_ADOPTIONS), memory)
+        worker.held_until = max(worker.held_until or -math.inf, now + hold)
+        self.stats.flap_holds += 1
+
+    def _carry_hold(self, worker: _Worker, down: Iterable[float], held_until: float | None) -> None:
+        """A restart, re-probe or rejoin lifts no flap damping: ``worker`` takes it over."""
+        worker.down_adoptions.extend(down)
+        worker.held_until = held_until
+
+    def _release_holds(self, now: float) -> list[ActivationAction]:
+        """Holds that ended: the worker is trusted again, and the plan, which it was beside on
+        probation, may now use it in place of others (as when a probationer is proven)."""
+        released = [
+            peer for peer, w in self._workers.items() if w.held_until is not None and w.held_until <= now
+        ]
+        for peer in released:
+            self._workers[peer].held_until = None
+        bent = self._plan.kept or self._plan.waiting or self._plan.probation
+        if not any(self._proven(self._workers[p]) for p in released) or not bent:
+            return []
+        return self._replan(now, "flap damping over, trusted again: " + ", ".join(released))
 
     def _reprobe_due(self, worker: _Worker) -> float | None:
         """When ``worker`` gets a new chance (None: it needs none, or advertises no rate)."""
@@ -1367,6 +1442,7 @@ class ActivationCore:
                 reprobes=worker.reprobes + 1,
                 last_refund_at=worker.last_refund_at,
                 place_kept_at=worker.place_kept_at,
+                hold=worker,
             )
         return actions
 
@@ -1422,10 +1498,14 @@ class ActivationCore:
         measured just outside ``S * T``, replaced it and was measured there again before its first
         delivery: two swapped places every ~100 s (red team round 18: 25,740 completions of
         36,000). A fresh identity delivering its claim but announcing its weights late was proven
-        before its D came in and displaced the proven workers each time (round 19: 52.8%)."""
-        if not self._proven(worker):
+        before its D came in and displaced the proven workers each time (round 19: 52.8%). And not
+        held by flap damping (``_note_down_adoption``)."""
+        if not self._proven(worker) or self._held(worker):
             return False
         return worker.dissemination is not None or not self._peer_dissemination_seen
+
+    def _held(self, worker: _Worker) -> bool:
+        return worker.held_until is not None and worker.held_until > self._now
 
     def _plan_among(
         self, eligible: list[WorkerOffer], need: Need, *, count_fallback: bool = False, all_on: bool = False
@@ -1873,6 +1953,8 @@ class ActivationCore:
                 worker.drift_since = now
             if now - worker.drift_since >= self.config.drift_hold:
                 adopted.append(f"{peer} measured {measured:.4g}/s, planned {worker.planned_rate:.4g}/s")
+                if worker.backed and measured < worker.planned_rate:
+                    self._note_down_adoption(worker, now)
                 worker.planned_rate = measured
                 worker.measured_adopted = True
                 worker.zeroed_at = now if measured <= 0 else None

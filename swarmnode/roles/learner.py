@@ -211,6 +211,7 @@ class LearnerNode:
 
     def status(self) -> dict[str, Any]:
         plan = self.activation.plan
+        workers = self.activation.status(time.time()).workers
         busy, wait = self.busy_seconds, self.wait_seconds
         return {
             "name": self.config.node.name,
@@ -231,10 +232,10 @@ class LearnerNode:
             # each worker's own D, which the plan adds beyond that to the worker's tail.
             "dissemination_s": self.activation.dissemination,
             "worker_dissemination_s": {
-                w.peer: w.dissemination
-                for w in self.activation.status(time.time()).workers
-                if w.dissemination is not None
+                w.peer: w.dissemination for w in workers if w.dissemination is not None
             },
+            # Proven workers untrusted (on probation beside the others) after their rate fell.
+            "worker_held_until": {w.peer: w.held_until for w in workers if w.held_until is not None},
             # The core's counters: re-plans, re-probes, restarts, renewals, ...
             "activation": self.activation.stats.as_dict(),
             "control_queue": self.outbox.qsize(),

@@ -111,10 +111,10 @@ def test_a_claim_delivering_less_than_the_margin_absorbs_does_not_cover_the_need
     assert simulate("fast3", program).useful >= 0.95 * control("fast3").useful
 
 
-@pytest.mark.xfail(strict=True, reason="red team round 20, A: open (README, Known limits)")
 def test_a_proven_identity_alternating_between_real_output_and_a_trickle_does_not_starve_it() -> None:
-    # Each slowdown is adopted and switches the honest workers on; each recovery, adopted 30 s
-    # later, drops them before their first delivery (60-90 s): 53.7% of the completions.
+    # Round 20, A: each slowdown was adopted and switched the honest workers on; each recovery,
+    # adopted 30 s later, dropped them before their first delivery (60-90 s): 53.7% of the
+    # completions, honest workers 0. Flap damping keeps it untrusted until they are proven.
     program: list[Move] = [(0, "join", 0, 12.0, 0.0, None), (0, "late", 0, 1.0)]
     for t in range(0, 3600, 90):
         program += [(t, "deliver", 0, ("real", 12.0)), (t + 45, "deliver", 0, ("real", 1.0))]

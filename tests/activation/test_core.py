@@ -748,6 +748,104 @@ def test_max_probation_is_validated() -> None:
     assert config().max_probation == 4
 
 
+# --- flap damping: a proven worker whose rate fell is on probation again (red team round 20) ------
+# rate_window 1 s (one delivery a second: its count is the rate), drift_hold 10 s, first_rollout_timeout
+# 120 s: the hold is 121 s, doubling with each further drop within the penalty memory (an hour).
+FLAPPER = WorkerOffer("f", rate=12.0, price=0.0, address="run1")  # covers the 11/s need alone
+H1, H2 = WorkerOffer("h1", rate=6.0, price=1.0), WorkerOffer("h2", rate=6.0, price=1.0)
+
+
+def deliver(core: ActivationCore, rates: dict[str, int], start: int, stop: int) -> list:  # type: ignore[type-arg]
+    """Each peer in ``rates`` delivers its count every second of [start, stop)."""
+    actions = []
+    for t in range(start, stop):
+        for peer, count in rates.items():
+            actions += core.handle(RolloutsReceived(peer, count), float(t))
+    return actions
+
+
+def held_until(core: ActivationCore, peer: str, now: float) -> float | None:
+    return next(w.held_until for w in core.status(now).workers if w.peer == peer)
+
+
+def flapped_once() -> ActivationCore:
+    """f is proven at 12/s (at 2), trickles 1/s from 41: the drop is adopted at 51 (held until 172)
+    and h1 and h2 are switched on in its place."""
+    core = ActivationCore(config(rate_window=1.0))
+    joined(core, FLAPPER, H1, H2)
+    assert core.active() == ("f",)
+    deliver(core, {"f": 12}, 1, 41)
+    assert core.status(40.0).workers[0].proven
+    drop = deliver(core, {"f": 1}, 41, 52)
+    assert [a for a in moves(drop) if not isinstance(a, Activate) or a.peer != "f"] == [
+        Activate("h1", 6.0, 60),
+        Activate("h2", 6.0, 60),
+    ]
+    assert held_until(core, "f", 51.0) == 51.0 + 121.0 and core.stats.flap_holds == 1
+    return core
+
+
+def test_a_proven_workers_recovery_does_not_drop_the_workers_its_slowdown_switched_on_too_soon() -> None:
+    # Without the hold, f's recovery (adopted at 62) made it the plan alone again and h1 and h2
+    # were dropped before their first delivery, at every slowdown: 53.7% of the completions.
+    core = flapped_once()
+    recovery = deliver(core, {"f": 12}, 52, 70)
+    assert not any(isinstance(a, Deactivate) for a in recovery)
+    assert core.plan.rate_of("f") == 12.0 and set(core.active()) == {"f", "h1", "h2"}
+    assert {k.peer for k in core.plan.kept} == {"h1", "h2"}  # on trial until they are judged
+    # h1 and h2 deliver from 70 and are proven at 71: they are the trusted set, f on probation
+    # beside them (it is cheaper, so the plan would use it), not in place of them.
+    deliver(core, {"f": 12, "h1": 6, "h2": 6}, 70, 172)
+    assert core.plan.probation == ("f",) and set(core.active()) == {"f", "h1", "h2"}
+    assert [k.reason for k in core.plan.kept] == ["kept: proven, while f is on probation"] * 2
+    # The hold ends at 172 (a deadline of poll's): f is trusted again and the plan uses it alone.
+    assert core.next_deadline() is not None and core.next_deadline() <= 172.0  # type: ignore[operator]
+    actions = core.poll(172.0)
+    assert [a for a in actions if isinstance(a, Deactivate)] == [
+        Deactivate("h1", "not needed: cheaper workers cover the need"),
+        Deactivate("h2", "not needed: cheaper workers cover the need"),
+    ]
+    assert [a.cause for a in actions if isinstance(a, PlanChanged)] == ["flap damping over, trusted again: f"]
+    assert held_until(core, "f", 172.0) is None
+
+
+def test_each_further_drop_within_the_penalty_memory_doubles_the_hold() -> None:
+    core = flapped_once()
+    deliver(core, {"f": 12, "h1": 6, "h2": 6}, 52, 172)
+    core.poll(172.0)
+    deliver(core, {"f": 12}, 172, 200)
+    deliver(core, {"f": 1}, 200, 211)  # adopted at 210: the second drop
+    assert held_until(core, "f", 210.0) == 210.0 + 2 * 121.0 and core.stats.flap_holds == 2
+    deliver(core, {"f": 12}, 211, 300)  # its recovery is adopted (at 221), the hold stays
+    assert core.plan.rate_of("f") == 12.0 and held_until(core, "f", 299.0) == 452.0
+    deliver(core, {"f": 1}, 300, 311)  # adopted at 310: the third drop
+    assert held_until(core, "f", 310.0) == 310.0 + 4 * 121.0 and core.stats.flap_holds == 3
+
+
+def test_a_restart_or_a_leave_and_a_join_does_not_lift_the_hold() -> None:
+    core = flapped_once()
+    core.handle(WorkerJoined(replace(FLAPPER, address="run2")), 55.0)  # a new run of f
+    assert core.stats.restarts == 1 and held_until(core, "f", 55.0) == 172.0
+    core.handle(WorkerLeft("f"), 56.0)
+    core.handle(WorkerJoined(replace(FLAPPER, address="run3")), 57.0)
+    assert held_until(core, "f", 57.0) == 172.0
+    # Proven again by 60 on its new run, it is still on probation beside h1 and h2, never in place
+    # of them: h1 and h2 are kept until they are judged.
+    actions = deliver(core, {"f": 12}, 58, 70)
+    assert core.status(69.0).workers[0].proven and not any(isinstance(a, Deactivate) for a in actions)
+    assert set(core.active()) == {"f", "h1", "h2"}
+
+
+def test_a_claim_measured_below_it_before_it_was_proven_is_not_held() -> None:
+    # Adopting a first measurement below an unproven claim is what probation is for: the worker
+    # is proven at what it delivers, with no hold (an honest worker that over-estimated its rate).
+    core = ActivationCore(config(rate_window=1.0))
+    joined(core, FLAPPER)
+    deliver(core, {"f": 8}, 1, 13)
+    assert core.plan.rate_of("f") == 8.0 and core.status(12.0).workers[0].proven
+    assert held_until(core, "f", 12.0) is None and core.stats.flap_holds == 0
+
+
 # --- re-probes, restarts, tail latency (the rules the learner used to keep) ------------------------
 
 
