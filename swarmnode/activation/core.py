@@ -218,19 +218,21 @@ Measured rates and drift
     same way. A measured rate, once adopted, outranks the worker's own advertisement until the worker
     is started over (so a worker measured at 0 stays out of the plan until its re-probe, even if
     it leaves and joins again: Restarts and re-probes).
-    Flap damping (as BGP damps flapping routes): a proven worker whose rate is adopted *down*
-    (measured below the rate the plan counted on, 0 included) is untrusted for
-    ``(first_rollout_timeout + rate_window) * 2 ** (k - 1)`` seconds, k its down-adoptions within the
-    penalty memory (an hour at the default; the hold at most that long): it is on probation, beside
-    the trusted workers and never in place of one, as a worker not yet proven is. The workers its
-    slowdown switched on need up to ``first_rollout_timeout`` for a first delivery and a window to
-    be proven; trusted at once, its recovery dropped them before they delivered, every time (red
-    team round 20: an identity alternating 12/s and 1/s every 45 s held the learner at 53.7% of its
-    completions, honest workers delivering nothing; now 100%). Its recovery is still adopted (the
-    plan counts on what it delivers); when the hold ends ``poll`` re-plans and the plan may use it
-    in place of the others again. A restart, a re-probe or a leave and a join does not lift it. A
-    claim measured below itself before it was proven is not a flap (that is what probation
-    measures) and is not held.
+    Flap damping (as BGP damps flapping routes, RFC 2439): a proven worker whose rate is adopted
+    *down* (measured below the rate the plan counted on, 0 included) for the k-th time within the
+    penalty memory (an hour at the default), k >= 2, is untrusted for
+    ``(first_rollout_timeout + rate_window) * 2 ** (k - 2)`` seconds (at most the penalty memory):
+    it is on probation, beside the trusted workers and never in place of one, as a worker not yet
+    proven is. The workers its slowdown switched on need up to ``first_rollout_timeout`` for a first
+    delivery and a window to be proven; trusted at once, its recovery dropped them before they
+    delivered, every time (red team round 20: an identity alternating 12/s and 1/s every 45 s held
+    the learner at 53.7% of its completions, honest workers delivering nothing; now 100%). Its
+    recovery is still adopted (the plan counts on what it delivers); when the hold ends ``poll``
+    re-plans and the plan may use it in place of the others again. One drop is not a flap: honest
+    workers whose measured rate wanders near the drift band drop now and then, and holding them
+    from the first drop cost an honest swarm 12% more per step (``activation_policies``: 0.699
+    instead of 0.623). A restart, a re-probe or a leave and a join does not lift a hold. A claim
+    measured below itself before it was proven is not a drop (that is what probation measures).
 
 Tail latency
     A worker's ``gen_tail_latency`` is the driver's when the offer carries one; otherwise the core
@@ -296,6 +298,10 @@ PENALTY_MEMORY_REPROBES = 60
 # Down-adoptions of a proven worker remembered for flap damping (Measured rates: Flap damping); the
 # hold doubles with each, so a few more than the doublings that reach the penalty memory suffice.
 MAX_DOWN_ADOPTIONS = 16
+# A hold starts with the second drop within the penalty memory (as BGP route-flap damping
+# suppresses a route once its penalty passes two flaps' worth): one slowdown is not a flap, and
+# honest workers whose measured rate wanders near the drift band drop now and then.
+FLAP_SUPPRESS = 2
 
 
 def _positive(prefix: str, name: str, value: float) -> None:
@@ -753,7 +759,7 @@ class ActivationStats:
     probations_passed: int = 0  # probationers whose full window of measurement re-planned (kept or waiting)
     restarts: int = 0  # workers started over because they came back at a new address
     reprobes: int = 0  # workers measured at 0 started over to be measured again
-    flap_holds: int = 0  # proven workers held untrusted after their rate was adopted down (flap damping)
+    flap_holds: int = 0  # holds of proven workers whose rate kept falling (flap damping)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -1360,19 +1366,22 @@ class ActivationCore:
 
     def _note_down_adoption(self, worker: _Worker, now: float) -> None:
         """Flap damping (module docstring, Measured rates): a proven worker whose rate is adopted
-        down is untrusted for ``(first_rollout_timeout + rate_window) * 2 ** (k - 1)`` seconds, k its
-        down-adoptions within the penalty memory (the hold capped at that memory). The workers its
-        slowdown switched on need up to ``first_rollout_timeout`` to deliver and a window to be
-        proven: trusted again sooner, its recovery dropped them before their first delivery, and
-        an identity alternating real output and a trickle kept the learner at 53.7% of its
-        completions with honest workers delivering nothing (red team round 20)."""
+        down for the k-th time within the penalty memory, k >= ``FLAP_SUPPRESS``, is untrusted for
+        ``(first_rollout_timeout + rate_window) * 2 ** (k - FLAP_SUPPRESS)`` seconds (capped at that
+        memory). The workers its slowdown switched on need up to ``first_rollout_timeout`` to
+        deliver and a window to be proven: trusted again sooner, its recovery dropped them before
+        their first delivery, and an identity alternating real output and a trickle kept the
+        learner at 53.7% of its completions with honest workers delivering nothing (red team
+        round 20)."""
         memory = self._penalty_memory()
         down = worker.down_adoptions
         while down and down[0] <= now - memory:
             down.popleft()
         down.append(now)
+        if len(down) < FLAP_SUPPRESS:
+            return
         base = self.config.first_rollout_timeout + self.config.rate_window
-        hold = min(base * 2.0 ** min(len(down) - 1, MAX_DOWN_ADOPTIONS), memory)
+        hold = min(base * 2.0 ** min(len(down) - FLAP_SUPPRESS, MAX_DOWN_ADOPTIONS), memory)
         worker.held_until = max(worker.held_until or -math.inf, now + hold)
         self.stats.flap_holds += 1
 
