@@ -233,6 +233,17 @@ Measured rates and drift
     from the first drop cost an honest swarm 12% more per step (``activation_policies``: 0.699
     instead of 0.623). A restart, a re-probe or a leave and a join does not lift a hold. A claim
     measured below itself before it was proven is not a drop (that is what probation measures).
+    A proven worker that leaves or restarts while falling short of its planned rate (a drift not
+    yet adopted) dropped all the same, and its claim failed (cold starts hedge from then on).
+    The new-trust hold damps the role, not the identity, since fresh identities are free: a worker
+    just proven is trusted ``(first_rollout_timeout + rate_window) * 2 ** j`` seconds later (at most
+    the penalty memory), j the drops of proven workers, any of them, within the penalty memory;
+    until then it is on probation beside the trusted workers (``trust_hold``, on by default).
+    Trusted one window after its first delivery, a fresh identity displaced the honest workers,
+    stalled, and left before its stall was adopted, and the next one did the same (red team round
+    21: 42.7% of the completions in every world, honest workers never tried; with one fresh
+    identity per slowdown, 72.8%; now 100% and 100%). A cheaper honest newcomer replaces dearer
+    workers that much later: the learner pays for them meanwhile, and loses no rollouts.
 
 Tail latency
     A worker's ``gen_tail_latency`` is the driver's when the offer carries one; otherwise the core
@@ -302,6 +313,9 @@ MAX_DOWN_ADOPTIONS = 16
 # suppresses a route once its penalty passes two flaps' worth): one slowdown is not a flap, and
 # honest workers whose measured rate wanders near the drift band drop now and then.
 FLAP_SUPPRESS = 2
+# Learner-wide drops remembered (the newest): the new-trust hold doubles with each, so a few more
+# than the doublings that reach the penalty memory suffice; bounded whatever the churn.
+MAX_LEARNER_DROPS = 64
 
 
 def _positive(prefix: str, name: str, value: float) -> None:
@@ -598,6 +612,9 @@ class ActivationConfig:
     max_probation: int = 4
     # A worker measured at 0 is started over at most this often (module docstring, Restarts and re-probes).
     reprobe_seconds: float = 60.0
+    # A worker just proven is trusted (may displace others) only after the new-trust hold (module
+    # docstring, Measured rates: Flap damping). False only to state the other rules without it.
+    trust_hold: bool = True
 
     def __post_init__(self) -> None:
         p = "activation"
@@ -626,6 +643,8 @@ class ActivationConfig:
         _integer(p, "max_samples_per_worker", self.max_samples_per_worker, 2)
         _integer(p, "max_probation", self.max_probation, 1, self.max_workers)
         _positive(p, "reprobe_seconds", self.reprobe_seconds)
+        if not isinstance(self.trust_hold, bool):
+            raise ConfigError(f"activation.trust_hold must be true or false, got {self.trust_hold!r}")
         if self.policy not in ("planner", "all"):
             raise ConfigError(f"activation.policy must be 'planner' or 'all', got {self.policy!r}")
 
@@ -854,6 +873,10 @@ class ActivationCore:
         # it was proven (cold starts hedge from then on).
         self._claim_failed = False
         self._joins = 0  # how many _Worker records were made: each one's ``joined``
+        # When proven workers, any of them, dropped (adopted down, or left or restarted while
+        # falling short) within the penalty memory: the hold on a new proof doubles with each
+        # (flap damping of the role, not the identity: fresh identities are free).
+        self._drops: deque[float] = deque(maxlen=MAX_LEARNER_DROPS)
         # Trials started while trials are limited (a proven worker exists, or a claim failed): at
         # most max_probation per first_rollout_timeout, each an Activate and a weight fetch
         # (module docstring, Probation; red team round 10, R10-3).
@@ -1309,6 +1332,18 @@ class ActivationCore:
         otherwise never arm the cold-start hedge (red team R9-1)."""
         if worker.active and not self._proven(worker):
             self._claim_failed = True
+        if worker.active and self._proven(worker):
+            measured = self._measured_rate(worker, self._now)
+            falling = measured is not None and measured < worker.planned_rate
+            if falling and self._rate_drifts(measured, worker.planned_rate):  # type: ignore[arg-type]
+                # It left or restarted while falling short, before the drop could be adopted: a
+                # drop all the same, and a failed claim (red team round 21: a fresh identity each
+                # time, leaving just before its silence was adopted, was never damped and the
+                # cold start never tried anyone else: 42.7% of the completions).
+                self._claim_failed = True
+                self._note_down_adoption(worker, self._now)
+            elif self._held(worker):
+                self._claim_failed = True
 
     def _remember(self, peer: PeerId, worker: _Worker, now: float) -> None:
         """Keep what ``worker`` earned unproven (a measured 0, its re-tries) past its leave; and a
@@ -1374,6 +1409,7 @@ class ActivationCore:
         learner at 53.7% of its completions with honest workers delivering nothing (red team
         round 20)."""
         memory = self._penalty_memory()
+        self._drops.append(now)
         down = worker.down_adoptions
         while down and down[0] <= now - memory:
             down.popleft()
@@ -1384,6 +1420,24 @@ class ActivationCore:
         hold = min(base * 2.0 ** min(len(down) - FLAP_SUPPRESS, MAX_DOWN_ADOPTIONS), memory)
         worker.held_until = max(worker.held_until or -math.inf, now + hold)
         self.stats.flap_holds += 1
+
+    def _hold_new_trust(self, worker: _Worker, now: float) -> None:
+        """A worker just proven is trusted ``(first_rollout_timeout + rate_window) * 2 ** j`` seconds
+        later, j the drops of proven workers within the penalty memory (the hold capped at that
+        memory): until then it is on probation beside the trusted workers, never in place of one.
+        The workers it would displace take up to ``first_rollout_timeout`` to deliver again and a
+        window to be proven; a fresh identity trusted one window after its first delivery displaced
+        them, stalled and left, and the next one did the same (red team round 21: 42.7-48.9% of the
+        completions, honest workers delivering nothing). Fresh identities are free, so the hold
+        grows with the drops of the role, whoever made them."""
+        if not self.config.trust_hold:
+            return
+        memory = self._penalty_memory()
+        while self._drops and self._drops[0] <= now - memory:
+            self._drops.popleft()
+        base = self.config.first_rollout_timeout + self.config.rate_window
+        hold = min(base * 2.0 ** min(len(self._drops), MAX_LEARNER_DROPS), memory)
+        worker.held_until = max(worker.held_until or -math.inf, now + hold)
 
     def _carry_hold(self, worker: _Worker, down: Iterable[float], held_until: float | None) -> None:
         """A restart, re-probe or rejoin lifts no flap damping: ``worker`` takes it over."""
@@ -1957,6 +2011,7 @@ class ActivationCore:
                     worker.backed = True  # a full window shows what the plan counts on: proven
                     backed.append(peer)
                     self._trial_passed(worker, now)
+                    self._hold_new_trust(worker, now)
                 continue
             if worker.drift_since is None:
                 worker.drift_since = now
@@ -1974,6 +2029,7 @@ class ActivationCore:
                     worker.backed = True  # the plan now counts on what it measured: proven
                     backed.append(peer)
                     self._trial_passed(worker, now)
+                    self._hold_new_trust(worker, now)
         # Proving a probationer changes the plan only where the probation rule bent it: proven
         # workers kept, others waiting, or probationers the proven ones may now make unneeded.
         passed = bool(backed) and bool(self._plan.kept or self._plan.waiting or self._plan.probation)

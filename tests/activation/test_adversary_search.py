@@ -130,3 +130,28 @@ def test_random_programs_keep_the_learner_fed(seed: int) -> None:
 @pytest.mark.parametrize("seed", range(6, 406))
 def test_random_programs_keep_the_learner_fed_search(seed: int) -> None:
     check(*random_program(seed))
+
+
+def rotation(period: int, real: int) -> list[Move]:
+    """One slot: a fresh price-0 identity every ``period`` s, delivering 12/s for ``real`` s, then
+    nothing (red team round 21)."""
+    program: list[Move] = [(0, "join", 0, 12.0, 0.0, None)]
+    for t in range(0, 3600, period):
+        program += [(t, "fresh", 0)] if t else []
+        program += [(t, "deliver", 0, ("real", 12.0)), (t + real, "deliver", 0, ("none",))]
+    return program
+
+
+def test_fresh_identities_stalling_just_before_their_drop_is_adopted_do_not_starve_the_learner() -> None:
+    # Round 21, F1: each proven identity was trusted at once, stalled after 38 s and was replaced
+    # before its silence was adopted; no drop was ever recorded and the cold start never tried
+    # the honest workers: 42.7% of the completions in every world, honest workers 0.
+    for world in ("fast2", "first60"):
+        outcome = check(world, rotation(70, 38))
+        assert outcome.useful >= 0.95 * control(world).useful and outcome.honest > 0
+
+
+def test_one_fresh_identity_per_slowdown_does_not_escape_flap_damping() -> None:
+    # Round 21, F2: damping was per identity, so each fresh one started undamped: 72.8%.
+    outcome = check("first60", rotation(250, 190))
+    assert outcome.useful >= 0.95 * control("first60").useful
