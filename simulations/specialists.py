@@ -5,7 +5,8 @@ subtractions, products, 1-decimal sums: ``simulations/scenarios/specialists.toml
 on the union of the four and answering the same prompts each round, exchanging rollouts through
 the real gossip core and admission (``swarmnode.sim.learning``). Every rule runs on the same
 scenario and seeds: solo (no exchange), SAPO (the paper's rule), HACPO (ALGORITHMS.md §3), and the
-transfer rules of ``swarmnode.learn.transfer`` (joint groups, receiver baseline, positive only).
+transfer rules of ``swarmnode.learn.transfer`` (joint groups, receiver baseline, positive only,
+and anchored: receiver baseline plus a replay of our own successes).
 Prints, per rule, each specialist's held-out accuracy on its own family and on its peers'
 families (mean over the other three), start -> end, mean and sd over seeds, and plots both over
 rounds.
@@ -50,6 +51,7 @@ RULES: dict[str, dict[str, Any]] = {
     "joint": {"mixing": "joint"},
     "receiver_baseline": {"mixing": "receiver_baseline"},
     "positive_only": {"mixing": "positive_only"},
+    "anchored": {"mixing": "anchored"},
 }
 REDUCED_ROUNDS = 200
 FULL_ROUNDS = 1000

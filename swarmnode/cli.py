@@ -250,7 +250,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=float, default=3.0, help="how long to run (default 3)")
     p.add_argument(
         "--mixing",
-        choices=["none", "sapo", "hacpo", "joint", "receiver_baseline", "positive_only"],
+        choices=[
+            "none",
+            "sapo",
+            "hacpo",
+            "joint",
+            "receiver_baseline",
+            "positive_only",
+            "anchored",
+        ],
         default="sapo",
         help="how nodes use each other's groups (swarm.mixing; default sapo)",
     )

@@ -38,6 +38,8 @@ from swarmnode.learn.hacpo import (
 from swarmnode.learn.m2po import m2po_loss
 from swarmnode.learn.transfer import (
     FamilyBaseline,
+    anchor_advantages,
+    is_demonstration,
     joint_advantages,
     receiver_advantages,
     select_teaching,
@@ -55,8 +57,10 @@ from swarmnode.verify import GroupScorer, Scored, score_in_process
 log = logging.getLogger(__name__)
 
 #: ``swarm.mixing`` values whose advantages for external groups come from ``learn.transfer``.
-BASELINE_RULES = ("receiver_baseline", "positive_only")
+BASELINE_RULES = ("receiver_baseline", "positive_only", "anchored")
 TRANSFER_RULES = (*BASELINE_RULES, "joint")
+#: Baseline rules that also train on up to I own demonstrations (all-correct own groups).
+ANCHORED_RULES = ("anchored",)
 
 
 def family_of(task: Task) -> str:
@@ -286,10 +290,15 @@ class Trainer:
             )
             return list(local), list(ext)
         if swarm.mixing in BASELINE_RULES:
-            # learn.transfer: I own groups as SAPO picks them, the J external ones that teach most.
+            # learn.transfer: I own groups as SAPO picks them, the J external ones that teach most;
+            # anchored rules add up to I own demonstrations (all correct: SAPO's filter drops them).
             local, _ = select_groups(own, (), swarm.local_groups, 0, self.mixing_rng)
             valued = [(g, teaching_value(self._external_advantages(g))) for g in external]
-            return local, select_teaching(valued, swarm.external_groups, self.mixing_rng)
+            ext = select_teaching(valued, swarm.external_groups, self.mixing_rng)
+            if swarm.mixing in ANCHORED_RULES:
+                demos = [g for g in own if is_demonstration(g.rewards)]
+                local += self.mixing_rng.sample(demos, min(swarm.local_groups, len(demos)))
+            return local, ext
         if swarm.mixing == "joint":
             return self._choose_joint(own, external)
         # HACPO: every own group, and up to J external groups whose *joint* group (with ours on the
@@ -337,8 +346,19 @@ class Trainer:
             )
             return torch.tensor([a for row in values for a in row], dtype=torch.float32)
         foreign = [a for g in ext for a in self._external_advantages(g)]
-        own = self._advantages(local) if local else torch.zeros(0)
-        return torch.cat([own, torch.tensor(foreign, dtype=torch.float32)])
+        return torch.cat([self._own_advantages(local), torch.tensor(foreign, dtype=torch.float32)])
+
+    def _own_advantages(self, local: Sequence[ScoredGroup]) -> torch.Tensor:
+        """GRPO advantages of own groups; an anchored rule's own demonstrations get A = R instead."""
+        anchored = self.config.swarm.mixing in ANCHORED_RULES
+        demo = [anchored and is_demonstration(g.rewards) for g in local]
+        learners = [g for g, d in zip(local, demo, strict=True) if not d]
+        grpo = iter(self._advantages(learners).split([g.size for g in learners]) if learners else ())
+        parts = [
+            torch.tensor(anchor_advantages(g.rewards), dtype=torch.float32) if d else next(grpo)
+            for g, d in zip(local, demo, strict=True)
+        ]
+        return torch.cat(parts) if parts else torch.zeros(0)
 
     def update_capabilities(self, own: Sequence[ScoredGroup], external: Sequence[ScoredGroup]) -> None:
         """One capability sample per agent per step (ALGORITHMS.md §3.1), each the mean of rewards
@@ -392,9 +412,14 @@ class Trainer:
                 by_family.setdefault(family_of(g.task), []).extend(g.rewards)
             self.family_baseline.update(by_family)  # b_f includes this round: our competence now
         local, ext = self.choose_groups(own, external)
-        groups = [*local, *ext]  # own samples first (HACPO's official ordering)
-        if not groups:
+        if not local and not ext:
             return float("nan"), 0, 0
+        losses = self._policy_steps(local, ext)
+        return sum(losses) / len(losses), len(local), len(ext)
+
+    def _policy_steps(self, local: Sequence[ScoredGroup], ext: Sequence[ScoredGroup]) -> list[float]:
+        """The ``k`` RL steps of a round on ``[*local, *ext]`` with the configured loss; their losses."""
+        groups = [*local, *ext]  # own samples first (HACPO's official ordering)
         learn = self.config.learn
         temperature = self.config.rollout.temperature
         pad = self.policy.pad_token_id
@@ -412,8 +437,8 @@ class Trainer:
             advantages, ratio, is_self, old_mean = self._hacpo_inputs(
                 local, ext, old_logp, prompts, completions
             )
-        elif self.config.swarm.mixing in TRANSFER_RULES and ext:
-            advantages = self._transfer_advantages(local, ext)
+        elif self.config.swarm.mixing in BASELINE_RULES or (self.config.swarm.mixing == "joint" and ext):
+            advantages = self._transfer_advantages(local, ext)  # own demonstrations: A = R even alone
         else:
             advantages = self._advantages(groups)
         ref_logp = None
@@ -473,7 +498,7 @@ class Trainer:
             self.optimizer.step()
             losses.append(float(loss.detach()))
         self.policy.model.eval()
-        return sum(losses) / len(losses), len(local), len(ext)
+        return losses
 
     def _hacpo_inputs(
         self,

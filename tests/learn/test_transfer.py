@@ -8,6 +8,8 @@ import pytest
 
 from swarmnode.learn.transfer import (
     FamilyBaseline,
+    anchor_advantages,
+    is_demonstration,
     joint_advantages,
     receiver_advantages,
     select_teaching,
@@ -64,3 +66,9 @@ def test_joint_advantages_normalise_over_every_group_of_a_prompt() -> None:
     assert joint_advantages([[1.0], [1.0]], ["p", "p"]) == [[0.0], [0.0]]  # all equal: no signal
     with pytest.raises(ValueError):
         joint_advantages([[1.0]], ["p", "q"])
+
+
+def test_an_own_demonstration_is_an_all_correct_group_and_is_replayed_with_advantage_r() -> None:
+    assert is_demonstration([1.0, 1.0, 1.0]) and not is_demonstration([1.0, 0.0]) and not is_demonstration([])
+    # GRPO gives it 0 and receiver_baseline R - b_f = 0.03 where we solve 97%; the anchor gives R.
+    assert anchor_advantages([1.0, 1.0]) == [1.0, 1.0]

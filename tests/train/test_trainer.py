@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -189,15 +191,25 @@ def test_stale_loss_same_keeps_the_configured_loss_for_stale_groups(
         assert trainer.last_step_stale is False
 
 
+@contextmanager
+def rule_trainer(
+    quick_model: Path, tmp_path: Path, mixing: str, local: int, external: int
+) -> Iterator[tuple[Trainer, list[ScoredGroup]]]:
+    """A trainer on ``swarm.mixing = mixing`` with I = ``local``, J = ``external``, and one round of
+    its own groups."""
+    cfg = config(**{"swarm.mixing": mixing, "swarm.local_groups": local, "swarm.external_groups": external})
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        trainer = make_trainer(quick_model, tmp_path, cfg, ledger)
+        own, _, _ = trainer.generate_groups(1)
+        yield trainer, own
+
+
 def test_the_receiver_baseline_rule_trains_on_a_peers_all_correct_group_with_r_minus_our_rate(
     quick_model: Path, tmp_path: Path
 ) -> None:
     # One update of plain GRPO (lr, one step, old = ours: ratio 1) on the chosen rows with the
     # rule's advantages: the loss is -mean over rows of A_i * mean_t(ratio) = -mean(A).
-    cfg = config(**{"swarm.mixing": "receiver_baseline", "swarm.local_groups": 0, "swarm.external_groups": 1})
-    with Ledger(tmp_path / "ledger.sqlite") as ledger:
-        trainer = make_trainer(quick_model, tmp_path, cfg, ledger)
-        own, _, _ = trainer.generate_groups(1)
+    with rule_trainer(quick_model, tmp_path, "receiver_baseline", 0, 1) as (trainer, own):
         own = [dataclasses.replace(g, rewards=[1.0, 0.0, 0.0, 0.0]) for g in own]  # we solve 25%
         demo = relabelled(own[0], [1.0, 1.0, 1.0, 1.0])  # SAPO would drop it: zero advantage
         wrong = relabelled(own[1], [0.0, 0.0, 0.0, 0.0])  # teaches nothing: never chosen
@@ -206,6 +218,19 @@ def test_the_receiver_baseline_rule_trains_on_a_peers_all_correct_group_with_r_m
         assert (used_own, used_ext) == (0, 1)
         assert trainer.choose_groups(own, [wrong, demo])[1] == [demo]
         assert loss == pytest.approx(-(1.0 - 0.25), abs=1e-5)
+
+
+def test_the_anchored_rule_replays_our_all_correct_group_with_advantage_one_beside_the_peers_demo(
+    quick_model: Path, tmp_path: Path
+) -> None:
+    with rule_trainer(quick_model, tmp_path, "anchored", 1, 1) as (trainer, own):
+        own = [dataclasses.replace(g, rewards=[1.0] * 4 if i == 0 else [0.0] * 4) for i, g in enumerate(own)]
+        demo = relabelled(own[1], [1.0] * 4)  # we solve 4/32 = 12.5%: the peer's rows get 0.875
+        local, ext = trainer.choose_groups(own, [demo])
+        assert local == [own[0]] and ext == [demo]  # SAPO's filter would leave no own group at all
+        loss, used_own, used_ext = trainer.update(own, [demo])
+        assert (used_own, used_ext) == (1, 1)
+        assert loss == pytest.approx(-(4 * 1.0 + 4 * 0.875) / 8, abs=1e-5)  # ratio 1: -mean(A)
 
 
 def test_the_positive_only_rule_ignores_a_peers_errors_and_joint_needs_our_group_on_the_prompt(
