@@ -10,8 +10,10 @@ a preallocated KV cache:
 * each distinct prompt is prefilled once (DESIGN.md: the main win over
   ``generate``); its K/V are copied to the ``n`` samples of its group (short
   prompts) or kept once per group and shared in attention (long prompts);
-* decode runs one token per step for the whole batch, per-sequence EOS stop,
-  and ends as soon as every row has finished;
+* decode runs one token per step for the rows still running, per-sequence EOS
+  stop: once at most ``COMPACT_AT`` of the rows in the cache are running, the
+  finished ones leave it (with the grouped cache, whole groups: their prompt
+  K/V are shared), and decode ends as soon as every row has finished;
 * positions count from each prompt's first real token, so left padding is
   invisible to the result.
 
@@ -52,6 +54,9 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 #: Layer 0's q/k/v depend on the input token alone, so for a small vocabulary they
 #: are a lookup table (vocab x q/k/v width), computed once per weight version.
 LAYER0_TABLE_LIMIT = 4_000_000
+#: Finished rows leave the decode batch once the running ones are at most this share of the
+#: cache's rows: each compaction copies the cache, so it is done in few large steps.
+COMPACT_AT = 0.75
 
 
 def _norm_eps(norm: nn.Module | None, default: float) -> float:
@@ -394,6 +399,26 @@ class _Runner:
             x = self._block_tail(layer, x, attn.transpose(1, 2).reshape(prompts * length, -1))
         return self._logits(x.view(prompts, length, -1)[:, -1])
 
+    def keep(self, rows: torch.Tensor) -> None:
+        """Keep only cache rows ``rows`` (ascending); with the grouped cache they must be whole
+        groups (``keep_groups``), since a group's samples share its prompt K/V."""
+        self.k_cache = [cache.index_select(0, rows) for cache in self.k_cache]
+        self.v_cache = [cache.index_select(0, rows) for cache in self.v_cache]
+        if self.pad_bias is not None:
+            self.pad_bias = self.pad_bias.index_select(0, rows)
+        if self.row_bias is not None:
+            self.row_bias = self.row_bias.index_select(0, rows)
+
+    def keep_groups(self, groups: torch.Tensor) -> torch.Tensor:
+        """Keep only prompts ``groups`` (ascending) and their samples; returns the rows kept."""
+        n = self.n
+        rows = (groups.unsqueeze(1) * n + torch.arange(n, device=groups.device)).reshape(-1)
+        self.keep(rows)
+        self.prompt_k = [cache.index_select(0, groups) for cache in self.prompt_k]
+        self.prompt_v = [cache.index_select(0, groups) for cache in self.prompt_v]
+        self.prompts = int(groups.numel())
+        return rows
+
     def _step_bias(self, step: int) -> torch.Tensor:
         """(B or 1, 1, 1, slots): the additive mask over the per-row cache at decode ``step``."""
         future = self.future[step].view(1, 1, 1, -1)
@@ -449,14 +474,20 @@ class _Runner:
 
 
 def _sample(
-    logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None
+    logits: torch.Tensor,
+    params: SamplingParams,
+    generator: torch.Generator | None,
+    rows: torch.Tensor | None = None,
+    batch: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next tokens (B,) and their log-probs (B,) by the convention in ``rollout.types``.
+    """Next tokens (R,) and their log-probs (R,) by the convention in ``rollout.types``.
 
     Sampling is by inverse CDF: token = #{i : cdf_i < u * cdf_last} with u in (0, 1],
     one uniform per row. A zero-probability token (outside the top-p nucleus) has
     cdf_i == cdf_{i-1} and can never be chosen. On CPU this is several times
-    faster than ``torch.multinomial`` for a small batch.
+    faster than ``torch.multinomial`` for a small batch. ``logits`` may be the rows
+    ``rows`` of a batch of ``batch``: the uniforms of the whole batch are drawn and
+    those rows' used, so a row's sample does not depend on which others still run.
     """
     scaled = scaled_logits(logits, params)
     logp = torch.log_softmax(scaled, dim=-1)
@@ -466,7 +497,10 @@ def _sample(
         probs = top_p_filter(scaled, params.top_p).softmax(dim=-1) if params.top_p < 1.0 else logp.exp()
         cdf = probs.cumsum(dim=-1)
         device = generator.device if generator is not None else probs.device
-        uniform = 1.0 - torch.rand((probs.shape[0], 1), generator=generator, device=device)  # (0, 1]
+        draws = probs.shape[0] if batch is None else batch
+        uniform = 1.0 - torch.rand((draws, 1), generator=generator, device=device)  # (0, 1]
+        if rows is not None:
+            uniform = uniform[rows.to(device)]
         threshold = uniform.to(probs.device) * cdf[:, -1:]
         tokens = (cdf < threshold).sum(dim=-1)
     return tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
@@ -558,18 +592,32 @@ class TorchEngine:
         logits = runner.prefill(ids, pad).repeat_interleave(n, dim=0)
         row_len = lengths.repeat_interleave(n)
         eos = policy.eos_token_id
-        finished = torch.zeros(batch, dtype=torch.bool, device=device)
-        out_tokens: list[torch.Tensor] = []
-        out_logprobs: list[torch.Tensor] = []
+        live = torch.arange(batch, device=device)  # the batch row of each cache row
+        finished = torch.zeros(batch, dtype=torch.bool, device=device)  # per cache row
+        out_tokens = torch.full((batch, params.max_new_tokens), pad_id, dtype=torch.long, device=device)
+        out_logprobs = torch.zeros((batch, params.max_new_tokens), dtype=torch.float32, device=device)
+        steps = 0
         for step in range(params.max_new_tokens):
-            token, logp = _sample(logits, params, generator)
+            token, logp = _sample(logits, params, generator, live, batch)
             token = token.masked_fill(finished, pad_id)
-            out_tokens.append(token)
-            out_logprobs.append(logp)
+            out_tokens[live, step] = token
+            out_logprobs[live, step] = logp.float()
             finished = finished | (token == eos)
+            steps = step + 1
             if step == params.max_new_tokens - 1 or bool(finished.all()):
                 break
-            logits = runner.decode(token, step, row_len + step)
-        token_rows = torch.stack(out_tokens, dim=1).tolist()
-        logprob_rows = torch.stack(out_logprobs, dim=1).float().tolist()
+            running = ~finished
+            if int(running.sum()) <= COMPACT_AT * live.numel():
+                if grouped:
+                    alive = running.view(runner.prompts, n).any(dim=1)
+                    if int(alive.sum()) < runner.prompts:
+                        kept = runner.keep_groups(alive.nonzero().squeeze(1))
+                        live, token, finished = live[kept], token[kept], finished[kept]
+                else:
+                    kept = running.nonzero().squeeze(1)
+                    runner.keep(kept)
+                    live, token, finished = live[kept], token[kept], finished[kept]
+            logits = runner.decode(token, step, row_len[live] + step)
+        token_rows = out_tokens[:, :steps].tolist()
+        logprob_rows = out_logprobs[:, :steps].tolist()
         return token_rows, logprob_rows

@@ -11,7 +11,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 from swarmnode.errors import EngineUnavailable
 from swarmnode.policy.model import Policy, build_tiny_policy
 from swarmnode.policy.tokenizer import build_char_tokenizer
-from swarmnode.rollout import make_engine
+from swarmnode.rollout import make_engine, torch_engine
 from swarmnode.rollout.torch_engine import TorchEngine
 from swarmnode.rollout.types import GenerationResult, SamplingParams
 
@@ -296,3 +296,40 @@ def test_make_engine_knows_torch_hf_and_refuses_vllm_here_and_unknown_names(tiny
 def test_invalid_sampling_params_are_rejected(bad: dict[str, float]) -> None:
     with pytest.raises(ValueError):
         SamplingParams(**bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["expanded-cache", "grouped-cache"])
+def test_finished_rows_leaving_the_decode_batch_changes_no_sample(
+    grouped: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # EOS about one time in three: rows (and, for the grouped cache, whole groups) finish at many
+    # different steps, so the batch is compacted several times. Each row's uniforms are drawn with
+    # the whole batch's, so its samples do not depend on which rows still run.
+    policy = _eos_biased(1, 2.5)
+    params = SamplingParams(temperature=1.0, top_p=0.95, max_new_tokens=12)
+    engine = TorchEngine(policy)
+    engine.grouped_min_prompt = 1 if grouped else 10_000
+
+    def run() -> GenerationResult:
+        return engine.generate(PROMPTS + LONG_PROMPTS, 3, params, torch.Generator().manual_seed(7))
+
+    compacted = run()
+    compactions: list[int] = []
+    original_keep = torch_engine._Runner.keep
+
+    def counting_keep(self: torch_engine._Runner, rows: torch.Tensor) -> None:
+        compactions.append(int(rows.numel()))
+        original_keep(self, rows)
+
+    monkeypatch.setattr(torch_engine._Runner, "keep", counting_keep)
+    assert [[c.token_ids for c in g] for g in run().completions] == [
+        [c.token_ids for c in g] for g in compacted.completions
+    ]
+    assert len(compactions) >= 2, "this seed must compact the batch more than once"
+    monkeypatch.setattr(torch_engine, "COMPACT_AT", 0.0)  # never compact: the batch stays whole
+    whole = run()
+    for group_a, group_b in zip(compacted.completions, whole.completions, strict=True):
+        for x, y in zip(group_a, group_b, strict=True):
+            assert x.token_ids == y.token_ids
+            assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
+    assert_logprobs_exact(policy, compacted, 1.0)
