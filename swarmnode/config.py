@@ -165,12 +165,12 @@ class CheckpointConfig(Section):
 
 
 class SwarmConfig(Section):
-    mixing: Literal[
-        "none", "sapo", "hacpo", "joint", "receiver_baseline", "positive_only", "anchored"
-    ] = Field(
-        "none",
-        description="How external groups are used: SAPO, HACPO, or a transfer rule of "
-        "swarmnode.learn.transfer (joint, receiver_baseline, positive_only, anchored).",
+    mixing: Literal["none", "sapo", "hacpo", "joint", "receiver_baseline", "positive_only", "anchored"] = (
+        Field(
+            "none",
+            description="How external groups are used: SAPO, HACPO, or a transfer rule of "
+            "swarmnode.learn.transfer (joint, receiver_baseline, positive_only, anchored).",
+        )
     )
     local_groups: int = Field(
         4, ge=0, description="I: own groups per update (SAPO; HACPO uses every own group)."

@@ -155,3 +155,16 @@ def test_one_fresh_identity_per_slowdown_does_not_escape_flap_damping() -> None:
     # Round 21, F2: damping was per identity, so each fresh one started undamped: 72.8%.
     outcome = check("first60", rotation(250, 190))
     assert outcome.useful >= 0.95 * control("first60").useful
+
+
+def test_proven_identities_banked_idle_are_not_trusted_again_when_re_activated() -> None:
+    # Round 22: 24 price-0 identities proven early on their real 12/s, idle while a cheaper one
+    # covered the need, all silent from 600 s: each was re-activated trusted when the last one
+    # stalled and covered the need alone until measured at 0 (~150 s each): 0% in every world.
+    program: list[Move] = []
+    for k in range(24):
+        program += [(10 * k, "join", k, 12.0 + 0.1 * k, 0.0, None), (10 * k, "deliver", k, ("claim",))]
+        program += [(600, "deliver", k, ("none",))]
+    outcome = check("first60", program)
+    assert outcome.useful >= 0.9 * control("first60").useful and outcome.honest > 0
+    check("new2", program)  # a newcomer's world: 81.7% (README, Known limits)

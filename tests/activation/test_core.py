@@ -299,6 +299,25 @@ def test_a_drift_that_lasts_drift_hold_re_plans_on_the_measured_rate() -> None:
     assert core.stats.drift_replans == 1 and core.stats.rate_changes == 1
 
 
+def test_a_drift_is_adopted_when_polled_at_its_own_deadline_whatever_the_float_rounding() -> None:
+    # since + hold rounds down here (521.8284346864991), and now - since fell one ulp short of the
+    # hold: the simulator, polling at next_deadline(), polled at that instant for ever.
+    core = ActivationCore(config(rate_window=1.0, drift_hold=30.0))
+    joined(core, C)
+    for t in range(1, 491):
+        core.handle(RolloutsReceived("c", 8), float(t))
+    since = 491.8284346864992
+    core.handle(RolloutsReceived("c", 4), since)  # 4/s: the drift starts here
+    for k in range(1, 60):  # 2 every 0.5 s: 2-6 in any 1-s window, a drift throughout
+        core.handle(RolloutsReceived("c", 2), since + 0.5 * k)
+    core.poll(521.0)  # leases renewed, the next check at 526: the drift's deadline comes first
+    deadline = since + 30.0
+    assert deadline - since < 30.0 and core.next_deadline() == deadline
+    core.poll(deadline)
+    assert core.stats.drift_replans == 1 and core.plan.rate_of("c") < 8.0  # adopted
+    assert core.next_deadline() is None or core.next_deadline() > deadline  # type: ignore[operator]
+
+
 def test_a_brief_dip_shorter_than_drift_hold_does_not_re_plan() -> None:
     core = ActivationCore(config(rate_window=1.0))  # one delivery a second: its count is the rate
     joined(core, C, A)
@@ -863,6 +882,30 @@ def test_a_worker_just_proven_is_trusted_later_the_more_proven_workers_dropped_w
     core.handle(WorkerJoined(fresh), 136.0)
     deliver(core, {"g": 12}, 137, 139)  # proven at 138
     assert held_until(core, "g", 138.0) == 138.0 + 2 * 121.0
+
+
+def test_a_proven_workers_proof_lapses_once_it_has_been_idle_for_reprobe_seconds() -> None:
+    # Round 22: identities proven early and banked idle were each re-activated trusted when the
+    # last one stalled: 24 of them kept the learner at 0% for the hour.
+    core = ActivationCore(config(reprobe_seconds=60.0))
+    joined(core, C)
+    deliver(core, {"c": 8}, 1, 32)  # proven at 31
+    cheap = WorkerOffer("x", rate=20.0, price=1.0)
+    core.handle(WorkerJoined(cheap), 32.0)  # on probation beside c
+    actions = deliver(core, {"c": 8, "x": 20}, 33, 64)  # x proven at 63: c is not needed
+    assert deactivated(actions) == ["c"]
+
+    def proven(peer: str, now: float) -> bool:
+        return next(w.proven for w in core.status(now).workers if w.peer == peer)
+
+    deliver(core, {"x": 20}, 64, 123)
+    core.poll(122.0)
+    assert proven("c", 122.0) and core.next_deadline() <= 123.0  # type: ignore[operator]
+    deliver(core, {"x": 20}, 123, 131)
+    core.poll(123.0)  # idle since 63: its proof lapses
+    assert not proven("c", 123.0) and proven("x", 123.0)
+    core.handle(WorkerLeft("x"), 130.0)
+    assert core.active() == ("c",) and not proven("c", 130.0)  # on trial again, to be proven anew
 
 
 def test_a_claim_measured_below_it_before_it_was_proven_is_not_a_drop() -> None:
