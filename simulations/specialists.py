@@ -57,9 +57,13 @@ REDUCED_ROUNDS = 200
 FULL_ROUNDS = 1000
 
 
-def run_rule(rule: str, rounds: int | None, seeds: list[int] | None, out: Path) -> dict[str, Any]:
+def run_rule(
+    rule: str, rounds: int | None, seeds: list[int] | None, out: Path, lr: float | None = None
+) -> dict[str, Any]:
     scenario = load_scenario("specialists.toml", rounds, seeds, eval_every=lambda r: max(1, r // 10))
     scenario["learning"].update(RULES[rule])
+    if lr is not None:
+        scenario["learning"]["lr"] = lr
     return run_logged(rule, scenario, out / rule)
 
 
@@ -107,6 +111,7 @@ def plot(path: Path, results: dict[str, dict[str, Any]], title: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, reduced_rounds=REDUCED_ROUNDS, full_rounds=FULL_ROUNDS, unit="rules", results=RESULTS)
     p.add_argument("--rules", default=",".join(RULES), help=f"comma list of: {', '.join(RULES)}")
+    p.add_argument("--lr", type=float, default=None, help="the policy update's learning rate (default: 1e-4)")
     args = p.parse_args(argv)
     rules = [r for r in args.rules.split(",") if r]
     unknown = sorted(set(rules) - set(RULES))
@@ -119,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     out = results_dir / kind
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    calls = {rule: (rule, rounds, seeds, out) for rule in rules}
+    calls = {rule: (rule, rounds, seeds, out, args.lr) for rule in rules}
     by_rule = read_results(out, rules) if args.summarize_only else run_all(run_rule, calls, args.jobs)
     wall = time.perf_counter() - started
     learning = learning_of(next(iter(by_rule.values())))
@@ -159,6 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": n_rounds,
         "seeds": list(run_seeds),
         "agents": agents,
+        "lr": learning.get("lr"),
         "families": [
             label or d["name"] for d, label in zip(learning["datasets"], learning["labels"], strict=True)
         ],

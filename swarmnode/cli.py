@@ -7,6 +7,7 @@
     swarmnode status --home DIR           a running node's status
     swarmnode demo                        a short solo run on the tiny model
     swarmnode config show|reference       the effective config / the reference table
+    swarmnode export --home DIR --out D   the node's current policy as a Hugging Face directory
     swarmnode protocol check|vectors      wire-protocol tools
     swarmnode simulate SCENARIO.toml      run a simulation scenario (see simulations/README.md)
 
@@ -182,6 +183,25 @@ def cmd_config(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from swarmnode.tools.export import export_policy
+
+    done = export_policy(
+        _config_from_args(args),
+        NodeHome(Path(args.home)),
+        Path(args.out),
+        checkpoint=Path(args.checkpoint) if args.checkpoint else None,
+        force=args.force,
+    )
+    print(
+        f"exported round {done.round} (policy version {done.policy_version}, {done.parameters:,} parameters) "
+        f"from {done.checkpoint} to {done.out}\n"
+        f"load it with AutoModelForCausalLM.from_pretrained({str(done.out)!r}) and "
+        f"AutoTokenizer.from_pretrained({str(done.out)!r})"
+    )
+    return EXIT_OK
+
+
 def cmd_tasks_audit(args: argparse.Namespace) -> int:
     from swarmnode.tasks.audit import all_families, table
     from swarmnode.tasks.mixture import SAPO_DATASETS, default_mixture
@@ -271,6 +291,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config")
     p.add_argument("--set", action="append", metavar="KEY=VALUE")
     p.set_defaults(handler=cmd_config)
+
+    p = sub.add_parser(
+        "export", help="write the node's current policy (newest checkpoint) as a Hugging Face model directory"
+    )
+    _add_config_flags(p)
+    p.add_argument("--out", required=True, help="directory to write (must not exist or be empty)")
+    p.add_argument("--checkpoint", help="a checkpoint directory (default: the newest that verifies)")
+    p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    p.set_defaults(handler=cmd_export)
 
     p = sub.add_parser("tasks", help="task families: audit which reasoning-gym scorers are safe on peer text")
     tasks_sub = p.add_subparsers(dest="tasks_command", required=True)

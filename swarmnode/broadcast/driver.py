@@ -124,7 +124,7 @@ def state_dict_to_blob(state_dict: Mapping[str, torch.Tensor]) -> tuple[bytes, t
     return b"".join(parts), tuple(entries)
 
 
-def blob_to_state_dict(blob: bytes, tensors: tuple[TensorEntry, ...]) -> dict[str, torch.Tensor]:
+def blob_to_state_dict(blob: bytes | bytearray, tensors: tuple[TensorEntry, ...]) -> dict[str, torch.Tensor]:
     """The inverse of ``state_dict_to_blob`` (fresh tensors that own their memory)."""
     import torch
 
@@ -403,6 +403,14 @@ class BroadcastNode:
     ) -> Published:
         blob, tensors = state_dict_to_blob(state_dict)
         return self.publish_blob(blob, tensors, model_id, version, chunk_size)
+
+    def served(self, digest: bytes) -> tuple[bytes | bytearray, tuple[TensorEntry, ...]] | None:
+        """The blob and tensor layout this node serves under ``digest`` (a published version, or a
+        received one once complete), or None: ``blob_to_state_dict`` turns them back into weights."""
+        v = self._versions.get(digest)
+        if v is None or not v.done.done() or v.done.exception() is not None:
+            return None
+        return v.buffer, v.body.tensors
 
     def retire(self, digest: bytes) -> None:
         v = self._versions.pop(digest, None)

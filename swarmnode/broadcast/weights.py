@@ -16,7 +16,9 @@ half-swapped model. Every worker learns the other workers' data-plane addresses 
 records under the learner's workers key (``workers.records``).
 
 The learner keeps its last ``keep`` versions published (S + 1: a worker still fetching an
-older version can finish it); memory is ``keep`` x the model's bytes. The learner times each
+older version can finish it); memory is ``keep`` x the model's bytes. Those blobs are also the
+learner's only copies of old weights: its spot checks re-compute a worker's log-probs under the
+version it claims from ``weights_of``. The learner times each
 version from sending its manifest to a worker to that worker announcing every chunk
 (ChunkHave): that is the dissemination time D its activation plan checks against S * T. A worker abandons a
 receive once a manifest more than S versions newer arrives: the learner no longer serves the
@@ -66,7 +68,7 @@ from swarmnode.ops.supervise import TaskSet
 from swarmnode.policy import Policy
 from swarmnode.policy.lock import ModelLock
 from swarmnode.rollout import RolloutEngine
-from swarmnode.wire import Envelope, Kind, PeerRecord, WeightManifest
+from swarmnode.wire import Envelope, Kind, PeerRecord, TensorEntry, WeightManifest
 from swarmnode.wire.messages import Message
 
 log = logging.getLogger(__name__)
@@ -129,6 +131,12 @@ class WeightPublisher:
                 del self.told_at[key]
         self.metrics.set("published_version", "Latest policy version published", version)
         return published
+
+    def weights_of(self, version: int) -> tuple[bytes | bytearray, tuple[TensorEntry, ...]] | None:
+        """The blob and layout of a version still served (the last ``keep``), or None. The learner's
+        spot checks re-compute an older version from here: it keeps no other copy of old weights."""
+        published = self.published.get(version)
+        return self.node.served(published.digest) if published is not None else None
 
     def _peer_complete(self, peer: str, digest: bytes) -> None:
         """``peer`` announced every chunk of a version we told it of: that is D for it."""

@@ -57,6 +57,7 @@ from swarmnode.admit.recompute import recompute_request
 from swarmnode.admit.spotcheck import SpotCheckConfig, SpotChecker, SpotCheckRequest
 from swarmnode.admit.staleness import StalenessGate
 from swarmnode.admit.verdict import Accepted
+from swarmnode.broadcast.driver import blob_to_state_dict
 from swarmnode.broadcast.weights import WeightPublisher
 from swarmnode.config import Config
 from swarmnode.home import NodeHome
@@ -87,6 +88,7 @@ from swarmnode.wire import (
     PeerRecord,
     Role,
     RolloutBatch,
+    TensorEntry,
     encode_envelope,
 )
 
@@ -137,23 +139,6 @@ def worker_address(record: PeerRecord) -> str:
     return " ".join([*record.addresses, f"p2p:{record.libp2p_peer_id}"])
 
 
-class VersionArchive:
-    """The last ``keep`` versions' weights (CPU copies), so a spot check can re-compute a stale
-    worker's log-probs under the exact version it claims. Memory: ``keep`` x model size."""
-
-    def __init__(self, keep: int) -> None:
-        self.keep = max(1, keep)
-        self._states: collections.OrderedDict[int, dict[str, torch.Tensor]] = collections.OrderedDict()
-
-    def add(self, version: int, model: torch.nn.Module) -> None:
-        self._states[version] = {k: v.detach().clone() for k, v in model.state_dict().items()}
-        while len(self._states) > self.keep:
-            self._states.popitem(last=False)
-
-    def get(self, version: int) -> dict[str, torch.Tensor] | None:
-        return self._states.get(version)
-
-
 class LearnerNode:
     def __init__(self, config: Config, home: NodeHome, *, max_steps: int | None = None) -> None:
         self.config = config
@@ -198,9 +183,8 @@ class LearnerNode:
         )
         self.trainer.node_id = self.identity.peer_id
         self.trainer.resume()
-        self.archive = VersionArchive(self.config.swarm.staleness_bound + 1)
-        self.archive.add(self.trainer.policy.version, self.trainer.policy.model)
-        # A scratch copy for spot checks under an older version (never the live model).
+        # A scratch copy for spot checks under an older version (never the live model); the old
+        # weights themselves are the publisher's blobs (``WeightPublisher.weights_of``).
         self.scratch = Trainer._frozen_copy(policy.model)
 
     @property
@@ -340,11 +324,11 @@ class LearnerNode:
     async def _spot_check(self, sender: str, groups: list[ScoredGroup], now: float) -> bool:
         """Re-compute a sample of the worker's token log-probs; False (and maybe deactivation) on a lie.
 
-        Groups of a version whose weights the archive no longer holds cannot be checked; they are
-        at most S behind (else the gate drops them) and the archive keeps S + 1 versions."""
+        Groups of a version no longer published cannot be checked; they are at most S behind (else
+        the gate drops them) and the publisher keeps S + 1 versions."""
         for g in groups:
-            state = self.archive.get(g.policy_version)
-            if state is None:
+            weights = self.publisher.weights_of(g.policy_version)
+            if weights is None:
                 continue
             request = self.spot.select(sender, g.task.id.key(), [len(c) for c in g.completion_ids])
             if request is None:
@@ -352,7 +336,7 @@ class LearnerNode:
             recomputed = await self.model_lock.run(
                 recompute_with,
                 self.scratch,
-                state,
+                weights,
                 request,
                 g.prompt_ids,
                 g.completion_ids,
@@ -587,7 +571,6 @@ class LearnerNode:
             for g in batch:
                 self.trained_lags[self.version - g.policy_version] += 1
             metrics = await self.model_lock.run(self.trainer.train_round, batch)
-            self.archive.add(self.version, self.trainer.policy.model)
             self.publisher.publish(self.version, self.trainer.policy.model)
             for peer in self.activation.active():
                 self._tell_latest(peer)
@@ -719,13 +702,14 @@ class LearnerNode:
 
 def recompute_with(
     scratch: torch.nn.Module,
-    state: dict[str, torch.Tensor],
+    weights: tuple[bytes | bytearray, tuple[TensorEntry, ...]],
     request: SpotCheckRequest,
     prompt_ids: list[int],
     completions: list[list[int]],
     temperature: float,
     pad_token_id: int,
 ) -> list[float]:
-    """Log-probs at ``request``'s tokens under the weights ``state`` (loaded into ``scratch``)."""
-    scratch.load_state_dict(state)
+    """Log-probs at ``request``'s tokens under a published version's ``weights`` (blob, layout),
+    decoded here (in the model lock's thread, not the event loop) into ``scratch``."""
+    scratch.load_state_dict(blob_to_state_dict(*weights))
     return recompute_request(scratch, request, prompt_ids, completions, temperature, pad_token_id)

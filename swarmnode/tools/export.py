@@ -1,0 +1,105 @@
+"""``swarmnode export``: a node's current policy as a Hugging Face directory other tools load.
+
+The policy a node trains lives in its checkpoints (``HOME/checkpoints``: weights, optimizer, RNG;
+``swarmnode.store.checkpoint``), not in a model directory. Exporting rebuilds the model the node
+started from (``roles.common.build_policy``: ``model.path``, or the built-in tiny model's cached
+warm start), loads the newest verified checkpoint's weights into it (strictly: a checkpoint of
+another architecture is an error naming the mismatch) and writes the result with
+``policy.save_pretrained``'s atomic writer: safetensors weights, ``config.json``, the tokenizer
+(and its chat template when it has one), plus ``swarmnode_export.json`` saying where it came from.
+
+    swarmnode export --home runs/swarm/node-0 --out exported/
+    AutoModelForCausalLM.from_pretrained("exported/")  # transformers, anywhere
+
+Must not: train, or write anything into the node's home.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TextIO
+
+from swarmnode.config import Config
+from swarmnode.errors import CheckpointError, ConfigError, ModelError
+from swarmnode.home import NodeHome
+from swarmnode.policy.model import save_policy
+from swarmnode.roles.common import build_mixture, build_policy
+from swarmnode.store.checkpoint import CheckpointState, CheckpointStore
+
+#: Written beside the weights: which node, round and checkpoint the export holds.
+PROVENANCE_FILE = "swarmnode_export.json"
+
+
+@dataclass(frozen=True)
+class Exported:
+    out: Path
+    round: int
+    policy_version: int
+    checkpoint: Path
+    parameters: int
+
+
+def _checkpoint(home: NodeHome, checkpoint: Path | None, say: TextIO) -> tuple[CheckpointState, Path]:
+    """The given checkpoint, or the newest one that verifies (a damaged newer one is named and skipped)."""
+    store = CheckpointStore(home.checkpoints)
+    if checkpoint is not None:
+        return store.load(checkpoint), checkpoint
+    paths = store.paths()
+    if not paths:
+        raise CheckpointError(
+            f"no checkpoint in {home.checkpoints}: the node has not saved a policy yet "
+            "(it checkpoints every checkpoint.every_rounds rounds and when it stops)"
+        )
+    failures = []
+    for path in reversed(paths):
+        try:
+            return store.load(path), path
+        except CheckpointError as exc:
+            print(f"skipping {path.name}: {exc}", file=say)
+            failures.append(path.name)
+    raise CheckpointError(f"no usable checkpoint in {home.checkpoints} (tried {', '.join(failures)})")
+
+
+def export_policy(
+    config: Config,
+    home: NodeHome,
+    out: Path,
+    *,
+    checkpoint: Path | None = None,
+    force: bool = False,
+    say: TextIO | None = None,
+) -> Exported:
+    """Write ``home``'s newest (or the given) checkpoint as an HF model directory at ``out``;
+    progress and skipped checkpoints go to ``say`` (default: standard error)."""
+    say = say or sys.stderr
+    if not home.root.is_dir():
+        raise ConfigError(f"--home {home.root} is not a directory")
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
+        raise ConfigError(f"--out {out} exists and is not empty (use --force to replace it)")
+    if out.resolve() == home.root.resolve() or home.root.resolve() in out.resolve().parents:
+        raise ConfigError(f"--out {out} is inside the node's home {home.root}; export elsewhere")
+    state, path = _checkpoint(home, checkpoint, say)
+    policy = build_policy(config, home, build_mixture(config), say=say)
+    try:
+        policy.model.load_state_dict(state.model_state, strict=True)
+    except RuntimeError as exc:  # missing / unexpected keys or shapes: another architecture
+        raise ModelError(
+            f"checkpoint {path} does not fit the configured model "
+            f"({config.model.path or 'the built-in tiny model'}): {exc}"
+        ) from exc
+    policy.version = state.policy_version
+    provenance = {
+        "format": "swarmnode-export",
+        "model_id": policy.model_id,
+        "round": state.round,
+        "policy_version": state.policy_version,
+        "checkpoint": path.name,
+        "home": str(home.root.resolve()),
+    }
+    save_policy(policy, out, extra_files={PROVENANCE_FILE: json.dumps(provenance, indent=2) + "\n"})
+    parameters = sum(p.numel() for p in policy.model.parameters())
+    return Exported(out, state.round, state.policy_version, path, parameters)
