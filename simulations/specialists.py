@@ -26,6 +26,7 @@ import platform
 import statistics
 import sys
 import time
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -58,12 +59,11 @@ FULL_ROUNDS = 1000
 
 
 def run_rule(
-    rule: str, rounds: int | None, seeds: list[int] | None, out: Path, lr: float | None = None
+    rule: str, rounds: int | None, seeds: list[int] | None, out: Path, settings: dict[str, Any]
 ) -> dict[str, Any]:
     scenario = load_scenario("specialists.toml", rounds, seeds, eval_every=lambda r: max(1, r // 10))
     scenario["learning"].update(RULES[rule])
-    if lr is not None:
-        scenario["learning"]["lr"] = lr
+    scenario["learning"].update(settings)
     return run_logged(rule, scenario, out / rule)
 
 
@@ -111,8 +111,23 @@ def plot(path: Path, results: dict[str, dict[str, Any]], title: str) -> None:
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__, reduced_rounds=REDUCED_ROUNDS, full_rounds=FULL_ROUNDS, unit="rules", results=RESULTS)
     p.add_argument("--rules", default=",".join(RULES), help=f"comma list of: {', '.join(RULES)}")
-    p.add_argument("--lr", type=float, default=None, help="the policy update's learning rate (default: 1e-4)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a [learning] key of the scenario for every rule, e.g. --set lr=3e-4 (repeatable)",
+    )
     args = p.parse_args(argv)
+    settings: dict[str, Any] = {}
+    for item in args.set:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            p.error(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            settings[key.strip()] = tomllib.loads(f"v = {raw}")["v"]
+        except tomllib.TOMLDecodeError:
+            p.error(f"--set {item!r}: the value is not a TOML literal")
     rules = [r for r in args.rules.split(",") if r]
     unknown = sorted(set(rules) - set(RULES))
     if unknown:
@@ -124,7 +139,7 @@ def main(argv: list[str] | None = None) -> int:
     out = results_dir / kind
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    calls = {rule: (rule, rounds, seeds, out, args.lr) for rule in rules}
+    calls = {rule: (rule, rounds, seeds, out, settings) for rule in rules}
     by_rule = read_results(out, rules) if args.summarize_only else run_all(run_rule, calls, args.jobs)
     wall = time.perf_counter() - started
     learning = learning_of(next(iter(by_rule.values())))
@@ -165,6 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         "seeds": list(run_seeds),
         "agents": agents,
         "lr": learning.get("lr"),
+        "settings": settings,
         "families": [
             label or d["name"] for d, label in zip(learning["datasets"], learning["labels"], strict=True)
         ],

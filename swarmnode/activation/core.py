@@ -79,7 +79,11 @@ Probation: measure before trust, make before break (``ActivationCore``)
       at a time, and a later claim, however cheap, cannot jump ahead of one that waits. A
       re-probe, a restart or a leave and a join is a new join: a worker that failed waits behind
       those that joined before its new chance. A worker proven when it restarts or leaves keeps
-      its join place for its next run (it earned it by delivering), once per penalty memory, and
+      its join place for its next run (it earned it by delivering), once per penalty memory; so
+      does one whose proof lapsed idle, and one never tried restarting (it failed nothing): a
+      cheap cover kept honest workers idle or untried, their restart queued them behind 64
+      identities that joined after them, and those were tried first when the cover stopped (red
+      team round 23: 28.1-47.4% in ``rst2`` and ``slowrst2``, now 94.9-97.1%); and
       new trials get tokens in join order: a restart of every honest worker had queued them
       behind every identity that joined meanwhile, and those identities took every token (red
       team round 16, 0% over 3,000 s; now back within 20 s). A trial token comes back at most
@@ -234,7 +238,9 @@ Measured rates and drift
     instead of 0.623). A restart, a re-probe or a leave and a join does not lift a hold. A claim
     measured below itself before it was proven is not a drop (that is what probation measures).
     A proven worker that leaves or restarts while falling short of its planned rate (a drift not
-    yet adopted) dropped all the same, and its claim failed (cold starts hedge from then on).
+    yet adopted) dropped all the same, and its claim failed (cold starts hedge from then on). One
+    that leaves or restarts while active at full rate is a drop of the role (below) and a failed
+    claim too: the plan counted on it (red team round 23).
     The new-trust hold damps the role, not the identity, since fresh identities are free: a worker
     just proven is trusted ``(first_rollout_timeout + rate_window) * 2 ** j`` seconds later (at most
     the penalty memory), j the drops of proven workers, any of them, within the penalty memory;
@@ -846,6 +852,7 @@ class _Worker:
     down_adoptions: deque[float] = field(default_factory=lambda: deque(maxlen=MAX_DOWN_ADOPTIONS))
     held_until: float | None = None
     idle_since: float | None = None  # proven and deactivated then: its proof lapses after reprobe_seconds
+    lapsed: bool = False  # its proof lapsed idle (not failed): it keeps its join place as if proven
 
 
 @dataclass(frozen=True)
@@ -1104,12 +1111,15 @@ class ActivationCore:
                 worker.delivery = 0  # a new run: the last delivery says nothing of its tail
                 return []
             # Tried and not proven: its new run is a re-try, behind workers never tried (Probation).
-            retried = worker.activated_at > -math.inf and not self._proven(worker)
+            retried = worker.activated_at > -math.inf and not self._proven(worker) and not worker.lapsed
             self._note_dropped_out(worker)
             self._take_back_refund(worker, now)
             # A proven worker's restart keeps its join place (it earned it by delivering), once
-            # per penalty memory.
-            keeps = self._proven(worker) and self._keeps_place(worker, now)
+            # per penalty memory; so does one whose proof lapsed idle, and one never tried (it
+            # failed nothing): re-queued behind every identity that joined meanwhile, honest
+            # workers restarting while a cheap cover ran were never reached again (red team round
+            # 23: 64 identities queued ahead, 28.1-47.4% in rst2 and slowrst2, honest workers off).
+            keeps = self._earned_place(worker) and self._keeps_place(worker, now)
             return self._start_over(
                 offer,
                 now,
@@ -1354,14 +1364,27 @@ class ActivationCore:
                 # cold start never tried anyone else: 42.7% of the completions).
                 self._claim_failed = True
                 self._note_down_adoption(worker, self._now)
-            elif self._held(worker):
+            else:
+                # Delivering in full, it still left the plan short of what it counted on: a drop of
+                # the role (the next worker proven waits longer to be trusted) and a failed claim
+                # (the cold start hedges). Restarting at full rate just after its trust hold, then
+                # silent until first_rollout_timeout, one identity kept the learner in an unhedged
+                # cold start all hour, honest workers never tried; displacing them and restarting
+                # at once made them pay their first delivery again every 300 s (red team round 23:
+                # 53.4% of the completions in seven worlds; 64.4-75.0% in first60, rst2, slowrst2).
                 self._claim_failed = True
+                self._drops.append(self._now)
+
+    def _earned_place(self, worker: _Worker) -> bool:
+        """Whether a restart keeps ``worker``'s join place (once per penalty memory): proven, proven
+        before and idle since (its proof lapsed, nothing failed), or never tried in this run."""
+        return self._proven(worker) or worker.lapsed or worker.activated_at == -math.inf
 
     def _remember(self, peer: PeerId, worker: _Worker, now: float) -> None:
         """Keep what ``worker`` earned unproven (a measured 0, its re-tries) past its leave; and a
         proven worker's join place, which it earned by delivering (a restart of every honest
         worker must not queue them behind identities that joined meanwhile: red team round 16)."""
-        if self._proven(worker):
+        if self._proven(worker) or worker.lapsed:
             keeps = self._keeps_place(worker, now)
             penalty = _Penalty(
                 now,
@@ -1462,6 +1485,7 @@ class ActivationCore:
             if w.idle_since is not None and w.idle_since + self.config.reprobe_seconds <= now:
                 w.idle_since = None
                 w.backed = False
+                w.lapsed = True
 
     def _carry_hold(self, worker: _Worker, down: Iterable[float], held_until: float | None) -> None:
         """A restart, re-probe or rejoin lifts no flap damping: ``worker`` takes it over."""
@@ -1920,6 +1944,7 @@ class ActivationCore:
                 worker.active = True
                 worker.idle_since = None
                 worker.activated_at = now
+                worker.lapsed = False  # on trial again: what it shows now decides
                 worker.measure_from = None
                 worker.samples.clear()
                 self.stats.activations += 1

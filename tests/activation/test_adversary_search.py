@@ -168,3 +168,45 @@ def test_proven_identities_banked_idle_are_not_trusted_again_when_re_activated()
     outcome = check("first60", program)
     assert outcome.useful >= 0.9 * control("first60").useful and outcome.honest > 0
     check("new2", program)  # a newcomer's world: 81.7% (README, Known limits)
+
+
+def test_a_proven_identity_restarting_at_full_rate_is_a_drop_and_the_cold_start_hedges() -> None:
+    # Round 23, F1: one price-0 identity claiming the whole need (11/s), really delivering 10.5/s,
+    # restarted (new address) every 300 s at full rate and stayed silent 117 s, just under
+    # first_rollout_timeout. No drop and no failed claim were recorded, so each restart was a cold
+    # start that tried its claim alone: 53.4% of the completions in every world, honest workers 0.
+    program: list[Move] = [(0, "join", 0, 11.0, 0.0, None), (0, "deliver", 0, ("real", 10.5))]
+    for t in range(189, 3600, 300):
+        program += [(t, "restart", 0), (t, "deliver", 0, ("none",)), (t + 117, "deliver", 0, ("real", 10.5))]
+    for world in ("fast2", "first60", "rst2"):
+        outcome = check(world, program)
+        assert outcome.useful >= 0.95 * control(world).useful and outcome.honest > 0
+
+
+def test_honest_workers_restarting_while_a_cheap_cover_runs_keep_their_place_in_the_queue() -> None:
+    # Round 23 (second helper), F3: one price-0 identity really delivering 12/s covered the need, so
+    # the honest workers were never tried; 64 identities claiming 1/s joined after them. The honest
+    # workers' restart (1,500 s) re-queued them behind the 64, and when the cover went silent
+    # (2,000 s) each of those was tried first: 46.8% in rst2, honest workers 0 all hour. A worker
+    # never tried (or whose proof lapsed idle) keeps its join place when it restarts.
+    program: list[Move] = [(0, "join", 100, 12.0, 0.0, None), (0, "deliver", 100, ("real", 12.0))]
+    program += [(2000, "deliver", 100, ("none",))]
+    for k in range(64):
+        program += [(4 * k, "join", k, 1.0 + 0.01 * k, 0.0, None), (4 * k, "deliver", k, ("claim",))]
+        program += [(400, "deliver", k, ("none",))]
+    for world in ("rst2", "slowrst2"):
+        outcome = check(world, program)
+        assert outcome.useful >= 0.9 * control(world).useful
+
+
+def test_honest_workers_whose_proof_lapsed_idle_keep_their_place_when_they_restart() -> None:
+    # Round 23 (second helper), F2: 64 price-0 identities delivering a true 1/s each covered the
+    # need, so the proven honest workers went idle and their proofs lapsed; all 64 went silent at
+    # 1,500 s, when the honest workers restarted and were queued behind them: 28.1% in rst2.
+    program: list[Move] = []
+    for k in range(64):
+        program += [(4 * k, "join", k, 1.0 + 0.01 * k, 0.0, None), (4 * k, "deliver", k, ("claim",))]
+        program += [(1500, "deliver", k, ("none",))]
+    for world in ("rst2", "slowrst2"):
+        outcome = check(world, program)
+        assert outcome.useful >= 0.9 * control(world).useful

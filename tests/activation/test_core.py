@@ -884,6 +884,38 @@ def test_a_worker_just_proven_is_trusted_later_the_more_proven_workers_dropped_w
     assert held_until(core, "g", 138.0) == 138.0 + 2 * 121.0
 
 
+def test_a_proven_worker_that_leaves_or_restarts_at_full_rate_is_a_drop_and_a_failed_claim() -> None:
+    # Round 23: delivering in full, then restarting just after its trust hold and staying silent
+    # until first_rollout_timeout, one identity kept the learner in a cold start that tried its
+    # claim alone every time: 53.4% of the completions, honest workers never tried.
+    core = ActivationCore(config(rate_window=1.0, trust_hold=True))
+    joined(core, FLAPPER)
+    deliver(core, {"f": 12}, 1, 132)  # proven at 2, trusted from 123, in full until it leaves
+    core.handle(WorkerLeft("f"), 131.0)  # right after its last delivery: not falling short
+    fresh = WorkerOffer("g", rate=12.0, price=0.0)
+    core.handle(WorkerJoined(fresh), 136.0)
+    deliver(core, {"g": 12}, 137, 139)  # proven at 138: one drop within the hour before it
+    assert held_until(core, "g", 138.0) == 138.0 + 2 * 121.0
+
+
+def test_a_worker_never_tried_keeps_its_join_place_when_it_restarts() -> None:
+    # Round 23: a cheap cover kept the honest workers from ever being tried; their restart queued
+    # them behind the 64 identities that joined after them, and when the cover stopped each of those
+    # was tried first (46.8% of the completions, honest workers off all hour).
+    core = ActivationCore(config(max_probation=1))
+    partial = WorkerOffer("p", rate=6.0, price=2.0, address="p0")
+    cover = WorkerOffer("cover", rate=6.0, price=0.0, address="c0")
+    honest = WorkerOffer("z", rate=6.0, price=3.0, address="z0")
+    joined(core, partial, cover, honest)
+    deliver(core, {"p": 6, "cover": 6}, 1, 40)  # both proven; z is never tried
+    assert "z" not in core.active()
+    joined(core, *(WorkerOffer(f"x{i}", rate=6.0, price=3.0, address=f"x{i}") for i in range(3)), now=40.0)
+    core.handle(WorkerJoined(replace(honest, address="z1")), 50.0)  # z restarts, untried
+    deliver(core, {"p": 6}, 50, 61)
+    core.handle(WorkerLeft("cover"), 60.0)
+    assert set(core.active()) == {"p", "z"}  # z is first in the queue still: one trial at a time
+
+
 def test_a_proven_workers_proof_lapses_once_it_has_been_idle_for_reprobe_seconds() -> None:
     # Round 22: identities proven early and banked idle were each re-activated trusted when the
     # last one stalled: 24 of them kept the learner at 0% for the hour.
