@@ -183,6 +183,16 @@ def test_a_proven_identity_restarting_at_full_rate_is_a_drop_and_the_cold_start_
         assert outcome.useful >= 0.95 * control(world).useful and outcome.honest > 0
 
 
+def truthful_small_claims(count: int, *, silent_from: int) -> list[Move]:
+    """``count`` price-0 identities joining 4 s apart, each delivering its claim of about 1/s, all
+    silent from ``silent_from`` (red team round 23)."""
+    program: list[Move] = []
+    for k in range(count):
+        program += [(4 * k, "join", k, 1.0 + 0.01 * k, 0.0, None), (4 * k, "deliver", k, ("claim",))]
+        program += [(silent_from, "deliver", k, ("none",))]
+    return program
+
+
 def test_honest_workers_restarting_while_a_cheap_cover_runs_keep_their_place_in_the_queue() -> None:
     # Round 23 (second helper), F3: one price-0 identity really delivering 12/s covered the need, so
     # the honest workers were never tried; 64 identities claiming 1/s joined after them. The honest
@@ -191,9 +201,7 @@ def test_honest_workers_restarting_while_a_cheap_cover_runs_keep_their_place_in_
     # never tried (or whose proof lapsed idle) keeps its join place when it restarts.
     program: list[Move] = [(0, "join", 100, 12.0, 0.0, None), (0, "deliver", 100, ("real", 12.0))]
     program += [(2000, "deliver", 100, ("none",))]
-    for k in range(64):
-        program += [(4 * k, "join", k, 1.0 + 0.01 * k, 0.0, None), (4 * k, "deliver", k, ("claim",))]
-        program += [(400, "deliver", k, ("none",))]
+    program += truthful_small_claims(64, silent_from=400)
     for world in ("rst2", "slowrst2"):
         outcome = check(world, program)
         assert outcome.useful >= 0.9 * control(world).useful
@@ -203,10 +211,7 @@ def test_honest_workers_whose_proof_lapsed_idle_keep_their_place_when_they_resta
     # Round 23 (second helper), F2: 64 price-0 identities delivering a true 1/s each covered the
     # need, so the proven honest workers went idle and their proofs lapsed; all 64 went silent at
     # 1,500 s, when the honest workers restarted and were queued behind them: 28.1% in rst2.
-    program: list[Move] = []
-    for k in range(64):
-        program += [(4 * k, "join", k, 1.0 + 0.01 * k, 0.0, None), (4 * k, "deliver", k, ("claim",))]
-        program += [(1500, "deliver", k, ("none",))]
+    program = truthful_small_claims(64, silent_from=1500)
     for world in ("rst2", "slowrst2"):
         outcome = check(world, program)
         assert outcome.useful >= 0.9 * control(world).useful
