@@ -239,8 +239,11 @@ Measured rates and drift
     measured below itself before it was proven is not a drop (that is what probation measures).
     A proven worker that leaves or restarts while falling short of its planned rate (a drift not
     yet adopted) dropped all the same, and its claim failed (cold starts hedge from then on). One
-    that leaves or restarts while active at full rate is a drop of the role (below) and a failed
-    claim too: the plan counted on it (red team round 23).
+    that leaves or restarts while active at full rate dropped too, and its claim failed: the plan
+    counted on it (red team round 23). At full rate, a leave is a drop of the role (below: a fresh
+    identity may take its place) and a restart a drop of the identity, which comes back with it
+    (counted for the role, 32 identities restarting once each held every worker proven later for
+    the hour: round 24).
     The new-trust hold damps the role, not the identity, since fresh identities are free: a worker
     just proven is trusted ``(first_rollout_timeout + rate_window) * 2 ** j`` seconds later (at most
     the penalty memory), j the drops of proven workers, any of them, within the penalty memory;
@@ -1112,7 +1115,7 @@ class ActivationCore:
                 return []
             # Tried and not proven: its new run is a re-try, behind workers never tried (Probation).
             retried = worker.activated_at > -math.inf and not self._proven(worker) and not worker.lapsed
-            self._note_dropped_out(worker)
+            self._note_dropped_out(worker, restart=True)
             self._take_back_refund(worker, now)
             # A proven worker's restart keeps its join place (it earned it by delivering), once
             # per penalty memory; so does one whose proof lapsed idle, and one never tried (it
@@ -1167,7 +1170,7 @@ class ActivationCore:
         if worker is None:
             return []
         self.stats.leaves += 1
-        self._note_dropped_out(worker)
+        self._note_dropped_out(worker, restart=False)
         self._take_back_refund(worker, now)
         self._remember(peer, worker, now)
         mattered = worker.active or any(e.peer == peer for e in self._plan.excluded)
@@ -1348,10 +1351,15 @@ class ActivationCore:
         self._joins += 1
         return self._joins
 
-    def _note_dropped_out(self, worker: _Worker) -> None:
+    def _note_dropped_out(self, worker: _Worker, *, restart: bool) -> None:
         """A worker activated while unproven left or restarted: its claim failed as surely as one
         measured at 0. A fresh identity per claim, each leaving before it can be measured, would
-        otherwise never arm the cold-start hedge (red team R9-1)."""
+        otherwise never arm the cold-start hedge (red team R9-1). A proven one that was active drops
+        out (below): a restart is a drop of its own identity (flap damping: the same identity comes
+        back), a leave a drop of the role (a fresh identity may take its place). Counting
+        restarts for the role let identities inflate every later worker's new-trust hold while
+        keeping their join places (red team round 24: 32 identities restarting once each, 72.9%
+        in ``new2``)."""
         if worker.active and not self._proven(worker):
             self._claim_failed = True
         if worker.active and self._proven(worker):
@@ -1363,7 +1371,7 @@ class ActivationCore:
                 # time, leaving just before its silence was adopted, was never damped and the
                 # cold start never tried anyone else: 42.7% of the completions).
                 self._claim_failed = True
-                self._note_down_adoption(worker, self._now)
+                self._note_down_adoption(worker, self._now, role=not restart)
             else:
                 # Delivering in full, it still left the plan short of what it counted on: a drop of
                 # the role (the next worker proven waits longer to be trusted) and a failed claim
@@ -1373,7 +1381,10 @@ class ActivationCore:
                 # at once made them pay their first delivery again every 300 s (red team round 23:
                 # 53.4% of the completions in seven worlds; 64.4-75.0% in first60, rst2, slowrst2).
                 self._claim_failed = True
-                self._drops.append(self._now)
+                if restart:
+                    self._note_down_adoption(worker, self._now, role=False)
+                else:
+                    self._drops.append(self._now)
 
     def _earned_place(self, worker: _Worker) -> bool:
         """Whether a restart keeps ``worker``'s join place (once per penalty memory): proven, proven
@@ -1434,7 +1445,7 @@ class ActivationCore:
     def _penalty_memory(self) -> float:
         return PENALTY_MEMORY_REPROBES * self.config.reprobe_seconds
 
-    def _note_down_adoption(self, worker: _Worker, now: float) -> None:
+    def _note_down_adoption(self, worker: _Worker, now: float, *, role: bool = True) -> None:
         """Flap damping (module docstring, Measured rates): a proven worker whose rate is adopted
         down for the k-th time within the penalty memory, k >= ``FLAP_SUPPRESS``, is untrusted for
         ``(first_rollout_timeout + rate_window) * 2 ** (k - FLAP_SUPPRESS)`` seconds (capped at that
@@ -1444,7 +1455,8 @@ class ActivationCore:
         learner at 53.7% of its completions with honest workers delivering nothing (red team
         round 20)."""
         memory = self._penalty_memory()
-        self._drops.append(now)
+        if role:  # also a drop of the role: the new-trust hold of workers proven later grows
+            self._drops.append(now)
         down = worker.down_adoptions
         while down and down[0] <= now - memory:
             down.popleft()
