@@ -77,6 +77,8 @@ def export_policy(
     say = say or sys.stderr
     if not home.root.is_dir():
         raise ConfigError(f"--home {home.root} is not a directory")
+    if config.node.role == "worker":
+        raise ConfigError("a worker trains nothing and keeps no checkpoint: export its learner's home")
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise ConfigError(f"--out {out} exists and is not empty (use --force to replace it)")

@@ -109,3 +109,6 @@ def test_export_refuses_what_it_cannot_do_and_says_why(
     inside = ["export", "--home", str(home.root), "--out", str(home.root / "hf"), *NO_WARM_START]
     assert main(inside) == EXIT_USAGE
     assert "inside the node's home" in capsys.readouterr().err
+
+    assert main([*args, "--set", "node.role=worker"]) == EXIT_USAGE
+    assert "export its learner's home" in capsys.readouterr().err
