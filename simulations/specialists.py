@@ -26,7 +26,6 @@ import platform
 import statistics
 import sys
 import time
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +41,9 @@ from learning_runs import (
     run_logged,
     write_summary,
 )
+
+from swarmnode.cli import parse_set
+from swarmnode.errors import ConfigError
 
 RESULTS = ROOT / "simulations" / "results" / "specialists"
 #: rule name -> [learning] overrides
@@ -119,15 +121,10 @@ def main(argv: list[str] | None = None) -> int:
         help="override a [learning] key of the scenario for every rule, e.g. --set lr=3e-4 (repeatable)",
     )
     args = p.parse_args(argv)
-    settings: dict[str, Any] = {}
-    for item in args.set:
-        key, sep, raw = item.partition("=")
-        if not sep:
-            p.error(f"--set expects KEY=VALUE, got {item!r}")
-        try:
-            settings[key.strip()] = tomllib.loads(f"v = {raw}")["v"]
-        except tomllib.TOMLDecodeError:
-            p.error(f"--set {item!r}: the value is not a TOML literal")
+    try:
+        settings = parse_set(args.set)
+    except ConfigError as exc:
+        p.error(str(exc))
     rules = [r for r in args.rules.split(",") if r]
     unknown = sorted(set(rules) - set(RULES))
     if unknown:

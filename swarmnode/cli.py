@@ -34,7 +34,7 @@ EXIT_OK, EXIT_ERROR, EXIT_USAGE = 0, 1, 2
 Handler = Callable[[argparse.Namespace], int]
 
 
-def _parse_set(items: Sequence[str]) -> dict[str, Any]:
+def parse_set(items: Sequence[str]) -> dict[str, Any]:
     """``--set learn.lr=3e-4`` pairs; values are TOML literals when they parse, else strings."""
     out: dict[str, Any] = {}
     for item in items:
@@ -54,7 +54,7 @@ def _config_from_args(args: argparse.Namespace) -> Config:
     path = Path(args.config) if getattr(args, "config", None) else home.config_file
     if getattr(args, "config", None) and not path.exists():
         raise ConfigError(f"config file {path} does not exist")
-    overrides = _parse_set(getattr(args, "set", None) or [])
+    overrides = parse_set(getattr(args, "set", None) or [])
     if getattr(args, "seed", None) is not None:
         overrides["node.seed"] = args.seed
     if getattr(args, "engine", None):

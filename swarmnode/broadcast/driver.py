@@ -408,7 +408,7 @@ class BroadcastNode:
         """The blob and tensor layout this node serves under ``digest`` (a published version, or a
         received one once complete), or None: ``blob_to_state_dict`` turns them back into weights."""
         v = self._versions.get(digest)
-        if v is None or not v.done.done() or v.done.exception() is not None:
+        if v is None or not v.done.done() or v.done.cancelled() or v.done.exception() is not None:
             return None
         return v.buffer, v.body.tensors
 

@@ -185,7 +185,7 @@ class LearnerNode:
         self.trainer.resume()
         # A scratch copy for spot checks under an older version (never the live model); the old
         # weights themselves are the publisher's blobs (``WeightPublisher.weights_of``).
-        self.scratch = Trainer._frozen_copy(policy.model)
+        self.scratch = ScratchModel(Trainer._frozen_copy(policy.model))
 
     @property
     def version(self) -> int:
@@ -334,8 +334,8 @@ class LearnerNode:
             if request is None:
                 continue
             recomputed = await self.model_lock.run(
-                recompute_with,
-                self.scratch,
+                self.scratch.recompute,
+                g.policy_version,
                 weights,
                 request,
                 g.prompt_ids,
@@ -700,16 +700,28 @@ class LearnerNode:
         await run_jobs(jobs, self.metrics, self.stop)
 
 
-def recompute_with(
-    scratch: torch.nn.Module,
-    weights: tuple[bytes | bytearray, tuple[TensorEntry, ...]],
-    request: SpotCheckRequest,
-    prompt_ids: list[int],
-    completions: list[list[int]],
-    temperature: float,
-    pad_token_id: int,
-) -> list[float]:
-    """Log-probs at ``request``'s tokens under a published version's ``weights`` (blob, layout),
-    decoded here (in the model lock's thread, not the event loop) into ``scratch``."""
-    scratch.load_state_dict(blob_to_state_dict(*weights))
-    return recompute_request(scratch, request, prompt_ids, completions, temperature, pad_token_id)
+class ScratchModel:
+    """The spot checks' copy of the model, holding one published version at a time: consecutive
+    checks under the same version (the usual case) decode and load its weights once."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.model = model
+        self.version: int | None = None
+
+    def recompute(
+        self,
+        version: int,
+        weights: tuple[bytes | bytearray, tuple[TensorEntry, ...]],
+        request: SpotCheckRequest,
+        prompt_ids: list[int],
+        completions: list[list[int]],
+        temperature: float,
+        pad_token_id: int,
+    ) -> list[float]:
+        """Log-probs at ``request``'s tokens under published ``version`` (its blob and layout,
+        decoded here, in the model lock's thread, not the event loop, when not loaded already)."""
+        if version != self.version:
+            self.version = None  # a failed load leaves no version claimed
+            self.model.load_state_dict(blob_to_state_dict(*weights))
+            self.version = version
+        return recompute_request(self.model, request, prompt_ids, completions, temperature, pad_token_id)

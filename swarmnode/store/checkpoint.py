@@ -39,6 +39,7 @@ import secrets
 import shutil
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -457,18 +458,33 @@ class CheckpointStore:
         A newer checkpoint that fails verification is skipped with a WARNING naming it and
         the reason. CheckpointError if checkpoints exist but none of them is usable.
         """
-        entries = self._entries()
+        skipped: list[Path] = []
+
+        def warn(path: Path, exc: CheckpointError) -> None:
+            log.warning("skipping unusable checkpoint %s: %s", path.name, exc)
+            skipped.append(path)
+
+        newest = self.load_newest(on_skip=warn)
+        if newest is None:
+            return None
+        state, path = newest
+        if skipped:
+            log.warning("resuming from older checkpoint %s (round %d)", path.name, state.round)
+        return state
+
+    def load_newest(
+        self, on_skip: Callable[[Path, CheckpointError], None] | None = None
+    ) -> tuple[CheckpointState, Path] | None:
+        """The newest checkpoint that verifies and its directory, or None if there is none; each
+        newer one that fails is handed to ``on_skip``. CheckpointError if none of them is usable."""
         failures: list[str] = []
-        for entry in reversed(entries):
+        for path in reversed(self.paths()):
             try:
-                state = self.load(entry.path)
+                return self.load(path), path
             except CheckpointError as exc:
-                log.warning("skipping unusable checkpoint %s: %s", entry.path.name, exc)
+                if on_skip is not None:
+                    on_skip(path, exc)
                 failures.append(str(exc))
-                continue
-            if failures:
-                log.warning("resuming from older checkpoint %s (round %d)", entry.path.name, state.round)
-            return state
         if failures:
             raise CheckpointError(
                 f"no usable checkpoint in {self.directory} ({len(failures)} found, none verifies):\n  "

@@ -47,20 +47,13 @@ def _checkpoint(home: NodeHome, checkpoint: Path | None, say: TextIO) -> tuple[C
     store = CheckpointStore(home.checkpoints)
     if checkpoint is not None:
         return store.load(checkpoint), checkpoint
-    paths = store.paths()
-    if not paths:
+    newest = store.load_newest(on_skip=lambda path, exc: print(f"skipping {path.name}: {exc}", file=say))
+    if newest is None:
         raise CheckpointError(
             f"no checkpoint in {home.checkpoints}: the node has not saved a policy yet "
             "(it checkpoints every checkpoint.every_rounds rounds and when it stops)"
         )
-    failures = []
-    for path in reversed(paths):
-        try:
-            return store.load(path), path
-        except CheckpointError as exc:
-            print(f"skipping {path.name}: {exc}", file=say)
-            failures.append(path.name)
-    raise CheckpointError(f"no usable checkpoint in {home.checkpoints} (tried {', '.join(failures)})")
+    return newest
 
 
 def export_policy(
