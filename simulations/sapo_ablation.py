@@ -1,11 +1,13 @@
 """SAPO's local/external ablation (arXiv 2509.08721, ALGORITHMS.md §2) on the built-in tiny model.
 
 8 agents, each generating 8 groups (G = 8) a round and training on I local + J external groups with
-I + J = 8: configurations 8/0, 6/2, 4/4, 2/6, several seeds each. Learners are real (warm-started
+I + J = 8: configurations 8/0, 6/2, 4/4, 2/6, and 4/4 with the anchored rule (the best of the
+specialists testbed, #14), several seeds each. Learners are real (warm-started
 tiny Llama, GRPO, no KL) and exchange rollouts through the gossip core and admission pipeline
 (``swarmnode.sim.learning``). Prints each configuration's total reward (sum over agents and rounds
 of each agent's mean reward on its own completions) and its gain over 8/0 beside the paper's, and
-plots mean reward over rounds.
+plots mean reward over rounds. Each gain also comes per seed (paired with 8/0 on the same seed)
+with a 95% t-interval of its mean.
 
     python simulations/sapo_ablation.py --reduced          # <= 15 min on 2 cores: fewer rounds
     python simulations/sapo_ablation.py                    # full: the scenarios' 500 rounds
@@ -40,17 +42,45 @@ from learning_runs import (
 )
 
 RESULTS = ROOT / "simulations" / "results" / "sapo_ablation"
-CONFIGS = ((8, 0), (6, 2), (4, 4), (2, 6))
+#: name -> (I, J, [learning] overrides): SAPO's four, and 4/4 with the best transfer rule of the
+#: specialists testbed (#14) in SAPO's homogeneous setting.
+CONFIGS: dict[str, tuple[int, int, dict[str, Any]]] = {
+    "8/0": (8, 0, {}),
+    "6/2": (6, 2, {}),
+    "4/4": (4, 4, {}),
+    "2/6": (2, 6, {}),
+    "4/4 anchored": (4, 4, {"mixing": "anchored"}),
+}
 #: The paper's Table (Qwen2.5-0.5B, 8 agents, 2000 rounds): total reward and gain over 8/0.
 PAPER = {"8/0": (561.79, None), "6/2": (854.43, 0.52), "4/4": (1093.31, 0.94), "2/6": (945.87, 0.68)}
 REDUCED_ROUNDS = 20
 FULL_ROUNDS = 500  # the scenarios' rounds (the paper ran 2000 on Qwen2.5-0.5B)
+#: Student t quantiles (two-sided 95%) by degrees of freedom, for the per-seed gain intervals.
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
-def run_config(local: int, external: int, rounds: int | None, seeds: list[int] | None, out: Path) -> dict:
+def run_config(name: str, rounds: int | None, seeds: list[int] | None, out: Path) -> dict:
+    local, external, overrides = CONFIGS[name]
     # Held-out accuracy at start and end only when the rounds are overridden.
     scenario = load_scenario(f"sapo_{local}_{external}.toml", rounds, seeds, eval_every=lambda r: 0)
-    return run_logged(f"{local}/{external}", scenario, out / f"{local}_{external}")
+    scenario["learning"].update(overrides)
+    return run_logged(name, scenario, out / folder(name))
+
+
+def folder(name: str) -> str:
+    return name.replace("/", "_").replace(" ", "_")
+
+
+def gain_interval(totals: list[float], base: list[float]) -> dict[str, Any]:
+    """Each seed's gain over 8/0 on the same seed (total / base - 1), their mean, sd and a 95%
+    t-interval of the mean (None with one seed)."""
+    gains = [t / b - 1.0 for t, b in zip(totals, base, strict=True)]
+    mean = statistics.fmean(gains)
+    if len(gains) < 2:
+        return {"per_seed": gains, "mean": mean, "sd": None, "ci95": None}
+    sd = statistics.stdev(gains)
+    half = T95.get(len(gains) - 1, 1.96) * sd / len(gains) ** 0.5
+    return {"per_seed": gains, "mean": mean, "sd": sd, "ci95": [mean - half, mean + half]}
 
 
 def moving_average(values: list[float], window: int) -> list[float]:
@@ -100,17 +130,18 @@ def main(argv: list[str] | None = None) -> int:
     out = results_dir / kind
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    names = {f"{i}_{j}": (i, j, rounds, args.seeds, out) for i, j in CONFIGS}
+    names = {folder(name): (name, rounds, args.seeds, out) for name in CONFIGS}
     by_name = read_results(out, list(names)) if args.summarize_only else run_all(run_config, names, args.jobs)
     results = list(by_name.values())
     wall = time.perf_counter() - started
 
     base = results[0]["summary"]["total_reward_mean"]
+    base_per_seed = results[0]["summary"]["total_reward_per_seed"]
     table = []
-    for (i, j), result in zip(CONFIGS, results, strict=True):
+    for config, result in zip(CONFIGS, results, strict=True):
         summary = result["summary"]
-        config = f"{i}/{j}"
         heldout = summary["by_model"]["tiny"]
+        paper = PAPER.get(config, (None, None))
         table.append(
             {
                 "config": config,
@@ -118,8 +149,9 @@ def main(argv: list[str] | None = None) -> int:
                 "total_reward_stdev": summary["total_reward_stdev"],
                 "total_reward_per_seed": summary["total_reward_per_seed"],
                 "gain_vs_8_0": summary["total_reward_mean"] / base - 1.0 if base else None,
-                "paper_total_reward": PAPER[config][0],
-                "paper_gain_vs_8_0": PAPER[config][1],
+                "gain_vs_8_0_by_seed": gain_interval(summary["total_reward_per_seed"], base_per_seed),
+                "paper_total_reward": paper[0],
+                "paper_gain_vs_8_0": paper[1],
                 "heldout_start_mean": heldout["heldout_start_mean"],
                 "heldout_end_mean": heldout["heldout_end_mean"],
                 "external_used_per_agent_round": statistics.fmean(
@@ -141,14 +173,19 @@ def main(argv: list[str] | None = None) -> int:
         f"SAPO ablation on the tiny model ({kind}: {length}; 8 agents, {len(seeds)} seeds {list(seeds)}, "
         "G = 8, 8 groups generated per agent-round)"
     )
-    header = ("I/J", "total reward", "gain vs 8/0", "paper gain", "held-out start -> end")
-    print("{:>5} {:>18} {:>12} {:>11} {:>22}".format(*header))
+    header = ("I/J", "total reward", "gain vs 8/0 [95% CI]", "paper gain", "held-out start -> end")
+    print("{:>12} {:>18} {:>28} {:>11} {:>22}".format(*header))
     for row in table:
-        gain = "-" if row["config"] == "8/0" else f"{row['gain_vs_8_0']:+.1%}"
+        g = row["gain_vs_8_0_by_seed"]
+        gain = (
+            "-"
+            if row["config"] == "8/0"
+            else f"{g['mean']:+.1%}" + (f" [{g['ci95'][0]:+.1%}, {g['ci95'][1]:+.1%}]" if g["ci95"] else "")
+        )
         paper = "-" if row["paper_gain_vs_8_0"] is None else f"{row['paper_gain_vs_8_0']:+.0%}"
         total = f"{row['total_reward_mean']:.2f} ± {row['total_reward_stdev']:.2f}"
         print(
-            f"{row['config']:>5} {total:>18} {gain:>12} {paper:>11} "
+            f"{row['config']:>12} {total:>18} {gain:>28} {paper:>11} "
             f"{row['heldout_start_mean']:>10.3f} -> {row['heldout_end_mean']:.3f}"
         )
     wall, args.jobs = recorded_wall(results_dir / f"{kind}.json", wall, args.jobs, args.summarize_only)
@@ -161,7 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     full_estimate = cost * FULL_ROUNDS * len(seeds)
     print(
         f"wall {wall:.0f} s with --jobs {args.jobs} on {os.cpu_count()} cores; mean {per_round:.2f} s wall "
-        f"per 8-agent round; the full version ({FULL_ROUNDS} rounds x {len(seeds)} seeds x 4 configurations) "
+        f"per 8-agent round; the full version ({FULL_ROUNDS} rounds x {len(seeds)} seeds x {len(CONFIGS)} "
+        "configurations) "
         f"extrapolates to {full_estimate / 3600:.1f} h of single-thread work ({basis} s per round x rounds)"
     )
     summary = {

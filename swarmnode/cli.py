@@ -267,7 +267,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("swarm", help="run a local swarm on loopback: a bootstrap peer and N nodes")
     p.add_argument("--home", default="runs/swarm", help="directory for all homes (default runs/swarm)")
     p.add_argument("--nodes", type=int, default=3, help="number of nodes (default 3)")
-    p.add_argument("--minutes", type=float, default=3.0, help="how long to run (default 3)")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=8.0,
+        help="how long the nodes train (default 8; the first run also warm-starts the specialists, ~1 min)",
+    )
     p.add_argument(
         "--mixing",
         choices=[
@@ -279,10 +284,17 @@ def build_parser() -> argparse.ArgumentParser:
             "positive_only",
             "anchored",
         ],
-        default="sapo",
-        help="how nodes use each other's groups (swarm.mixing; default sapo)",
+        default="anchored",
+        help="how nodes use each other's groups (swarm.mixing; default anchored, the best rule of "
+        "simulations/specialists.py); none: the control, every node ignores its peers' groups",
     )
-    p.add_argument("--round-seconds", type=float, default=4.0, help="swarm round length (default 4)")
+    p.add_argument(
+        "--round-seconds",
+        type=float,
+        default=1.0,
+        help="swarm round length (default 1: on loopback a round of the tiny model takes well under "
+        "a second; at 0.5 half the peers' groups arrive too late to be used)",
+    )
     p.set_defaults(handler=cmd_swarm)
 
     p = sub.add_parser("config", help="show the effective config or the reference of every key")

@@ -68,6 +68,12 @@ class TaskDatasetConfig(Section):
         description="'question': the generator's question text; 'compact': the bare arithmetic "
         "expression and '=' (the built-in tiny model's format).",
     )
+    label: str = Field(
+        "",
+        pattern=r"^[A-Za-z0-9_.-]{0,32}$",
+        description="The family's name in held-out results, status and the ledger (letters, digits, "
+        "'_', '.', '-'; at most 32). Empty = the generator's name.",
+    )
 
 
 class TasksConfig(Section):
@@ -79,8 +85,9 @@ class TasksConfig(Section):
     datasets: list[TaskDatasetConfig] = Field(
         default_factory=list,
         description="Your own mixture, replacing the preset: one [[tasks.datasets]] table per generator "
-        "with name, config (a table), weight (default 1) and prompt_format ('question' or 'compact'; "
-        "default 'question'). Empty = the tasks.mixture preset; setting both a non-default "
+        "with name, config (a table), weight (default 1), prompt_format ('question' or 'compact'; "
+        "default 'question') and label (the family's name in held-out results; default the generator's). "
+        "Empty = the tasks.mixture preset; setting both a non-default "
         "tasks.mixture and tasks.datasets is an error. Peers accept only groups of the families "
         "listed here (others are refused task_not_allowed, charged to nobody).",
     )
@@ -89,9 +96,15 @@ class TasksConfig(Section):
         description="Mixture the built-in tiny model is warm-started on (a specialist), same entry shape "
         "as tasks.datasets, as [[tasks.warm_start_datasets]] tables. Empty = the training mixture. "
         "Used only when model.path is empty and model.warm_start is true; each mixture gets its own "
-        "cache directory under HOME/models.",
+        "cache directory under HOME/models. A specialist's warm start stops at 95% greedy accuracy "
+        "(on its 2-digit tasks if it has any) or 1,000 steps.",
     )
-    heldout_size: int = Field(200, ge=0, description="Held-out tasks for accuracy evaluation.")
+    heldout_size: int = Field(
+        200,
+        ge=0,
+        description="Held-out tasks for greedy accuracy evaluation, split evenly over the mixture's "
+        "families (status and the ledger give each family's accuracy and their mean).",
+    )
     seed: int = Field(
         -1,
         ge=-1,

@@ -26,14 +26,14 @@ from swarmnode.net.config import NetConfig
 from swarmnode.ops.api import serve_forever
 from swarmnode.ops.metrics import Metrics
 from swarmnode.policy import Policy, build_tiny_policy, load_policy
-from swarmnode.policy.warmstart import warm_start
+from swarmnode.policy.warmstart import SPECIALIST_WARM_START, warm_start
 from swarmnode.rollout import RolloutEngine, make_engine
 from swarmnode.tasks import DatasetSpec, TaskMixture, default_mixture, mixture_from_specs, sapo_mixture
 from swarmnode.verify import VerifierPool
 
 
 def _specs(entries: list[TaskDatasetConfig]) -> list[DatasetSpec]:
-    return [DatasetSpec(e.name, dict(e.config), e.weight, e.prompt_format) for e in entries]
+    return [DatasetSpec(e.name, dict(e.config), e.weight, e.prompt_format, e.label) for e in entries]
 
 
 def task_seed(config: Config) -> int:
@@ -70,7 +70,14 @@ def build_policy(config: Config, home: NodeHome, mixture: TaskMixture, say: Text
         return load_policy(Path(config.model.path).expanduser())
     if not config.model.warm_start:
         return build_tiny_policy(config.node.seed)
-    path = warm_start(home.root, warm_mixture, config.node.seed, progress=lambda line: print(line, file=say))
+    settings = SPECIALIST_WARM_START if config.tasks.warm_start_datasets else None
+    path = warm_start(
+        home.root,
+        warm_mixture,
+        config.node.seed,
+        progress=lambda line: print(line, file=say),
+        settings=settings,
+    )
     return load_policy(path)
 
 

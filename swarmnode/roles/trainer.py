@@ -76,6 +76,8 @@ class SwarmNode:
         self.last: RoundMetrics | None = None
         self.first_reward: float | None = None
         self.heldout: float | None = None
+        self.heldout_by_family: dict[str, float] = {}
+        self.heldout_first_by_family: dict[str, float] = {}  # at the start of this run
         self.rounds_done_here = 0
         self.stop = asyncio.Event()
 
@@ -99,6 +101,8 @@ class SwarmNode:
             "reward_last": last.mean_reward if last else None,
             "accuracy_last": last.accuracy if last else None,
             "heldout_accuracy": self.heldout,
+            "heldout_by_family": self.heldout_by_family,
+            "heldout_first_by_family": self.heldout_first_by_family,
             "tokens_per_s": last.tokens_per_second if last else None,
             "loss_last": None if last is None or math.isnan(last.loss) else last.loss,
             "external_pool": len(self.pool),
@@ -122,6 +126,8 @@ class SwarmNode:
         g.inc("groups_used", "Groups trained on", m.external_used, source="external")
         if m.heldout_accuracy is not None:
             g.set("heldout_accuracy", "Greedy accuracy on the held-out set", m.heldout_accuracy)
+        for family, value in m.heldout_by_family.items():
+            g.set("heldout_family_accuracy", "Greedy held-out accuracy per task family", value, family=family)
         verifier_gauges(g, self.verifier)
         if self.runtime.is_running:
             g.set("peers", "Peers in the DHT routing table", self.runtime.dht_peer_count())
@@ -204,6 +210,7 @@ class SwarmNode:
             self.first_reward = metrics.mean_reward if self.first_reward is None else self.first_reward
             if metrics.heldout_accuracy is not None:
                 self.heldout = metrics.heldout_accuracy
+                self.heldout_by_family = metrics.heldout_by_family
             self.rounds_done_here += 1
             self._update_gauges(metrics)
             log.info(
@@ -222,6 +229,8 @@ class SwarmNode:
     async def run(self) -> None:
         await asyncio.to_thread(self._build_torch_side)
         self.heldout = await self.model_lock.run(self.trainer.evaluate) if self.trainer.heldout else None
+        self.heldout_by_family = dict(self.trainer.heldout_by_family)
+        self.heldout_first_by_family = self.heldout_by_family
         try:
             if self.stop.is_set():  # asked to stop during start-up
                 return

@@ -122,7 +122,7 @@ from swarmnode.policy.warmstart import WarmStartSettings, warm_start
 from swarmnode.roles.convert import rollout_batch, to_scored
 from swarmnode.rollout import make_engine
 from swarmnode.store import CheckpointStore, Ledger
-from swarmnode.tasks import DatasetSpec, Task, TaskMixture, default_mixture, mixture_from_specs
+from swarmnode.tasks import DatasetSpec, Task, TaskMixture, default_mixture, family_names, mixture_from_specs
 from swarmnode.train import ScoredGroup, Trainer
 from swarmnode.wire import encode_envelope, seal, to_ms
 
@@ -191,15 +191,9 @@ class LearningScenario:
         return TaskMixture(list(self.datasets), seed) if self.datasets else default_mixture(seed)
 
     def families(self) -> dict[str, DatasetSpec]:
-        """Each dataset by its family label: its ``label``, else its generator's name (``name#i`` when
-        a name repeats)."""
-        names = [d.name for d in self.datasets]
-        return {
-            self.labels[i]
-            if i < len(self.labels) and self.labels[i]
-            else (d.name if names.count(d.name) == 1 else f"{d.name}#{i}"): d
-            for i, d in enumerate(self.datasets)
-        }
+        """Each dataset by its family name (``swarmnode.tasks.family_names``: its label, else its
+        generator's name)."""
+        return family_names(self.datasets)
 
     def warm_family(self, agent: int) -> str | None:
         """The family agent ``agent`` is warm-started on alone (None: the training mixture)."""
@@ -341,12 +335,11 @@ def _parse_datasets(entries: object) -> tuple[tuple[DatasetSpec, ...], tuple[str
         if isinstance(weight, bool) or not isinstance(weight, int | float):
             raise ConfigError(f"{where}.weight must be a number, got {weight!r}")
         fmt = entry.get("prompt_format", "question")
-        specs.append(DatasetSpec(entry["name"], dict(config), float(weight), str(fmt)))
-        labels.append(str(entry.get("label", "")))
-    mixture_from_specs(specs, 0, key="learning.datasets")  # raises ConfigError naming the entry
-    given = [label for label in labels if label]
-    if len(set(given)) != len(given):
-        raise ConfigError(f"learning.datasets labels must differ, got {given}")
+        label = str(entry.get("label", ""))
+        specs.append(DatasetSpec(entry["name"], dict(config), float(weight), str(fmt), label))
+        labels.append(label)
+    # Raises ConfigError naming the entry (or two entries with one family name).
+    mixture_from_specs(specs, 0, key="learning.datasets")
     return tuple(specs), tuple(labels)
 
 
@@ -597,12 +590,10 @@ HeldOut = dict[str, list[Task]]
 def _heldout_sets(spec: LearningScenario) -> HeldOut:
     if not spec.heldout_size:
         return {}
+    mixture = spec.training_mixture(spec.eval_seed)
     if len(spec.datasets) > 1:
-        return {
-            label: TaskMixture([d], spec.eval_seed).heldout(spec.heldout_size)
-            for label, d in spec.families().items()
-        }
-    return {"": spec.training_mixture(spec.eval_seed).heldout(spec.heldout_size)}
+        return mixture.heldout_by_family(spec.heldout_size)
+    return {"": mixture.heldout(spec.heldout_size)}
 
 
 def _evaluate(agent: Agent, sets: HeldOut, r: int) -> None:

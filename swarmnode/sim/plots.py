@@ -11,7 +11,7 @@ from typing import Any
 from swarmnode.sim import sim_extra_missing
 
 
-def _pyplot() -> Any:
+def pyplot() -> Any:
     try:
         import matplotlib
     except ImportError as exc:  # installed without the simulator's extra
@@ -35,7 +35,7 @@ def plot_all(results: dict[str, Any], out_dir: Path) -> list[Path]:
 
 
 def plot_broadcast(b: dict[str, Any], path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     times = b["completion_times"]
     n = max(1, b["receivers_alive"])
@@ -72,7 +72,7 @@ def plot_broadcast(b: dict[str, Any], path: Path) -> Path:
 
 
 def plot_gossip_latency(g: dict[str, Any], path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     cdf = g["latency_cdf"]
     ax.plot([p[0] for p in cdf], [p[1] for p in cdf], color="C0", lw=2, label="honest items")
@@ -95,7 +95,7 @@ def plot_gossip_latency(g: dict[str, Any], path: Path) -> Path:
 
 
 def plot_activation(a: dict[str, Any], path: Path) -> Path:
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.2))
     for i, run in enumerate(a["policies"]):
         color = f"C{i % 10}"

@@ -7,9 +7,11 @@ answer or reward carried with a rollout: scoring always re-derives the task.
 
 from swarmnode.tasks.ids import PROMPT_FORMATS, TaskId
 from swarmnode.tasks.mixture import (
+    SPECIALIST_FAMILIES,
     DatasetSpec,
     TaskMixture,
     default_mixture,
+    family_names,
     generator_config_keys,
     mixture_from_specs,
     sapo_mixture,
@@ -19,6 +21,7 @@ from swarmnode.tasks.source import Task, regenerate
 
 __all__ = [
     "PROMPT_FORMATS",
+    "SPECIALIST_FAMILIES",
     "DatasetSpec",
     "Task",
     "TaskId",
@@ -27,6 +30,7 @@ __all__ = [
     "check_family",
     "default_mixture",
     "extract_answer",
+    "family_names",
     "generator_config_keys",
     "mixture_from_specs",
     "regenerate",

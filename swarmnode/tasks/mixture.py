@@ -30,6 +30,7 @@ class DatasetSpec:
     config: dict[str, Any] = field(default_factory=dict)
     weight: float = 1.0
     prompt_format: str = "question"
+    label: str = ""  # the family's name in results and status (not part of any task id)
 
     def task_id(self, seed: int, index: int) -> TaskId:
         return TaskId(self.name, canonical_config(self.config), seed, index, self.prompt_format)
@@ -90,6 +91,30 @@ class TaskMixture:
             tasks.append(regenerate(spec.task_id(heldout_seed, rng.randrange(MAX_TASK_INDEX))))
         return tasks
 
+    def families(self) -> dict[str, DatasetSpec]:
+        """Each dataset by its family name (``family_names``)."""
+        return family_names(self.specs)
+
+    def heldout_by_family(self, count: int) -> dict[str, list[Task]]:
+        """Held-out sets of ``count`` tasks per family (one family: ``{name: self.heldout(count)}``,
+        the same tasks). Each family's set is its own single-dataset mixture's ``heldout``, so it does
+        not depend on the other families or the weights: peers on other mixtures measure a family on
+        the same tasks when they share the task seed."""
+        return {name: TaskMixture([spec], self.seed).heldout(count) for name, spec in self.families().items()}
+
+
+def family_names(specs: Sequence[DatasetSpec]) -> dict[str, DatasetSpec]:
+    """Each dataset by the name results and status give its family: its ``label``, else its
+    generator's name (``name#i`` when two entries share a generator)."""
+    names = [d.name for d in specs]
+    out: dict[str, DatasetSpec] = {}
+    for i, d in enumerate(specs):
+        name = d.label or (d.name if names.count(d.name) == 1 else f"{d.name}#{i}")
+        if name in out:
+            raise TaskError(f"two datasets have the family name {name!r}; give them different labels")
+        out[name] = d
+    return out
+
 
 def default_mixture(seed: int = 0) -> TaskMixture:
     """What the built-in tiny model learns: 2-term chain_sum, 1-2 digit terms, compact prompts."""
@@ -104,6 +129,27 @@ def default_mixture(seed: int = 0) -> TaskMixture:
         ],
         seed=seed,
     )
+
+
+def _one_digit(name: str, label: str, **config: Any) -> DatasetSpec:
+    return DatasetSpec(
+        name,
+        {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 1, **config},
+        1.0,
+        "compact",
+        label,
+    )
+
+
+#: Four families the tiny model's alphabet writes, each learnt alone in a few hundred supervised
+#: steps (decimals: ~1,000): the specialists of ``swarmnode swarm`` and of the #14 testbed
+#: (``simulations/scenarios/specialists.toml`` lists the same four).
+SPECIALIST_FAMILIES: tuple[DatasetSpec, ...] = (
+    _one_digit("basic_arithmetic", "add", operators=["+"], allow_parentheses=False, allow_negation=False),
+    _one_digit("basic_arithmetic", "sub", operators=["-"], allow_parentheses=False, allow_negation=False),
+    _one_digit("products", "mul"),
+    _one_digit("decimal_chain_sum", "dec", min_decimal_places=1, max_decimal_places=1),
+)
 
 
 #: The nine ReasoningGym tasks of SAPO's experiments (ALGORITHMS.md §2), equal weights.
@@ -199,4 +245,8 @@ def mixture_from_specs(
                 "keep one entry (add the weights together)"
             )
         seen[family] = i
+    try:
+        family_names(specs)
+    except TaskError as exc:
+        raise ConfigError(f"{key}: {exc}") from exc
     return TaskMixture(list(specs), seed=seed)

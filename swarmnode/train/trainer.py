@@ -17,10 +17,11 @@ from __future__ import annotations
 
 import copy
 import logging
+import math
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -47,7 +48,7 @@ from swarmnode.learn.transfer import (
 )
 from swarmnode.ops.faults import fault_point
 from swarmnode.policy import Policy
-from swarmnode.policy.evaluate import evaluate_accuracy
+from swarmnode.policy.evaluate import task_scores
 from swarmnode.rollout import RolloutEngine, SamplingParams
 from swarmnode.store import CheckpointState, CheckpointStore, Ledger, RoundRecord
 from swarmnode.tasks import Task, TaskMixture
@@ -84,6 +85,14 @@ def clip_range(learn: LearnConfig, *, sequence: bool) -> tuple[float, float]:
     return low, high
 
 
+def heldout_sets(mixture: TaskMixture, size: int) -> dict[str, list[Task]]:
+    """``size`` held-out tasks (``tasks.heldout_size``) split evenly over the mixture's families,
+    rounded up (``TaskMixture.heldout_by_family``); a one-family mixture keeps ``mixture.heldout``."""
+    if size <= 0:
+        return {}
+    return mixture.heldout_by_family(math.ceil(size / len(mixture.specs)))
+
+
 @dataclass
 class RoundMetrics:
     round: int
@@ -97,6 +106,8 @@ class RoundMetrics:
     external_used: int
     seconds: float
     policy_version: int
+    #: per family (``TaskMixture.families``) when the mixture has several and this round evaluated
+    heldout_by_family: dict[str, float] = field(default_factory=dict)
 
 
 class Trainer:
@@ -128,7 +139,9 @@ class Trainer:
         )
         self.generator = torch.Generator().manual_seed(config.node.seed)
         self.reference = self._frozen_copy(policy.model) if learn.beta > 0 else None
-        self.heldout: list[Task] = mixture.heldout(config.tasks.heldout_size)
+        self.heldout_sets = heldout_sets(mixture, config.tasks.heldout_size)
+        self.heldout: list[Task] = [task for tasks in self.heldout_sets.values() for task in tasks]
+        self.heldout_by_family: dict[str, float] = {}  # the last evaluation's, with several families
         self.round = 0  # rounds completed
         self.node_id = "local"
         # SAPO's uniform choice of groups; seeded so a resumed run picks the same ones.
@@ -534,8 +547,16 @@ class Trainer:
         return advantages, ratio, is_self, old_mean
 
     def evaluate(self) -> float:
-        """Greedy accuracy on the held-out set."""
-        return evaluate_accuracy(self.policy, self.heldout, engine=self.engine)
+        """Greedy accuracy on the held-out set: with several families, the mean of each family's
+        accuracy (kept in ``heldout_by_family``), so every family counts the same."""
+        scores = iter(task_scores(self.policy, self.heldout, self.engine, True))
+        by_family = {
+            family: sum(next(scores) for _ in tasks) / len(tasks)
+            for family, tasks in self.heldout_sets.items()
+            if tasks
+        }
+        self.heldout_by_family = by_family if len(by_family) > 1 else {}
+        return sum(by_family.values()) / len(by_family) if by_family else 0.0
 
     def run_round(self, external: Sequence[ScoredGroup] = ()) -> RoundMetrics:
         """Run round ``self.round + 1``: generate, then ``train_round``."""
@@ -580,6 +601,8 @@ class Trainer:
         extra = {"groups_used": float(own_used), "external_used": float(external_used)}
         if heldout is not None:
             extra["heldout_accuracy"] = heldout
+            metrics.heldout_by_family = dict(self.heldout_by_family)
+            extra.update({f"heldout/{family}": v for family, v in self.heldout_by_family.items()})
         self.ledger.record_round(
             RoundRecord(
                 round=index,
