@@ -21,6 +21,12 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+# A node tokenizes a handful of short texts at a time (a group's completions): the tokenizers
+# library's thread pool costs ~3x the CPU of encoding them in the calling thread (62 vs 22 us for a
+# group of 8 on 2 cores) and competes with torch's threads. Set before tokenizers is first used; an
+# explicit setting in the environment wins.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
 import torch
 from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
