@@ -15,7 +15,9 @@ import time
 import torch
 from transformers import GenerationConfig
 
+from swarmnode.errors import EngineUnavailable
 from swarmnode.policy.model import Policy
+from swarmnode.rollout.keyed import SamplingKeys
 from swarmnode.rollout.types import (
     GenerationResult,
     SamplingParams,
@@ -76,7 +78,14 @@ class HFEngine:
         n: int,
         params: SamplingParams,
         generator: torch.Generator | None = None,
+        *,
+        keys: SamplingKeys | None = None,
     ) -> GenerationResult:
+        if keys is not None:
+            raise EngineUnavailable(
+                "keyed sampling (SPEC.md, checkable by a learner) is implemented by the torch engine only; "
+                "the hf engine samples with transformers' generate"
+            )
         started = time.perf_counter()
         policy = self._policy
         prompt_ids = encode_prompts(policy, prompts, n)

@@ -41,6 +41,7 @@ from torch import nn
 
 from swarmnode.errors import EngineUnavailable
 from swarmnode.policy.model import Policy
+from swarmnode.rollout.keyed import SamplingKeys, choose
 from swarmnode.rollout.types import (
     GenerationResult,
     SamplingParams,
@@ -479,6 +480,7 @@ def _sample(
     generator: torch.Generator | None,
     rows: torch.Tensor | None = None,
     batch: int | None = None,
+    keyed: tuple[SamplingKeys, int, int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Next tokens (R,) and their log-probs (R,) by the convention in ``rollout.types``.
 
@@ -488,6 +490,8 @@ def _sample(
     faster than ``torch.multinomial`` for a small batch. ``logits`` may be the rows
     ``rows`` of a batch of ``batch``: the uniforms of the whole batch are drawn and
     those rows' used, so a row's sample does not depend on which others still run.
+    ``keyed`` = (keys, n, position): the uniforms are the keyed sampling rule's
+    (``rollout.keyed``), a function of the learner's seed, the row and the position.
     """
     scaled = scaled_logits(logits, params)
     logp = torch.log_softmax(scaled, dim=-1)
@@ -497,12 +501,17 @@ def _sample(
         probs = top_p_filter(scaled, params.top_p).softmax(dim=-1) if params.top_p < 1.0 else logp.exp()
         cdf = probs.cumsum(dim=-1)
         device = generator.device if generator is not None else probs.device
-        draws = probs.shape[0] if batch is None else batch
-        uniform = 1.0 - torch.rand((draws, 1), generator=generator, device=device)  # (0, 1]
-        if rows is not None:
-            uniform = uniform[rows.to(device)]
-        threshold = uniform.to(probs.device) * cdf[:, -1:]
-        tokens = (cdf < threshold).sum(dim=-1)
+        if keyed is not None:
+            keys, n, position = keyed
+            wanted = range(probs.shape[0]) if rows is None else rows.tolist()
+            tokens = choose(probs, keys.uniforms(n, position, wanted))
+        else:
+            draws = probs.shape[0] if batch is None else batch
+            uniform = 1.0 - torch.rand((draws, 1), generator=generator, device=device)  # (0, 1]
+            if rows is not None:
+                uniform = uniform[rows.to(device)]
+            threshold = uniform.to(probs.device) * cdf[:, -1:]
+            tokens = (cdf < threshold).sum(dim=-1)
     return tokens, logp.gather(1, tokens.unsqueeze(1)).squeeze(1)
 
 
@@ -549,14 +558,20 @@ class TorchEngine:
         n: int,
         params: SamplingParams,
         generator: torch.Generator | None = None,
+        *,
+        keys: SamplingKeys | None = None,
     ) -> GenerationResult:
+        """``keys``: sample by the keyed rule (``rollout.keyed``; ``generator`` is then unused), one
+        task key per prompt."""
         started = time.perf_counter()
         policy = self._policy
+        if keys is not None and len(keys.task_keys) != len(prompts):
+            raise ValueError(f"{len(keys.task_keys)} task keys for {len(prompts)} prompts")
         prompt_ids = encode_prompts(policy, prompts, n)
         if not prompt_ids:
             return GenerationResult([], [], policy.version, 0, time.perf_counter() - started)
         with torch.inference_mode():
-            tokens, logprobs = self._run(prompt_ids, n, params, generator)
+            tokens, logprobs = self._run(prompt_ids, n, params, generator, keys)
         completions, generated = group_completions(policy, tokens, logprobs, n)
         return GenerationResult(
             prompt_ids=prompt_ids,
@@ -567,7 +582,12 @@ class TorchEngine:
         )
 
     def _run(
-        self, prompt_ids: list[list[int]], n: int, params: SamplingParams, generator: torch.Generator | None
+        self,
+        prompt_ids: list[list[int]],
+        n: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        keys: SamplingKeys | None = None,
     ) -> tuple[list[list[int]], list[list[float]]]:
         """Token ids and log-probs per row (row = prompt * n + sample), cut after the step all rows ended."""
         policy = self._policy
@@ -598,7 +618,8 @@ class TorchEngine:
         out_logprobs = torch.zeros((batch, params.max_new_tokens), dtype=torch.float32, device=device)
         steps = 0
         for step in range(params.max_new_tokens):
-            token, logp = _sample(logits, params, generator, live, batch)
+            keyed = None if keys is None else (keys, n, step)
+            token, logp = _sample(logits, params, generator, live, batch, keyed)
             token = token.masked_fill(finished, pad_id)
             out_tokens[live, step] = token
             out_logprobs[live, step] = logp.float()

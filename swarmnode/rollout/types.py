@@ -20,6 +20,7 @@ import torch
 
 if TYPE_CHECKING:
     from swarmnode.policy.model import Policy
+    from swarmnode.rollout.keyed import SamplingKeys
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,8 @@ class RolloutEngine(Protocol):
         n: int,
         params: SamplingParams,
         generator: torch.Generator | None = None,
+        *,
+        keys: SamplingKeys | None = None,
     ) -> GenerationResult: ...
 
     def update_weights(self, policy: Policy) -> None: ...

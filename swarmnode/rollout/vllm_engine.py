@@ -48,6 +48,7 @@ from torch import nn
 
 from swarmnode.errors import EngineUnavailable
 from swarmnode.policy.model import Policy, save_policy
+from swarmnode.rollout.keyed import SamplingKeys
 from swarmnode.rollout.types import (
     GenerationResult,
     SamplingParams,
@@ -239,7 +240,14 @@ class VLLMEngine:
         n: int,
         params: SamplingParams,
         generator: torch.Generator | None = None,
+        *,
+        keys: SamplingKeys | None = None,
     ) -> GenerationResult:
+        if keys is not None:
+            raise EngineUnavailable(
+                "keyed sampling (SPEC.md, checkable by a learner) is implemented by the torch engine only; "
+                "vLLM workers cannot be verified this way yet"
+            )
         started = time.perf_counter()
         if _weights_key(self._policy.model) != self._weights_key:
             self.update_weights(self._policy)  # changed in place since the last push

@@ -951,8 +951,55 @@ def manifest(vs: VectorSet) -> dict[str, Any]:
     }
 
 
+KEYED_SAMPLING = "keyed_sampling.json"
+
+
+def keyed_sampling_vectors() -> dict[str, Any]:
+    """The keyed sampling rule's vectors (``rollout.keyed``, SPEC.md "Keyed sampling"): uniforms for
+    (seed, task key, completion, position), and the rule's token for given logits, parameters and
+    uniform (float32 arithmetic throughout, as the rule states)."""
+    import torch
+
+    from swarmnode.rollout.keyed import DOMAIN, choose, distribution, keyed_uniform
+    from swarmnode.rollout.types import SamplingParams
+
+    seeds = [bytes(range(32)), bytes.fromhex("ff" * 32)]
+    keys = [vector_task(0).id.key(), "chain_sum:{}:0:0:compact", "ключ"]
+    uniforms = [
+        {
+            "seed_hex": seed.hex(),
+            "key": key,
+            "completion": j,
+            "position": t,
+            "u": keyed_uniform(seed, key, j, t),
+        }
+        for seed in seeds
+        for key in keys
+        for j, t in ((0, 0), (3, 5), (2**32 - 1, 7))
+    ]
+    logits = [2.0, 1.0, 0.5, -1.0, 0.0, 3.0]
+    cases = []
+    for temperature, top_p in ((1.0, 1.0), (0.7, 1.0), (1.0, 0.8), (1.3, 0.5)):
+        params = SamplingParams(temperature=temperature, top_p=top_p)
+        probs = distribution(torch.tensor([logits]), params)
+        for u in (1e-9, 0.25, 0.33, 0.36, 0.38, 0.5, 1.0):
+            token = int(choose(probs, torch.tensor([u], dtype=torch.float64))[0])
+            cases.append(
+                {"logits": logits, "temperature": temperature, "top_p": top_p, "u": u, "token": token}
+            )
+    return {
+        "rule": "u = ((uint64_be(SHA-256(domain || seed || u32_be(len(key)) || key || u32_be(completion) "
+        "|| u32_be(position))[:8]) >> 11) + 1) / 2^53; p = softmax(top_p(logits / temperature)) in "
+        "float32; c = cumsum(p); token = #{i : c_i < fl32(fl32(u) * c_last)}",
+        "domain_hex": DOMAIN.hex(),
+        "uniforms": uniforms,
+        "choices": cases,
+    }
+
+
 def write(out: Path) -> list[Path]:
-    """Write every vector and ``manifest.json`` into ``out``; remove stale ``*.bin`` there."""
+    """Write every vector, ``manifest.json`` and ``keyed_sampling.json`` into ``out``; remove stale
+    ``*.bin`` there."""
     vs = build()
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob("*.bin"):
@@ -965,6 +1012,9 @@ def write(out: Path) -> list[Path]:
     text = json.dumps(manifest(vs), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
     (out / MANIFEST).write_text(text, encoding="utf-8")
     written.append(out / MANIFEST)
+    keyed = json.dumps(keyed_sampling_vectors(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+    (out / KEYED_SAMPLING).write_text(keyed, encoding="utf-8")
+    written.append(out / KEYED_SAMPLING)
     return written
 
 
