@@ -856,6 +856,9 @@ class _Worker:
     held_until: float | None = None
     idle_since: float | None = None  # proven and deactivated then: its proof lapses after reprobe_seconds
     lapsed: bool = False  # its proof lapsed idle (not failed): it keeps its join place as if proven
+    # When it, proven and active, re-advertised a rate off its proof (its own doing; kept across a
+    # restart): if it then leaves, that is a drop of the role (red team round 25, F4).
+    unproved_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -892,7 +895,9 @@ class ActivationCore:
         # When proven workers, any of them, dropped (adopted down, or left or restarted while
         # falling short) within the penalty memory: the hold on a new proof doubles with each
         # (flap damping of the role, not the identity: fresh identities are free).
-        self._drops: deque[float] = deque(maxlen=MAX_LEARNER_DROPS)
+        # Each is (when, the identity whose leave it was, or None): a leave counts only while that
+        # identity is away, as a restart counts for the identity alone (red team round 25, F1).
+        self._drops: deque[tuple[float, PeerId | None]] = deque(maxlen=MAX_LEARNER_DROPS)
         # Trials started while trials are limited (a proven worker exists, or a claim failed): at
         # most max_probation per first_rollout_timeout, each an Activate and a weight fetch
         # (module docstring, Probation; red team round 10, R10-3).
@@ -1147,6 +1152,8 @@ class ActivationCore:
         )
         if not worker.measured_adopted and self._outside_band(offer.rate, worker.planned_rate):
             worker.planned_rate = offer.rate
+            if worker.active and self._proven(worker):
+                worker.unproved_at = now
             # What a window showed backed the old rate, not this one: unproven until one backs it.
             worker.backed = False
             self._take_back_refund(worker, now)
@@ -1170,7 +1177,16 @@ class ActivationCore:
         if worker is None:
             return []
         self.stats.leaves += 1
-        self._note_dropped_out(worker, restart=False)
+        if not self._note_dropped_out(worker, restart=False) and (
+            worker.down_adoptions or worker.unproved_at is not None
+        ):
+            # It dropped itself before (a restart or a slowdown adopted, its own drops) or gave up
+            # its proof by re-advertising, and now leaves for good: a drop of the role after all.
+            # Restarting (or re-advertising) just before swapping in a fresh identity recorded no
+            # drop of the role, so every new identity was trusted one hold after its proof and
+            # displaced the honest workers again each cycle (red team round 25, F3 and F4: 72.8%
+            # and 73.8% of the completions in ``first60``).
+            self._drops.append((now, None))
         self._take_back_refund(worker, now)
         self._remember(peer, worker, now)
         mattered = worker.active or any(e.peer == peer for e in self._plan.excluded)
@@ -1298,6 +1314,7 @@ class ActivationCore:
         )
         if hold is not None:
             self._carry_hold(self._workers[peer], hold.down_adoptions, hold.held_until)
+            self._workers[peer].unproved_at = hold.unproved_at
         return actions + self._replan(now, f"{cause}, measuring it afresh: {peer}")
 
     def _trial_places(self, wanted: int) -> int:
@@ -1351,7 +1368,7 @@ class ActivationCore:
         self._joins += 1
         return self._joins
 
-    def _note_dropped_out(self, worker: _Worker, *, restart: bool) -> None:
+    def _note_dropped_out(self, worker: _Worker, *, restart: bool) -> bool:
         """A worker activated while unproven left or restarted: its claim failed as surely as one
         measured at 0. A fresh identity per claim, each leaving before it can be measured, would
         otherwise never arm the cold-start hedge (red team R9-1). A proven one that was active drops
@@ -1359,7 +1376,9 @@ class ActivationCore:
         back), a leave a drop of the role (a fresh identity may take its place). Counting
         restarts for the role let identities inflate every later worker's new-trust hold while
         keeping their join places (red team round 24: 32 identities restarting once each, 72.9%
-        in ``new2``)."""
+        in ``new2``). A leave's drop of the role is the identity's: it stops counting once that
+        identity is back (``_hold_new_trust``), or leaving and rejoining was the old restart (red
+        team round 25, F1: 72.9% in ``new2``). Returns whether a drop of the role was recorded."""
         if worker.active and not self._proven(worker):
             self._claim_failed = True
         if worker.active and self._proven(worker):
@@ -1371,7 +1390,10 @@ class ActivationCore:
                 # time, leaving just before its silence was adopted, was never damped and the
                 # cold start never tried anyone else: 42.7% of the completions).
                 self._claim_failed = True
-                self._note_down_adoption(worker, self._now, role=not restart)
+                self._note_down_adoption(worker, self._now, role=False)
+                if not restart:
+                    self._drops.append((self._now, worker.offer.peer))
+                return not restart
             else:
                 # Delivering in full, it still left the plan short of what it counted on: a drop of
                 # the role (the next worker proven waits longer to be trusted) and a failed claim
@@ -1384,7 +1406,9 @@ class ActivationCore:
                 if restart:
                     self._note_down_adoption(worker, self._now, role=False)
                 else:
-                    self._drops.append(self._now)
+                    self._drops.append((self._now, worker.offer.peer))
+                return not restart
+        return False
 
     def _earned_place(self, worker: _Worker) -> bool:
         """Whether a restart keeps ``worker``'s join place (once per penalty memory): proven, proven
@@ -1456,7 +1480,7 @@ class ActivationCore:
         round 20)."""
         memory = self._penalty_memory()
         if role:  # also a drop of the role: the new-trust hold of workers proven later grows
-            self._drops.append(now)
+            self._drops.append((now, None))
         down = worker.down_adoptions
         while down and down[0] <= now - memory:
             down.popleft()
@@ -1480,10 +1504,11 @@ class ActivationCore:
         if not self.config.trust_hold:
             return
         memory = self._penalty_memory()
-        while self._drops and self._drops[0] <= now - memory:
+        while self._drops and self._drops[0][0] <= now - memory:
             self._drops.popleft()
+        drops = sum(1 for _, peer in self._drops if peer is None or peer not in self._workers)
         base = self.config.first_rollout_timeout + self.config.rate_window
-        hold = min(base * 2.0 ** min(len(self._drops), MAX_LEARNER_DROPS), memory)
+        hold = min(base * 2.0 ** min(drops, MAX_LEARNER_DROPS), memory)
         worker.held_until = max(worker.held_until or -math.inf, now + hold)
 
     def _lapse_idle_proofs(self, now: float) -> None:
@@ -1606,6 +1631,16 @@ class ActivationCore:
         silent claims meeting the rule had it dropped as a failed claim before it delivered, again
         after each re-try (red team round 18, search seed 383: 79.8% of the completions)."""
         return exclusion_reason(self._planned_offer(worker, math.inf), need) is None  # no D excess
+
+    def _dropped_early_by_its_d(self, worker: _Worker, need: Need, now: float) -> bool:
+        """A trial the plan drops before its first delivery and within ``first_rollout_timeout``,
+        out only by its own D: not its doing (its D is measured before it could deliver), so it
+        keeps its join place and is no re-try, like any trial dropped unjudged in that time."""
+        return (
+            worker.measure_from is None
+            and now - worker.activated_at < self.config.first_rollout_timeout
+            and self._late_only(worker, need)
+        )
 
     def _qualifies(self, worker: _Worker) -> bool:
         need = self._need()  # one pass over the workers for the need's D, not two (every delivery)
@@ -1986,7 +2021,12 @@ class ActivationCore:
                     if worker.trial_token:
                         worker.trial_token = False
                         self._trials.give(now)
-                elif peer in reasons and not self._proven(worker) and peer not in banned_peers:
+                elif (
+                    peer in reasons
+                    and not self._proven(worker)
+                    and peer not in banned_peers
+                    and not self._dropped_early_by_its_d(worker, new.need, now)
+                ):
                     # Unproven, and the plan can no longer use it: its own figures put it out (a
                     # delivery so large that its modelled tail misses the staleness bound, a rate
                     # measured at 0). Its trial ended on its own doing, unjudged: a failed claim and
@@ -1997,18 +2037,24 @@ class ActivationCore:
                     if worker.zeroed_at is None:
                         worker.reprobes += 1
                         worker.joined = self._next_join()
-                elif peer not in reasons and not self._proven(worker) and worker.measure_from is None:
-                    # Dropped before it delivered anything (at a cold start an unjudged trial is
-                    # kept, so this is a probationer that cheaper proven workers made unneeded): its
-                    # trial ends unjudged, so it is a re-try (a new join), and once it was silent as
-                    # long as ``first_rollout_timeout`` allows its claim counts as failed, as if it
-                    # had been measured at 0. (Judged by rate_window, honest workers whose first
-                    # delivery takes longer, a large model's weights and first batch, armed the
-                    # hedge with no attacker: red team round 12, R12-3.)
+                elif (
+                    peer not in reasons
+                    and not self._proven(worker)
+                    and worker.measure_from is None
+                    and now - worker.activated_at >= self.config.first_rollout_timeout
+                ):
+                    # Dropped after it was silent as long as ``first_rollout_timeout`` allows (at a
+                    # cold start an unjudged trial is kept, so this is a probationer that cheaper
+                    # proven workers made unneeded): a re-try (a new join) and a failed claim, as if
+                    # measured at 0. (Judged by rate_window, honest workers whose first delivery
+                    # takes longer, a large model's weights and first batch, armed the hedge with
+                    # no attacker: red team round 12, R12-3.) Dropped sooner, it was not yet due: it
+                    # keeps its join place. Sent to the back, two honest probationers dropped by a
+                    # proven worker's recovery waited behind 64 silent identities for 40 minutes
+                    # (red team round 25, F2: 21.8% of the completions in ``first60``).
                     worker.reprobes += 1
                     worker.joined = self._next_join()
-                    if now - worker.activated_at >= self.config.first_rollout_timeout:
-                        self._claim_failed = True
+                    self._claim_failed = True
                 worker.active = False
                 worker.drift_since = None
                 worker.idle_since = now

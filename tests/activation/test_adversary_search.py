@@ -132,13 +132,19 @@ def test_random_programs_keep_the_learner_fed_search(seed: int) -> None:
     check(*random_program(seed))
 
 
-def rotation(period: int, real: int) -> list[Move]:
+def rotation(period: int, real: int, *, restart_after: int | None = None, readv: bool = False) -> list[Move]:
     """One slot: a fresh price-0 identity every ``period`` s, delivering 12/s for ``real`` s, then
-    nothing (red team round 21)."""
+    nothing (red team round 21); ``restart_after``: each restarts that long after going silent,
+    ``readv``: each re-advertises 16/s (off its proof) as it goes silent (round 25)."""
     program: list[Move] = [(0, "join", 0, 12.0, 0.0, None)]
     for t in range(0, 3600, period):
         program += [(t, "fresh", 0)] if t else []
+        program += [(t, "readv", 0, 12.0, 0.0, None)] if t and readv else []
         program += [(t, "deliver", 0, ("real", 12.0)), (t + real, "deliver", 0, ("none",))]
+        if restart_after is not None and t + real + restart_after < 3600:
+            program += [(t + real + restart_after, "restart", 0)]
+        if readv and t + real < 3600:
+            program += [(t + real, "readv", 0, 16.0, 0.0, None)]
     return program
 
 
@@ -227,3 +233,41 @@ def test_identities_restarting_once_each_do_not_hold_every_later_worker_for_the_
         program += [(4 * k, "join", k, 1.0 + 0.01 * k, 0.0, None), (4 * k, "deliver", k, ("claim",))]
         program += [(1200, "deliver", k, ("none",)), (310 + k, "restart", k)]
     check("new2", program)
+
+
+def test_leaving_and_rejoining_as_the_same_identity_counts_as_a_restart() -> None:
+    # Round 25, F1: round 24's program with each restart replaced by a leave and a rejoin of the
+    # same identity. A leave is a drop of the role, so the 32 leaves held every later worker for
+    # the hour as the restarts had: 72.9% in new2. A leave's drop now counts only while that
+    # identity is away: 83.7%, as with the restarts (the R11-4 queue alone).
+    program = truthful_small_claims(32, silent_from=1200)
+    for k in range(32):
+        program += [(310 + k, "leave", k), (320 + k, "join", k, 1.0 + 0.01 * k, 0.0, None)]
+    check("new2", program)
+
+
+def test_honest_probationers_dropped_before_they_were_due_keep_their_join_place() -> None:
+    # Round 25, F2: a price-0 cover really delivering 12/s slowed to 1/s at 300 s (the honest
+    # workers went on probation) and recovered 45 s later, before their first delivery; dropped
+    # unjudged, they became re-tries behind 64 silent identities, tried first once the cover went
+    # silent at 600 s: 21.8% in first60, 17.3% in slowreal2. A trial dropped within
+    # first_rollout_timeout (or out by its own D alone) keeps its place.
+    program: list[Move] = [(0, "join", 200, 12.0, 0.0, None), (0, "deliver", 200, ("real", 12.0))]
+    program += [(300, "deliver", 200, ("real", 1.0)), (345, "deliver", 200, ("real", 12.0))]
+    program += [(600, "deliver", 200, ("none",))]
+    for k in range(64):
+        program += [(10 + 2 * k, "join", k, 1.0 + 0.01 * k, 0.0, None), (10 + 2 * k, "deliver", k, ("none",))]
+    for world in ("first60", "slowreal2", "mixed2"):
+        outcome = check(world, program)
+        assert outcome.useful >= 0.9 * control(world).useful
+
+
+def test_an_identity_that_drops_itself_then_is_swapped_out_is_a_drop_of_the_role() -> None:
+    # Round 25, F3 and F4: the round-21 rotation where each identity first restarts (a drop of its
+    # own only) or re-advertises off its proof (unproven, no drop), then is swapped for a fresh
+    # one (an unproven leave: no drop). No drop of the role was ever recorded, so each new identity
+    # was trusted one hold after its proof: 72.8% (restart) and 73.8% (re-advertise) in first60.
+    for program in (rotation(250, 190, restart_after=5), rotation(250, 190, readv=True)):
+        for world in ("first60", "slowreal2"):
+            outcome = check(world, program)
+            assert outcome.useful >= 0.95 * control(world).useful
