@@ -14,6 +14,10 @@ matter here, not the meaning. The default model is the tiny model at random init
 (rows run to ``--new-tokens`` unless they sample EOS); ``--model-dir`` benches a
 saved policy instead (e.g. a warm start, whose rows stop after a few tokens).
 
+``--keyed`` also times the torch engine sampling by the keyed rule (``rollout.keyed``: one
+SHA-256 per sampled token, the #20 check's price at generation) and prints it beside the plain
+torch engine.
+
 Timing on a shared machine is fragile: run alone. The load average at start is
 printed so a noisy figure can be recognised.
 """
@@ -37,9 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import matmul_gflops, non_embedding_parameters
 
 from swarmnode.policy.model import Policy, build_tiny_policy, load_policy
+from swarmnode.policy.model import Policy as _Policy
 from swarmnode.rollout.hf_engine import HFEngine
+from swarmnode.rollout.keyed import SamplingKeys
 from swarmnode.rollout.torch_engine import TorchEngine
-from swarmnode.rollout.types import RolloutEngine, SamplingParams
+from swarmnode.rollout.types import GenerationResult, RolloutEngine, SamplingParams
 from swarmnode.tasks import DatasetSpec, TaskMixture
 
 CHAIN_SUM = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
@@ -56,6 +62,29 @@ def _policy(model_dir: Path | None) -> Policy:
     # limit, this only silences transformers' length reminder (speed is the question).
     policy.model.config.max_position_embeddings = max(policy.model.config.max_position_embeddings, 256)
     return policy
+
+
+class KeyedTorchEngine:
+    """The torch engine sampling by the keyed rule, with one task key per prompt."""
+
+    name = "torch-keyed"
+
+    def __init__(self, policy: _Policy) -> None:
+        self.engine = TorchEngine(policy)
+
+    def generate(
+        self,
+        prompts: list[str],
+        n: int,
+        params: SamplingParams,
+        generator: torch.Generator | None = None,
+        **_: Any,
+    ) -> GenerationResult:
+        keys = SamplingKeys(bytes(32), tuple(f"bench:{i}" for i in range(len(prompts))))
+        return self.engine.generate(prompts, n, params, generator, keys=keys)
+
+    def update_weights(self, policy: _Policy) -> None:
+        self.engine.update_weights(policy)
 
 
 def _time_runs(
@@ -99,6 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         "--model-dir", type=Path, default=None, help="a saved policy (default: tiny, random init)"
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the figures here")
+    parser.add_argument("--keyed", action="store_true", help="also time keyed sampling (#20)")
     args = parser.parse_args(argv)
 
     torch.set_num_threads(args.threads)
@@ -106,12 +136,15 @@ def main(argv: list[str] | None = None) -> int:
     policy = _policy(args.model_dir)
     params = SamplingParams(temperature=args.temperature, top_p=args.top_p, max_new_tokens=args.new_tokens)
     engines: list[RolloutEngine] = [TorchEngine(policy), HFEngine(policy)]
+    if args.keyed:
+        engines.append(KeyedTorchEngine(policy))
     rows = []
     for prompt_format in [f.strip() for f in args.formats.split(",") if f.strip()]:
         prompts = _prompts(prompt_format, args.prompts, seed=0)
         prompt_tokens = statistics.mean(len(policy.encode_prompt(p)) for p in prompts)
         timings = _time_runs(engines, prompts, args.samples, params, args.runs, args.warmup)
         ours, reference = _summary(timings["torch"]), _summary(timings["hf"])
+        keyed = _summary(timings["torch-keyed"]) if args.keyed else None
         # Arithmetic done: 2 * N FLOPs per token through the non-embedding weights, each prompt
         # prefilled once and every new token decoded (attention left out), over the median run.
         tokens = args.prompts * prompt_tokens + ours["new_tokens_mean"]
@@ -125,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
                 "ours": ours,
                 "hf_generate": reference,
                 "ratio": ours["tokens_per_s"] / reference["tokens_per_s"],
+                "keyed": keyed,
+                "keyed_vs_plain": keyed["tokens_per_s"] / ours["tokens_per_s"] if keyed else None,
                 "ours_gflops": gflops,
                 "roofline_gflops_decode_shape": roofline,
                 "roofline_shape": [args.prompts * args.samples, config.hidden_size, config.intermediate_size],
@@ -186,6 +221,12 @@ def _print_table(report: dict[str, Any]) -> None:
             f"{row['hf_generate']['tokens_per_s']:>19,.0f}{row['ratio']:>7.2f}x{row['ours_gflops']:>14.2f}"
             f"{row['roofline_gflops_decode_shape']:>10.1f}{row['fraction_of_roofline']:>8.1%}"
         )
+    for row in report["results"]:
+        if row.get("keyed"):
+            print(
+                f"keyed sampling ({row['prompt_format']}): {row['keyed']['tokens_per_s']:,.0f} tok/s, "
+                f"{row['keyed_vs_plain']:.2f}x the plain torch engine"
+            )
     shape = "x".join(map(str, report["results"][0]["roofline_shape"])) if report["results"] else ""
     print(
         f"roofline: torch.mm at the decode shape {shape} (GFLOP/s, same threads, same run); "

@@ -41,17 +41,27 @@ SEED_BYTES = 32
 DEFAULT_MARGIN = 1e-3
 
 
-def keyed_uniform(seed: bytes, key: str, completion: int, position: int) -> float:
-    """The rule's uniform in (0, 1] for one draw (exactly representable: 53 bits)."""
+def _row_hash(seed: bytes, key: str, completion: int) -> hashlib._Hash:
+    """SHA-256 fed with everything before the position (one per completion, copied per token)."""
     if len(seed) != SEED_BYTES:
         raise ValueError(f"a sampling seed is {SEED_BYTES} bytes, got {len(seed)}")
-    if not (0 <= completion < 2**32 and 0 <= position < 2**32):
-        raise ValueError(f"completion and position must be u32, got {completion}, {position}")
+    if not 0 <= completion < 2**32:
+        raise ValueError(f"completion must be u32, got {completion}")
     k = key.encode("utf-8")
-    digest = hashlib.sha256(
-        DOMAIN + seed + struct.pack(">I", len(k)) + k + struct.pack(">II", completion, position)
-    ).digest()
-    return ((int.from_bytes(digest[:8], "big") >> 11) + 1) / 2**53
+    return hashlib.sha256(DOMAIN + seed + struct.pack(">I", len(k)) + k + struct.pack(">I", completion))
+
+
+def _uniform_at(row: hashlib._Hash, position: int) -> float:
+    if not 0 <= position < 2**32:
+        raise ValueError(f"position must be u32, got {position}")
+    h = row.copy()
+    h.update(struct.pack(">I", position))
+    return ((int.from_bytes(h.digest()[:8], "big") >> 11) + 1) / 2**53
+
+
+def keyed_uniform(seed: bytes, key: str, completion: int, position: int) -> float:
+    """The rule's uniform in (0, 1] for one draw (exactly representable: 53 bits)."""
+    return _uniform_at(_row_hash(seed, key, completion), position)
 
 
 @dataclass(frozen=True)
@@ -68,10 +78,24 @@ class SamplingKeys:
 
     def uniforms(self, n: int, position: int, rows: Sequence[int]) -> torch.Tensor:
         """(len(rows),) float64 uniforms of batch rows ``rows`` at ``position``."""
-        return torch.tensor(
-            [keyed_uniform(self.seed, self.task_keys[r // n], r % n, position) for r in rows],
-            dtype=torch.float64,
-        )
+        cache = self._rows()
+        out = []
+        for r in rows:
+            prompt, completion = divmod(r, n)
+            row = cache.get((prompt, completion))
+            if row is None:
+                row = cache[(prompt, completion)] = _row_hash(self.seed, self.task_keys[prompt], completion)
+            out.append(_uniform_at(row, position))
+        return torch.tensor(out, dtype=torch.float64)
+
+    def _rows(self) -> dict[tuple[int, int], hashlib._Hash]:
+        # Each (prompt, completion)'s hash of everything before the position, made once and copied
+        # per token (kept outside the frozen fields).
+        cache: dict[tuple[int, int], hashlib._Hash] | None = self.__dict__.get("_row_cache")
+        if cache is None:
+            cache = {}
+            object.__setattr__(self, "_row_cache", cache)
+        return cache
 
 
 def distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
