@@ -49,6 +49,7 @@ optional, unknown keys are an error)::
     max_new_tokens = 6
     temperature = 1.0
     algorithm = "grpo"         # loss on own groups: "grpo" | "dapo" | "gspo"
+    engine = "torch"           # rollout engine of every agent: "torch" | "hf" (model.engine; vllm needs a GPU)
     lr = 1e-4
     updates_per_round = 1
     shared_tasks = false       # true: every agent answers the same prompts each round (HACPO)
@@ -160,6 +161,7 @@ class LearningScenario:
     max_new_tokens: int = 6
     temperature: float = 1.0
     algorithm: str = "grpo"
+    engine: str = "torch"
     lr: float = 1e-4
     updates_per_round: int = 1
     shared_tasks: bool = False
@@ -222,6 +224,7 @@ _INT_KEYS = {
 _CHOICES = {
     "mixing": ("none", "sapo", "hacpo", "joint", "receiver_baseline", "positive_only", "anchored"),
     "algorithm": ("grpo", "dapo", "gspo"),
+    "engine": ("torch", "hf", "vllm"),
     "mixture": ("default",),
 }
 
@@ -405,7 +408,7 @@ class Agent:
         self.trainer = Trainer(
             config,
             policy,
-            make_engine("torch", policy),
+            make_engine(spec.engine, policy),
             self.mixture,
             self.ledger,
             CheckpointStore(workdir / f"checkpoints-{index}"),

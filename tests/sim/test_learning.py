@@ -78,6 +78,15 @@ def test_external_groups_reach_the_other_agent_and_are_trained_on(sharing_run: d
 
 
 @pytest.mark.slow
+def test_agents_sample_with_the_configured_engine(cache: Path, tmp_path: Path) -> None:
+    """The hf engine (transformers' generate) runs the same exchange as the torch engine."""
+    result = run_learning(scenario(cache, engine="hf"), tmp_path)
+    assert result["learning"]["engine"] == "hf"
+    for agent in result["runs"][0]["agents"]:
+        assert agent["external_received"] == [8, 8] and sum(agent["own_used"]) > 0
+
+
+@pytest.mark.slow
 def test_no_external_groups_means_no_exchange(cache: Path, tmp_path: Path) -> None:
     result = run_learning(scenario(cache, local_groups=8, external_groups=0), tmp_path)
     for agent in result["runs"][0]["agents"]:
@@ -95,6 +104,10 @@ def test_unknown_or_invalid_keys_are_refused_by_name() -> None:
         parse_learning({"learning": {"mixing": "gossip"}})
     with pytest.raises(ConfigError, match="shared_tasks"):
         parse_learning({"learning": {"mixing": "hacpo", "external_groups": 8}})
+    with pytest.raises(ConfigError, match=r"learning\.engine must be one of"):
+        parse_learning({"learning": {"engine": "jax"}})
+    assert parse_learning({"learning": {"engine": "hf"}}).engine == "hf"
+    assert parse_learning({"learning": {}}).engine == "torch"
     spec = parse_learning(
         {"learning": {"seeds": [3, 4], "models": [{"name": "tiny"}, {"name": "s", "overrides": {"x": 1}}]}}
     )
