@@ -2,7 +2,9 @@
 
 Owns: one forward pass that scores completion tokens under our policy, with the same rule as the
 trainer and the rollout engines (``completion_logprobs``: logits / temperature, log-softmax, before
-any top-p truncation). Must not: decide what to check or judge the result (``core.spotcheck``).
+any top-p truncation); and one that checks the tokens themselves against keyed sampling
+(``check_request_tokens``, #20). Must not: decide what to check or judge the result
+(``core.spotcheck``).
 
 The caller passes the policy *version the group claims* it was generated with, in eval mode
 (dropout off), and runs this off the event loop like any torch work.
@@ -16,6 +18,8 @@ import torch
 
 from swarmnode.admit.spotcheck import SpotCheckRequest
 from swarmnode.policy.model import Policy
+from swarmnode.rollout.keyed import DEFAULT_MARGIN, TokenCheck, check_token, keyed_uniform
+from swarmnode.rollout.types import SamplingParams
 from swarmnode.train.batch import completion_logprobs
 
 
@@ -76,3 +80,42 @@ def recompute_request(
         )
     row_of = {completion: r for r, completion in enumerate(wanted)}
     return [float(values[row_of[t.completion], t.position]) for t in request.tokens]
+
+
+def check_request_tokens(
+    policy: Policy | torch.nn.Module,
+    request: SpotCheckRequest,
+    prompt_ids: Sequence[int],
+    completions: Sequence[Sequence[int]],
+    params: SamplingParams,
+    seed: bytes,
+    task_key: str,
+    pad_token_id: int = 0,
+    margin: float = DEFAULT_MARGIN,
+) -> list[TokenCheck]:
+    """Whether each of ``request``'s tokens is the one keyed sampling picks (protocol/SPEC.md 1.8)
+    under our logits at that position, in the request's order: one batched forward over the
+    completions it names, each cut at the last token it needs, right-padded under a mask."""
+    wanted = request.completions
+    if not wanted:
+        return []
+    for i in wanted:
+        if i >= len(completions) or request.prefix(i) > len(completions[i]):
+            raise ValueError(f"spot-check request names completion {i} beyond the group it was made for")
+    prompt = list(prompt_ids)
+    rows = [prompt + list(completions[i][: request.prefix(i)]) for i in wanted]
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for r, row in enumerate(rows):
+        ids[r, : len(row)] = torch.tensor(row, dtype=torch.long)
+        mask[r, : len(row)] = 1
+    with torch.no_grad():
+        logits = _model(policy)(input_ids=ids, attention_mask=mask).logits  # (rows, width, vocab)
+    row_of = {completion: r for r, completion in enumerate(wanted)}
+    out = []
+    for t in request.tokens:
+        at = logits[row_of[t.completion], len(prompt) - 1 + t.position]  # predicts token t.position
+        u = keyed_uniform(seed, task_key, t.completion, t.position)
+        out.append(check_token(at, params, u, completions[t.completion][t.position], margin))
+    return out

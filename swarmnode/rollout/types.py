@@ -20,7 +20,7 @@ import torch
 
 if TYPE_CHECKING:
     from swarmnode.policy.model import Policy
-    from swarmnode.rollout.keyed import SamplingKeys
+    from swarmnode.rollout.sampling_keys import SamplingKeys
 
 
 @dataclass(frozen=True)

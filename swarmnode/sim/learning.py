@@ -49,7 +49,7 @@ optional, unknown keys are an error)::
     max_new_tokens = 6
     temperature = 1.0
     algorithm = "grpo"         # loss on own groups: "grpo" | "dapo" | "gspo"
-    engine = "torch"           # rollout engine of every agent: "torch" | "hf" (model.engine; vllm needs a GPU)
+    engine = "torch"           # every agent's rollout engine: "torch" | "hf" | "vllm" (GPU only)
     lr = 1e-4
     updates_per_round = 1
     shared_tasks = false       # true: every agent answers the same prompts each round (HACPO)

@@ -203,3 +203,29 @@ def test_the_hf_engine_refuses_keyed_sampling_with_the_reason(tiny: Policy) -> N
 
     with pytest.raises(EngineUnavailable, match="torch engine only"):
         HFEngine(tiny).generate(PROMPTS[:1], 1, SamplingParams(), keys=SamplingKeys(SEED, KEYS[:1]))
+
+
+def test_a_learner_checks_a_requests_tokens_in_one_batched_forward(tiny: Policy) -> None:
+    from swarmnode.admit.recompute import check_request_tokens
+    from swarmnode.admit.spotcheck import SpotCheckRequest, TokenRef
+
+    params = SamplingParams(max_new_tokens=8)
+    honest = keyed(TorchEngine(tiny), PROMPTS[:2], KEYS[:2])
+    cheat = TorchEngine(build_tiny_policy(7)).generate(
+        PROMPTS[:2], 4, params, keys=SamplingKeys(SEED, KEYS[:2])
+    )  # another model, keyed honestly: only the logits differ
+    for result, expect_mismatch in ((honest, False), (cheat, True)):
+        checks: list[TokenCheck] = []
+        for p, group in enumerate(result.completions):
+            completions = [c.token_ids for c in group]
+            tokens = tuple(TokenRef(j, t) for j, c in enumerate(completions) for t in range(len(c)))
+            request = SpotCheckRequest("worker", KEYS[p], tokens)
+            checks += check_request_tokens(
+                tiny, request, result.prompt_ids[p], completions, params, SEED, KEYS[p], tiny.pad_token_id
+            )
+        assert len(checks) == result.tokens_generated
+        assert (TokenCheck.MISMATCH in checks) == expect_mismatch, checks
+    with pytest.raises(ValueError, match="beyond the group"):
+        check_request_tokens(
+            tiny, SpotCheckRequest("w", "g", (TokenRef(9, 0),)), [1, 2], [[3]], params, SEED, "k"
+        )
