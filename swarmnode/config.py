@@ -231,6 +231,13 @@ class LearnerConfig(Section):
     spot_check_strikes: int = Field(
         1, ge=1, le=100, description="Failed spot checks before a worker is deactivated."
     )
+    keyed_sampling: bool = Field(
+        True,
+        description="Give each activation a fresh sampling seed and check spot-checked tokens against "
+        "keyed sampling (protocol/SPEC.md 1.8): catches a worker sampling from anything but the "
+        "version it claims. Workers must then sample with the torch engine and the learner's "
+        "rollout.temperature and rollout.top_p.",
+    )
     chunk_bytes: int = Field(
         4 * 1024 * 1024, ge=64 * 1024, description="Weight broadcast chunk size in bytes."
     )

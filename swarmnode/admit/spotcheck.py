@@ -335,7 +335,7 @@ class SpotChecker:
         record.strikes = 0
         record.convictions += 1
         self.stats.deactivations += 1
-        reason = f"misreported log-probs in {c.max_strikes} spot checks; last: {judgement.reason}"
+        reason = f"failed {c.max_strikes} spot checks (log-probs or sampled tokens); last: {judgement.reason}"
         return SpotCheckOutcome(
             peer, Verdict.DEACTIVATE, 0, -(c.fail_penalty + c.deactivate_penalty), judgement, reason
         )

@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import math
 import secrets
 import time
 from collections.abc import Callable
@@ -53,8 +54,8 @@ from swarmnode.activation.records import (
 )
 from swarmnode.admit import AdmissionConfig, AdmissionPipeline, Rejected, RejectReason, task_families
 from swarmnode.admit.intake import Intake
-from swarmnode.admit.recompute import recompute_request
-from swarmnode.admit.spotcheck import SpotCheckConfig, SpotChecker, SpotCheckRequest
+from swarmnode.admit.recompute import check_request_tokens, recompute_request
+from swarmnode.admit.spotcheck import Judgement, SpotCheckConfig, SpotChecker, SpotCheckRequest, judge
 from swarmnode.admit.staleness import StalenessGate
 from swarmnode.admit.verdict import Accepted
 from swarmnode.broadcast.driver import blob_to_state_dict
@@ -76,6 +77,8 @@ from swarmnode.roles.common import (
     role_engine,
 )
 from swarmnode.roles.convert import WorkerDataError, from_worker
+from swarmnode.rollout import SamplingParams
+from swarmnode.rollout.keyed import TokenCheck
 from swarmnode.store import CheckpointStore, Ledger
 from swarmnode.train import ScoredGroup, Trainer
 from swarmnode.verify import VerifierPool
@@ -91,6 +94,7 @@ from swarmnode.wire import (
     TensorEntry,
     encode_envelope,
 )
+from swarmnode.wire.limits import SAMPLING_SEED_BYTES
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -186,6 +190,10 @@ class LearnerNode:
         # A scratch copy for spot checks under an older version (never the live model); the old
         # weights themselves are the publisher's blobs (``WeightPublisher.weights_of``).
         self.scratch = ScratchModel(Trainer._frozen_copy(policy.model))
+        # Each worker's keyed-sampling seeds (protocol/SPEC.md 1.8): a fresh one per activation
+        # (renewals keep it), the newest two, since a batch generated just before a re-activation
+        # reached us under the previous one; only for workers with an offer on hand.
+        self.sampling_seeds: dict[str, collections.deque[bytes]] = {}
 
     @property
     def version(self) -> int:
@@ -343,7 +351,10 @@ class LearnerNode:
                 self.config.rollout.temperature,
                 self.trainer.policy.pad_token_id,
             )
-            outcome = self.spot.check(sender, request.pick(g.behaviour_logprobs), recomputed)
+            judgement = judge(request.pick(g.behaviour_logprobs), recomputed, self.spot.config.tolerance)
+            if judgement.passed and self.config.learner.keyed_sampling:
+                judgement = await self._check_tokens(sender, g, request, weights)
+            outcome = self.spot.record(sender, judgement)
             self.metrics.inc("spot_checks", "Worker spot checks", result="pass" if outcome.passed else "fail")
             if outcome.passed:
                 continue
@@ -354,6 +365,55 @@ class LearnerNode:
                 self._feed(act.WorkerMisbehaved(sender, f"spot check: {outcome.reason}"), now)
             return False
         return True
+
+    async def _check_tokens(
+        self,
+        sender: str,
+        g: ScoredGroup,
+        request: SpotCheckRequest,
+        weights: tuple[bytes | bytearray, tuple[TensorEntry, ...]],
+    ) -> Judgement:
+        """Are ``request``'s tokens the ones keyed sampling picks under the version ``g`` claims,
+        with one of the seeds we gave ``sender`` (protocol/SPEC.md 1.8)? Positions too close to a
+        CDF boundary to tell are skipped (counted), not failed."""
+        r = self.config.rollout
+        params = SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
+        n = len(request.tokens)
+        seeds = list(reversed(self.sampling_seeds.get(sender, ())))
+        if not seeds:
+            return Judgement(False, math.inf, None, n, "no sampling seed was given to this worker")
+        checks: list[TokenCheck] = []
+        for seed in seeds:  # the newest first
+            checks = await self.model_lock.run(
+                self.scratch.check_tokens,
+                g.policy_version,
+                weights,
+                request,
+                g.prompt_ids,
+                g.completion_ids,
+                params,
+                seed,
+                g.task.id.key(),
+                self.trainer.policy.pad_token_id,
+            )
+            if TokenCheck.MISMATCH not in checks:
+                break
+        for result in checks:
+            self.metrics.inc(
+                "keyed_token_checks", "Worker tokens checked against keyed sampling", result=result
+            )
+        if TokenCheck.MISMATCH not in checks:
+            return Judgement(True, 0.0, None, n)
+        worst = checks.index(TokenCheck.MISMATCH)
+        t = request.tokens[worst]
+        return Judgement(
+            False,
+            math.inf,
+            worst,
+            n,
+            f"token {t.position} of completion {t.completion} is not the one keyed sampling picks "
+            f"under version {g.policy_version}",
+        )
 
     # ------------------------------------------------------------------ activation
 
@@ -402,12 +462,27 @@ class LearnerNode:
                     policy_version=self.version,
                     target_rate=max(action.target_rate, 1e-6),
                     lease_seconds=self.config.learner.lease_seconds,
+                    sampling_seed=self._sampling_seed(action.peer, renewal=action.renewal),
                 )
                 self._post(ControlMessage(record, message, then_weights=True))
         elif isinstance(action, act.Deactivate):
             record = self.offers.get(action.peer)
             if record is not None:
                 self._post(ControlMessage(record, Deactivate(action.peer, action.reason[:200])))
+
+    def _sampling_seed(self, peer: str, *, renewal: bool) -> bytes:
+        """The seed an Activate to ``peer`` carries: a fresh one, or for a renewal the running one
+        (empty with ``learner.keyed_sampling`` off)."""
+        if not self.config.learner.keyed_sampling:
+            return b""
+        seeds = self.sampling_seeds.get(peer)
+        if seeds is None:
+            for gone in [p for p in self.sampling_seeds if p not in self.offers]:
+                del self.sampling_seeds[gone]  # bounded by the offers on hand
+            seeds = self.sampling_seeds[peer] = collections.deque(maxlen=2)
+        if not renewal or not seeds:
+            seeds.append(secrets.token_bytes(SAMPLING_SEED_BYTES))
+        return seeds[-1]
 
     def _post(self, item: ControlMessage) -> None:
         """Queue a control message for the ``control`` job (bounded: a full queue drops, counted;
@@ -720,8 +795,29 @@ class ScratchModel:
     ) -> list[float]:
         """Log-probs at ``request``'s tokens under published ``version`` (its blob and layout,
         decoded here, in the model lock's thread, not the event loop, when not loaded already)."""
+        self._load(version, weights)
+        return recompute_request(self.model, request, prompt_ids, completions, temperature, pad_token_id)
+
+    def check_tokens(
+        self,
+        version: int,
+        weights: tuple[bytes | bytearray, tuple[TensorEntry, ...]],
+        request: SpotCheckRequest,
+        prompt_ids: list[int],
+        completions: list[list[int]],
+        params: SamplingParams,
+        seed: bytes,
+        task_key: str,
+        pad_token_id: int,
+    ) -> list[TokenCheck]:
+        """``check_request_tokens`` under published ``version`` (loaded as ``recompute`` does)."""
+        self._load(version, weights)
+        return check_request_tokens(
+            self.model, request, prompt_ids, completions, params, seed, task_key, pad_token_id
+        )
+
+    def _load(self, version: int, weights: tuple[bytes | bytearray, tuple[TensorEntry, ...]]) -> None:
         if version != self.version:
             self.version = None  # a failed load leaves no version claimed
             self.model.load_state_dict(blob_to_state_dict(*weights))
             self.version = version
-        return recompute_request(self.model, request, prompt_ids, completions, temperature, pad_token_id)

@@ -37,7 +37,7 @@ from swarmnode.activation.records import (
 )
 from swarmnode.broadcast.weights import WeightReceiver
 from swarmnode.config import Config
-from swarmnode.errors import ConfigError
+from swarmnode.errors import ConfigError, EngineUnavailable
 from swarmnode.home import NodeHome
 from swarmnode.identity import load_or_create_identity
 from swarmnode.net.dataplane import DataPlane, DataPlaneError, PeerRefused
@@ -54,6 +54,7 @@ from swarmnode.roles.common import (
 )
 from swarmnode.roles.convert import worker_batch
 from swarmnode.rollout import SamplingParams
+from swarmnode.rollout.keyed import SamplingKeys
 from swarmnode.tasks import score_completion
 from swarmnode.train import ScoredGroup
 from swarmnode.wire import (
@@ -111,6 +112,8 @@ class WorkerNode:
         import torch
 
         self.generator = torch.Generator().manual_seed(self.config.node.seed)
+        self.sampling_seed: bytes | None = None  # the learner's keyed-sampling seed, from its Activate
+        self.keyed_warned = False
         self._calibrate()
 
     def _calibrate(self) -> None:
@@ -169,6 +172,7 @@ class WorkerNode:
             return self._heartbeat()
         self.lease_until = time.time() + message.lease_seconds
         self.target_rate = message.target_rate
+        self.sampling_seed = message.sampling_seed or None
         self.deactivated_reason = ""
         self._learner_at(message.policy_version)
         log.info(
@@ -272,12 +276,21 @@ class WorkerNode:
         r = self.config.rollout
         tasks = self.mixture.sample(index, r.prompts_per_round)
         t0 = time.perf_counter()
-        result = self.engine.generate(
-            [t.prompt for t in tasks],
-            r.group_size,
-            SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens),
-            self.generator,
-        )
+        params = SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
+        prompts = [t.prompt for t in tasks]
+        seed = self.sampling_seed
+        if seed is None:
+            result = self.engine.generate(prompts, r.group_size, params, self.generator)
+        else:  # the learner checks our tokens against keyed sampling (protocol/SPEC.md 1.8)
+            keys = SamplingKeys(seed, tuple(t.id.key() for t in tasks))
+            try:
+                result = self.engine.generate(prompts, r.group_size, params, self.generator, keys=keys)
+            except EngineUnavailable as exc:
+                # Sampled otherwise, our groups fail the learner's token checks: say why, loudly.
+                if not self.keyed_warned:
+                    log.error("the learner asks for keyed sampling, which this engine cannot do: %s", exc)
+                    self.keyed_warned = True
+                result = self.engine.generate(prompts, r.group_size, params, self.generator)
         groups = [
             ScoredGroup(
                 task=task,

@@ -421,6 +421,15 @@ def build() -> VectorSet:
         sender=sender.peer_id,
     )
     vs.add(
+        "activate_keyed",
+        encode_envelope(
+            _envelope(Activate(worker, MODEL_ID, CURRENT_VERSION, 50.0, 600, sampling_seed=bytes(range(32))))
+        ),
+        "learner activates the local worker with a keyed-sampling seed (SPEC.md 1.8)",
+        kind="activate",
+        sender=sender.peer_id,
+    )
+    vs.add(
         "deactivate",
         encode_envelope(_envelope(Deactivate(worker, "enough capacity"))),
         "learner deactivates the local worker",
@@ -669,6 +678,22 @@ def build() -> VectorSet:
         ),
         "relay signature fine, publisher signature zeroed",
         "bad_manifest_signature",
+    )
+    vs.add(
+        "activate_seed_31_bytes",
+        _signed_raw(
+            Kind.ACTIVATE,
+            pb.Activate(
+                worker_peer_id=worker,
+                model_id=MODEL_ID,
+                policy_version=CURRENT_VERSION,
+                target_rate=50.0,
+                lease_seconds=600,
+                sampling_seed=bytes(31),
+            ).SerializeToString(deterministic=True),
+        ),
+        "an activation whose sampling seed is 31 bytes (must be empty or 32)",
+        "invalid_payload",
     )
     vs.add(
         "activate_other_worker",

@@ -568,6 +568,8 @@ class Activate:
     policy_version: int
     target_rate: float
     lease_seconds: int
+    #: empty, or the 32-byte seed of keyed sampling for this activation (protocol/SPEC.md 1.8)
+    sampling_seed: bytes = b""
 
 
 @dataclass(frozen=True, slots=True)
@@ -594,7 +596,17 @@ def _activate_from(msg: pb.Activate) -> Activate:
         policy_version=msg.policy_version,
         target_rate=rate,
         lease_seconds=_int_range(msg.lease_seconds, "lease_seconds", 1, limits.MAX_LEASE_SECONDS),
+        sampling_seed=_sampling_seed(msg.sampling_seed),
     )
+
+
+def _sampling_seed(seed: bytes) -> bytes:
+    if len(seed) not in (0, limits.SAMPLING_SEED_BYTES):
+        raise _Invalid(
+            WireReason.INVALID_PAYLOAD,
+            f"sampling_seed must be empty or {limits.SAMPLING_SEED_BYTES} bytes, got {len(seed)}",
+        )
+    return bytes(seed)
 
 
 def _deactivate_from(msg: pb.Deactivate) -> Deactivate:
@@ -668,6 +680,7 @@ _CODECS: dict[Kind, _Codec] = {
             policy_version=m.policy_version,
             target_rate=m.target_rate,
             lease_seconds=m.lease_seconds,
+            sampling_seed=m.sampling_seed,
         ),
         Activate,
     ),

@@ -222,18 +222,20 @@ class ChunkData(_message.Message):
     def __init__(self, manifest_digest: _Optional[bytes] = ..., chunk_index: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Activate(_message.Message):
-    __slots__ = ("worker_peer_id", "model_id", "policy_version", "target_rate", "lease_seconds")
+    __slots__ = ("worker_peer_id", "model_id", "policy_version", "target_rate", "lease_seconds", "sampling_seed")
     WORKER_PEER_ID_FIELD_NUMBER: _ClassVar[int]
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     TARGET_RATE_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLING_SEED_FIELD_NUMBER: _ClassVar[int]
     worker_peer_id: str
     model_id: str
     policy_version: int
     target_rate: float
     lease_seconds: int
-    def __init__(self, worker_peer_id: _Optional[str] = ..., model_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., target_rate: _Optional[float] = ..., lease_seconds: _Optional[int] = ...) -> None: ...
+    sampling_seed: bytes
+    def __init__(self, worker_peer_id: _Optional[str] = ..., model_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., target_rate: _Optional[float] = ..., lease_seconds: _Optional[int] = ..., sampling_seed: _Optional[bytes] = ...) -> None: ...
 
 class Deactivate(_message.Message):
     __slots__ = ("worker_peer_id", "reason")

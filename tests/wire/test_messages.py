@@ -70,6 +70,7 @@ EXAMPLES: list[Message] = [
     ChunkRequest(b"\x03" * 32, 2, 1024, 4096),
     ChunkData(b"\x03" * 32, 2, 1024, b"weights"),
     Activate(KEYS["worker"].peer_id, "tiny", 9, 12.5, 60),
+    Activate(KEYS["worker"].peer_id, "tiny", 9, 12.5, 60, sampling_seed=bytes(range(32))),
     Deactivate(KEYS["worker"].peer_id, "done"),
     Heartbeat(round=1, model_id="tiny", policy_version=2, rollout_rate=0.0),
 ]
@@ -260,6 +261,18 @@ def test_manifest_body_consistency_rules(changes: dict[str, object], fragment: s
         (Kind.ACTIVATE, pb.Activate(worker_peer_id="w", model_id="m", target_rate=0.0, lease_seconds=5)),
         (Kind.ACTIVATE, pb.Activate(worker_peer_id="w", model_id="m", target_rate=1.0, lease_seconds=0)),
         (Kind.ACTIVATE, pb.Activate(worker_peer_id="w", model_id="m", target_rate=math.nan, lease_seconds=5)),
+        (
+            Kind.ACTIVATE,
+            pb.Activate(
+                worker_peer_id="w", model_id="m", target_rate=1.0, lease_seconds=5, sampling_seed=bytes(31)
+            ),
+        ),
+        (
+            Kind.ACTIVATE,
+            pb.Activate(
+                worker_peer_id="w", model_id="m", target_rate=1.0, lease_seconds=5, sampling_seed=bytes(33)
+            ),
+        ),
         (Kind.DEACTIVATE, pb.Deactivate(worker_peer_id="", reason="x")),
         (Kind.HEARTBEAT, pb.Heartbeat(model_id="m", rollout_rate=-1.0)),
         (Kind.PEER_RECORD, pb.PeerRecord(peer_id="")),

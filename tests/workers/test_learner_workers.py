@@ -4,6 +4,8 @@ Specifications (issue "learner and workers"):
 - with the planner's set, the learner is busy at least 80% of the time, the workers it pays for cost
   less than with every worker on, and no group older than S versions is trained on;
 - a worker that misreports its log-probs fails a spot check and is deactivated;
+- so does one that reports honest log-probs for tokens it did not sample by the learner's seed
+  (keyed sampling, protocol/SPEC.md 1.8), while honest workers pass every token check;
 - the learner measures how long its versions take to reach the workers (D).
 """
 
@@ -153,3 +155,44 @@ def test_a_worker_that_misreports_logprobs_is_caught_and_deactivated(processes: 
     # D measured: versions reach the honest worker (each worker's own D, in /status)
     assert any(d > 0 for peer, d in status["worker_dissemination_s"].items() if peer != liar_id)
     assert liar_id not in status["completions_by_worker"]  # nothing of the liar's was trained on
+
+
+def test_a_worker_decoding_greedily_with_honest_logprobs_is_caught_by_its_tokens(processes: Any) -> None:
+    swarm = processes("greedy")
+    start(
+        swarm,
+        "all",
+        [("w-honest", 1.0, 1.0)],
+        **{"learner.spot_check_rate": 1.0, "learner.spot_check_strikes": 1},
+    )
+    cheat = swarm.write_node_config(
+        "w-greedy",
+        21,
+        **{
+            "node.role": "worker",
+            "worker.learner": load_or_create_identity(swarm.homes["learner"].identity_key).peer_id,
+        },
+    )
+    cheat_id = load_or_create_identity(cheat.identity_key).peer_id
+    swarm.start_process(
+        "w-greedy",
+        [str(Path(__file__).parent / "greedy.py"), str(cheat.root)],
+        cheat.root,
+        identity=cheat.p2p / "libp2p.key",
+    )
+    status = swarm.wait(
+        lambda: (
+            (s := learner_status(swarm)) is not None
+            and s["spot_checks"]["fails"] >= 1
+            and cheat_id not in s["plan"]["active"]
+            and s["steps_this_run"] >= 2
+            and s
+        ),
+        "the greedy worker to be caught by its tokens while the honest worker keeps the learner going",
+        timeout=600,
+    )
+    checks = status["metrics"]["keyed_token_checks"]
+    assert checks.get("result=mismatch", 0) >= 1, checks  # caught by a token, not by a log-prob
+    assert checks.get("result=match", 0) > 0, checks
+    assert status["spot_checks"]["passes"] >= 1  # the honest worker passes its checks, tokens included
+    assert cheat_id not in status["completions_by_worker"]  # nothing of the cheat's was trained on
