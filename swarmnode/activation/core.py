@@ -859,6 +859,11 @@ class _Worker:
     # When it, proven and active, re-advertised a rate off its proof (its own doing; kept across a
     # restart): if it then leaves, that is a drop of the role (red team round 25, F4).
     unproved_at: float | None = None
+    # Proven, but its last activation ended before a full window in it backed its planned rate (it
+    # was deactivated silent or falling short): untrusted until a window in a later activation backs
+    # it (red team round 26: a proven identity re-activated by its own price undercut, silent for
+    # less than first_rollout_timeout each time, displaced the honest workers for ever).
+    cold: bool = False
 
 
 @dataclass(frozen=True)
@@ -908,6 +913,7 @@ class ActivationCore:
         self._trials_kept = False  # the last plan kept a cold-start trial under way (make before break)
         # Inside handle_all (whose take-backs are never sent): who was active when it began.
         self._batch_active: set[PeerId] | None = None
+        self._readvertising: PeerId | None = None  # whose re-advertisement is being planned
         self._step_time = config.step_time
         self._dissemination = config.dissemination
         self._step_measured = False
@@ -1161,7 +1167,11 @@ class ActivationCore:
         if not material:
             return []
         on_trial = worker.active and not self._proven(worker)
-        actions = self._replan(now, f"worker re-advertised: {offer.peer}")
+        self._readvertising = offer.peer
+        try:
+            actions = self._replan(now, f"worker re-advertised: {offer.peer}")
+        finally:
+            self._readvertising = None
         if on_trial and not worker.active:
             # Its own new offer took it off its trial before a window backed it: its claim failed,
             # and it waits as a re-try (a new join). Otherwise it could step out with a costly offer
@@ -1659,7 +1669,7 @@ class ActivationCore:
         36,000). A fresh identity delivering its claim but announcing its weights late was proven
         before its D came in and displaced the proven workers each time (round 19: 52.8%). And not
         held by flap damping (``_note_down_adoption``)."""
-        if not self._proven(worker) or self._held(worker):
+        if not self._proven(worker) or self._held(worker) or worker.cold:
             return False
         return worker.dissemination is not None or not self._peer_dissemination_seen
 
@@ -2055,6 +2065,17 @@ class ActivationCore:
                     worker.reprobes += 1
                     worker.joined = self._next_join()
                     self._claim_failed = True
+                if self._proven(worker):
+                    measured = self._measured_rate(worker, now)
+                    if measured is None or self._rate_drifts(measured, worker.planned_rate):
+                        # No full window in this activation backs it: not trusted again until one
+                        # does; and taking itself out so (its own re-advertisement) is a drop, as
+                        # a leave while falling short is.
+                        worker.cold = True
+                        if peer == self._readvertising:
+                            self._claim_failed = True
+                            self._note_down_adoption(worker, now, role=False)
+                            self._drops.append((now, None))
                 worker.active = False
                 worker.drift_since = None
                 worker.idle_since = now
@@ -2117,8 +2138,12 @@ class ActivationCore:
             measured = self._measured_rate(worker, now)
             if measured is None or not self._rate_drifts(measured, worker.planned_rate):
                 worker.drift_since = None
+                if measured is not None and measured > 0 and worker.backed and worker.cold:
+                    worker.cold = False  # a window in this activation backs it again: trusted
+                    backed.append(peer)
                 if measured is not None and measured > 0 and not worker.backed:
                     worker.backed = True  # a full window shows what the plan counts on: proven
+                    worker.cold = False
                     backed.append(peer)
                     self._trial_passed(worker, now)
                     self._hold_new_trust(worker, now)
@@ -2139,6 +2164,7 @@ class ActivationCore:
                 worker.drift_since = None
                 if measured > 0 and not worker.backed:
                     worker.backed = True  # the plan now counts on what it measured: proven
+                    worker.cold = False
                     backed.append(peer)
                     self._trial_passed(worker, now)
                     self._hold_new_trust(worker, now)

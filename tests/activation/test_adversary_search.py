@@ -271,3 +271,47 @@ def test_an_identity_that_drops_itself_then_is_swapped_out_is_a_drop_of_the_role
         for world in ("first60", "slowreal2"):
             outcome = check(world, program)
             assert outcome.useful >= 0.95 * control(world).useful
+
+
+def silent_price_toggle(on: int, off: int) -> list[Move]:
+    """One price-0 identity joining at 400 s (after the honest workers are trusted), proven on its
+    real 12/s, silent from 620 s and from then re-advertising price 5 for ``off`` s and 0 for
+    ``on`` s in turn (red team round 26)."""
+    program: list[Move] = [(400, "join", 0, 12.0, 0.0, None), (400, "deliver", 0, ("claim",))]
+    program += [(620, "deliver", 0, ("none",))]
+    t = 620
+    while t < 3600:
+        program += [(t, "readv", 0, 12.0, 5.0, None)]
+        program += [(t + off, "readv", 0, 12.0, 0.0, None)] if t + off < 3600 else []
+        t += off + on
+    return program
+
+
+def test_a_silent_proven_identity_re_activated_by_its_own_offer_is_measured_before_it_is_trusted() -> None:
+    # Round 26, F1: each price switch back to 0 re-activated it as trusted (its proof had not lapsed
+    # idle), displacing the honest workers; silent for less than first_rollout_timeout each time,
+    # it was never measured, so no drop was recorded: first60 0.7%, fast2 47.7%. A proven worker
+    # deactivated before a window of that activation backed it is now untrusted until one does.
+    for on, off in ((50, 50), (55, 30)):
+        for world in ("first60", "fast2", "new2"):
+            outcome = check(world, silent_price_toggle(on, off))
+            assert outcome.useful >= 0.95 * control(world).useful
+
+
+def test_silent_proven_identities_taking_turns_by_undercutting_each_other_do_not_starve_it() -> None:
+    # Round 26, F1 (two identities): each re-advertised a price 0.001 below the other's every 50 s,
+    # so neither deactivation was its own doing and each activation ended before it was measured:
+    # 0.0% in all nine worlds.
+    program: list[Move] = []
+    for k in range(2):
+        program += [
+            (400 + 5 * k, "join", k, 12.0, 1.0 + 0.01 * k, None),
+            (400 + 5 * k, "deliver", k, ("claim",)),
+        ]
+        program += [(600, "deliver", k, ("none",))]
+    price, slot, t = 0.999, 1, 600
+    while t < 3600:
+        program += [(t, "readv", slot, 12.0, max(price, 0.0), None)]
+        price, slot, t = price - 0.001, 1 - slot, t + 50
+    for world in ("first60", "fast2", "slowreal2", "rst2"):
+        check(world, program)

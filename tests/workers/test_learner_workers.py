@@ -117,48 +117,12 @@ def test_planner_keeps_the_learner_busy_for_less_than_all_workers_on(processes: 
         assert lags and max(lags) <= STALENESS, status["staleness"]
 
 
-def test_a_worker_that_misreports_logprobs_is_caught_and_deactivated(processes: Any) -> None:
-    swarm = processes("liar")
-    start(
-        swarm,
-        "all",
-        [("w-honest", 1.0, 1.0)],
-        **{"learner.spot_check_rate": 1.0, "learner.spot_check_strikes": 1},
-    )
-    liar = swarm.write_node_config(
-        "w-liar",
-        20,
-        **{
-            "node.role": "worker",
-            "worker.learner": load_or_create_identity(swarm.homes["learner"].identity_key).peer_id,
-        },
-    )
-    liar_id = load_or_create_identity(liar.identity_key).peer_id
-    swarm.start_process(
-        "w-liar",
-        [str(Path(__file__).parent / "liar.py"), str(liar.root)],
-        liar.root,
-        identity=liar.p2p / "libp2p.key",
-    )
-    status = swarm.wait(
-        lambda: (
-            (s := learner_status(swarm)) is not None
-            and s["spot_checks"]["fails"] >= 1
-            and liar_id not in s["plan"]["active"]
-            and s["steps_this_run"] >= 2
-            and s
-        ),
-        "the liar to be caught while the honest worker keeps the learner going",
-        timeout=600,
-    )
-    assert status["spot_checks"]["passes"] >= 1  # the honest worker passes its checks
-    # D measured: versions reach the honest worker (each worker's own D, in /status)
-    assert any(d > 0 for peer, d in status["worker_dissemination_s"].items() if peer != liar_id)
-    assert liar_id not in status["completions_by_worker"]  # nothing of the liar's was trained on
-
-
-def test_a_worker_decoding_greedily_with_honest_logprobs_is_caught_by_its_tokens(processes: Any) -> None:
-    swarm = processes("greedy")
+def catch_cheat(processes: Any, script: str, seed: int) -> tuple[str, dict[str, Any]]:
+    """A learner checking every batch, an honest worker and the cheating worker ``script`` (its own
+    process): wait until the cheat failed a spot check and is off the plan while the learner kept
+    stepping; its peer id and the learner's status then."""
+    name = f"w-{Path(script).stem}"
+    swarm = processes(name)
     start(
         swarm,
         "all",
@@ -166,8 +130,8 @@ def test_a_worker_decoding_greedily_with_honest_logprobs_is_caught_by_its_tokens
         **{"learner.spot_check_rate": 1.0, "learner.spot_check_strikes": 1},
     )
     cheat = swarm.write_node_config(
-        "w-greedy",
-        21,
+        name,
+        seed,
         **{
             "node.role": "worker",
             "worker.learner": load_or_create_identity(swarm.homes["learner"].identity_key).peer_id,
@@ -175,8 +139,8 @@ def test_a_worker_decoding_greedily_with_honest_logprobs_is_caught_by_its_tokens
     )
     cheat_id = load_or_create_identity(cheat.identity_key).peer_id
     swarm.start_process(
-        "w-greedy",
-        [str(Path(__file__).parent / "greedy.py"), str(cheat.root)],
+        name,
+        [str(Path(__file__).parent / script), str(cheat.root)],
         cheat.root,
         identity=cheat.p2p / "libp2p.key",
     )
@@ -188,11 +152,22 @@ def test_a_worker_decoding_greedily_with_honest_logprobs_is_caught_by_its_tokens
             and s["steps_this_run"] >= 2
             and s
         ),
-        "the greedy worker to be caught by its tokens while the honest worker keeps the learner going",
+        f"{name} to be caught while the honest worker keeps the learner going",
         timeout=600,
     )
+    assert status["spot_checks"]["passes"] >= 1  # the honest worker passes its checks
+    assert cheat_id not in status["completions_by_worker"]  # nothing of the cheat's was trained on
+    return cheat_id, status
+
+
+def test_a_worker_that_misreports_logprobs_is_caught_and_deactivated(processes: Any) -> None:
+    liar_id, status = catch_cheat(processes, "liar.py", 20)
+    # D measured: versions reach the honest worker (each worker's own D, in /status)
+    assert any(d > 0 for peer, d in status["worker_dissemination_s"].items() if peer != liar_id)
+
+
+def test_a_worker_decoding_greedily_with_honest_logprobs_is_caught_by_its_tokens(processes: Any) -> None:
+    _, status = catch_cheat(processes, "greedy.py", 21)
     checks = status["metrics"]["keyed_token_checks"]
     assert checks.get("result=mismatch", 0) >= 1, checks  # caught by a token, not by a log-prob
-    assert checks.get("result=match", 0) > 0, checks
-    assert status["spot_checks"]["passes"] >= 1  # the honest worker passes its checks, tokens included
-    assert cheat_id not in status["completions_by_worker"]  # nothing of the cheat's was trained on
+    assert checks.get("result=match", 0) > 0, checks  # the honest worker's tokens are the rule's
