@@ -66,15 +66,26 @@ def worker_batch(
     )
 
 
-def from_worker(admitted: AdmittedGroup, policy: Policy, max_new_tokens: int) -> ScoredGroup:
+def from_worker(
+    admitted: AdmittedGroup, policy: Policy, max_new_tokens: int, group_size: int | None = None
+) -> ScoredGroup:
     """An admitted worker group as the learner trains on it: the worker's tokens and log-probs.
 
     The worker runs our model (same ``model_id``, so the same tokenizer): its token ids
     must decode to the text admission scored, and every token needs a finite log-prob <= 0.
+    A group has exactly ``group_size`` completions (when given), each ending at EOS or at the cap:
+    keyed sampling fixes every (task, completion index) output, so a prefix of an honest
+    completion, or the first k completions of a group already sent, would pass every token check
+    and be paid as new work (red team of #20).
     """
     group = admitted.group
     if group.model_id != policy.model_id:
         raise WorkerDataError(f"group of model {group.model_id!r}; this learner trains {policy.model_id!r}")
+    if group_size is not None and len(group.completions) != group_size:
+        raise WorkerDataError(
+            f"task {admitted.task.id.key()}: {len(group.completions)} completions; this learner's groups "
+            f"have {group_size} (rollout.group_size)"
+        )
     vocab = len(policy.tokenizer)
     completion_ids: list[list[int]] = []
     logprobs: list[list[float]] = []
@@ -87,6 +98,16 @@ def from_worker(admitted: AdmittedGroup, policy: Policy, max_new_tokens: int) ->
             )
         if len(c.token_ids) > max_new_tokens:
             raise WorkerDataError(f"{where}: {len(c.token_ids)} tokens; the cap is {max_new_tokens}")
+        # A sampler stops at EOS or at the cap, nowhere else: a completion cut short passes every
+        # token check (each token is still the rule's) yet is paid as a whole one (red team, #20);
+        # a worker whose rollout.max_new_tokens differs from ours is refused here, with the reason.
+        if c.token_ids[-1] != policy.eos_token_id and len(c.token_ids) != max_new_tokens:
+            raise WorkerDataError(
+                f"{where}: {len(c.token_ids)} tokens without EOS (a completion ends at EOS or at "
+                f"the cap of {max_new_tokens})"
+            )
+        if policy.eos_token_id in c.token_ids[:-1]:
+            raise WorkerDataError(f"{where}: EOS before the last token")
         if any(not 0 <= t < vocab for t in c.token_ids):
             raise WorkerDataError(f"{where}: a token id is outside the vocabulary (size {vocab})")
         if any(not (math.isfinite(lp) and lp <= 0.0) for lp in c.token_logprobs):

@@ -296,7 +296,8 @@ class LearnerNode:
         assert isinstance(verdict, Accepted)
         max_new = self.config.rollout.max_new_tokens
         try:
-            groups = [from_worker(a, self.trainer.policy, max_new) for a in verdict.groups]
+            size = self.config.rollout.group_size
+            groups = [from_worker(a, self.trainer.policy, max_new, size) for a in verdict.groups]
         except WorkerDataError as e:
             self.intake.submit(lambda: self.admission.penalize(sender, RejectReason.INVALID_PAYLOAD, now))
             self.metrics.inc("worker_batches_refused", "Worker batches refused", reason="bad_tokens")

@@ -113,6 +113,7 @@ class WorkerNode:
 
         self.generator = torch.Generator().manual_seed(self.config.node.seed)
         self.sampling_seed: bytes | None = None  # the learner's keyed-sampling seed, from its Activate
+        self.activate_sent_ms = -1  # the newest Activate taken (its envelope's sent_at_ms)
         self.keyed_warned = False
         self._calibrate()
 
@@ -170,6 +171,12 @@ class WorkerNode:
         ):
             self.metrics.inc("control_refused", "Control messages refused")
             return self._heartbeat()
+        if envelope.sent_at_ms <= self.activate_sent_ms:
+            # Not newer than the last one taken: a replay (the data plane is plain TCP) would set an
+            # old seed, or none, and our next batches would fail the learner's token checks.
+            self.metrics.inc("control_refused", "Control messages refused")
+            return self._heartbeat()
+        self.activate_sent_ms = envelope.sent_at_ms
         self.lease_until = time.time() + message.lease_seconds
         self.target_rate = message.target_rate
         self.sampling_seed = message.sampling_seed or None

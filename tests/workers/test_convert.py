@@ -93,3 +93,44 @@ def test_a_group_without_per_token_logprobs_is_refused(policy: Policy) -> None:
     verdict = admitted(batch, NodeIdentity.generate())
     with pytest.raises(WorkerDataError, match="must send both"):
         from_worker(verdict.groups[0], policy, max_new_tokens=6)
+
+
+def _with_group(batch: object, index: int, **changes: object) -> object:
+    groups = list(batch.groups)  # type: ignore[attr-defined]
+    groups[index] = dataclasses.replace(groups[index], **changes)
+    return dataclasses.replace(batch, groups=tuple(groups))  # type: ignore[type-var]
+
+
+def test_a_completion_cut_short_of_eos_and_the_cap_is_refused(policy: Policy) -> None:
+    # Red team of #20: under keyed sampling every prefix of an honest completion passes the token
+    # checks, so a worker could cut completions to one token and be paid for each as a whole one.
+    groups = worker_groups(policy)
+    batch = worker_batch(groups, policy.model_id, policy.version, 1)
+    group = batch.groups[0]
+    first = group.completions[0]
+    assert len(first.token_ids) >= 2
+    cut = dataclasses.replace(
+        first,
+        token_ids=first.token_ids[:1],
+        token_logprobs=first.token_logprobs[:1],
+        text=policy.decode_completion(list(first.token_ids[:1])),
+        token_count=1,
+    )
+    verdict = admitted(
+        _with_group(batch, 0, completions=(cut, *group.completions[1:])), NodeIdentity.generate()
+    )
+    with pytest.raises(WorkerDataError, match="without EOS"):
+        from_worker(verdict.groups[0], policy, max_new_tokens=6)
+
+
+def test_a_group_of_fewer_completions_than_the_learners_group_size_is_refused(policy: Policy) -> None:
+    # Red team of #20: the first k completions of a group already sent are "new" content that
+    # passes every check; a learner's group has exactly rollout.group_size completions.
+    groups = worker_groups(policy)
+    batch = worker_batch(groups, policy.model_id, policy.version, 1)
+    group = batch.groups[0]
+    verdict = admitted(_with_group(batch, 0, completions=group.completions[:1]), NodeIdentity.generate())
+    with pytest.raises(WorkerDataError, match="1 completions; this learner's groups have 4"):
+        from_worker(verdict.groups[0], policy, max_new_tokens=6, group_size=4)
+    whole = admitted(batch, NodeIdentity.generate())
+    assert len(from_worker(whole.groups[0], policy, max_new_tokens=6, group_size=4).completion_ids) == 4
