@@ -4,7 +4,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from swarmnode.learn import m2po_loss, m2po_mask
@@ -114,6 +114,7 @@ def test_the_m2po_mask_is_the_minimal_one(rows: list[list[float]], keep_bits: li
     st.lists(st.sampled_from([-1.0, 0.0, 1.0]), min_size=4, max_size=4),
     st.sampled_from([0.0, 0.04]),
 )
+@example(rows=[[0.0, 0.1, 0.3], [0.1, 0.1, 0.3], [0.1, 0.1, 0.3]], signs=[1.0, 1.0, 1.0, -1.0], tau=0.04)
 def test_trust_region_mask_is_minimal_among_candidates_and_spares_the_rest(
     rows: list[list[float]], signs: list[float], tau: float
 ) -> None:
@@ -125,7 +126,9 @@ def test_trust_region_mask_is_minimal_among_candidates_and_spares_the_rest(
     assert bool(keep[~candidates].all())  # tokens PPO would not clip are never masked
     sq = log_r.square()
     kept, dropped = candidates & keep, candidates & ~keep
+    # Means summed in another order than the mask's differ in the last bit: 8 squares of 0.1 and
+    # 0.3 averaging exactly 0.04 came out as 0.04000000000000001 here (CI, hypothesis's example).
     if bool(kept.any()):
-        assert sq[kept].mean().item() <= tau
+        assert sq[kept].mean().item() <= tau + 1e-12
     if bool(dropped.any()):
-        assert torch.cat([sq[kept], sq[dropped].min().reshape(1)]).mean().item() > tau
+        assert torch.cat([sq[kept], sq[dropped].min().reshape(1)]).mean().item() > tau - 1e-12
