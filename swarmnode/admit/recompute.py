@@ -47,6 +47,18 @@ def recompute_logprobs(
     return [float(v) for v in values[0, : len(completion_token_ids)]]
 
 
+def _cut_rows(
+    request: SpotCheckRequest, completions: Sequence[Sequence[int]]
+) -> tuple[tuple[int, ...], list[list[int]]]:
+    """The completions ``request`` names and each cut at the last token it needs; a request naming
+    tokens beyond the group is a ``ValueError`` (it was made for another group)."""
+    wanted = request.completions
+    for i in wanted:
+        if i >= len(completions) or request.prefix(i) > len(completions[i]):
+            raise ValueError(f"spot-check request names completion {i} beyond the group it was made for")
+    return wanted, [list(completions[i][: request.prefix(i)]) for i in wanted]
+
+
 def recompute_request(
     policy: Policy | torch.nn.Module,
     request: SpotCheckRequest,
@@ -62,13 +74,9 @@ def recompute_request(
     Rows are right-padded with ``pad_token_id`` under an attention mask, so its value does not
     change the result.
     """
-    wanted = request.completions
+    wanted, rows = _cut_rows(request, completions)
     if not wanted:
         return []
-    for i in wanted:
-        if i >= len(completions) or request.prefix(i) > len(completions[i]):
-            raise ValueError(f"spot-check request names completion {i} beyond the group it was made for")
-    rows = [list(completions[i][: request.prefix(i)]) for i in wanted]
     with torch.no_grad():  # the rows share one prompt: scored once (``shared_prefix``)
         values, _ = completion_logprobs(
             _model(policy),
@@ -96,14 +104,11 @@ def check_request_tokens(
     """Whether each of ``request``'s tokens is the one keyed sampling picks (protocol/SPEC.md 1.8)
     under our logits at that position, in the request's order: one batched forward over the
     completions it names, each cut at the last token it needs, right-padded under a mask."""
-    wanted = request.completions
+    wanted, cut = _cut_rows(request, completions)
     if not wanted:
         return []
-    for i in wanted:
-        if i >= len(completions) or request.prefix(i) > len(completions[i]):
-            raise ValueError(f"spot-check request names completion {i} beyond the group it was made for")
     prompt = list(prompt_ids)
-    rows = [prompt + list(completions[i][: request.prefix(i)]) for i in wanted]
+    rows = [prompt + row for row in cut]
     width = max(len(r) for r in rows)
     ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
