@@ -123,14 +123,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         return EXIT_OK
     from swarmnode.roles.solo import run_solo
 
-    run_solo(
-        config,
-        home,
-        max_rounds=args.max_rounds,
-        max_seconds=args.max_seconds,
-        summary_json=Path(args.summary_json) if args.summary_json else None,
-    )
+    summary = Path(args.summary_json) if args.summary_json else None
+    run_solo(config, home, max_rounds=args.max_rounds, max_seconds=args.max_seconds, summary_json=summary)
+    print(_learning_png(home, summary.with_suffix(".png") if summary else home.root / "learning.png"))
     return EXIT_OK
+
+
+def _learning_png(home: NodeHome, path: Path) -> str:
+    """Draw the home's learning curves (its whole ledger) to ``path``; say where, or why not."""
+    from swarmnode.sim.plots import plot_rounds
+    from swarmnode.store import Ledger
+
+    try:
+        with Ledger(home.ledger) as ledger:
+            rounds = ledger.rounds()
+        plot_rounds(path, rounds, title=f"swarmnode run --solo ({home.root.name})")
+    except (SwarmError, OSError, ValueError) as exc:
+        return f"learning curves not drawn: {exc}"
+    return f"learning curves (reward and held-out accuracy per round): {path}"
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -152,6 +162,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
         summary_json=home.root / "summary.json",
     )
     print(f"per-round metrics: {home.root / 'summary.json'}")
+    print(_learning_png(home, home.root / "summary.png"))
     return EXIT_OK
 
 
@@ -170,6 +181,7 @@ def cmd_swarm(args: argparse.Namespace) -> int:
         minutes=args.minutes,
         mixing=args.mixing,
         round_seconds=args.round_seconds,
+        page_port=args.page_port,
     ).run()
 
 
@@ -294,6 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="swarm round length (default 1: on loopback a round of the tiny model takes well under "
         "a second; at 0.5 half the peers' groups arrive too late to be used)",
+    )
+    p.add_argument(
+        "--page-port",
+        type=int,
+        default=0,
+        help="port of the swarm's page on 127.0.0.1 (default 0: a free port; its address is printed)",
     )
     p.set_defaults(handler=cmd_swarm)
 

@@ -510,6 +510,11 @@ class BroadcastCore:
             return []
         return [i for i, held in enumerate(t.have) if held]
 
+    def progress(self, digest: Digest) -> tuple[int, int] | None:
+        """(chunks held, chunks in all) of a version this node knows of, or None."""
+        t = self._transfers.get(digest)
+        return None if t is None else (t.n_have, t.layout.n_chunks)
+
     def is_complete(self, digest: Digest) -> bool:
         t = self._transfers.get(digest)
         return t is not None and t.n_have == t.layout.n_chunks

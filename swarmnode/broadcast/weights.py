@@ -251,9 +251,13 @@ class WeightReceiver:
 
     def status(self) -> dict[str, Any]:
         core = self.core.status()
+        flight = self.core.in_flight
+        progress = self.node.core.progress(flight.digest) if flight is not None else None
         return {
             "version": self.policy.version,
             "receiving": core["receiving"],
+            # chunks held / in all of the version being received (None: nothing in flight)
+            "chunks_received": None if progress is None else f"{progress[0]}/{progress[1]}",
             "pending": core["pending"],
             "last_receive_s": self.last_seconds,
             "blamed": core["blamed"],

@@ -22,7 +22,7 @@ import asyncio
 import logging
 import struct
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 from swarmnode.admit import AdmissionPipeline, Rejected, RejectReason
@@ -297,6 +297,8 @@ class GossipDriver:
             self._feed(event)
         if isinstance(verdict, Rejected):
             self._rejected(verdict, judged.banned_until)
+            if verdict.sender is not None:
+                self._senders.refused(verdict.sender, now)
             return
         round_index = self.core.current_round(now)
         groups = verdict.groups
@@ -305,7 +307,7 @@ class GossipDriver:
         for admitted, scored in zip(groups, converted, strict=True):
             self.metrics.inc("groups_accepted", "External groups admitted")
             self.pool.add(scored, round_index)
-            self._senders.add(admitted.sender, scored.rewards, admitted.group)
+            self._senders.add(admitted.sender, scored.rewards, admitted.group, now)
 
     async def _refuse_non_envelope(self, peer: str, payload: bytes) -> None:
         judged = await self.intake.judge(payload, via=peer, solicited=True)
@@ -323,6 +325,10 @@ class GossipDriver:
     def sender_tallies(self) -> dict[str, dict[str, float]]:
         """Per signer (Ed25519 peer id): admitted groups and their rewards, ours and claimed."""
         return self._senders.as_dict()
+
+    def count_used(self, by_sender: Mapping[str, int]) -> None:
+        """Groups the trainer's sharing rule trained on, per signer (the dashboard's "used")."""
+        self._senders.used(by_sender)
 
     async def _serve_pull(self, peer_id: str, request: bytes) -> bytes:
         if len(request) % DIGEST_BYTES:

@@ -26,7 +26,7 @@ Must not
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
@@ -258,22 +258,27 @@ class ExternalPool:
 
 @dataclass
 class SenderTally:
-    """What one signer's admitted groups brought: rewards as we scored them and as it claimed."""
+    """What one signer's groups brought: admitted groups and their rewards as we scored them and as
+    it claimed, its batches refused after its signature checked, groups trained on, last arrival."""
 
     groups: int = 0
     completions: int = 0
     reward_sum: float = 0.0  # our verifier's rewards: the ones training uses
     claimed_reward_sum: float = 0.0  # the sender's own claims: informational, never used
+    refused_batches: int = 0  # its signed batches refused after the signature checked
+    used: int = 0  # its admitted groups the sharing rule trained on
+    last_seen: float = 0.0  # when its last batch was judged (0: never)
 
 
 class SenderTallies:
-    """One ``SenderTally`` per signer, for the first ``limit`` signers seen."""
+    """One ``SenderTally`` per signer, for the first ``limit`` signers admitted (a signer is
+    tallied once one of its groups is admitted: refusals alone never take a place)."""
 
     def __init__(self, limit: int = MAX_TALLIED_SENDERS) -> None:
         self.limit = limit
         self._senders: dict[str, SenderTally] = {}
 
-    def add(self, sender: str, rewards: Sequence[float], group: RolloutGroup) -> None:
+    def add(self, sender: str, rewards: Sequence[float], group: RolloutGroup, now: float = 0.0) -> None:
         tally = self._senders.get(sender)
         if tally is None:
             if len(self._senders) >= self.limit:
@@ -283,9 +288,24 @@ class SenderTallies:
         tally.completions += len(rewards)
         tally.reward_sum += sum(rewards)
         tally.claimed_reward_sum += sum(c.claimed_reward_informational for c in group.completions)
+        tally.last_seen = max(tally.last_seen, now)
+
+    def refused(self, sender: str, now: float) -> None:
+        """A batch ``sender`` signed (signature checked) was refused; counted if it is tallied."""
+        tally = self._senders.get(sender)
+        if tally is not None:
+            tally.refused_batches += 1
+            tally.last_seen = max(tally.last_seen, now)
+
+    def used(self, by_sender: Mapping[str, int]) -> None:
+        """Groups the sharing rule trained on this round, per signer."""
+        for sender, count in by_sender.items():
+            tally = self._senders.get(sender)
+            if tally is not None:
+                tally.used += count
 
     def as_dict(self) -> dict[str, dict[str, float]]:
-        """Per signer (Ed25519 peer id): admitted groups and their rewards, ours and claimed."""
+        """Per signer (Ed25519 peer id): its ``SenderTally`` as a dict."""
         return {sender: asdict(tally) for sender, tally in self._senders.items()}
 
 

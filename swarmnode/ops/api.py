@@ -3,16 +3,17 @@
 GET /healthz   200 "ok" while the node's jobs run
 GET /metrics   Prometheus text format
 GET /status    JSON snapshot (what `swarmnode status` prints)
-GET /          a small status page a person can read (refreshes itself)
+GET /dashboard.json   what the page draws (``ops.dashboard``): curves, peers, intake, the role's panels
+GET /          the dashboard page: draws /dashboard.json and redraws it live, no reload
 
 ``build_http_app`` is the one app; ``build_app`` feeds it a node's registry and snapshot, the
-bootstrap peer feeds it its DHT figures (``roles.bootstrap``).
+bootstrap peer feeds it its DHT figures (``roles.bootstrap``), the local swarm launcher its nodes'.
 """
 
 from __future__ import annotations
 
 import asyncio
-import html
+import ipaddress
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -21,48 +22,83 @@ from typing import Any
 
 from aiohttp import web
 
+from swarmnode.ops.dashboard import Dashboard, Section, key_value_table, page_html
 from swarmnode.ops.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
 StatusProvider = Callable[[], dict[str, Any]]
 
-_PAGE = """<!doctype html>
-<html><head><meta charset="utf-8"><meta http-equiv="refresh" content="5">
-<title>swarmnode {name}</title>
-<style>body{{font-family:system-ui,sans-serif;margin:2em;max-width:60em}}
-table{{border-collapse:collapse}}td,th{{border-bottom:1px solid #ddd;padding:.3em .8em;text-align:left}}
-h1{{font-size:1.4em}}</style></head>
-<body><h1>swarmnode &middot; {name}</h1>{body}
-<p><a href="/metrics">/metrics</a> &middot; <a href="/status">/status</a></p></body></html>
-"""
+# The page is the same file for every process; what it shows comes from /dashboard.json. The
+# policy keeps it from loading anything but this origin, and from running inline event handlers.
+_PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "img-src 'self' data:; connect-src 'self'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+}
 
 
-def _table(mapping: dict[str, Any]) -> str:
-    rows = []
-    for key, value in mapping.items():
-        if isinstance(value, dict):
-            cell = _table(value) if value else "&ndash;"
-        elif isinstance(value, float):
-            cell = f"{value:.4g}"
-        else:
-            cell = html.escape(str(value))
-        rows.append(f"<tr><th>{html.escape(str(key))}</th><td>{cell}</td></tr>")
-    return "<table>" + "".join(rows) + "</table>"
+def host_allowed(host_header: str | None) -> bool:
+    """A request's ``Host`` may name an IP address or ``localhost``, never another name.
+
+    DNS rebinding: a web page the operator visits can point its own domain at 127.0.0.1 and read
+    this API from their browser; its requests then carry that domain in ``Host``. Addresses and
+    ``localhost`` cannot be re-pointed by a stranger. A missing ``Host`` (HTTP/1.0) is allowed."""
+    if not host_header:
+        return True
+    host = host_header.strip()
+    if host.startswith("["):  # [v6]:port
+        host = host[1 : host.find("]")] if "]" in host else host
+    elif host.count(":") == 1:
+        host = host.rsplit(":", 1)[0]
+    if host.lower() in ("localhost", "localhost."):
+        return True
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return False
+    return True
+
+
+@web.middleware
+async def _only_address_hosts(request: web.Request, handler: Any) -> web.StreamResponse:
+    if not host_allowed(request.headers.get("Host")):
+        return web.Response(status=421, text="Host must be an IP address or localhost\n")
+    response: web.StreamResponse = await handler(request)
+    return response
 
 
 StatusSource = Callable[[], Awaitable[dict[str, Any]]]
 MetricsSource = Callable[[], Awaitable[str]]
 HealthSource = Callable[[], Awaitable[str | None]]  # None: healthy; otherwise the reason (the 503 body)
+DashboardSource = Callable[[], Awaitable[Dashboard]]
+
+
+def status_dashboard(snapshot: dict[str, Any]) -> Dashboard:
+    """The page of a process that draws nothing of its own: its status snapshot as one table."""
+    figures = {k: v for k, v in snapshot.items() if k != "metrics" and not isinstance(v, dict | list)}
+    name = str(snapshot.get("name", "node"))
+    return Dashboard(
+        f"swarmnode · {name}",
+        str(snapshot.get("role", "")),
+        sections=[Section("Status", tables=[key_value_table("status", "Status", figures)])],
+        links=[("/status", "/status"), ("/metrics", "/metrics")],
+    )
 
 
 def build_http_app(
-    status: StatusSource, metrics: MetricsSource, health: HealthSource, *, page: bool = True
+    status: StatusSource,
+    metrics: MetricsSource,
+    health: HealthSource,
+    *,
+    page: bool = True,
+    dashboard: DashboardSource | None = None,
 ) -> web.Application:
-    """The one HTTP app every process serves: ``/healthz``, ``/metrics``, ``/status`` and (``page``) ``/``.
+    """The one HTTP app every process serves: ``/healthz``, ``/metrics``, ``/status`` and (``page``)
+    the dashboard, ``/`` and ``/dashboard.json`` (``dashboard``, else the status as a table).
 
-    Nodes of every role and the bootstrap peer differ only in where the three documents come
-    from; the routes, content types and the 503 rule are the same for all of them."""
+    Nodes of every role and the bootstrap peer differ only in where the documents come from; the
+    routes, content types and the 503 rule are the same for all of them."""
 
     async def healthz(_: web.Request) -> web.Response:
         reason = await health()
@@ -78,24 +114,33 @@ def build_http_app(
         return web.Response(text=json.dumps(document, indent=1, default=str), content_type="application/json")
 
     async def page_handler(_: web.Request) -> web.Response:
-        snapshot = await status()
-        body = _table({k: v for k, v in snapshot.items() if k != "metrics"})
-        text = _PAGE.format(name=html.escape(str(snapshot.get("name", "node"))), body=body)
-        return web.Response(text=text, content_type="text/html")
+        return web.Response(text=page_html(), content_type="text/html", headers=_PAGE_HEADERS)
 
-    app = web.Application()
+    async def dashboard_handler(_: web.Request) -> web.Response:
+        document = await dashboard() if dashboard is not None else status_dashboard(await status())
+        return web.Response(
+            text=json.dumps(document.as_json(), separators=(",", ":"), allow_nan=False),
+            content_type="application/json",
+            headers={"Cache-Control": "no-store"},
+        )
+
+    app = web.Application(middlewares=[_only_address_hosts])
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/metrics", metrics_handler)
     app.router.add_get("/status", status_handler)
     if page:
         app.router.add_get("/", page_handler)
+        app.router.add_get("/dashboard.json", dashboard_handler)
     return app
 
 
 def build_app(
-    metrics: Metrics, status: StatusProvider, healthy: Callable[[], bool] = lambda: True
+    metrics: Metrics,
+    status: StatusProvider,
+    healthy: Callable[[], bool] = lambda: True,
+    dashboard: DashboardSource | None = None,
 ) -> web.Application:
-    """A node's app: its metrics registry, its status snapshot and its liveness flag."""
+    """A node's app: its metrics registry, its status snapshot, its liveness flag and its page."""
 
     async def status_now() -> dict[str, Any]:
         return status()
@@ -106,7 +151,7 @@ def build_app(
     async def health_now() -> str | None:
         return None if healthy() else "unhealthy"
 
-    return build_http_app(status_now, metrics_now, health_now)
+    return build_http_app(status_now, metrics_now, health_now, dashboard=dashboard)
 
 
 class ApiServer:
@@ -134,6 +179,7 @@ async def serve_forever(
     host: str,
     port: int,
     port_file: Path,
+    dashboard: DashboardSource | None = None,
 ) -> None:
     """Serve the API until cancelled; ``port_file`` (a Path) holds the bound port meanwhile.
 
@@ -141,7 +187,7 @@ async def serve_forever(
     no stale port outlives the node."""
     from swarmnode.store import atomic_write_text
 
-    server = ApiServer(build_app(metrics, status, healthy), host, port)
+    server = ApiServer(build_app(metrics, status, healthy, dashboard), host, port)
     await server.start()
     atomic_write_text(port_file, str(server.port))
     log.info("API on http://%s:%d/", host, server.port)

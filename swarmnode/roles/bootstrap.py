@@ -38,6 +38,7 @@ from swarmnode.errors import SwarmError
 from swarmnode.net.config import NetConfig, default_identity_path
 from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.ops.api import ApiServer, build_http_app
+from swarmnode.ops.dashboard import CounterHistory, Dashboard, Section, fmt, key_value_table
 from swarmnode.ops.metrics import Metrics
 from swarmnode.ops.supervise import stop_on_signals
 from swarmnode.store.atomic import atomic_write_text
@@ -100,7 +101,8 @@ async def run_bootstrap(
     )
     runtime = await HivemindRuntime.create(config)
     try:
-        server = ApiServer(_make_app(runtime, memory_limit), http_host, http_port)
+        history = BootstrapHistory()
+        server = ApiServer(_make_app(runtime, memory_limit, history), http_host, http_port)
         await server.start()
         try:
             info = BootstrapInfo(
@@ -113,15 +115,86 @@ async def run_bootstrap(
             print(f"bootstrap http: {info.http_url}", flush=True)
             if on_ready is not None:
                 on_ready(info)
-            await stop_event.wait()
+            async with asyncio.TaskGroup() as group:
+                sampler = group.create_task(history.run(runtime))
+                await stop_event.wait()
+                sampler.cancel()
         finally:
             await server.stop()
     finally:
         await runtime.stop()
 
 
-def _make_app(runtime: HivemindRuntime, memory_limit: int = MEMORY_LIMIT) -> web.Application:
-    """The bootstrap's documents in the one HTTP app (``ops.api.build_http_app``), without a page."""
+class BootstrapHistory:
+    """The bootstrap's figures over time, for its page: peers (DHT routing table, open connections)
+    and DHT health (records held, resident memory), sampled every ``every`` s (bounded)."""
+
+    def __init__(self, every: float = 10.0) -> None:
+        self.every = every
+        self.peers = CounterHistory()
+        self.records = CounterHistory()
+        self.memory = CounterHistory()
+
+    def add(self, doc: dict[str, Any]) -> None:
+        minutes = doc["uptime_s"] / 60
+        peers = {"DHT routing table": doc["dht_peers"]}
+        if doc["connected_peers"] is not None:
+            peers["open connections"] = doc["connected_peers"]
+        self.peers.add(minutes, peers)
+        storage = doc["dht_storage"]
+        self.records.add(
+            minutes, {name: storage[name]["records"] for name in ("storage", "cache") if name in storage}
+        )
+        if doc["rss_bytes"] is not None:
+            self.memory.add(minutes, {"resident MiB": doc["rss_bytes"] / 2**20})
+
+    async def run(self, runtime: HivemindRuntime) -> None:
+        while True:
+            self.add(await bootstrap_status(runtime))
+            await asyncio.sleep(self.every)
+
+    def dashboard(self, doc: dict[str, Any], memory_limit: int) -> Dashboard:
+        health = {
+            "peer id": doc["peer_id"],
+            **{f"listens on ({i + 1})": m for i, m in enumerate(doc["maddrs"])},
+            "memory limit (MiB)": memory_limit >> 20,
+        }
+        for name, figures in doc["dht_storage"].items():
+            for key, value in figures.items():
+                if isinstance(value, dict):
+                    text = ", ".join(f"{k} {v}" for k, v in value.items() if not isinstance(v, dict))
+                    health[f"DHT {name} {key}"] = text or "-"
+                else:
+                    health[f"DHT {name} {key}"] = value
+        return Dashboard(
+            "swarmnode · bootstrap",
+            "bootstrap",
+            cards=[
+                ("DHT peers", fmt(doc["dht_peers"])),
+                ("open connections", fmt(doc["connected_peers"])),
+                ("resident MiB", fmt(None if doc["rss_bytes"] is None else doc["rss_bytes"] >> 20)),
+                ("up (min)", fmt(round(doc["uptime_s"] / 60, 1))),
+            ],
+            sections=[
+                Section("Peers", charts=[self.peers.chart("peers", "Peers over time", "minutes", "peers")]),
+                Section(
+                    "DHT health",
+                    charts=[
+                        self.records.chart("records", "Records held", "minutes", "records"),
+                        self.memory.chart("memory", "Resident memory", "minutes", "MiB"),
+                    ],
+                    tables=[key_value_table("dht", "Bootstrap and DHT", health)],
+                ),
+            ],
+            links=[("status JSON", "/status"), ("metrics", "/metrics")],
+        )
+
+
+def _make_app(
+    runtime: HivemindRuntime, memory_limit: int = MEMORY_LIMIT, history: BootstrapHistory | None = None
+) -> web.Application:
+    """The bootstrap's documents in the one HTTP app (``ops.api.build_http_app``), with its page."""
+    history = history if history is not None else BootstrapHistory()
 
     async def health() -> str | None:
         if not runtime.is_running:
@@ -153,7 +226,10 @@ def _make_app(runtime: HivemindRuntime, memory_limit: int = MEMORY_LIMIT) -> web
             registry.set(f"dht_{name}_evicted", f"Records evicted from the DHT {name}", figures["evicted"])
         return registry.render()
 
-    return build_http_app(status, metrics, health, page=False)
+    async def dashboard() -> Dashboard:
+        return history.dashboard(await bootstrap_status(runtime), memory_limit)
+
+    return build_http_app(status, metrics, health, dashboard=dashboard)
 
 
 async def bootstrap_status(runtime: HivemindRuntime) -> dict[str, Any]:

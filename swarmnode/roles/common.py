@@ -15,7 +15,7 @@ import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import FrameType
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import torch
 
@@ -23,7 +23,9 @@ from swarmnode.config import Config, TaskDatasetConfig
 from swarmnode.errors import EngineUnavailable
 from swarmnode.home import NodeHome
 from swarmnode.net.config import NetConfig
+from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.ops.api import serve_forever
+from swarmnode.ops.dashboard import Dashboard
 from swarmnode.ops.metrics import Metrics
 from swarmnode.policy import Policy, build_tiny_policy, load_policy
 from swarmnode.policy.warmstart import SPECIALIST_WARM_START, warm_start
@@ -103,17 +105,34 @@ class StopFlag:
         signal.signal(signal.SIGTERM, handler)
 
 
-def api_job(
-    config: Config,
-    home: NodeHome,
-    metrics: Metrics,
-    status: Callable[[], dict[str, Any]],
-    healthy: Callable[[], bool],
-) -> Callable[[], Awaitable[None]]:
-    """The job every role runs beside its own: the HTTP API (``/status``, ``/metrics``, ``/healthz``)
-    on ``api.host``:``api.port`` until cancelled, its bound port in ``HOME/api.port``."""
+class ServedRole(Protocol):
+    """What a role hands the API job: its settings, home, metrics, documents and runtime."""
+
+    config: Config
+    home: NodeHome
+    metrics: Metrics
+
+    @property
+    def runtime(self) -> HivemindRuntime: ...
+
+    def status(self) -> dict[str, Any]: ...
+
+    async def dashboard(self) -> Dashboard: ...
+
+
+def api_job(role: ServedRole) -> Callable[[], Awaitable[None]]:
+    """The job every role runs beside its own: the HTTP API (``/status``, ``/metrics``, ``/healthz``
+    while its runtime runs, the page and its ``/dashboard.json``) on ``api.host``:``api.port`` until
+    cancelled, its bound port in ``HOME/api.port``."""
     return functools.partial(
-        serve_forever, metrics, status, healthy, config.api.host, config.api.port, home.root / "api.port"
+        serve_forever,
+        role.metrics,
+        role.status,
+        lambda: role.runtime.is_running,
+        role.config.api.host,
+        role.config.api.port,
+        role.home.root / "api.port",
+        role.dashboard,
     )
 
 
@@ -162,6 +181,7 @@ def net_config(config: Config, home: NodeHome) -> NetConfig:
 
 
 __all__ = [
+    "ServedRole",
     "StopFlag",
     "api_job",
     "build_mixture",

@@ -65,6 +65,17 @@ from swarmnode.home import NodeHome
 from swarmnode.identity import load_or_create_identity
 from swarmnode.net.dataplane import DataPlane, DataPlaneError, RefuseRequest, request_source
 from swarmnode.net.hivemind_runtime import HivemindRuntime
+from swarmnode.ops.dashboard import (
+    CounterHistory,
+    Dashboard,
+    LedgerRounds,
+    Section,
+    Table,
+    ago,
+    fmt,
+    key_value_table,
+    short_id,
+)
 from swarmnode.ops.metrics import Metrics
 from swarmnode.ops.supervise import run_jobs
 from swarmnode.policy.lock import ModelLock
@@ -168,6 +179,7 @@ class LearnerNode:
         self.outbox: asyncio.Queue[ControlMessage] = asyncio.Queue(maxsize=CONTROL_QUEUE)
         self.last_loss: float | None = None
         self.last_reward: float | None = None
+        self.utilization_over_steps = CounterHistory()  # the plan's prediction and the measured share
 
     # ------------------------------------------------------------------ torch (one at a time)
 
@@ -177,6 +189,7 @@ class LearnerNode:
         self.mixture = build_mixture(self.config)
         policy = build_policy(self.config, self.home, self.mixture)
         self.ledger = Ledger(self.home.ledger)
+        self.ledger_rounds = LedgerRounds(self.ledger)
         self.trainer = Trainer(
             self.config,
             policy,
@@ -253,6 +266,104 @@ class LearnerNode:
             "direct_offers": self.direct_offers.stats(),
             "metrics": self.metrics.snapshot(),
         }
+
+    async def dashboard(self) -> Dashboard:
+        """The learner's page: learning curves, the activation plan and its workers, the broadcast."""
+        learning = await asyncio.to_thread(self.ledger_rounds.charts)
+        now = time.time()
+        status = self.activation.status(now)
+        plan = status.plan
+        latest = self.publisher.latest
+        latest_version = next(reversed(self.publisher.published), None)
+        rows, classes = [], []
+        for w in sorted(status.workers, key=lambda w: (not w.active, w.price, w.peer)):
+            told = self.publisher.told.get(w.peer)
+            if latest is None or told is None:
+                weights = "-"
+            elif told != latest.digest:
+                weights = "older version"
+            elif (w.peer, latest.digest) in self.publisher.told_at:
+                weights = f"receiving v{latest_version}"
+            else:
+                weights = f"has v{latest_version}"
+            state = "banned" if w.banned_until else "active" if w.active else "idle"
+            if w.active and not w.proven:
+                state += " (probation)"
+            if w.held_until:
+                state += " (held)"
+            rows.append(
+                [
+                    short_id(w.peer),
+                    state,
+                    fmt(w.planned_rate, 3),
+                    fmt(w.measured_rate, 3),
+                    fmt(w.price),
+                    fmt(w.dissemination, 3),
+                    fmt(self.completions_by_worker.get(w.peer, 0)),
+                    weights,
+                ]
+            )
+            classes.append("banned" if w.banned_until else "")
+        workers = Table(
+            "workers",
+            "Workers (the plan's active set first)",
+            ["worker", "state", "planned /s", "measured /s", "price", "D (s)", "completions", "weights"],
+            rows,
+            classes,
+        )
+        busy, wait = self.busy_seconds, self.wait_seconds
+        measured = busy / (busy + wait) if busy + wait > 0 else None
+        plan_figures = {
+            "feasible": "yes" if plan.feasible else f"no: {plan.reason}",
+            "required rate (/s)": plan.required_rate,
+            "predicted rate (/s)": plan.predicted_rate,
+            "step time T (s)": status.step_time,
+            "dissemination D (s)": status.dissemination,
+            "cost per step, planned": plan.cost_per_step,
+            "cost per step, paid": self.cost_paid / self.steps_here if self.steps_here else None,
+            "excluded": ", ".join(f"{short_id(e.peer)}: {e.reason}" for e in plan.excluded[:8]) or "-",
+            **{f"core: {k}": v for k, v in status.stats.items() if v},
+        }
+        return Dashboard(
+            f"swarmnode · {self.config.node.name}",
+            "learner",
+            cards=[
+                ("steps", fmt(self.trainer.round)),
+                ("policy version", fmt(self.version)),
+                ("active workers", fmt(len(plan.workers))),
+                ("utilization planned", fmt(plan.predicted_utilization, 2)),
+                ("utilization measured", fmt(measured, 2)),
+                ("queue (groups)", fmt(len(self.queue))),
+                ("up", ago(self.started_at, now).replace(" ago", "")),
+            ],
+            sections=[
+                Section("Learning", charts=learning[:2]),  # reward, held-out (no gossip: no usage)
+                Section(
+                    "Activation",
+                    charts=[
+                        self.utilization_over_steps.chart(
+                            "utilization", "Learner utilization: planned vs measured", "step", "share"
+                        )
+                    ],
+                    tables=[workers, key_value_table("plan", "The activation plan", plan_figures)],
+                ),
+                Section(
+                    "Intake",
+                    tables=[
+                        key_value_table(
+                            "intake",
+                            "Admission, spot checks, staleness",
+                            {
+                                **{f"admission {k}": v for k, v in self.admission.counts().items()},
+                                **{f"spot checks {k}": v for k, v in self.spot.stats.as_dict().items()},
+                                **{f"staleness {k}": v for k, v in self.gate.counters.items()},
+                            },
+                        )
+                    ],
+                ),
+            ],
+            links=[("status JSON", "/status"), ("metrics", "/metrics")],
+        )
 
     def _plan_gauges(self) -> None:
         plan = self.activation.plan
@@ -654,6 +765,13 @@ class LearnerNode:
             self.busy_seconds += busy
             self.wait_seconds += waited
             self.steps_here += 1
+            self.utilization_over_steps.add(
+                self.trainer.round,
+                {
+                    "planned": self.activation.plan.predicted_utilization,
+                    "measured": self.busy_seconds / max(1e-9, self.busy_seconds + self.wait_seconds),
+                },
+            )
             self.last_loss = None if metrics.loss != metrics.loss else metrics.loss
             self.last_reward = metrics.mean_reward
             self.metrics.inc("steps", "Learner steps")
@@ -769,9 +887,7 @@ class LearnerNode:
             "activation": self._activation_timers,
             "control": self._control,
             "learn": self._learn,
-            "serve": api_job(
-                self.config, self.home, self.metrics, self.status, lambda: self.runtime.is_running
-            ),
+            "serve": api_job(self),
         }
         await run_jobs(jobs, self.metrics, self.stop)
 

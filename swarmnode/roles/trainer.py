@@ -33,6 +33,17 @@ from swarmnode.home import NodeHome
 from swarmnode.identity import NodeIdentity, load_or_create_identity
 from swarmnode.net.config import NetConfig
 from swarmnode.net.hivemind_runtime import HivemindRuntime
+from swarmnode.ops.dashboard import (
+    MAX_ROWS,
+    Chart,
+    CounterHistory,
+    Dashboard,
+    LedgerRounds,
+    PeerRow,
+    ago,
+    fmt,
+    trainer_dashboard,
+)
 from swarmnode.ops.metrics import Metrics
 from swarmnode.ops.supervise import run_jobs, stop_on_signals
 from swarmnode.policy.lock import ModelLock
@@ -80,6 +91,7 @@ class SwarmNode:
         self.heldout_first_by_family: dict[str, float] = {}  # at the start of this run
         self.rounds_done_here = 0
         self.stop = asyncio.Event()
+        self.verdicts_over_rounds = CounterHistory()  # admission verdicts by reason, after each round
 
     # ------------------------------------------------------------------ helpers
 
@@ -115,6 +127,68 @@ class SwarmNode:
             "metrics": self.metrics.snapshot(),
         }
 
+    async def dashboard(self) -> Dashboard:
+        """The node's page (``ops.dashboard``): learning curves from the ledger, peers, intake."""
+        learning, rejections = await asyncio.to_thread(self._ledger_view)
+        now = time.time()
+        tallies = self.driver.sender_tallies()
+        bans = {p: until for p, until in self.admission.peers.bans.items() if until > now}
+        rows = []
+        for peer in {*tallies, *rejections, *bans}:
+            tally = tallies.get(peer, {})
+            rows.append(
+                PeerRow(
+                    peer,
+                    score=self.admission.peers.score(peer),
+                    received=int(tally.get("groups", 0) + tally.get("refused_batches", 0)),
+                    admitted=int(tally.get("groups", 0)),
+                    used=int(tally.get("used", 0)),
+                    rejections=rejections.get(peer, {}),
+                    banned_until=bans.get(peer),
+                    last_seen=tally.get("last_seen") or None,
+                )
+            )
+        families = self.heldout_by_family
+        first = self.heldout_first_by_family
+        text = (
+            "held-out by family (start -> now): "
+            + ", ".join(f"{f} {fmt(first.get(f), 2)} -> {fmt(v, 2)}" for f, v in families.items())
+            if families
+            else ""
+        )
+        replay = self.admission.replay
+        intake = {
+            "external pool (groups waiting)": len(self.pool),
+            "replay cache (ids remembered)": f"{len(replay):,} of {replay.capacity:,}",
+            "admission CPU (s)": round(self.driver.intake.cpu_seconds, 3),
+            "banned peers now": len(bans),
+            **{f"verifier {k}": v for k, v in self.verifier.stats().items()},
+            **{f"verifier {k}": v for k, v in self.verifier.isolation().items()},
+        }
+        return trainer_dashboard(
+            f"swarmnode · {self.config.node.name}",
+            [
+                ("rounds", fmt(self.trainer.round)),
+                ("policy version", fmt(self.trainer.policy.version)),
+                ("held-out accuracy", fmt(self.heldout, 3)),
+                ("reward (last round)", fmt(self.last.mean_reward if self.last else None, 3)),
+                ("sharing rule", self.config.swarm.mixing),
+                ("DHT peers", fmt(self.runtime.dht_peer_count() if self.runtime.is_running else 0)),
+                ("peers' groups admitted", fmt(sum(int(t.get("groups", 0)) for t in tallies.values()))),
+                ("up", ago(self.started_at, now).replace(" ago", "")),
+            ],
+            learning,
+            rows,
+            self.verdicts_over_rounds,
+            intake,
+            now,
+            note=text,
+        )
+
+    def _ledger_view(self) -> tuple[list[Chart], dict[str, dict[str, int]]]:
+        """The ledger's curves and its per-peer rejection counts (in a thread: SQLite)."""
+        return self.ledger_rounds.charts(), self.ledger.rejections_by_peer_and_reason(MAX_ROWS)
+
     def _update_gauges(self, m: RoundMetrics) -> None:
         g = self.metrics
         g.inc("rounds", "Training rounds completed")
@@ -140,6 +214,7 @@ class SwarmNode:
         self.mixture = build_mixture(self.config)
         policy = build_policy(self.config, self.home, self.mixture)
         self.ledger = Ledger(self.home.ledger)
+        self.ledger_rounds = LedgerRounds(self.ledger)
         self.trainer = Trainer(
             self.config,
             policy,
@@ -207,6 +282,8 @@ class SwarmNode:
             # ahead or behind (measured after a restart: tests/swarm/test_node_restart.py).
             # The staleness bound is for rollouts of our own policy (learner/worker mode).
             self.last = metrics
+            self.driver.count_used(self.trainer.last_external_sources)
+            self.verdicts_over_rounds.add(metrics.round, self.admission.counts())
             self.first_reward = metrics.mean_reward if self.first_reward is None else self.first_reward
             if metrics.heldout_accuracy is not None:
                 self.heldout = metrics.heldout_accuracy
@@ -290,9 +367,7 @@ class SwarmNode:
             "generate": self._generate,
             "train": self._train,
             "exchange": self.driver.run,
-            "serve": api_job(
-                self.config, self.home, self.metrics, self.status, lambda: self.runtime.is_running
-            ),
+            "serve": api_job(self),
         }
         await run_jobs(jobs, self.metrics, self.stop)
 

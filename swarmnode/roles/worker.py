@@ -42,6 +42,7 @@ from swarmnode.home import NodeHome
 from swarmnode.identity import load_or_create_identity
 from swarmnode.net.dataplane import DataPlane, DataPlaneError, PeerRefused
 from swarmnode.net.hivemind_runtime import HivemindRuntime
+from swarmnode.ops.dashboard import CounterHistory, Dashboard, Section, fmt, key_value_table
 from swarmnode.ops.metrics import Metrics
 from swarmnode.ops.supervise import run_jobs
 from swarmnode.roles.common import (
@@ -97,6 +98,7 @@ class WorkerNode:
         self.wake = asyncio.Event()
         self.batches_sent = 0
         self.completions_sent = 0
+        self.sent_over_time = CounterHistory()  # completions sent and the rate, per batch (minutes)
         self.rate = 0.0  # measured completions per second (throttle included), EWMA
         self.learner_version: int | None = None
         self.deactivated_reason = ""
@@ -160,6 +162,41 @@ class WorkerNode:
             "weights": self.weights.status(),
             "metrics": self.metrics.snapshot(),
         }
+
+    async def dashboard(self) -> Dashboard:
+        """The worker's page: activation, the weights it holds and receives, what it sent."""
+        weights = self.weights.status()
+        receive = {k: v for k, v in weights.items() if k not in ("stats", "blamed")}
+        receive.update({f"chunks {k}": v for k, v in (weights.get("stats") or {}).items()})
+        receive["chunk senders blamed"] = ", ".join(f"{p} {n}" for p, n in weights["blamed"].items()) or "-"
+        left = max(0.0, self.lease_until - time.time())
+        return Dashboard(
+            f"swarmnode · {self.config.node.name}",
+            "worker",
+            cards=[
+                ("state", "active" if self.active else "idle"),
+                ("policy version", fmt(self.policy.version)),
+                ("learner's version", fmt(self.learner_version)),
+                (
+                    "receiving",
+                    f"v{weights['receiving'][0]}: {weights['chunks_received']} chunks"
+                    if weights["receiving"]
+                    else "no",
+                ),
+                ("rate (/s)", fmt(self.rate, 3)),
+                ("completions sent", fmt(self.completions_sent)),
+                ("lease left (s)", fmt(round(left, 1))),
+            ],
+            sections=[
+                Section(
+                    "Rollouts",
+                    charts=[self.sent_over_time.chart("rate", "Rollout rate", "minutes", "completions/s")],
+                    text=f"deactivated: {self.deactivated_reason}" if self.deactivated_reason else "",
+                ),
+                Section("Weights", tables=[key_value_table("weights", "Weight broadcast", receive)]),
+            ],
+            links=[("status JSON", "/status"), ("metrics", "/metrics")],
+        )
 
     # ------------------------------------------------------------------ control
 
@@ -363,6 +400,10 @@ class WorkerNode:
             self.rate = 0.7 * self.rate + 0.3 * capacity if self.rate > 0 else capacity
             self.batches_sent += 1
             self.completions_sent += count
+            self.sent_over_time.add(
+                (time.time() - self.started_at) / 60,
+                {"completions/s": self.rate, "target/s": self.target_rate},
+            )
             self.metrics.inc("completions_sent", "Completions sent to the learner", count)
             self.metrics.set("rollout_rate", "Measured completions per second", self.rate)
             if isinstance(reply, Heartbeat):
@@ -398,9 +439,7 @@ class WorkerNode:
                 jobs = {
                     "advertise": self._advertise,
                     "work": self._work,
-                    "serve": api_job(
-                        self.config, self.home, self.metrics, self.status, lambda: self.runtime.is_running
-                    ),
+                    "serve": api_job(self),
                 }
                 await run_jobs(jobs, self.metrics, self.stop)
             finally:

@@ -23,6 +23,48 @@ def pyplot() -> Any:
     return plt
 
 
+def plot_rounds(path: Path, rounds: list[Any], title: str) -> Path:
+    """A node's learning curves from its ledger's rounds (``store.RoundRecord``): mean reward of its
+    own completions per round (with a 20-round moving mean) and greedy held-out accuracy, per task
+    family when there are several."""
+    if not rounds:
+        raise ValueError("the ledger has no rounds yet")
+    plt = pyplot()
+    fig, (ax_r, ax_h) = plt.subplots(1, 2, figsize=(10, 3.6))
+    x = [r.round for r in rounds]
+    reward = [r.mean_reward for r in rounds]
+    ax_r.plot(x, reward, color="#9ecae1", linewidth=0.8, label="per round")
+    window = 20
+    if len(reward) >= window:
+        moving = [sum(reward[i - window + 1 : i + 1]) / window for i in range(window - 1, len(reward))]
+        ax_r.plot(x[window - 1 :], moving, color="#1f77b4", label=f"{window}-round mean")
+    ax_r.set_title("mean reward of own completions", fontsize=10)
+    ax_r.set_xlabel("round")
+    ax_r.legend(fontsize=8)
+    ax_r.grid(alpha=0.3)
+    held = [(r.round, r.extra["heldout_accuracy"]) for r in rounds if "heldout_accuracy" in r.extra]
+    families = sorted({k for r in rounds for k in r.extra if k.startswith("heldout/")})
+    if held:
+        ax_h.plot(*zip(*held, strict=True), marker=".", label="mean", color="black")
+    for key in families:
+        points = [(r.round, r.extra[key]) for r in rounds if key in r.extra]
+        ax_h.plot(*zip(*points, strict=True), marker=".", linewidth=1, label=key.removeprefix("heldout/"))
+    ax_h.set_title("greedy held-out accuracy", fontsize=10)
+    ax_h.set_xlabel("round")
+    ax_h.set_ylim(0, 1.02)
+    ax_h.grid(alpha=0.3)
+    if held or families:
+        ax_h.legend(fontsize=8)
+    else:
+        ax_h.text(0.5, 0.5, "not evaluated (tasks.heldout_size = 0)", ha="center", transform=ax_h.transAxes)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_all(results: dict[str, Any], out_dir: Path) -> list[Path]:
     written: list[Path] = []
     if "broadcast" in results:

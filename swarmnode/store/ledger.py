@@ -236,12 +236,13 @@ class Ledger:
                 row,
             )
 
-    def rounds(self) -> list[RoundRecord]:
-        """Every recorded round, in round order."""
+    def rounds(self, after: int | None = None) -> list[RoundRecord]:
+        """Every recorded round (only those after round ``after`` when given), in round order."""
         with self._op("read rounds") as conn:
             rows = conn.execute(
                 "SELECT round, started_at, seconds, mean_reward, accuracy, tokens_generated, loss, "
-                "policy_version, extra FROM rounds ORDER BY round"
+                "policy_version, extra FROM rounds WHERE round > ? ORDER BY round",
+                (-(2**63) if after is None else int(after),),
             ).fetchall()
         return [
             RoundRecord(
@@ -330,6 +331,21 @@ class Ledger:
         with self._op("read rejection counts") as conn:
             rows = conn.execute("SELECT peer_id, sum(count) FROM rejections GROUP BY peer_id").fetchall()
         return {peer: int(count) for peer, count in rows}
+
+    def rejections_by_peer_and_reason(self, limit: int) -> dict[str, dict[str, int]]:
+        """Rejections per reason of the ``limit`` peers with the most rejections (a bounded read:
+        free identities can fill the table, not the page that shows it)."""
+        with self._op("read rejection counts") as conn:
+            rows = conn.execute(
+                "SELECT r.peer_id, r.reason, r.count FROM rejections r JOIN ("
+                "  SELECT peer_id FROM rejections GROUP BY peer_id ORDER BY sum(count) DESC LIMIT ?"
+                ") top ON r.peer_id = top.peer_id",
+                (int(limit),),
+            ).fetchall()
+        out: dict[str, dict[str, int]] = {}
+        for peer, reason, count in rows:
+            out.setdefault(peer, {})[reason] = int(count)
+        return out
 
     # -- lifetime ----------------------------------------------------------------------------
 

@@ -91,6 +91,7 @@ class LocalSwarm:
         self.procs: dict[str, Proc] = {}
         self.homes: dict[str, NodeHome] = {}
         self.bootstrap_maddrs: list[str] = []
+        self.bootstrap_http: str | None = None  # the bootstrap's page and /status, once it is up
         self.extra_identities: list[Path] = []  # other processes' libp2p keys (e.g. an adversary)
 
     # -- processes -------------------------------------------------------------------------
@@ -126,6 +127,7 @@ class LocalSwarm:
             self.extra_identities.append(identity)
         info = wait_until(proc.ready, timeout, "the bootstrap peer", procs=[proc])
         self.bootstrap_maddrs = list(info["maddrs"])
+        self.bootstrap_http = info.get("http_url")
         return self.bootstrap_maddrs
 
     def write_node_config(self, name: str, seed: int, **overrides: Any) -> NodeHome:

@@ -31,6 +31,7 @@ from swarmnode.ops.status import fetch_status
 from swarmnode.store.atomic import atomic_write_text
 from swarmnode.tasks import SPECIALIST_FAMILIES, DatasetSpec
 from swarmnode.testing import swarm as harness
+from swarmnode.tools.swarm_page import SwarmPage, SwarmPageServer
 
 READY_TIMEOUT = 120.0
 STOP_TIMEOUT = 60.0
@@ -120,7 +121,16 @@ class SwarmDemo:
 
     Its processes are started, awaited and stopped by the package's one process harness."""
 
-    def __init__(self, root: Path, *, nodes: int, minutes: float, mixing: str, round_seconds: float) -> None:
+    def __init__(
+        self,
+        root: Path,
+        *,
+        nodes: int,
+        minutes: float,
+        mixing: str,
+        round_seconds: float,
+        page_port: int = 0,
+    ) -> None:
         if nodes < 1:
             raise SwarmError("--nodes must be at least 1")
         if not minutes > 0:
@@ -130,6 +140,8 @@ class SwarmDemo:
         self.minutes = minutes
         self.mixing = mixing
         self.round_seconds = round_seconds
+        self.page_port = page_port
+        self.page_server: SwarmPageServer | None = None
         #: the families in play: one per node, up to the four of SPECIALIST_FAMILIES
         self.families = list(SPECIALIST_FAMILIES[: min(nodes, len(SPECIALIST_FAMILIES))])
         self.swarm: harness.LocalSwarm | None = None
@@ -185,6 +197,8 @@ class SwarmDemo:
         # Finish the shutdown even if Ctrl-C is pressed again meanwhile.
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
+            if self.page_server is not None:
+                self.page_server.stop()
             if self.swarm is not None:
                 self.swarm.close(bootstrap_timeout=BOOTSTRAP_STOP_TIMEOUT)
         finally:
@@ -237,6 +251,15 @@ class SwarmDemo:
                 homes.append(swarm.write_node_config(f"node-{i}", i, **{"model.path": model}))
                 (homes[-1].root / MARKER).write_text("made by swarmnode swarm\n", encoding="utf-8")
                 swarm.start_node(f"node-{i}")
+            page = SwarmPage(
+                {home.root.name: home for home in homes},
+                family_of=lambda name: self.family_of(int(name.removeprefix("node-"))),
+                bootstrap_http=swarm.bootstrap_http,
+            )
+            self.page_server = page.serve(port=self.page_port)
+            print(
+                f"the swarm's page (curves, exchange, each node's page): {self.page_server.url}", flush=True
+            )
             print(
                 f"{self.nodes} specialist nodes started on {', '.join(s.label for s in self.families)} "
                 f"(mixing {self.mixing}, {self.round_seconds:g} s rounds); "
@@ -250,7 +273,7 @@ class SwarmDemo:
             while time.monotonic() < deadline:
                 for proc in swarm.exited():
                     raise SwarmError(f"{proc.name} exited with code {proc.popen.returncode}; see {proc.log}")
-                statuses = self._poll(homes)
+                statuses = list(page.poll().values())
                 table = _table(self._rows(statuses))
                 left = deadline - time.monotonic()
                 if tty:

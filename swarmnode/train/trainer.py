@@ -20,6 +20,7 @@ import logging
 import math
 import random
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -142,6 +143,7 @@ class Trainer:
         self.heldout_sets = heldout_sets(mixture, config.tasks.heldout_size)
         self.heldout: list[Task] = [task for tasks in self.heldout_sets.values() for task in tasks]
         self.heldout_by_family: dict[str, float] = {}  # the last evaluation's, with several families
+        self.last_external_sources: dict[str, int] = {}  # groups the last update trained on, per sender
         self.round = 0  # rounds completed
         self.node_id = "local"
         # SAPO's uniform choice of groups; seeded so a resumed run picks the same ones.
@@ -435,6 +437,7 @@ class Trainer:
                 by_family.setdefault(family_of(g.task), []).extend(g.rewards)
             self.family_baseline.update(by_family)  # b_f includes this round: our competence now
         local, ext = self.choose_groups(own, external)
+        self.last_external_sources = dict(Counter(g.source for g in ext))
         if not local and not ext:
             return float("nan"), 0, 0
         losses = self._policy_steps(local, ext)

@@ -176,7 +176,8 @@ def test_completed_only_when_every_chunk_is_verified_and_only_once() -> None:
         out = core.handle(ChunkReceived("pub", D, f.index, valid, 100, 0.1), 0.0)
         completed += of(out, Completed)
     assert completed == []  # one chunk was invalid
-    assert not core.is_complete(D)
+    assert not core.is_complete(D) and core.progress(D) == (9, 10)  # what a worker's page shows
+    assert core.progress(b"\x00" * 32) is None
     refetch = [f for f in core.poll(0.0) if isinstance(f, Fetch)] + of(out, Fetch)
     assert refetch == [] or all(f.index == fetches[3].index for f in refetch)
     # The publisher sent one bad chunk (below max_bad_chunks=2): it may be asked again, but not

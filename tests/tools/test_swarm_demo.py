@@ -159,3 +159,62 @@ def test_the_demo_runs_specialists_end_to_end(tmp_path: Path) -> None:
         assert node["curve"]["rounds"][0] == 0 and len(node["curve"]["rounds"]) >= 2
         assert node["groups_received"] > 0 and node["groups_used"] > 0
     assert (tmp_path / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.mark.slow
+def test_the_swarm_page_shows_every_nodes_curves_and_the_exchange_in_a_browser(tmp_path: Path) -> None:
+    """Three specialists for 150 s with the swarm's page open in Chromium: a curve per node in each
+    family's chart, and every node trains on both others' groups. A screenshot goes to the test's
+    directory and to ``$SWARMNODE_SCREENSHOTS`` when set (docs/swarm.png)."""
+    import os
+    import shutil
+    import threading
+
+    from tests.browser.support import browser_page, chart_points, require_browser, table_rows, wait_loaded
+
+    require_browser()
+    d = SwarmDemo(tmp_path, nodes=3, minutes=150 / 60, mixing="anchored", round_seconds=1.0)
+    seen: dict[str, Any] = {}
+
+    def watch() -> None:
+        try:
+            deadline = time.monotonic() + 600
+            while d.page_server is None and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert d.page_server is not None, "the swarm page never started"
+            seen["url"] = d.page_server.url
+            with browser_page() as page:
+                page.goto(d.page_server.url)
+                wait_loaded(page)
+                # Every family's chart has a line per node with a few evaluations on it.
+                page.wait_for_function(
+                    """() => ['add', 'sub', 'mul'].every(f => {
+                        const lines = document.querySelectorAll(`[data-chart="heldout-${f}"] polyline`);
+                        const drawn = l => l.getAttribute('points').split(' ').length >= 8;
+                        return lines.length === 3 && [...lines].every(drawn);
+                    })""",
+                    timeout=240_000,
+                )
+                seen["heldout"] = {f: chart_points(page, f"heldout-{f}") for f in ("add", "sub", "mul")}
+                seen["exchange"] = {cells[0]: cells[1:] for _, cells in table_rows(page, "exchange")}
+                path = tmp_path / "swarm.png"
+                page.screenshot(path=str(path), full_page=True)
+                if os.environ.get("SWARMNODE_SCREENSHOTS"):
+                    shutil.copy(path, Path(os.environ["SWARMNODE_SCREENSHOTS"]) / "swarm.png")
+        except Exception as exc:  # reported to the main thread, which runs the demo  # noqa: BLE001
+            seen["error"] = exc
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    assert d.run() == 0
+    watcher.join(60)
+    assert "error" not in seen, seen.get("error")
+    assert seen["url"].startswith("http://127.0.0.1:")
+    for family, lines in seen["heldout"].items():
+        assert len(lines) == 3 and min(lines.values()) >= 8, (family, lines)
+    for receiver, cells in seen["exchange"].items():
+        pairs = [c for c in cells[:3] if c != "·"]
+        assert len(pairs) == 2, cells
+        for pair in pairs:
+            admitted, used = (int(x.replace(",", "")) for x in pair.split(" / "))
+            assert admitted > 0 and 0 < used <= admitted, (receiver, cells)

@@ -11,7 +11,9 @@ Specifications (issue "learner and workers"):
 
 from __future__ import annotations
 
+import json
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,38 @@ def start(swarm: LocalSwarm, activation: str, workers: list[tuple[str, float, fl
     return learner_id
 
 
+def dashboard(swarm: LocalSwarm, name: str) -> dict[str, Any]:
+    """``name``'s page document (what its / draws), from its /dashboard.json."""
+    port = (swarm.homes[name].root / "api.port").read_text().strip()
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/dashboard.json", timeout=10) as response:
+        document: dict[str, Any] = json.loads(response.read())
+    return document
+
+
+def part(document: dict[str, Any], kind: str, part_id: str) -> dict[str, Any]:
+    found: dict[str, Any] = next(p for s in document["sections"] for p in s[kind] if p["id"] == part_id)
+    return found
+
+
+def check_pages(swarm: LocalSwarm, status: dict[str, Any]) -> None:
+    """The learner's page shows its plan and every worker in its state; a worker's, its weights."""
+    page = dashboard(swarm, "learner")
+    workers = part(page, "tables", "workers")
+    states = {row[0].rstrip("…"): row[1] for row in workers["rows"]}
+    assert len(states) == len(WORKERS)
+    active = [state for state in states.values() if state.startswith("active")]
+    assert len(active) == len(status["plan"]["active"]), (states, status["plan"])
+    cards = {c["label"]: c["value"] for c in page["cards"]}
+    assert cards["active workers"] == str(len(status["plan"]["active"]))
+    utilization = part(page, "charts", "utilization")
+    assert {s["name"] for s in utilization["series"]} == {"planned", "measured"}
+    assert all(len(s["points"]) >= 5 for s in utilization["series"])
+    assert len(part(page, "charts", "reward")["series"][0]["points"]) >= 5
+    fast = dashboard(swarm, "w-fast-cheap")
+    assert fast["role"] == "worker" and part(fast, "charts", "rate")["series"][0]["points"]
+    assert {r[0] for r in part(fast, "tables", "weights")["rows"]} >= {"version", "receiving"}
+
+
 def learner_status(swarm: LocalSwarm) -> dict[str, Any] | None:
     return swarm.status("learner")
 
@@ -91,6 +125,8 @@ def test_planner_keeps_the_learner_busy_for_less_than_all_workers_on(processes: 
         assert first is not None
         final = run_until_steps(swarm, first["steps_this_run"] + 30)
         results[activation] = (first, final)
+        if activation == "planner":
+            check_pages(swarm, final)
         swarm.close()
     planner_first, planner = results["planner"]
     all_first, all_on = results["all"]
