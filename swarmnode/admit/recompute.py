@@ -2,9 +2,9 @@
 
 Owns: one forward pass that scores completion tokens under our policy, with the same rule as the
 trainer and the rollout engines (``completion_logprobs``: logits / temperature, log-softmax, before
-any top-p truncation); and one that checks the tokens themselves against keyed sampling
-(``check_request_tokens``, #20). Must not: decide what to check or judge the result
-(``core.spotcheck``).
+any top-p truncation); and the check of the tokens themselves against keyed sampling (#20), both
+from one forward pass (``request_logits``, then ``logprobs_at`` and ``tokens_at`` per seed).
+Must not: decide what to check or judge the result (``core.spotcheck``).
 
 The caller passes the policy *version the group claims* it was generated with, in eval mode
 (dropout off), and runs this off the event loop like any torch work.
@@ -20,7 +20,7 @@ from swarmnode.admit.spotcheck import SpotCheckRequest
 from swarmnode.policy.model import Policy
 from swarmnode.rollout.keyed import DEFAULT_MARGIN, TokenCheck, check_token, keyed_uniform
 from swarmnode.rollout.types import SamplingParams
-from swarmnode.train.batch import completion_logprobs
+from swarmnode.train.batch import completion_logits, completion_logprobs
 
 
 def _model(policy: Policy | torch.nn.Module) -> torch.nn.Module:
@@ -59,6 +59,67 @@ def _cut_rows(
     return wanted, [list(completions[i][: request.prefix(i)]) for i in wanted]
 
 
+def request_logits(
+    policy: Policy | torch.nn.Module,
+    request: SpotCheckRequest,
+    prompt_ids: Sequence[int],
+    completions: Sequence[Sequence[int]],
+    pad_token_id: int = 0,
+) -> torch.Tensor:
+    """The logits (float32, before temperature) that score each of ``request``'s tokens, in its
+    order: ``(len(request.tokens), vocab)``, from one forward pass over only the completions the
+    request names, each cut at the last token it needs (a causal LM scores a token from its prefix
+    alone, so the cut changes nothing), the prompt scored once (packed, ``shared_prefix``). Both
+    halves of a spot check read these: the log-probs (``logprobs_at``) and the keyed-sampling token
+    checks under each seed (``tokens_at``). Rows are padded with ``pad_token_id`` under a mask, so
+    its value does not change the result."""
+    wanted, rows = _cut_rows(request, completions)
+    if not wanted:
+        return torch.zeros((0, 0))
+    with torch.no_grad():
+        logits, _ = completion_logits(_model(policy), [list(prompt_ids)] * len(rows), rows, pad_token_id)
+    row_of = {completion: r for r, completion in enumerate(wanted)}
+    rows_index = torch.tensor([row_of[t.completion] for t in request.tokens], dtype=torch.long)
+    positions = torch.tensor([t.position for t in request.tokens], dtype=torch.long)
+    return logits[rows_index, positions]
+
+
+def logprobs_at(
+    logits: torch.Tensor, request: SpotCheckRequest, completions: Sequence[Sequence[int]], temperature: float
+) -> list[float]:
+    """Our log-probs at ``request``'s tokens (``request_logits`` rows), with the trainer's rule:
+    logits / temperature, log-softmax."""
+    if not request.tokens:
+        return []
+    scaled = logits / temperature if temperature != 1.0 else logits
+    tokens = torch.tensor([completions[t.completion][t.position] for t in request.tokens], dtype=torch.long)
+    values = torch.log_softmax(scaled, dim=-1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
+    return [float(v) for v in values]
+
+
+def tokens_at(
+    logits: torch.Tensor,
+    request: SpotCheckRequest,
+    completions: Sequence[Sequence[int]],
+    params: SamplingParams,
+    seed: bytes,
+    task_key: str,
+    margin: float = DEFAULT_MARGIN,
+) -> list[TokenCheck]:
+    """Whether each of ``request``'s tokens is the one keyed sampling picks with ``seed`` under
+    these logits (``request_logits`` rows; protocol/SPEC.md 1.8), in the request's order."""
+    return [
+        check_token(
+            logits[k],
+            params,
+            keyed_uniform(seed, task_key, t.completion, t.position),
+            completions[t.completion][t.position],
+            margin,
+        )
+        for k, t in enumerate(request.tokens)
+    ]
+
+
 def recompute_request(
     policy: Policy | torch.nn.Module,
     request: SpotCheckRequest,
@@ -67,27 +128,9 @@ def recompute_request(
     temperature: float = 1.0,
     pad_token_id: int = 0,
 ) -> list[float]:
-    """Our log-probs at ``request``'s tokens, in its order (pass the result as ``recomputed``).
-
-    One batched forward over only the completions the request names, each cut at the last token
-    it needs (a causal LM scores a token from its prefix alone, so the cut changes nothing).
-    Rows are right-padded with ``pad_token_id`` under an attention mask, so its value does not
-    change the result.
-    """
-    wanted, rows = _cut_rows(request, completions)
-    if not wanted:
-        return []
-    with torch.no_grad():  # the rows share one prompt: scored once (``shared_prefix``)
-        values, _ = completion_logprobs(
-            _model(policy),
-            [list(prompt_ids)] * len(rows),
-            rows,
-            temperature,
-            pad_token_id,
-            shared_prefix=True,
-        )
-    row_of = {completion: r for r, completion in enumerate(wanted)}
-    return [float(values[row_of[t.completion], t.position]) for t in request.tokens]
+    """Our log-probs at ``request``'s tokens, in its order (pass the result as ``recomputed``)."""
+    logits = request_logits(policy, request, prompt_ids, completions, pad_token_id)
+    return logprobs_at(logits, request, completions, temperature)
 
 
 def check_request_tokens(
@@ -101,26 +144,6 @@ def check_request_tokens(
     pad_token_id: int = 0,
     margin: float = DEFAULT_MARGIN,
 ) -> list[TokenCheck]:
-    """Whether each of ``request``'s tokens is the one keyed sampling picks (protocol/SPEC.md 1.8)
-    under our logits at that position, in the request's order: one batched forward over the
-    completions it names, each cut at the last token it needs, right-padded under a mask."""
-    wanted, cut = _cut_rows(request, completions)
-    if not wanted:
-        return []
-    prompt = list(prompt_ids)
-    rows = [prompt + row for row in cut]
-    width = max(len(r) for r in rows)
-    ids = torch.full((len(rows), width), pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    for r, row in enumerate(rows):
-        ids[r, : len(row)] = torch.tensor(row, dtype=torch.long)
-        mask[r, : len(row)] = 1
-    with torch.no_grad():
-        logits = _model(policy)(input_ids=ids, attention_mask=mask).logits  # (rows, width, vocab)
-    row_of = {completion: r for r, completion in enumerate(wanted)}
-    out = []
-    for t in request.tokens:
-        at = logits[row_of[t.completion], len(prompt) - 1 + t.position]  # predicts token t.position
-        u = keyed_uniform(seed, task_key, t.completion, t.position)
-        out.append(check_token(at, params, u, completions[t.completion][t.position], margin))
-    return out
+    """``tokens_at`` on a forward pass of its own (``request_logits``)."""
+    logits = request_logits(policy, request, prompt_ids, completions, pad_token_id)
+    return tokens_at(logits, request, completions, params, seed, task_key, margin)

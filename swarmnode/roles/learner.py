@@ -54,7 +54,7 @@ from swarmnode.activation.records import (
 )
 from swarmnode.admit import AdmissionConfig, AdmissionPipeline, Rejected, RejectReason, task_families
 from swarmnode.admit.intake import Intake
-from swarmnode.admit.recompute import check_request_tokens, recompute_request
+from swarmnode.admit.recompute import logprobs_at, request_logits, tokens_at
 from swarmnode.admit.spotcheck import Judgement, SpotCheckConfig, SpotChecker, SpotCheckRequest, judge
 from swarmnode.admit.staleness import StalenessGate
 from swarmnode.admit.verdict import Accepted
@@ -453,19 +453,19 @@ class LearnerNode:
             request = self.spot.select(sender, g.task.id.key(), [len(c) for c in g.completion_ids])
             if request is None:
                 continue
-            recomputed = await self.model_lock.run(
-                self.scratch.recompute,
+            logits = await self.model_lock.run(
+                self.scratch.logits,
                 g.policy_version,
                 weights,
                 request,
                 g.prompt_ids,
                 g.completion_ids,
-                self.config.rollout.temperature,
                 self.trainer.policy.pad_token_id,
             )
+            recomputed = logprobs_at(logits, request, g.completion_ids, self.config.rollout.temperature)
             judgement = judge(request.pick(g.behaviour_logprobs), recomputed, self.spot.config.tolerance)
             if judgement.passed and self.config.learner.keyed_sampling:
-                judgement = await self._check_tokens(sender, g, request, weights)
+                judgement = await self._check_tokens(sender, g, request, logits)
             outcome = self.spot.record(sender, judgement)
             self.metrics.inc("spot_checks", "Worker spot checks", result="pass" if outcome.passed else "fail")
             if outcome.passed:
@@ -479,37 +479,29 @@ class LearnerNode:
         return True
 
     async def _check_tokens(
-        self,
-        sender: str,
-        g: ScoredGroup,
-        request: SpotCheckRequest,
-        weights: tuple[bytes | bytearray, tuple[TensorEntry, ...]],
+        self, sender: str, g: ScoredGroup, request: SpotCheckRequest, logits: torch.Tensor
     ) -> Judgement:
-        """Are ``request``'s tokens the ones keyed sampling picks under the version ``g`` claims,
-        with one of the seeds we gave ``sender`` (protocol/SPEC.md 1.8)? Positions too close to a
-        CDF boundary to tell are skipped (counted), not failed."""
+        """Are ``request``'s tokens the ones keyed sampling picks under the version ``g`` claims
+        (``logits``: that version's, at the request's tokens, the log-prob check's own), with one of
+        the seeds we gave ``sender`` (protocol/SPEC.md 1.8)? Positions too close to a CDF boundary
+        to tell are skipped (counted), not failed."""
         r = self.config.rollout
         params = SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
         n = len(request.tokens)
         seeds = list(reversed(self.sampling_seeds.get(sender, ())))
         if not seeds:
             return Judgement(False, math.inf, None, n, "no sampling seed was given to this worker")
-        checks: list[TokenCheck] = []
-        for seed in seeds:  # the newest first
-            checks = await self.model_lock.run(
-                self.scratch.check_tokens,
-                g.policy_version,
-                weights,
-                request,
-                g.prompt_ids,
-                g.completion_ids,
-                params,
-                seed,
-                g.task.id.key(),
-                self.trainer.policy.pad_token_id,
-            )
-            if TokenCheck.MISMATCH not in checks:
-                break
+
+        def check() -> list[TokenCheck]:
+            checks: list[TokenCheck] = []
+            for seed in seeds:  # the newest first
+                checks = tokens_at(logits, request, g.completion_ids, params, seed, g.task.id.key())
+                if TokenCheck.MISMATCH not in checks:
+                    break
+            return checks
+
+        # A softmax (and a sort, under top-p) over the vocabulary per token and seed: off the loop.
+        checks = await asyncio.to_thread(check)
         for result in checks:
             self.metrics.inc(
                 "keyed_token_checks", "Worker tokens checked against keyed sampling", result=result
@@ -900,38 +892,20 @@ class ScratchModel:
         self.model = model
         self.version: int | None = None
 
-    def recompute(
+    def logits(
         self,
         version: int,
         weights: tuple[bytes | bytearray, tuple[TensorEntry, ...]],
         request: SpotCheckRequest,
         prompt_ids: list[int],
         completions: list[list[int]],
-        temperature: float,
         pad_token_id: int,
-    ) -> list[float]:
-        """Log-probs at ``request``'s tokens under published ``version`` (its blob and layout,
-        decoded here, in the model lock's thread, not the event loop, when not loaded already)."""
+    ) -> torch.Tensor:
+        """The logits at ``request``'s tokens under published ``version`` (its blob and layout,
+        decoded here, in the model lock's thread, not the event loop, when not loaded already): one
+        forward pass, from which the spot check takes its log-probs and its token checks."""
         self._load(version, weights)
-        return recompute_request(self.model, request, prompt_ids, completions, temperature, pad_token_id)
-
-    def check_tokens(
-        self,
-        version: int,
-        weights: tuple[bytes | bytearray, tuple[TensorEntry, ...]],
-        request: SpotCheckRequest,
-        prompt_ids: list[int],
-        completions: list[list[int]],
-        params: SamplingParams,
-        seed: bytes,
-        task_key: str,
-        pad_token_id: int,
-    ) -> list[TokenCheck]:
-        """``check_request_tokens`` under published ``version`` (loaded as ``recompute`` does)."""
-        self._load(version, weights)
-        return check_request_tokens(
-            self.model, request, prompt_ids, completions, params, seed, task_key, pad_token_id
-        )
+        return request_logits(self.model, request, prompt_ids, completions, pad_token_id)
 
     def _load(self, version: int, weights: tuple[bytes | bytearray, tuple[TensorEntry, ...]]) -> None:
         if version != self.version:

@@ -140,6 +140,47 @@ def shared_prefix_logprobs(
     Same (B, T) values and mask as the unshared path (float rounding aside), in the same row order;
     consecutive rows with equal prompts form a pack, so a batch ordered by group shares each prompt.
     """
+    picked, targets, mask = _packed_logits(model, prompt_ids, completion_ids, pad_token_id)
+    if temperature != 1.0:
+        picked = picked / temperature
+    token_logp = torch.log_softmax(picked, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    return token_logp * mask, mask
+
+
+def completion_logits(
+    model: torch.nn.Module,
+    prompt_ids: list[list[int]],
+    completion_ids: list[list[int]],
+    pad_token_id: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits that score each completion token (float32, before temperature): (B, T, V), and
+    the (B, T) mask. Packed when the model allows (``shared_prefix_logprobs``'s forward: the
+    learner's spot check takes both its log-probs and its keyed-sampling token checks from it)."""
+    if supports_packed_attention(model):
+        picked, _, mask = _packed_logits(model, prompt_ids, completion_ids, pad_token_id)
+        return picked, mask
+    full = [p + c for p, c in zip(prompt_ids, completion_ids, strict=True)]
+    input_ids = pad_right(full, pad_token_id, torch.long)
+    attention = pad_right([[1] * len(r) for r in full], 0, torch.long)
+    logits = model(input_ids=input_ids, attention_mask=attention).logits.float()
+    width = max(max((len(c) for c in completion_ids), default=1), 1)
+    starts = torch.tensor([len(p) - 1 for p in prompt_ids])
+    lengths = torch.tensor([len(c) for c in completion_ids])
+    offsets = torch.arange(width)
+    index = (starts.unsqueeze(1) + offsets.unsqueeze(0)).clamp(max=logits.shape[1] - 1)
+    mask = (offsets.unsqueeze(0) < lengths.unsqueeze(1)).float()
+    rows = torch.arange(len(full)).unsqueeze(1)
+    return logits[rows, index], mask
+
+
+def _packed_logits(
+    model: torch.nn.Module,
+    prompt_ids: list[list[int]],
+    completion_ids: list[list[int]],
+    pad_token_id: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """One packed forward: (B, T, V) float logits at the positions that score each completion
+    token, the (B, T) target tokens, and the (B, T) mask."""
     if len(prompt_ids) != len(completion_ids):
         raise ValueError(f"{len(prompt_ids)} prompts for {len(completion_ids)} completions")
     packs = _packs(prompt_ids)
@@ -182,9 +223,6 @@ def shared_prefix_logprobs(
     mask4d.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
     logits = model(input_ids=input_ids, attention_mask=mask4d, position_ids=positions).logits
     picked = logits[source_pack, source_pos].float()  # (B, T, V): only the positions that score a token
-    if temperature != 1.0:
-        picked = picked / temperature
-    token_logp = torch.log_softmax(picked, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     row_lengths = torch.tensor([len(c) for c in completion_ids])
     mask = (torch.arange(width).unsqueeze(0) < row_lengths.unsqueeze(1)).float()
-    return token_logp * mask, mask
+    return picked, targets, mask
