@@ -864,6 +864,12 @@ class _Worker:
     # it (red team round 26: a proven identity re-activated by its own price undercut, silent for
     # less than first_rollout_timeout each time, displaced the honest workers for ever).
     cold: bool = False
+    # Proven, and deactivated after a window backed it: untrusted while some other worker is
+    # trusted, until a window in a later activation backs it (red team round 27: a partner's
+    # undercut, or its own late weight announcements, took a trusted identity out while silent,
+    # before its silence was adopted; re-warmed by one window on probation, it was trusted again,
+    # no drop ever recorded: 58-61% of the completions in all nine worlds, 40.6% in first60).
+    benched: bool = False
 
 
 @dataclass(frozen=True)
@@ -1401,8 +1407,7 @@ class ActivationCore:
                 # cold start never tried anyone else: 42.7% of the completions).
                 self._claim_failed = True
                 self._note_down_adoption(worker, self._now, role=False)
-                if not restart:
-                    self._drops.append((self._now, worker.offer.peer))
+                self._drops.append((self._now, worker.offer.peer))
                 return not restart
             else:
                 # Delivering in full, it still left the plan short of what it counted on: a drop of
@@ -1413,10 +1418,11 @@ class ActivationCore:
                 # at once made them pay their first delivery again every 300 s (red team round 23:
                 # 53.4% of the completions in seven worlds; 64.4-75.0% in first60, rst2, slowrst2).
                 self._claim_failed = True
-                if restart:
-                    self._note_down_adoption(worker, self._now, role=False)
-                else:
-                    self._drops.append((self._now, worker.offer.peer))
+                # A drop of its own identity either way: one that left at full rate and rejoined
+                # recorded only the role's drop, which stops counting once it is back (red team
+                # round 27: leaving each time it had displaced the honest workers, 72.7% in first60).
+                self._note_down_adoption(worker, self._now, role=False)
+                self._drops.append((self._now, worker.offer.peer))
                 return not restart
         return False
 
@@ -1516,8 +1522,19 @@ class ActivationCore:
         memory = self._penalty_memory()
         while self._drops and self._drops[0][0] <= now - memory:
             self._drops.popleft()
-        drops = sum(1 for _, peer in self._drops if peer is None or peer not in self._workers)
         base = self.config.first_rollout_timeout + self.config.rate_window
+        # A leave counts in full while that identity is away. An identity's own drops (a restart, a
+        # leave it came back from) count for the role too, but at most one per ``base`` seconds: a
+        # burst of them (32 identities restarting once each, round 24) is one, while a rotation of
+        # identities, each restarting (or leaving and coming back) once just after it displaced the
+        # honest workers, was never counted, and each new identity was trusted one hold after its
+        # proof (red team round 27: 73.2% in first60).
+        drops, last_own = 0, -math.inf
+        for when, peer in self._drops:
+            if peer is None or peer not in self._workers:
+                drops += 1
+            elif when - last_own >= base:
+                drops, last_own = drops + 1, when
         hold = min(base * 2.0 ** min(drops, MAX_LEARNER_DROPS), memory)
         worker.held_until = max(worker.held_until or -math.inf, now + hold)
 
@@ -1659,7 +1676,7 @@ class ActivationCore:
     def _proven(self, worker: _Worker) -> bool:
         return worker.backed and worker.planned_rate > 0
 
-    def _trusted(self, worker: _Worker) -> bool:
+    def _trusted(self, worker: _Worker, *, benched: bool = False) -> bool:
         """Proven, and its own D is measured (where the driver measures each worker's D, as the
         learner does): a worker is on probation, beside the proven workers and never in place of
         one, until both its rate and its latency are measured. A proven worker whose D was
@@ -1669,7 +1686,7 @@ class ActivationCore:
         36,000). A fresh identity delivering its claim but announcing its weights late was proven
         before its D came in and displaced the proven workers each time (round 19: 52.8%). And not
         held by flap damping (``_note_down_adoption``)."""
-        if not self._proven(worker) or self._held(worker) or worker.cold:
+        if not self._proven(worker) or self._held(worker) or worker.cold or (worker.benched and not benched):
             return False
         return worker.dissemination is not None or not self._peer_dissemination_seen
 
@@ -1811,6 +1828,11 @@ class ActivationCore:
         """The probation rule (module docstring): ``full`` unless it picked unproven workers while
         a proven one qualifies; then ``plan(proven)`` plus at most ``max_probation`` unproven."""
         proven_peers = {o.peer for o in eligible if self._trusted(self._workers[o.peer])}
+        if not proven_peers:
+            # Nobody trusted outright: workers benched (deactivated after a window backed them) are
+            # trusted as before, or a slow-link honest worker just benched lost the plan at a cold
+            # start to any claim meeting the latency rule.
+            proven_peers = {o.peer for o in eligible if self._trusted(self._workers[o.peer], benched=True)}
         if not proven_peers:
             return self._cold_start(full, eligible, need)
         proven = [o for o in eligible if o.peer in proven_peers]
@@ -2066,6 +2088,7 @@ class ActivationCore:
                     worker.joined = self._next_join()
                     self._claim_failed = True
                 if self._proven(worker):
+                    worker.benched = True
                     measured = self._measured_rate(worker, now)
                     if measured is None or self._rate_drifts(measured, worker.planned_rate):
                         # No full window in this activation backs it: not trusted again until one
@@ -2138,12 +2161,17 @@ class ActivationCore:
             measured = self._measured_rate(worker, now)
             if measured is None or not self._rate_drifts(measured, worker.planned_rate):
                 worker.drift_since = None
-                if measured is not None and measured > 0 and worker.backed and worker.cold:
-                    worker.cold = False  # a window in this activation backs it again: trusted
+                if (
+                    measured is not None
+                    and measured > 0
+                    and worker.backed
+                    and (worker.cold or worker.benched)
+                ):
+                    worker.cold = worker.benched = False  # a window in this activation backs it again
                     backed.append(peer)
                 if measured is not None and measured > 0 and not worker.backed:
                     worker.backed = True  # a full window shows what the plan counts on: proven
-                    worker.cold = False
+                    worker.cold = worker.benched = False
                     backed.append(peer)
                     self._trial_passed(worker, now)
                     self._hold_new_trust(worker, now)
@@ -2164,7 +2192,7 @@ class ActivationCore:
                 worker.drift_since = None
                 if measured > 0 and not worker.backed:
                     worker.backed = True  # the plan now counts on what it measured: proven
-                    worker.cold = False
+                    worker.cold = worker.benched = False
                     backed.append(peer)
                     self._trial_passed(worker, now)
                     self._hold_new_trust(worker, now)

@@ -271,8 +271,11 @@ class SenderTally:
 
 
 class SenderTallies:
-    """One ``SenderTally`` per signer, for the first ``limit`` signers admitted (a signer is
-    tallied once one of its groups is admitted: refusals alone never take a place)."""
+    """One ``SenderTally`` per signer, for at most ``limit`` signers (a signer is tallied once one
+    of its groups is admitted: refusals alone never take a place). Full, a newcomer takes the place
+    of the signer with the fewest groups admitted (the longest unseen among equals): red team, the
+    first 256 signers used to keep their places for good, so 256 throwaway identities with one group
+    each left every later signer, an attacker's active one included, out of the operator's view."""
 
     def __init__(self, limit: int = MAX_TALLIED_SENDERS) -> None:
         self.limit = limit
@@ -281,8 +284,9 @@ class SenderTallies:
     def add(self, sender: str, rewards: Sequence[float], group: RolloutGroup, now: float = 0.0) -> None:
         tally = self._senders.get(sender)
         if tally is None:
-            if len(self._senders) >= self.limit:
-                return  # bounded: later newcomers are only counted in the metrics
+            if len(self._senders) >= self.limit:  # bounded: O(limit) per newcomer, newcomers are rate-limited
+                least = min(self._senders.items(), key=lambda item: (item[1].groups, item[1].last_seen))[0]
+                del self._senders[least]
             tally = self._senders[sender] = SenderTally()
         tally.groups += 1
         tally.completions += len(rewards)

@@ -262,15 +262,24 @@ class PeerRow:
     last_seen: float | None = None
 
 
-def peers_table(rows: Iterable[PeerRow], now: float, max_rows: int = MAX_ROWS) -> Table:
+def peers_table(rows: Iterable[PeerRow], now: float, max_rows: int = MAX_ROWS, more_banned: int = 0) -> Table:
     """One row per peer, banned ones first, then by groups admitted and rejections; at most
-    ``max_rows`` (the rest counted in the note: a flood of identities cannot grow the page)."""
+    ``max_rows`` (the rest counted in the note: a flood of identities cannot grow the page).
+
+    Banned peers that never had a group admitted take at most a quarter of the rows: fresh
+    identities are free to get banned, and must not push the peers whose groups this node trains
+    on out of view (red team: 64 banned throwaway identities hid every honest peer and the
+    attacker's active one). ``more_banned``: banned peers the caller left out of ``rows``."""
 
     def key(row: PeerRow) -> tuple[bool, int, int]:
         return (row.banned_until is None, -row.admitted, -sum(row.rejections.values()))
 
     ordered = sorted(rows, key=key)
-    shown = ordered[:max_rows]
+    idle = [r for r in ordered if r.banned_until and not r.admitted]  # banned, nothing admitted
+    active = [r for r in ordered if not (r.banned_until and not r.admitted)]
+    n_idle = min(len(idle), max(max_rows // 4, max_rows - len(active)))
+    chosen = {id(r) for r in idle[:n_idle] + active[: max_rows - n_idle]}
+    shown = [r for r in ordered if id(r) in chosen]
     cells = [
         [
             short_id(r.peer),
@@ -284,7 +293,11 @@ def peers_table(rows: Iterable[PeerRow], now: float, max_rows: int = MAX_ROWS) -
         ]
         for r in shown
     ]
-    note = f"{len(ordered) - len(shown)} more peers not shown" if len(ordered) > len(shown) else ""
+    hidden = len(ordered) - len(shown) + more_banned
+    hidden_banned = sum(1 for r in ordered if r.banned_until) - sum(1 for r in shown if r.banned_until)
+    note = f"{hidden} more peers not shown" if hidden else ""
+    if hidden and hidden_banned + more_banned:
+        note += f" ({hidden_banned + more_banned} of them banned)"
     return Table(
         "peers",
         "Peers",
@@ -304,6 +317,7 @@ def trainer_dashboard(
     intake: Mapping[str, Any],
     now: float,
     note: str = "",
+    more_banned: int = 0,
 ) -> Dashboard:
     """A trainer's page: learning (``LedgerRounds.charts``), its peers, its intake over rounds."""
     return Dashboard(
@@ -312,7 +326,7 @@ def trainer_dashboard(
         cards=cards,
         sections=[
             Section("Learning", charts=learning, text=note),
-            Section("Peers", tables=[peers_table(peers, now)]),
+            Section("Peers", tables=[peers_table(peers, now, more_banned=more_banned)]),
             Section(
                 "Intake",
                 charts=[verdicts.chart("verdicts", "Admission verdicts (cumulative)")],

@@ -149,8 +149,13 @@ class BootstrapHistory:
             self.memory.add(minutes, {"resident MiB": doc["rss_bytes"] / 2**20})
 
     async def run(self, runtime: HivemindRuntime) -> None:
+        """Sample until cancelled. A failed sample is logged and skipped: this task runs beside
+        the bootstrap's wait for its stop, and its exception would end the bootstrap itself."""
         while True:
-            self.add(await bootstrap_status(runtime))
+            try:
+                self.add(await bootstrap_status(runtime))
+            except Exception:  # the page must never take the DHT peer down
+                logger.warning("bootstrap page: sample failed", exc_info=True)
             await asyncio.sleep(self.every)
 
     def dashboard(self, doc: dict[str, Any], memory_limit: int) -> Dashboard:

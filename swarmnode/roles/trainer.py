@@ -14,9 +14,12 @@ round it trains on its own groups plus the external groups admitted so far.
 from __future__ import annotations
 
 import asyncio
+import heapq
 import logging
 import math
+import operator
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -129,10 +132,16 @@ class SwarmNode:
 
     async def dashboard(self) -> Dashboard:
         """The node's page (``ops.dashboard``): learning curves from the ledger, peers, intake."""
-        learning, rejections = await asyncio.to_thread(self._ledger_view)
         now = time.time()
         tallies = self.driver.sender_tallies()
-        bans = {p: until for p, until in self.admission.peers.bans.items() if until > now}
+        # One C-level copy: the admission thread inserts into this dict while we read it.
+        active = {p: until for p, until in dict(self.admission.peers.bans).items() if until > now}
+        # Rows for a bounded set of peers: tallied signers, the most recently banned, and the
+        # ledger's most rejected (a flood of banned transport ids must not cost the loop per id).
+        bans = {p: active[p] for p in tallies if p in active}
+        bans.update(heapq.nlargest(MAX_ROWS, active.items(), key=operator.itemgetter(1)))
+        learning, rejections = await asyncio.to_thread(self._ledger_view, [*tallies, *bans])
+        bans.update((p, active[p]) for p in rejections if p in active)
         rows = []
         for peer in {*tallies, *rejections, *bans}:
             tally = tallies.get(peer, {})
@@ -183,11 +192,14 @@ class SwarmNode:
             intake,
             now,
             note=text,
+            more_banned=len(active) - len(bans),
         )
 
-    def _ledger_view(self) -> tuple[list[Chart], dict[str, dict[str, int]]]:
-        """The ledger's curves and its per-peer rejection counts (in a thread: SQLite)."""
-        return self.ledger_rounds.charts(), self.ledger.rejections_by_peer_and_reason(MAX_ROWS)
+    def _ledger_view(self, peers: Sequence[str] = ()) -> tuple[list[Chart], dict[str, dict[str, int]]]:
+        """The ledger's curves and per-peer rejection counts: of the most rejected peers and of
+        ``peers`` (those shown anyway), so others' floods cannot push a shown peer's record out
+        (in a thread: SQLite)."""
+        return self.ledger_rounds.charts(), self.ledger.rejections_by_peer_and_reason(MAX_ROWS, peers)
 
     def _update_gauges(self, m: RoundMetrics) -> None:
         g = self.metrics

@@ -21,6 +21,7 @@ Must not: train, or send rollouts made with weights it did not verify.
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import os
 import time
@@ -42,7 +43,7 @@ from swarmnode.home import NodeHome
 from swarmnode.identity import load_or_create_identity
 from swarmnode.net.dataplane import DataPlane, DataPlaneError, PeerRefused
 from swarmnode.net.hivemind_runtime import HivemindRuntime
-from swarmnode.ops.dashboard import CounterHistory, Dashboard, Section, fmt, key_value_table
+from swarmnode.ops.dashboard import CounterHistory, Dashboard, Section, fmt, key_value_table, short_id
 from swarmnode.ops.metrics import Metrics
 from swarmnode.ops.supervise import run_jobs
 from swarmnode.roles.common import (
@@ -168,7 +169,11 @@ class WorkerNode:
         weights = self.weights.status()
         receive = {k: v for k, v in weights.items() if k not in ("stats", "blamed")}
         receive.update({f"chunks {k}": v for k, v in (weights.get("stats") or {}).items()})
-        receive["chunk senders blamed"] = ", ".join(f"{p} {n}" for p, n in weights["blamed"].items()) or "-"
+        blamed = collections.Counter(weights["blamed"])  # one entry per peer ever blamed: unbounded
+        top = blamed.most_common(8)
+        receive["chunk senders blamed"] = ", ".join(f"{short_id(p)} {n}" for p, n in top) or "-"
+        if len(blamed) > 8:
+            receive["chunk senders blamed"] += f" and {len(blamed) - 8} more"
         left = max(0.0, self.lease_until - time.time())
         return Dashboard(
             f"swarmnode · {self.config.node.name}",

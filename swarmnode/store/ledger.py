@@ -28,7 +28,7 @@ import math
 import os
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -332,9 +332,12 @@ class Ledger:
             rows = conn.execute("SELECT peer_id, sum(count) FROM rejections GROUP BY peer_id").fetchall()
         return {peer: int(count) for peer, count in rows}
 
-    def rejections_by_peer_and_reason(self, limit: int) -> dict[str, dict[str, int]]:
-        """Rejections per reason of the ``limit`` peers with the most rejections (a bounded read:
-        free identities can fill the table, not the page that shows it)."""
+    def rejections_by_peer_and_reason(
+        self, limit: int, include: Sequence[str] = ()
+    ) -> dict[str, dict[str, int]]:
+        """Rejections per reason of the ``limit`` peers with the most rejections, and of every peer
+        in ``include`` (a bounded read: free identities can fill the table, not the page that shows
+        it, nor push the record of a peer the page shows out of it)."""
         with self._op("read rejection counts") as conn:
             rows = conn.execute(
                 "SELECT r.peer_id, r.reason, r.count FROM rejections r JOIN ("
@@ -342,6 +345,12 @@ class Ledger:
                 ") top ON r.peer_id = top.peer_id",
                 (int(limit),),
             ).fetchall()
+            named = list(dict.fromkeys(include))
+            for start in range(0, len(named), 500):
+                chunk = named[start : start + 500]
+                marks = ",".join("?" * len(chunk))
+                query = f"SELECT peer_id, reason, count FROM rejections WHERE peer_id IN ({marks})"
+                rows += conn.execute(query, chunk).fetchall()
         out: dict[str, dict[str, int]] = {}
         for peer, reason, count in rows:
             out.setdefault(peer, {})[reason] = int(count)

@@ -15,7 +15,9 @@ few random programs; ``pytest -m slow tests/activation/test_adversary_search.py`
 
 from __future__ import annotations
 
+import json
 from functools import cache
+from pathlib import Path
 
 import pytest
 
@@ -315,3 +317,82 @@ def test_silent_proven_identities_taking_turns_by_undercutting_each_other_do_not
         price, slot, t = price - 0.001, 1 - slot, t + 50
     for world in ("first60", "fast2", "slowreal2", "rst2"):
         check(world, program)
+
+
+PROGRAMS = Path(__file__).parent / "programs"
+
+
+def recorded(name: str) -> list[Move]:
+    """A red team's program recorded as JSON (``adversary.py``'s moves, lists for tuples)."""
+    moves = json.loads((PROGRAMS / name).read_text(encoding="utf-8"))
+    return [tuple(tuple(x) if isinstance(x, list) else x for x in move) for move in moves]  # type: ignore[misc]
+
+
+def undercutting_pair(join: int = 400, period: int = 75, silent: int = 26) -> list[Move]:
+    """Round 27, F1: x covers at 12/s; y, proven and trusted, goes silent each period, and x's
+    undercut 26 s later takes y out before its silence is adopted; y re-warms with one real window
+    on probation beside x, and the cycle repeats."""
+    p: list[Move] = [
+        (join, "join", 0, 12.0, 0.5, 2.0),
+        (join, "deliver", 0, ("real", 12.0)),
+        (join, "join", 1, 12.0, 0.9, 2.0),
+        (join, "deliver", 1, ("none",)),
+        (join + 200, "readv", 1, 12.0, 0.4, 2.0),
+        (join + 200, "deliver", 1, ("real", 12.0)),
+    ]
+    for c in range(join + 399, 3600, period):
+        p += [(c, "readv", 0, 12.0, 0.9, 2.0), (c, "readv", 1, 12.0, 0.5, 2.0), (c, "deliver", 1, ("none",))]
+        p += [(c + silent, "readv", 0, 12.0, 0.4, 2.0)]
+        p += [(c + silent + 5, "readv", 1, 12.0, 0.9, 2.0), (c + silent + 5, "readv", 0, 12.0, 0.5, 2.0)]
+        p += [(c + silent + 10, "readv", 1, 12.0, 0.4, 2.0), (c + silent + 10, "deliver", 1, ("real", 12.0))]
+    return [m for m in p if m[0] < 3600]
+
+
+def leave_and_return(period: int = 280) -> list[Move]:
+    """Round 27, F3: one price-0 identity covering the need alone leaves at full rate, rejoins
+    5 s later, is silent 91 s on trial, then delivers 12/s again; every ``period`` s."""
+    p: list[Move] = [
+        (0, "join", 0, 6.0, 1.0, 2.0),
+        (0, "join", 1, 6.0, 1.0, 2.0),
+        (400, "join", 2, 12.0, 0.0, 2.0),
+        (400, "deliver", 2, ("real", 12.0)),
+    ]
+    for t in range(594, 3600, period):
+        p += [(t, "leave", 2), (t + 5, "join", 2, 12.0, 0.0, 2.0), (t + 5, "deliver", 2, ("none",))]
+        p += [(t + 96, "deliver", 2, ("real", 12.0))]
+    return [m for m in p if m[0] < 3600]
+
+
+def test_a_trusted_identity_taken_out_by_a_partners_undercut_is_benched_until_a_later_window() -> None:
+    # Round 27, F1: y went silent and x's undercut deactivated it before its silence was adopted;
+    # y was only `cold`, cleared by one window on probation beside x, trusted again, no drop ever
+    # recorded: 58-61% of the completions in all nine worlds. A proven worker deactivated is now
+    # benched (untrusted while another worker is trusted) until a window in a later activation.
+    for world in ("first60", "rst2", "fast2"):
+        outcome = check(world, undercutting_pair())
+        assert outcome.useful >= 0.9 * control(world).useful
+
+
+def test_an_identity_taking_itself_out_by_announcing_its_weights_late_is_benched() -> None:
+    # Round 27, F2: covering alone, it announced one version 49 s late (own D past the bound), so
+    # the re-plan deactivated it (nobody's re-advertisement: only `cold`), then went silent and
+    # re-warmed on probation, repeatedly: first60 40.6%, fast2 81.3%.
+    program = recorded("round27_late_announcements.json")
+    assert check("first60", program).useful >= 0.8 * control("first60").useful
+    assert check("fast2", program).useful >= 0.9 * control("fast2").useful
+
+
+def test_leaving_at_full_rate_and_returning_is_a_drop_of_the_identity_itself() -> None:
+    # Round 27, F3: the leave recorded only a role drop tagged with the identity, which stopped
+    # counting once it was back, so it was never damped: 72.7% in first60.
+    for world in ("first60", "slowreal2"):
+        outcome = check(world, leave_and_return())
+        assert outcome.useful >= 0.95 * control(world).useful
+
+
+def test_a_rotation_of_identities_each_restarting_once_is_counted_for_the_role() -> None:
+    # Round 27, F4: each identity restarted once (a drop of its own only) after displacing the
+    # honest workers, the next one joined, proven, trusted one hold later: 73.2% in first60. An
+    # identity's own drops now count for the role too, at most one per hold base (150 s).
+    outcome = check("first60", recorded("round27_rotation_restarts.json"))
+    assert outcome.useful >= 0.95 * control("first60").useful

@@ -53,6 +53,9 @@ class Node:
                         Chart("reward", "Mean reward", [Series("reward", reward)]),
                         Chart("long", "A long run", [Series("ten thousand", long)]),
                         Chart("empty", "Nothing yet", []),
+                        # a steady reward, downsampled: a range two ulps wide (red team: the tick
+                        # loop never ended and the tab ran out of memory)
+                        Chart("ulps", "Steady", [Series("steady", [(1.0, 0.6999999999999998), (2.0, 0.7)])]),
                     ],
                 ),
                 Section("Peers", tables=[peers_table(self.peers, now=2.0)]),
@@ -107,6 +110,7 @@ def test_the_page_draws_the_document_and_redraws_it_live_without_reloading() -> 
         assert chart_points(page, "reward") == {"reward": 10}
         assert 0 < chart_points(page, "long")["ten thousand"] <= MAX_POINTS
         assert "no data yet" in page.inner_text('[data-chart="empty"]')
+        assert chart_points(page, "ulps") == {"steady": 2}
         rows = table_rows(page, "peers")
         assert rows[0][0] == "banned" and rows[0][1][6].startswith("banned,")  # banned peers first
         assert rows[1][0] == "" and rows[1][1][:5] == ["honest-peer-…", "1.4", "12", "12", "8"]

@@ -167,12 +167,13 @@ def test_the_pool_hands_out_each_fresh_group_once_and_drops_the_oldest_past_its_
 
 def test_sender_tallies_are_bounded_and_count_our_rewards_beside_the_claimed_ones() -> None:
     group = vectors.vector_group(vectors.vector_task(0), ["1", "2"])
-    tallies = SenderTallies(limit=1)
+    tallies = SenderTallies(limit=2)
     tallies.add("alice", [1.0, 0.0], group)
     tallies.add("alice", [1.0, 1.0], group)
-    tallies.add("bob", [1.0], group)  # past the limit: metrics only
-    (only,) = tallies.as_dict().items()
-    assert only[0] == "alice"
+    tallies.add("carol", [1.0], group)
+    tallies.add("bob", [1.0], group)  # past the limit: takes the place of the one with fewest groups
+    assert set(tallies.as_dict()) == {"alice", "bob"}
+    only = ("alice", tallies.as_dict()["alice"])
     assert only[1]["groups"] == 2 and only[1]["completions"] == 4 and only[1]["reward_sum"] == 3.0
     claimed = 2 * sum(c.claimed_reward_informational for c in group.completions)
     assert only[1]["claimed_reward_sum"] == claimed

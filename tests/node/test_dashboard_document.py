@@ -81,3 +81,13 @@ def test_a_counter_history_keeps_a_bounded_number_of_samples() -> None:
         "accepted": (499.0, 499.0),
         "replay": (499.0, 1.0),
     }
+
+
+def test_banned_throwaway_identities_cannot_push_the_peers_we_train_on_out_of_view() -> None:
+    # Red team: 64 identities banned in a minute (the new-identity budget) took all 64 rows.
+    rows = [PeerRow(f"sybil-{i}", rejections={"prompt_mismatch": 1}, banned_until=1_000.0) for i in range(64)]
+    rows += [PeerRow(f"honest-{i}", admitted=3) for i in range(5)] + [PeerRow("active", admitted=5)]
+    table = peers_table(rows, now=400.0)
+    shown = [r[0] for r in table.rows]
+    assert "active" in shown and all(f"honest-{i}" in shown for i in range(5))
+    assert table.row_classes[0] == "banned" and "of them banned" in table.note

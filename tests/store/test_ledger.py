@@ -128,6 +128,21 @@ def test_rejection_counters_count_per_reason_and_peer_and_persist(tmp_path: Path
         assert ledger.rejection_counts_by_peer() == {"peer-a": 3, "peer-b": 2}
 
 
+def test_the_pages_rejection_read_is_bounded_and_keeps_every_shown_peers_record(tmp_path: Path) -> None:
+    # Red team (dashboard): 64 fresh ids out-rejected the attacker, whose record left its row.
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        for _ in range(5):
+            ledger.count_rejection("attacker", "from_future")
+        for i in range(70):
+            for _ in range(50):
+                ledger.count_rejection(f"flood-{i:02d}", "malformed")
+        top = ledger.rejections_by_peer_and_reason(64)
+        assert len(top) == 64 and "attacker" not in top
+        shown = ledger.rejections_by_peer_and_reason(64, ["attacker", "never-rejected"])
+        assert shown["attacker"] == {"from_future": 5} and "never-rejected" not in shown
+        assert len(shown) == 65
+
+
 def test_ledger_can_be_written_from_several_threads(tmp_path: Path) -> None:
     with Ledger(tmp_path / "ledger.sqlite") as ledger:
 
