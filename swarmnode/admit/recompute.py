@@ -3,7 +3,7 @@
 Owns: one forward pass that scores completion tokens under our policy, with the same rule as the
 trainer and the rollout engines (``completion_logprobs``: logits / temperature, log-softmax, before
 any top-p truncation); and the check of the tokens themselves against keyed sampling (#20), both
-from one forward pass (``request_logits``, then ``logprobs_at`` and ``tokens_at`` per seed).
+from one forward pass (``group_logits``, then ``logprobs_at`` and ``tokens_at`` per seed).
 Must not: decide what to check or judge the result (``core.spotcheck``).
 
 The caller passes the policy *version the group claims* it was generated with, in eval mode
@@ -82,6 +82,38 @@ def request_logits(
     rows_index = torch.tensor([row_of[t.completion] for t in request.tokens], dtype=torch.long)
     positions = torch.tensor([t.position for t in request.tokens], dtype=torch.long)
     return logits[rows_index, positions]
+
+
+def group_logits(
+    policy: Policy | torch.nn.Module,
+    prompt_ids: Sequence[int],
+    completions: Sequence[Sequence[int]],
+    pad_token_id: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The logits (float32, before temperature) that score every token of a group, ``(G, T,
+    vocab)``, and its ``(G, T)`` mask: one forward pass, the prompt scored once (packed). The
+    learner's spot check reads its log-probs (``pick`` at the request) and chooses and checks its
+    keyed-sampling tokens (``top_probabilities``, ``SpotChecker.select_uncertain``) from it."""
+    rows = [list(c) for c in completions]
+    with torch.no_grad():
+        return completion_logits(_model(policy), [list(prompt_ids)] * len(rows), rows, pad_token_id)
+
+
+def pick(logits: torch.Tensor, request: SpotCheckRequest) -> torch.Tensor:
+    """``group_logits`` rows at ``request``'s tokens, in its order: ``(len(request.tokens), vocab)``."""
+    rows = torch.tensor([t.completion for t in request.tokens], dtype=torch.long)
+    positions = torch.tensor([t.position for t in request.tokens], dtype=torch.long)
+    return logits[rows, positions]
+
+
+def top_probabilities(
+    logits: torch.Tensor, completions: Sequence[Sequence[int]], temperature: float
+) -> list[list[float]]:
+    """Per token of the group, the probability our policy gives its most likely token (after
+    temperature): ``[c][t]`` for each completion's own length."""
+    scaled = logits / temperature if temperature != 1.0 else logits
+    top = torch.softmax(scaled, dim=-1).max(dim=-1).values
+    return [[float(v) for v in top[c, : len(row)]] for c, row in enumerate(completions)]
 
 
 def logprobs_at(

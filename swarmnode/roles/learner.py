@@ -54,7 +54,7 @@ from swarmnode.activation.records import (
 )
 from swarmnode.admit import AdmissionConfig, AdmissionPipeline, Rejected, RejectReason, task_families
 from swarmnode.admit.intake import Intake
-from swarmnode.admit.recompute import logprobs_at, request_logits, tokens_at
+from swarmnode.admit.recompute import group_logits, logprobs_at, pick, tokens_at, top_probabilities
 from swarmnode.admit.spotcheck import Judgement, SpotCheckConfig, SpotChecker, SpotCheckRequest, judge
 from swarmnode.admit.staleness import StalenessGate
 from swarmnode.admit.verdict import Accepted
@@ -453,19 +453,21 @@ class LearnerNode:
             request = self.spot.select(sender, g.task.id.key(), [len(c) for c in g.completion_ids])
             if request is None:
                 continue
-            logits = await self.model_lock.run(
-                self.scratch.logits,
+            logits, _ = await self.model_lock.run(
+                self.scratch.group_logits,
                 g.policy_version,
                 weights,
-                request,
                 g.prompt_ids,
                 g.completion_ids,
                 self.trainer.policy.pad_token_id,
             )
-            recomputed = logprobs_at(logits, request, g.completion_ids, self.config.rollout.temperature)
+            temperature = self.config.rollout.temperature
+            recomputed = logprobs_at(pick(logits, request), request, g.completion_ids, temperature)
             judgement = judge(request.pick(g.behaviour_logprobs), recomputed, self.spot.config.tolerance)
             if judgement.passed and self.config.learner.keyed_sampling:
-                judgement = await self._check_tokens(sender, g, request, logits)
+                top = top_probabilities(logits, g.completion_ids, temperature)
+                tokens = self.spot.select_uncertain(request, top)
+                judgement = await self._check_tokens(sender, g, tokens, pick(logits, tokens))
             outcome = self.spot.record(sender, judgement)
             self.metrics.inc("spot_checks", "Worker spot checks", result="pass" if outcome.passed else "fail")
             if outcome.passed:
@@ -482,7 +484,7 @@ class LearnerNode:
         self, sender: str, g: ScoredGroup, request: SpotCheckRequest, logits: torch.Tensor
     ) -> Judgement:
         """Are ``request``'s tokens the ones keyed sampling picks under the version ``g`` claims
-        (``logits``: that version's, at the request's tokens, the log-prob check's own), with one of
+        (``logits``: that version's at those tokens, from the log-prob check's forward), with one of
         the seeds we gave ``sender`` (protocol/SPEC.md 1.8)? Positions too close to a CDF boundary
         to tell are skipped (counted), not failed."""
         r = self.config.rollout
@@ -892,20 +894,19 @@ class ScratchModel:
         self.model = model
         self.version: int | None = None
 
-    def logits(
+    def group_logits(
         self,
         version: int,
         weights: tuple[bytes | bytearray, tuple[TensorEntry, ...]],
-        request: SpotCheckRequest,
         prompt_ids: list[int],
         completions: list[list[int]],
         pad_token_id: int,
-    ) -> torch.Tensor:
-        """The logits at ``request``'s tokens under published ``version`` (its blob and layout,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The logits of every token of a group under published ``version`` (its blob and layout,
         decoded here, in the model lock's thread, not the event loop, when not loaded already): one
         forward pass, from which the spot check takes its log-probs and its token checks."""
         self._load(version, weights)
-        return request_logits(self.model, request, prompt_ids, completions, pad_token_id)
+        return group_logits(self.model, prompt_ids, completions, pad_token_id)
 
     def _load(self, version: int, weights: tuple[bytes | bytearray, tuple[TensorEntry, ...]]) -> None:
         if version != self.version:

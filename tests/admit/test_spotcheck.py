@@ -177,3 +177,28 @@ def test_worker_memory_is_bounded_and_keeps_the_ones_with_strikes() -> None:
 def test_invalid_config_is_refused_with_the_field_named(field: str, value: object) -> None:
     with pytest.raises(ConfigError, match=rf"spotcheck.{field}"):
         SpotCheckConfig(**{field: value})  # type: ignore[arg-type]
+
+
+def test_keyed_checks_go_mostly_where_the_policy_is_unsure_yet_every_token_keeps_a_chance() -> None:
+    from swarmnode.admit.spotcheck import SpotCheckRequest, TokenRef
+
+    # Completion 0: sure everywhere (p_top 0.999); completion 1: unsure at its even positions.
+    top = [[0.999] * 10, [0.4 if t % 2 == 0 else 0.999 for t in range(10)]]
+    checker = SpotChecker(SpotCheckConfig(sample_rate=1.0, max_tokens=4, seed=3))
+    request = SpotCheckRequest("w", "g", tuple(TokenRef(0, t) for t in range(4)))
+    picks: dict[tuple[int, int], int] = {}
+    for _ in range(500):
+        chosen = checker.select_uncertain(request, top)
+        assert len(chosen.tokens) == 4 and len(set(chosen.tokens)) == 4  # without replacement
+        assert list(chosen.tokens) == sorted(chosen.tokens, key=lambda t: (t.completion, t.position))
+        for t in chosen.tokens:
+            picks[(t.completion, t.position)] = picks.get((t.completion, t.position), 0) + 1
+    unsure = sum(n for (c, t), n in picks.items() if c == 1 and t % 2 == 0)
+    assert unsure > 0.6 * 500 * 4  # 5 of 20 positions hold 78% of the weight (uniform: 25%)
+    assert all(picks.get((0, t), 0) > 0 for t in range(10))  # the floor: sure tokens are checked too
+    again = SpotChecker(SpotCheckConfig(sample_rate=1.0, max_tokens=4, seed=3))
+    first = checker.select_uncertain(request, [[0.5, 0.5]])  # a group smaller than the request
+    assert len(first.tokens) == 2
+    assert again.select_uncertain(request, top) == SpotChecker(
+        SpotCheckConfig(sample_rate=1.0, max_tokens=4, seed=3)
+    ).select_uncertain(request, top)  # reproducible from the seed
