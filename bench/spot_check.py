@@ -2,8 +2,9 @@
 
 Question (#20): the spot check recomputes the sampled tokens' log-probs and checks the tokens
 themselves against keyed sampling under each of the worker's seeds (two at most). Both read the
-same logits: the learner now takes them from one forward pass (``request_logits``, then
-``logprobs_at`` and ``tokens_at`` per seed). Reference: the previous path, still in the package,
+same logits: the learner now takes them from one forward pass over the group (``group_logits``,
+then ``logprobs_at`` at the drawn tokens, ``select_uncertain`` for the tokens to check, and
+``tokens_at`` per seed). Reference: the previous path, still in the package,
 a forward pass of its own for the log-probs (``recompute_request``) and one per seed for the
 token checks (``check_request_tokens``). Reported: CPU seconds per spot check (median), and the
 ratio. Same model, groups, requests and seeds for both; alternated run by run.
@@ -32,10 +33,12 @@ from common import base_parser, machine, median, print_table, write_json
 
 from swarmnode.admit.recompute import (
     check_request_tokens,
+    group_logits,
     logprobs_at,
+    pick,
     recompute_request,
-    request_logits,
     tokens_at,
+    top_probabilities,
 )
 from swarmnode.admit.spotcheck import SpotCheckConfig, SpotChecker
 from swarmnode.policy.model import build_tiny_policy
@@ -79,10 +82,13 @@ def main() -> int:
 
         def one_forward(cases: list[Any] = cases) -> None:
             for key, prompt, completions, request in cases:
-                logits = request_logits(policy, request, prompt, completions)
-                logprobs_at(logits, request, completions, PARAMS.temperature)
+                logits, _ = group_logits(policy, prompt, completions)
+                logprobs_at(pick(logits, request), request, completions, PARAMS.temperature)
+                tokens = checker.select_uncertain(
+                    request, top_probabilities(logits, completions, PARAMS.temperature)
+                )
                 for seed in SEEDS:
-                    tokens_at(logits, request, completions, PARAMS, seed, key)
+                    tokens_at(pick(logits, tokens), tokens, completions, PARAMS, seed, key)
 
         def a_forward_each(cases: list[Any] = cases) -> None:
             for key, prompt, completions, request in cases:
@@ -110,7 +116,8 @@ def main() -> int:
         ["prompts", "one forward (ours)", "a forward each (before)", "saved"],
         rows,
         [
-            "ours: request_logits + logprobs_at + tokens_at per seed; before: recompute_request + "
+            "ours: group_logits + logprobs_at + select_uncertain + tokens_at per seed; before: "
+            "recompute_request + "
             "check_request_tokens per seed (each its own forward pass)"
         ],
     )
