@@ -870,6 +870,9 @@ class _Worker:
     # before its silence was adopted; re-warmed by one window on probation, it was trusted again,
     # no drop ever recorded: 58-61% of the completions in all nine worlds, 40.6% in first60).
     benched: bool = False
+    # How long its last activation lasted (0 once a free return used it): one that lasted a hold
+    # base comes back beside the others with no place or trial token (``_returning``).
+    last_span: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -1377,7 +1380,12 @@ class ActivationCore:
         token, and cost the learner an Activate and a weight fetch each, several hundred an hour
         (red team round 12, R12-2)."""
         if worker.refunded_at is not None and now - worker.refunded_at < self.config.first_rollout_timeout:
-            self._trials.spend(now, 1.0)
+            # At most max_probation tokens into debt: identities proven and refunded in turn, all
+            # leaving together, took back a dozen tokens at once and kept every trial, the honest
+            # workers' too, out for 300 s (red team round 28).
+            self._trials.spend(
+                now, min(1.0, max(0.0, self._trials.available(now) + self.config.max_probation))
+            )
         worker.refunded_at = None
 
     def _next_join(self) -> int:
@@ -1690,6 +1698,17 @@ class ActivationCore:
             return False
         return worker.dissemination is not None or not self._peer_dissemination_seen
 
+    def _returning(self, worker: _Worker) -> bool:
+        """Inactive, and it delivered what a window backed before it was taken out of the plan (it
+        is benched, or its proof lapsed idle), and nothing measured it at 0 since."""
+        base = self.config.first_rollout_timeout + self.config.rate_window
+        return (
+            not worker.active
+            and (worker.benched or worker.lapsed)
+            and worker.zeroed_at is None
+            and worker.last_span >= base  # at most one free return per hold base it served
+        )
+
     def _held(self, worker: _Worker) -> bool:
         return worker.held_until is not None and worker.held_until > self._now
 
@@ -1851,11 +1870,17 @@ class ActivationCore:
             return replace(base, excluded=full.excluded)
         # Already on probation keep their place; new ones fill the free places in candidate order.
         on_probation = [o for o in candidates if self._workers[o.peer].active]
+        # Workers that delivered before and were only taken out of the plan (benched, or their
+        # proof lapsed idle) come back beside the others at once, with no place or trial token:
+        # fresh silent claims filling every place, or take-backs driving the tokens into debt,
+        # just before a trusted cover slowed kept them out (red team round 28).
+        returning = [o for o in candidates if self._returning(self._workers[o.peer])]
         places = max(0, self._probation_limit() - len(on_probation))
-        newcomers = [o for o in candidates if not self._workers[o.peer].active]
+        newcomers = [o for o in candidates if not self._workers[o.peer].active and o not in returning]
         if newcomers and places:  # new trials only as trial tokens allow
             places = self._trial_places(min(places, len(newcomers)))
         admitted = {o.peer for o in on_probation} | {o.peer for o in newcomers[:places]}
+        admitted |= {o.peer for o in returning}
         trial = tuple(o for o in candidates if o.peer in admitted)
         waiting = tuple(
             Kept(
@@ -1935,10 +1960,15 @@ class ActivationCore:
             # claims queued in the other places every token from the plan's picks (round 16: honest
             # workers restarted, picked, and never tried).
             fresh = sorted(
-                (o for o in (*hedge, *picks) if not self._workers[o.peer].active),
+                (
+                    o
+                    for o in (*hedge, *picks)
+                    if not self._workers[o.peer].active and not self._returning(self._workers[o.peer])
+                ),
                 key=lambda o: self._workers[o.peer].joined,
             )
             allowed = {o.peer for o in fresh[: self._trial_places(len(fresh))]}
+            allowed |= {o.peer for o in (*hedge, *picks) if self._returning(self._workers[o.peer])}
             picks = [o for o in picks if self._workers[o.peer].active or o.peer in allowed]
             hedge = [o for o in hedge if self._workers[o.peer].active or o.peer in allowed]
         picked = {o.peer for o in picks}
@@ -2017,7 +2047,9 @@ class ActivationCore:
             worker = self._workers[offer.peer]
             new_trial = not worker.active
             if new_trial:
-                if limited and not self._proven(worker):
+                if self._returning(worker):
+                    worker.last_span = 0.0
+                elif limited and not self._proven(worker):
                     self._trials.spend(now, 1.0)  # planned within the tokens (``_trial_places``)
                     worker.trial_token = True
                 worker.active = True
@@ -2100,6 +2132,7 @@ class ActivationCore:
                             self._note_down_adoption(worker, now, role=False)
                             self._drops.append((now, None))
                 worker.active = False
+                worker.last_span = now - worker.activated_at
                 worker.drift_since = None
                 worker.idle_since = now
                 self.stats.deactivations += 1

@@ -396,3 +396,26 @@ def test_a_rotation_of_identities_each_restarting_once_is_counted_for_the_role()
     # identity's own drops now count for the role too, at most one per hold base (150 s).
     outcome = check("first60", recorded("round27_rotation_restarts.json"))
     assert outcome.useful >= 0.95 * control("first60").useful
+
+
+def test_honest_workers_taken_out_by_a_cover_come_back_without_a_trial_token_or_place() -> None:
+    # Round 28, F1: four price-0.25 covers of 3/s each, trusted, took the honest workers out of the
+    # plan (benched, then their proofs lapsed idle); 16 fresh identities proven on 0.1/s were
+    # refunded in turn and all left together within first_rollout_timeout (take-backs: tokens at
+    # -8.5), and the covers slowed to 0.1/s: the honest workers waited ~300 s for a trial token,
+    # every 600 s (46.1-55.7% in all nine worlds). Take-backs no longer go into debt, and a worker
+    # taken out after it delivered a hold base comes back with no token or place.
+    program = recorded("round28_token_debt.json")
+    for world in ("first60", "fast2", "rst2", "slowrst2"):
+        outcome = check(world, program)
+        assert outcome.useful >= 0.82 * control(world).useful
+
+
+def test_fresh_silent_claims_filling_the_probation_places_do_not_keep_returning_workers_out() -> None:
+    # Round 28, F2: the same covers; four fresh silent price-0 claims joined just before the
+    # slowdown was adopted took every probation place for 120 s (73.4% in first60, 76.2% in
+    # slowreal2).
+    program = recorded("round28_silent_places.json")
+    for world in ("first60", "slowreal2"):
+        outcome = check(world, program)
+        assert outcome.useful >= 0.82 * control(world).useful
