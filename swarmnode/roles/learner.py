@@ -167,6 +167,9 @@ class LearnerNode:
         self.arrived = asyncio.Event()
         self.steps_here = 0
         self.busy_seconds = 0.0
+        self.spot_check_seconds = (
+            0.0  # the spot checks' forward passes (under the model lock) and token checks
+        )
         self.wait_seconds = 0.0
         self.trained_lags: collections.Counter[int] = collections.Counter()
         self.cost_paid = 0.0
@@ -257,6 +260,9 @@ class LearnerNode:
                 "trained_by_lag": {str(k): v for k, v in sorted(self.trained_lags.items())},
             },
             "spot_checks": self.spot.stats.as_dict(),
+            # The checking's cost beside the learner's own step time (both in seconds).
+            "spot_check_seconds": round(self.spot_check_seconds, 3),
+            "spot_check_share_of_busy": self.spot_check_seconds / busy if busy > 0 else None,
             "admission": dict(self.admission.counts()),
             "verifier": self.verifier.stats(),
             "offers": {
@@ -441,6 +447,14 @@ class LearnerNode:
             raise RefuseRequest(reason, detail)
         self.metrics.inc("direct_offers", "Offers pushed to us and kept")
 
+    def _timed(self, work: Callable[..., T], *args: Any) -> T:
+        """``work(*args)``, its seconds added to ``spot_check_seconds`` (run in a worker thread)."""
+        started = time.perf_counter()
+        try:
+            return work(*args)
+        finally:
+            self.spot_check_seconds += time.perf_counter() - started
+
     async def _spot_check(self, sender: str, groups: list[ScoredGroup], now: float) -> bool:
         """Re-compute a sample of the worker's token log-probs; False (and maybe deactivation) on a lie.
 
@@ -454,6 +468,7 @@ class LearnerNode:
             if request is None:
                 continue
             logits, _ = await self.model_lock.run(
+                self._timed,
                 self.scratch.group_logits,
                 g.policy_version,
                 weights,
@@ -503,7 +518,7 @@ class LearnerNode:
             return checks
 
         # A softmax (and a sort, under top-p) over the vocabulary per token and seed: off the loop.
-        checks = await asyncio.to_thread(check)
+        checks = await asyncio.to_thread(self._timed, check)
         for result in checks:
             self.metrics.inc(
                 "keyed_token_checks", "Worker tokens checked against keyed sampling", result=result

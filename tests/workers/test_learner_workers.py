@@ -143,9 +143,11 @@ def test_planner_keeps_the_learner_busy_for_less_than_all_workers_on(processes: 
         print(
             f"{name}: active {len(b['plan']['active'])}/{len(WORKERS)}, utilization {utilization(a, b):.3f}, "
             f"cost/step {cost_per_step(a, b):.4f}, trained lags {b['staleness']['trained_by_lag']}, "
-            f"stale dropped {b['staleness']['too_old']}"
+            f"stale dropped {b['staleness']['too_old']}, spot checks {b['spot_checks']['checks_selected']} "
+            f"taking {b['spot_check_seconds']:.1f} s = {b['spot_check_share_of_busy']:.1%} of busy"
         )
     assert utilization(planner_first, planner) >= 0.8, planner
+    assert 0 < planner["spot_check_seconds"] < planner["busy_s"]  # checks ran, and cost less than the steps
     assert len(planner["plan"]["active"]) < len(WORKERS), planner["plan"]
     assert cost_per_step(planner_first, planner) < cost_per_step(all_first, all_on)
     for status in (planner, all_on):
