@@ -10,7 +10,7 @@ Setup: a real ledger (SQLite) with 1,000 rounds recorded as a trainer records th
 evaluation every 10 rounds, 3 task families), 8 peers (one banned, with rejections), 1,000
 samples of admission verdicts by 8 reasons; the document is built by the trainer's own builder
 (``ops.dashboard.trainer_dashboard``, the ledger read by ``LedgerRounds``) and served by the real
-app (``ops.api.build_http_app``) on 127.0.0.1; Debian's Chromium (Playwright) opens the page.
+app (``ops.api.dashboard_app``) on 127.0.0.1; Debian's Chromium (Playwright) opens the page.
 
     python bench/dashboard.py                  # table
     python bench/dashboard.py --json out.json  # and the same figures as JSON
@@ -21,13 +21,11 @@ Run it alone: on a shared 2-core machine other work skews the figures.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import platform
 import statistics
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -35,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from swarmnode.ops.api import ApiServer, build_http_app
+from swarmnode.ops.api import ThreadedApiServer, dashboard_app
 from swarmnode.ops.dashboard import (
     POLL_SECONDS,
     CounterHistory,
@@ -108,24 +106,11 @@ def main() -> int:
             builds.append(time.perf_counter() - t)
             sizes.append(len(text.encode()))
 
-        async def status() -> dict[str, Any]:
-            return {"name": "bench-node"}
-
-        async def metrics() -> str:
-            return ""
-
-        async def health() -> str | None:
-            return None
-
         async def dashboard() -> Dashboard:
             return build(source, verdicts)
 
-        loop = asyncio.new_event_loop()
-        thread = threading.Thread(target=loop.run_forever, daemon=True)
-        thread.start()
-        server = ApiServer(build_http_app(status, metrics, health, dashboard=dashboard), "127.0.0.1", 0)
-        asyncio.run_coroutine_threadsafe(server.start(), loop).result(10)
-        url = f"http://127.0.0.1:{server.port}/"
+        server = ThreadedApiServer(dashboard_app(dashboard))
+        url = server.url
         served = []
         for _ in range(args.repeats):
             t = time.perf_counter()
@@ -133,8 +118,7 @@ def main() -> int:
                 response.read()
             served.append(time.perf_counter() - t)
         draws = first_draws(url)
-        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
+        server.stop()
 
     figures: dict[str, Any] = {
         "machine": f"{platform.machine()}, python {platform.python_version()}",

@@ -47,41 +47,13 @@ def recompute_logprobs(
     return [float(v) for v in values[0, : len(completion_token_ids)]]
 
 
-def _cut_rows(
-    request: SpotCheckRequest, completions: Sequence[Sequence[int]]
-) -> tuple[tuple[int, ...], list[list[int]]]:
-    """The completions ``request`` names and each cut at the last token it needs; a request naming
-    tokens beyond the group is a ``ValueError`` (it was made for another group)."""
-    wanted = request.completions
-    for i in wanted:
-        if i >= len(completions) or request.prefix(i) > len(completions[i]):
-            raise ValueError(f"spot-check request names completion {i} beyond the group it was made for")
-    return wanted, [list(completions[i][: request.prefix(i)]) for i in wanted]
-
-
-def request_logits(
-    policy: Policy | torch.nn.Module,
-    request: SpotCheckRequest,
-    prompt_ids: Sequence[int],
-    completions: Sequence[Sequence[int]],
-    pad_token_id: int = 0,
-) -> torch.Tensor:
-    """The logits (float32, before temperature) that score each of ``request``'s tokens, in its
-    order: ``(len(request.tokens), vocab)``, from one forward pass over only the completions the
-    request names, each cut at the last token it needs (a causal LM scores a token from its prefix
-    alone, so the cut changes nothing), the prompt scored once (packed, ``shared_prefix``). Both
-    halves of a spot check read these: the log-probs (``logprobs_at``) and the keyed-sampling token
-    checks under each seed (``tokens_at``). Rows are padded with ``pad_token_id`` under a mask, so
-    its value does not change the result."""
-    wanted, rows = _cut_rows(request, completions)
-    if not wanted:
-        return torch.zeros((0, 0))
-    with torch.no_grad():
-        logits, _ = completion_logits(_model(policy), [list(prompt_ids)] * len(rows), rows, pad_token_id)
-    row_of = {completion: r for r, completion in enumerate(wanted)}
-    rows_index = torch.tensor([row_of[t.completion] for t in request.tokens], dtype=torch.long)
-    positions = torch.tensor([t.position for t in request.tokens], dtype=torch.long)
-    return logits[rows_index, positions]
+def _check_request(request: SpotCheckRequest, completions: Sequence[Sequence[int]]) -> None:
+    """A request naming tokens beyond the group is a ``ValueError`` (it was made for another group)."""
+    for t in request.tokens:
+        if t.completion >= len(completions) or t.position >= len(completions[t.completion]):
+            raise ValueError(
+                f"spot-check request names completion {t.completion} beyond the group it was made for"
+            )
 
 
 def group_logits(
@@ -119,7 +91,7 @@ def top_probabilities(
 def logprobs_at(
     logits: torch.Tensor, request: SpotCheckRequest, completions: Sequence[Sequence[int]], temperature: float
 ) -> list[float]:
-    """Our log-probs at ``request``'s tokens (``request_logits`` rows), with the trainer's rule:
+    """Our log-probs at ``request``'s tokens (``pick`` rows), with the trainer's rule:
     logits / temperature, log-softmax."""
     if not request.tokens:
         return []
@@ -139,7 +111,7 @@ def tokens_at(
     margin: float = DEFAULT_MARGIN,
 ) -> list[TokenCheck]:
     """Whether each of ``request``'s tokens is the one keyed sampling picks with ``seed`` under
-    these logits (``request_logits`` rows; protocol/SPEC.md 1.8), in the request's order."""
+    these logits (``pick`` rows; protocol/SPEC.md 1.8), in the request's order."""
     return [
         check_token(
             logits[k],
@@ -160,9 +132,11 @@ def recompute_request(
     temperature: float = 1.0,
     pad_token_id: int = 0,
 ) -> list[float]:
-    """Our log-probs at ``request``'s tokens, in its order (pass the result as ``recomputed``)."""
-    logits = request_logits(policy, request, prompt_ids, completions, pad_token_id)
-    return logprobs_at(logits, request, completions, temperature)
+    """Our log-probs at ``request``'s tokens, in its order (pass the result as ``recomputed``), on a
+    forward pass of its own (``group_logits``)."""
+    _check_request(request, completions)
+    logits, _ = group_logits(policy, prompt_ids, completions, pad_token_id)
+    return logprobs_at(pick(logits, request), request, completions, temperature)
 
 
 def check_request_tokens(
@@ -176,6 +150,7 @@ def check_request_tokens(
     pad_token_id: int = 0,
     margin: float = DEFAULT_MARGIN,
 ) -> list[TokenCheck]:
-    """``tokens_at`` on a forward pass of its own (``request_logits``)."""
-    logits = request_logits(policy, request, prompt_ids, completions, pad_token_id)
-    return tokens_at(logits, request, completions, params, seed, task_key, margin)
+    """``tokens_at`` on a forward pass of its own (``group_logits``)."""
+    _check_request(request, completions)
+    logits, _ = group_logits(policy, prompt_ids, completions, pad_token_id)
+    return tokens_at(pick(logits, request), request, completions, params, seed, task_key, margin)

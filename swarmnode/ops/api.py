@@ -16,6 +16,7 @@ import asyncio
 import ipaddress
 import json
 import logging
+import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -170,6 +171,55 @@ class ApiServer:
 
     async def stop(self) -> None:
         await self._runner.cleanup()
+
+
+def dashboard_app(dashboard: DashboardSource, status: StatusSource | None = None) -> web.Application:
+    """The app of a process that only shows a page (the swarm launcher, the page tests, the page's
+    bench): its dashboard and status (empty unless given), no metrics, always healthy."""
+
+    async def no_status() -> dict[str, Any]:
+        return {}
+
+    async def no_metrics() -> str:
+        return ""
+
+    async def healthy() -> str | None:
+        return None
+
+    return build_http_app(status or no_status, no_metrics, healthy, dashboard=dashboard)
+
+
+class ThreadedApiServer:
+    """An app served on an event loop of its own in a daemon thread, for callers that run no loop
+    (the launcher's plain loop, a sync Playwright session): ``url`` while it runs, ``stop()``.
+
+    The loop runs in its thread from the start and the server is started on it from here, so the
+    caller's thread may itself be running a loop. A port that cannot be bound raises ``OSError``."""
+
+    def __init__(
+        self, app: web.Application, host: str = "127.0.0.1", port: int = 0, name: str = "api"
+    ) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=name, daemon=True)
+        self._thread.start()
+        self._server = ApiServer(app, host, port)
+        try:
+            asyncio.run_coroutine_threadsafe(self._server.start(), self._loop).result(30)
+        except BaseException:
+            self._close_loop()
+            raise
+        self.url = f"http://{host}:{self._server.port}/"
+
+    def stop(self) -> None:
+        if self._loop.is_closed():
+            return
+        asyncio.run_coroutine_threadsafe(self._server.stop(), self._loop).result(10)
+        self._close_loop()
+
+    def _close_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
 
 
 async def serve_forever(

@@ -179,7 +179,7 @@ class LedgerRounds:
     and their charts, redrawn only when a round was added: a page open on a node with a long
     ledger costs one small SQLite read per poll, not a pass over every round.
 
-    ``read`` and ``charts`` touch SQLite: call them off the event loop (``asyncio.to_thread``)."""
+    ``charts`` touches SQLite: call it off the event loop (``asyncio.to_thread``)."""
 
     def __init__(self, ledger: Ledger) -> None:
         self.ledger = ledger
@@ -187,10 +187,6 @@ class LedgerRounds:
         self._charts: list[Chart] = []
         self._charted = -1  # how many rounds the cached charts were drawn from
         self._lock = threading.Lock()
-
-    def read(self) -> list[RoundRecord]:
-        with self._lock:
-            return list(self._read())
 
     def charts(self) -> list[Chart]:
         """``learning_charts`` and ``usage_chart`` of every recorded round."""

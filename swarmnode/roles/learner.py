@@ -34,7 +34,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -447,13 +447,22 @@ class LearnerNode:
             raise RefuseRequest(reason, detail)
         self.metrics.inc("direct_offers", "Offers pushed to us and kept")
 
-    def _timed(self, work: Callable[..., T], *args: Any) -> T:
-        """``work(*args)``, its seconds added to ``spot_check_seconds`` (run in a worker thread)."""
-        started = time.perf_counter()
-        try:
-            return work(*args)
-        finally:
-            self.spot_check_seconds += time.perf_counter() - started
+    async def _timed(
+        self,
+        run: Callable[[Callable[[], tuple[T, float]]], Awaitable[tuple[T, float]]],
+        work: Callable[..., T],
+        *args: Any,
+    ) -> T:
+        """``await run(work, *args)`` (a thread runner: the model lock's, or ``asyncio.to_thread``),
+        the seconds ``work`` took in its thread added to ``spot_check_seconds`` here, on the loop."""
+
+        def timed() -> tuple[T, float]:
+            started = time.perf_counter()
+            return work(*args), time.perf_counter() - started
+
+        result, seconds = await run(timed)
+        self.spot_check_seconds += seconds
+        return result
 
     async def _spot_check(self, sender: str, groups: list[ScoredGroup], now: float) -> bool:
         """Re-compute a sample of the worker's token log-probs; False (and maybe deactivation) on a lie.
@@ -467,20 +476,20 @@ class LearnerNode:
             request = self.spot.select(sender, g.task.id.key(), [len(c) for c in g.completion_ids])
             if request is None:
                 continue
-            logits, _ = await self.model_lock.run(
-                self._timed,
+            logits, top = await self._timed(
+                self.model_lock.run,
                 self.scratch.group_logits,
                 g.policy_version,
                 weights,
                 g.prompt_ids,
                 g.completion_ids,
+                self.config.rollout.temperature,
                 self.trainer.policy.pad_token_id,
             )
             temperature = self.config.rollout.temperature
             recomputed = logprobs_at(pick(logits, request), request, g.completion_ids, temperature)
             judgement = judge(request.pick(g.behaviour_logprobs), recomputed, self.spot.config.tolerance)
             if judgement.passed and self.config.learner.keyed_sampling:
-                top = top_probabilities(logits, g.completion_ids, temperature)
                 tokens = self.spot.select_uncertain(request, top)
                 judgement = await self._check_tokens(sender, g, tokens, pick(logits, tokens))
             outcome = self.spot.record(sender, judgement)
@@ -518,7 +527,7 @@ class LearnerNode:
             return checks
 
         # A softmax (and a sort, under top-p) over the vocabulary per token and seed: off the loop.
-        checks = await asyncio.to_thread(self._timed, check)
+        checks = await self._timed(asyncio.to_thread, check)
         for result in checks:
             self.metrics.inc(
                 "keyed_token_checks", "Worker tokens checked against keyed sampling", result=result
@@ -915,13 +924,17 @@ class ScratchModel:
         weights: tuple[bytes | bytearray, tuple[TensorEntry, ...]],
         prompt_ids: list[int],
         completions: list[list[int]],
+        temperature: float,
         pad_token_id: int,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
+    ) -> tuple[torch.Tensor, list[list[float]]]:
         """The logits of every token of a group under published ``version`` (its blob and layout,
-        decoded here, in the model lock's thread, not the event loop, when not loaded already): one
-        forward pass, from which the spot check takes its log-probs and its token checks."""
+        decoded here, in the model lock's thread, not the event loop, when not loaded already), and
+        each token's top probability (a softmax over the vocabulary per token: here too): one
+        forward pass, from which the spot check takes its log-probs, chooses its token checks and
+        makes them."""
         self._load(version, weights)
-        return group_logits(self.model, prompt_ids, completions, pad_token_id)
+        logits, _ = group_logits(self.model, prompt_ids, completions, pad_token_id)
+        return logits, top_probabilities(logits, completions, temperature)
 
     def _load(self, version: int, weights: tuple[bytes | bytearray, tuple[TensorEntry, ...]]) -> None:
         if version != self.version:

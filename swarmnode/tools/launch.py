@@ -27,11 +27,12 @@ from typing import Any
 
 from swarmnode.errors import SwarmError
 from swarmnode.home import NodeHome
+from swarmnode.ops.api import ThreadedApiServer
 from swarmnode.ops.status import fetch_status
 from swarmnode.store.atomic import atomic_write_text
 from swarmnode.tasks import SPECIALIST_FAMILIES, DatasetSpec
 from swarmnode.testing import swarm as harness
-from swarmnode.tools.swarm_page import SwarmPage, SwarmPageServer
+from swarmnode.tools.swarm_page import SwarmPage
 
 READY_TIMEOUT = 120.0
 STOP_TIMEOUT = 60.0
@@ -141,7 +142,7 @@ class SwarmDemo:
         self.mixing = mixing
         self.round_seconds = round_seconds
         self.page_port = page_port
-        self.page_server: SwarmPageServer | None = None
+        self.page_server: ThreadedApiServer | None = None
         #: the families in play: one per node, up to the four of SPECIALIST_FAMILIES
         self.families = list(SPECIALIST_FAMILIES[: min(nodes, len(SPECIALIST_FAMILIES))])
         self.swarm: harness.LocalSwarm | None = None

@@ -9,7 +9,6 @@ loop stays a plain loop. A node that does not answer is shown as such; nothing h
 
 from __future__ import annotations
 
-import asyncio
 import json
 import threading
 import urllib.error
@@ -19,7 +18,7 @@ from typing import Any
 
 from swarmnode.errors import SwarmError
 from swarmnode.home import NodeHome
-from swarmnode.ops.api import ApiServer, build_http_app
+from swarmnode.ops.api import ThreadedApiServer, dashboard_app
 from swarmnode.ops.dashboard import Chart, Dashboard, Section, Series, Table, fmt, short_id
 from swarmnode.ops.status import fetch_status
 
@@ -208,51 +207,20 @@ class SwarmPage:
 
     # -- serving -------------------------------------------------------------------------------
 
-    def serve(self, host: str = "127.0.0.1", port: int = 0) -> SwarmPageServer:
-        """Serve the page in a thread (``stop()`` it); ``.url`` is its address."""
-        return SwarmPageServer(self, host, port)
+    def serve(self, host: str = "127.0.0.1", port: int = 0) -> ThreadedApiServer:
+        """Serve the page in a thread of its own (``stop()`` it); ``.url`` is its address."""
 
-
-class SwarmPageServer:
-    """The swarm page's HTTP app on its own event loop in a daemon thread."""
-
-    def __init__(self, page: SwarmPage, host: str, port: int) -> None:
         async def status() -> dict[str, Any]:
-            with page._lock:
-                return {"role": "swarm", "nodes": dict(page._statuses)}
-
-        async def metrics() -> str:
-            return ""
-
-        async def health() -> str | None:
-            return None
+            with self._lock:
+                return {"role": "swarm", "nodes": dict(self._statuses)}
 
         async def dashboard() -> Dashboard:
-            return page.dashboard()
+            return self.dashboard()
 
-        # The loop runs in its own thread from the start (the caller's thread may run a loop of its
-        # own, e.g. a sync Playwright session), and the server is started on it from here.
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="swarm page", daemon=True)
-        self._thread.start()
-        self._server = ApiServer(build_http_app(status, metrics, health, dashboard=dashboard), host, port)
         try:
-            asyncio.run_coroutine_threadsafe(self._server.start(), self._loop).result(30)
+            return ThreadedApiServer(dashboard_app(dashboard, status), host, port, name="swarm page")
         except OSError as exc:
-            self._close_loop()
             raise SwarmError(f"the swarm page cannot listen on {host}:{port}: {exc}") from exc
-        self.url = f"http://{host}:{self._server.port}/"
-
-    def stop(self) -> None:
-        if self._loop.is_closed():
-            return
-        asyncio.run_coroutine_threadsafe(self._server.stop(), self._loop).result(10)
-        self._close_loop()
-
-    def _close_loop(self) -> None:
-        self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(10)
-        self._loop.close()
 
 
-__all__ = ["SwarmPage", "SwarmPageServer"]
+__all__ = ["SwarmPage"]

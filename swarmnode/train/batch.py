@@ -75,14 +75,23 @@ def completion_logprobs(
     if temperature != 1.0:
         logits = logits / temperature
     token_logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
+    index, mask = _completion_window(prompt_ids, completion_ids, token_logp.shape[1])
+    values = token_logp.gather(1, index) * mask
+    return values, mask
+
+
+def _completion_window(
+    prompt_ids: list[list[int]], completion_ids: list[list[int]], positions: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """In unshared rows ``prompt + completion``, the (B, T) positions whose logits score each
+    completion token (``len(prompt) - 1 + t``, clamped to ``positions - 1``) and the (B, T) mask."""
     width = max(max((len(c) for c in completion_ids), default=1), 1)
     starts = torch.tensor([len(p) - 1 for p in prompt_ids])
     lengths = torch.tensor([len(c) for c in completion_ids])
     offsets = torch.arange(width)
-    index = (starts.unsqueeze(1) + offsets.unsqueeze(0)).clamp(max=token_logp.shape[1] - 1)
+    index = (starts.unsqueeze(1) + offsets.unsqueeze(0)).clamp(max=positions - 1)
     mask = (offsets.unsqueeze(0) < lengths.unsqueeze(1)).float()
-    values = token_logp.gather(1, index) * mask
-    return values, mask
+    return index, mask
 
 
 # ---------------------------------------------------------------------------------------------
@@ -163,12 +172,7 @@ def completion_logits(
     input_ids = pad_right(full, pad_token_id, torch.long)
     attention = pad_right([[1] * len(r) for r in full], 0, torch.long)
     logits = model(input_ids=input_ids, attention_mask=attention).logits.float()
-    width = max(max((len(c) for c in completion_ids), default=1), 1)
-    starts = torch.tensor([len(p) - 1 for p in prompt_ids])
-    lengths = torch.tensor([len(c) for c in completion_ids])
-    offsets = torch.arange(width)
-    index = (starts.unsqueeze(1) + offsets.unsqueeze(0)).clamp(max=logits.shape[1] - 1)
-    mask = (offsets.unsqueeze(0) < lengths.unsqueeze(1)).float()
+    index, mask = _completion_window(prompt_ids, completion_ids, logits.shape[1])
     rows = torch.arange(len(full)).unsqueeze(1)
     return logits[rows, index], mask
 

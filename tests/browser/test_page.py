@@ -7,13 +7,10 @@ markup, fits a phone's width, and says so when the node stops answering.
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
-from swarmnode.ops.api import ApiServer, build_http_app
+from swarmnode.ops.api import ThreadedApiServer, dashboard_app
 from swarmnode.ops.dashboard import (
     MAX_POINTS,
     Chart,
@@ -65,18 +62,9 @@ class Node:
 
 
 @contextmanager
-def serve(node: Node) -> Iterator[tuple[str, ApiServer]]:
+def serve(node: Node) -> Iterator[str]:
     """The real app on 127.0.0.1, in a thread with its own event loop; stopped on exit."""
     from swarmnode.ops.dashboard import downsample
-
-    async def status() -> dict[str, Any]:
-        return {"name": "test-node"}
-
-    async def metrics() -> str:
-        return ""
-
-    async def health() -> str | None:
-        return None
 
     async def dashboard() -> Dashboard:
         doc = await node.dashboard()
@@ -85,24 +73,16 @@ def serve(node: Node) -> Iterator[tuple[str, ApiServer]]:
                 chart.series = [Series(s.name, downsample(s.points)) for s in chart.series]
         return doc
 
-    loop = asyncio.new_event_loop()
-    server = ApiServer(build_http_app(status, metrics, health, dashboard=dashboard), "127.0.0.1", 0)
-    loop.run_until_complete(server.start())
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
+    server = ThreadedApiServer(dashboard_app(dashboard))
     try:
-        yield f"http://127.0.0.1:{server.port}/", server
+        yield server.url
     finally:
-        if loop.is_running():
-            asyncio.run_coroutine_threadsafe(server.stop(), loop).result(10)
-            loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
+        server.stop()
 
 
 def test_the_page_draws_the_document_and_redraws_it_live_without_reloading() -> None:
     node = Node()
-    with serve(node) as (url, _), browser_page() as page:
+    with serve(node) as url, browser_page() as page:
         page.goto(url)
         wait_loaded(page)
         assert page.inner_text("#title") == "swarmnode · test-node"
@@ -125,7 +105,7 @@ def test_the_page_draws_the_document_and_redraws_it_live_without_reloading() -> 
 
 def test_peers_bytes_are_shown_as_text_never_run_as_markup() -> None:
     node = Node()
-    with serve(node) as (url, _), browser_page() as page:
+    with serve(node) as url, browser_page() as page:
         page.goto(url)
         wait_loaded(page)
         cells = [cells[0] for _, cells in table_rows(page, "peers")]
@@ -136,12 +116,12 @@ def test_peers_bytes_are_shown_as_text_never_run_as_markup() -> None:
 
 def test_the_page_fits_a_phone_and_says_when_the_node_stops_answering() -> None:
     node = Node()
-    with serve(node) as (url, _), browser_page(PHONE) as page:
+    with serve(node) as url, browser_page(PHONE) as page:
         page.goto(url)
         wait_loaded(page)
         assert not overflows_horizontally(page)  # wide tables scroll inside their own box
         assert page.evaluate("getComputedStyle(document.querySelector('.tablewrap')).overflowX") == "auto"
-    with serve(node) as (url, _), browser_page() as page:
+    with serve(node) as url, browser_page() as page:
         page.goto(url)
         wait_loaded(page)
         page.route("**/dashboard.json", lambda route: route.abort())  # the node went away

@@ -113,16 +113,10 @@ def test_one_forward_gives_the_spot_checks_logprobs_bit_for_bit_and_its_token_ch
     policy: Policy, honest: GenerationResult
 ) -> None:
     """The learner takes a spot check's log-probs and its keyed token checks from one forward pass
-    (``request_logits``): the log-probs are exactly the trainer's rule on the same rows
-    (``completion_logprobs``, packed, over the named completions cut at the last token checked),
-    and each seed's token checks equal those of a forward pass of their own."""
-    from swarmnode.admit.recompute import (
-        _cut_rows,
-        check_request_tokens,
-        logprobs_at,
-        request_logits,
-        tokens_at,
-    )
+    over the group (``group_logits``): the log-probs are exactly the trainer's rule on the same rows
+    (``completion_logprobs``, packed), and each seed's token checks equal those of a forward pass
+    of their own."""
+    from swarmnode.admit.recompute import check_request_tokens, group_logits, logprobs_at, pick, tokens_at
     from swarmnode.train.batch import completion_logprobs
 
     checker = SpotChecker(SpotCheckConfig(sample_rate=1.0, max_tokens=8))
@@ -130,15 +124,15 @@ def test_one_forward_gives_the_spot_checks_logprobs_bit_for_bit_and_its_token_ch
     for key, (prompt, completions, _) in enumerate(groups(honest)):
         request = checker.select("worker", key, [len(c) for c in completions])
         assert request is not None
-        logits = request_logits(policy, request, prompt, completions)
+        full, mask = group_logits(policy, prompt, completions)
+        assert full.shape[:2] == mask.shape == (len(completions), max(len(c) for c in completions))
+        logits = pick(full, request)
         assert logits.shape == (len(request.tokens), policy.model.config.vocab_size)
-        wanted, rows = _cut_rows(request, completions)
         with torch.no_grad():
             reference, _ = completion_logprobs(
-                policy.model, [prompt] * len(rows), rows, TEMPERATURE, shared_prefix=True
+                policy.model, [prompt] * len(completions), completions, TEMPERATURE, shared_prefix=True
             )
-        row_of = {c: r for r, c in enumerate(wanted)}
-        expected = [float(reference[row_of[t.completion], t.position]) for t in request.tokens]
+        expected = [float(reference[t.completion, t.position]) for t in request.tokens]
         assert logprobs_at(logits, request, completions, TEMPERATURE) == expected
         for seed in (b"\x01" * 32, b"\x02" * 32):
             own = check_request_tokens(policy, request, prompt, completions, params, seed, str(key))

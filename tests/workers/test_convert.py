@@ -67,6 +67,12 @@ def test_the_learner_trains_on_the_workers_own_tokens_and_logprobs(policy: Polic
             assert a == pytest.approx(b, abs=1e-6)  # float32 on the wire
 
 
+def _with_group(batch: object, index: int, **changes: object) -> object:
+    groups = list(batch.groups)  # type: ignore[attr-defined]
+    groups[index] = dataclasses.replace(groups[index], **changes)
+    return dataclasses.replace(batch, groups=tuple(groups))  # type: ignore[type-var]
+
+
 def test_tokens_that_do_not_decode_to_the_text_are_refused(policy: Policy) -> None:
     groups = worker_groups(policy)
     batch = worker_batch(groups, policy.model_id, policy.version, 1)
@@ -75,11 +81,9 @@ def test_tokens_that_do_not_decode_to_the_text_are_refused(policy: Policy) -> No
     ids = list(first.token_ids)
     ids[0] = (ids[0] + 1) % len(policy.tokenizer)  # the worker trains the learner on other tokens
     forged = dataclasses.replace(first, token_ids=tuple(ids))
-    batch = dataclasses.replace(
-        batch,
-        groups=(dataclasses.replace(group, completions=(forged, *group.completions[1:])), *batch.groups[1:]),
+    verdict = admitted(
+        _with_group(batch, 0, completions=(forged, *group.completions[1:])), NodeIdentity.generate()
     )
-    verdict = admitted(batch, NodeIdentity.generate())
     with pytest.raises(WorkerDataError, match="do not decode"):
         from_worker(verdict.groups[0], policy, max_new_tokens=6)
 
@@ -89,16 +93,9 @@ def test_a_group_without_per_token_logprobs_is_refused(policy: Policy) -> None:
     batch = worker_batch(groups, policy.model_id, policy.version, 1)
     group = batch.groups[0]
     bare = tuple(dataclasses.replace(c, token_ids=(), token_logprobs=()) for c in group.completions)
-    batch = dataclasses.replace(batch, groups=(dataclasses.replace(group, completions=bare),))
-    verdict = admitted(batch, NodeIdentity.generate())
+    verdict = admitted(_with_group(batch, 0, completions=bare), NodeIdentity.generate())
     with pytest.raises(WorkerDataError, match="must send both"):
         from_worker(verdict.groups[0], policy, max_new_tokens=6)
-
-
-def _with_group(batch: object, index: int, **changes: object) -> object:
-    groups = list(batch.groups)  # type: ignore[attr-defined]
-    groups[index] = dataclasses.replace(groups[index], **changes)
-    return dataclasses.replace(batch, groups=tuple(groups))  # type: ignore[type-var]
 
 
 def test_a_completion_cut_short_of_eos_and_the_cap_is_refused(policy: Policy) -> None:
