@@ -11,8 +11,9 @@ Three ways to choose the 16 positions, all from the same forward pass over the w
 ``uncertain`` (the 16 positions where our policy is least sure of its top token, lowest max
 probability after temperature: where a sampler that is not ours most often picks another token; a
 certain position tells nothing, every sampler agrees there), which a worker knowing the rule could
-predict; and ``weighted``, what the learner does (``SpotChecker.select_uncertain``): drawn without
-replacement with weight ``1 - p_top + 1/16``, mostly where we are unsure, unpredictably.
+predict; and ``learner``, what the learner does (``admit.recompute.scan_group``): half drawn
+uniformly, half without replacement with weight ``1 - p_top + 1/16``, mostly where we are unsure,
+unpredictably.
 
 Setup: the built-in tiny model warm-started on the default mixture (cached under --cache), then two
 RL updates on its own groups: that is version v, the learner's. Workers, each 1 thread unless
@@ -41,7 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import base_parser, machine, print_table, write_json
 
-from swarmnode.admit.recompute import tokens_at, top_probabilities
+from swarmnode.admit.recompute import scan_group, tokens_at
 from swarmnode.admit.spotcheck import SpotCheckConfig, SpotChecker, SpotCheckRequest, TokenRef
 from swarmnode.config import load_config
 from swarmnode.policy import WarmStartSettings, load_policy, warm_start
@@ -57,7 +58,7 @@ from swarmnode.train.batch import completion_logits
 
 G = 8
 TOKENS = 16
-WAYS = ("random", "uncertain", "weighted")
+WAYS = ("random", "uncertain", "learner")
 SEED = b"\x5a" * 32
 OTHER_SEED = b"\xa5" * 32
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=16)
@@ -125,9 +126,16 @@ def run_worker(
             ways = {
                 "random": drawn.tokens,
                 "uncertain": tuple(positions_uncertain(logits, mask, TOKENS)),
-                "weighted": checker.select_uncertain(
-                    drawn, top_probabilities(logits, completions, PARAMS.temperature)
-                ).tokens,
+                "learner": scan_group(
+                    learner.model,
+                    drawn,
+                    prompt,
+                    completions,
+                    PARAMS.temperature,
+                    learner.pad_token_id,
+                    token_checks=TOKENS,
+                    draw_seed=checker.draw_seed(),
+                ).tokens.tokens,
             }
             for how, tokens in ways.items():
                 request = SpotCheckRequest("w", key, tokens)
@@ -204,7 +212,7 @@ def main() -> int:
             "worker", "groups",
             "random: caught", "checks to catch", "within 3", "skipped",
             "uncertain: caught", "checks to catch", "within 3", "skipped",
-            "weighted: caught", "checks to catch", "within 3", "skipped",
+            "learner: caught", "checks to catch", "within 3", "skipped",
         ],
         rows,
         [

@@ -2,9 +2,9 @@
 
 Question (#20): the spot check recomputes the sampled tokens' log-probs and checks the tokens
 themselves against keyed sampling under each of the worker's seeds (two at most). Both read the
-same logits: the learner now takes them from one forward pass over the group (``group_logits``,
-then ``logprobs_at`` at the drawn tokens, ``select_uncertain`` for the tokens to check, and
-``tokens_at`` per seed). Reference: the previous path, still in the package,
+same logits: the learner takes them from one forward pass over the group (``scan_group``: the
+log-probs at the drawn tokens, and the tokens to check with their logits; then ``tokens_at`` per
+seed). Reference: the previous path, still in the package,
 a forward pass of its own for the log-probs (``recompute_request``) and one per seed for the
 token checks (``check_request_tokens``). Reported: CPU seconds per spot check (median), and the
 ratio. Same model, groups, requests and seeds for both; alternated run by run.
@@ -13,7 +13,13 @@ Setup: the built-in tiny model (random init), G = 8 completions of up to 16 toke
 torch engine, reasoning-gym chain_sum prompts (``compact`` or ``question``), a request of 8
 tokens (the learner's ``max_tokens``), 2 seeds (a worker re-activated once), 1 torch thread.
 
-    python bench/spot_check.py [--repeats 15] [--formats compact,question] [--json out.json]
+Second table (``--long``): a group of G = 8 completions of T tokens each (random tokens; a worker
+that runs every completion to the length limit), scanned in packs of at most ``MAX_PACK_TOKENS``
+(ours) against one pack per group (before: attention over P + G*T tokens, quadratic in G*T).
+Wall seconds of one scan, median of 3.
+
+    python bench/spot_check.py [--repeats 15] [--formats compact,question] [--long 512,1024,2048]
+        [--json out.json]
 
 Run it alone: on a shared 2-core machine other work skews the figures.
 """
@@ -31,19 +37,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import base_parser, machine, median, print_table, write_json
 
-from swarmnode.admit.recompute import (
-    check_request_tokens,
-    group_logits,
-    logprobs_at,
-    pick,
-    recompute_request,
-    tokens_at,
-    top_probabilities,
-)
+from swarmnode.admit.recompute import check_request_tokens, recompute_request, scan_group, tokens_at
 from swarmnode.admit.spotcheck import SpotCheckConfig, SpotChecker
 from swarmnode.policy.model import build_tiny_policy
 from swarmnode.rollout import SamplingParams, make_engine
 from swarmnode.tasks import DatasetSpec, TaskMixture
+from swarmnode.train.batch import MAX_PACK_TOKENS, completion_logits
 
 CHAIN_SUM = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
 SEEDS = (b"\x01" * 32, b"\x02" * 32)
@@ -59,6 +58,7 @@ def cpu_seconds(run: Any) -> float:
 def main() -> int:
     parser = base_parser(__doc__.split("\n")[0])
     parser.add_argument("--formats", default="compact,question")
+    parser.add_argument("--long", default="512,1024,2048", help="completion lengths T ('' to skip)")
     parser.set_defaults(repeats=15, threads=1)
     args = parser.parse_args()
     torch.set_num_threads(args.threads or 1)
@@ -82,13 +82,11 @@ def main() -> int:
 
         def one_forward(cases: list[Any] = cases) -> None:
             for key, prompt, completions, request in cases:
-                logits, _ = group_logits(policy, prompt, completions)
-                logprobs_at(pick(logits, request), request, completions, PARAMS.temperature)
-                tokens = checker.select_uncertain(
-                    request, top_probabilities(logits, completions, PARAMS.temperature)
+                scan = scan_group(
+                    policy, request, prompt, completions, PARAMS.temperature, token_checks=8, draw_seed=1
                 )
                 for seed in SEEDS:
-                    tokens_at(pick(logits, tokens), tokens, completions, PARAMS, seed, key)
+                    tokens_at(scan.token_logits, scan.tokens, completions, PARAMS, seed, key)
 
         def a_forward_each(cases: list[Any] = cases) -> None:
             for key, prompt, completions, request in cases:
@@ -116,13 +114,51 @@ def main() -> int:
         ["prompts", "one forward (ours)", "a forward each (before)", "saved"],
         rows,
         [
-            "ours: group_logits + logprobs_at + select_uncertain + tokens_at per seed; before: "
+            "ours: scan_group + tokens_at per seed; before: "
             "recompute_request + "
             "check_request_tokens per seed (each its own forward pass)"
         ],
     )
+    if args.long:
+        report["long_groups"] = long_groups(policy, checker, [int(t) for t in args.long.split(",")])
     write_json(args.json, report)
     return 0
+
+
+def long_groups(policy: Any, checker: SpotChecker, lengths: list[int]) -> list[dict[str, Any]]:
+    """Scan time of a group of 8 completions of T tokens: packs of at most MAX_PACK_TOKENS vs one."""
+    vocab = policy.model.config.vocab_size
+    g = torch.Generator().manual_seed(0)
+    prompt = [1, *torch.randint(3, vocab, (31,), generator=g).tolist()]
+    rows, out = [], []
+    for t in lengths:
+        completions = [torch.randint(3, vocab, (t,), generator=g).tolist() for _ in range(8)]
+        request = checker.select("worker", t, [t] * 8)
+        assert request is not None
+
+        def ours(request: Any = request, completions: list[list[int]] = completions) -> None:
+            scan_group(policy, request, prompt, completions, 1.0, token_checks=8, draw_seed=1)
+
+        def one_pack(completions: list[list[int]] = completions) -> None:
+            with torch.no_grad():
+                completion_logits(policy.model, [prompt] * 8, completions, pack_tokens=1 << 30)
+
+        times: dict[str, list[float]] = {"ours": [], "one_pack": []}
+        for _ in range(3):
+            for name, run in (("ours", ours), ("one_pack", one_pack)):
+                started = time.perf_counter()
+                run()
+                times[name].append(time.perf_counter() - started)
+        o, r = median(times["ours"]), median(times["one_pack"])
+        out.append({"tokens_per_completion": t, "packed_scan_s": o, "one_pack_s": r, "ratio": r / o})
+        rows.append([str(t), str(32 + 8 * t), f"{o:.3f}", f"{r:.3f}", f"{r / o:.2f}x"])
+    print_table(
+        f"scan of a long group (G = 8, prompt 32 tokens), wall s, median of 3, packs <= {MAX_PACK_TOKENS}",
+        ["T", "group tokens", "packs (ours)", "one pack (before)", "saved"],
+        rows,
+        ["one pack: attention over the whole group in one sequence, quadratic in G*T"],
+    )
+    return out
 
 
 if __name__ == "__main__":

@@ -222,7 +222,11 @@ class LearnerConfig(Section):
         120.0, gt=0.0, description="A step waits at most this long for B groups, then trains on what it has."
     )
     spot_check_rate: float = Field(
-        0.25, ge=0.0, le=1.0, description="Share of worker batches whose log-probs are re-computed."
+        0.25,
+        ge=0.0,
+        le=1.0,
+        description="Share of a worker's batches spot-checked (one group each: its log-probs re-computed "
+        "and its tokens checked against keyed sampling); every batch while the worker has a strike.",
     )
     spot_check_tokens: int = Field(16, ge=1, le=4096, description="Tokens re-computed per spot check.")
     spot_check_tolerance: float = Field(

@@ -58,8 +58,10 @@ class Intake:
         *,
         max_pending: int = MAX_PENDING,
         max_pending_per_peer: int = MAX_PENDING_PER_PEER,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.pipeline = pipeline
+        self.clock = clock  # the time admission judges by (wall time; a test may hold it still)
         self.max_pending = max_pending
         self.max_pending_per_peer = max_pending_per_peer
         self.pending = 0
@@ -119,7 +121,7 @@ class Intake:
         envelope: Envelope | None,
         message: Message | None,
     ) -> Judged:
-        now = time.time()
+        now = self.clock()
         started = time.thread_time()
         verdict = self.pipeline.admit(
             data, now, via=via, solicited=solicited, envelope=envelope, message=message

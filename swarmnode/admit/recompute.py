@@ -2,8 +2,9 @@
 
 Owns: one forward pass that scores completion tokens under our policy, with the same rule as the
 trainer and the rollout engines (``completion_logprobs``: logits / temperature, log-softmax, before
-any top-p truncation); and the check of the tokens themselves against keyed sampling (#20), both
-from one forward pass (``group_logits``, then ``logprobs_at`` and ``tokens_at`` per seed).
+any top-p truncation); the draw of the tokens to check against keyed sampling (#20) and their
+check, all from one forward pass over the group, pack by pack (``scan_group``, then ``tokens_at``
+per seed).
 Must not: decide what to check or judge the result (``core.spotcheck``).
 
 The caller passes the policy *version the group claims* it was generated with, in eval mode
@@ -12,15 +13,17 @@ The caller passes the policy *version the group claims* it was generated with, i
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import torch
 
-from swarmnode.admit.spotcheck import SpotCheckRequest
+from swarmnode.admit.spotcheck import UNCERTAIN_FLOOR, UNIFORM_SHARE, SpotCheckRequest, TokenRef
 from swarmnode.policy.model import Policy
 from swarmnode.rollout.keyed import DEFAULT_MARGIN, TokenCheck, check_token, keyed_uniform
 from swarmnode.rollout.types import SamplingParams
-from swarmnode.train.batch import completion_logits, completion_logprobs
+from swarmnode.train.batch import completion_logits, completion_logprobs, pack_rows
 
 
 def _model(policy: Policy | torch.nn.Module) -> torch.nn.Module:
@@ -63,12 +66,121 @@ def group_logits(
     pad_token_id: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The logits (float32, before temperature) that score every token of a group, ``(G, T,
-    vocab)``, and its ``(G, T)`` mask: one forward pass, the prompt scored once (packed). The
-    learner's spot check reads its log-probs (``pick`` at the request) and chooses and checks its
-    keyed-sampling tokens (``top_probabilities``, ``SpotChecker.select_uncertain``) from it."""
+    vocab)``, and its ``(G, T)`` mask, packed (``train.batch``). All of them at once: for tests and
+    benches on small groups; the learner scans a group pack by pack (``scan_group``)."""
     rows = [list(c) for c in completions]
     with torch.no_grad():
         return completion_logits(_model(policy), [list(prompt_ids)] * len(rows), rows, pad_token_id)
+
+
+@dataclass(frozen=True)
+class GroupScan:
+    """What a spot check needs from one scan of a group: our log-probs at the log-prob request's
+    tokens (its order), the tokens drawn for keyed-sampling checks, and their logits ``(n, vocab)``
+    in that request's order."""
+
+    logprobs: list[float]
+    tokens: SpotCheckRequest
+    token_logits: torch.Tensor
+
+
+@dataclass
+class _Candidates:
+    """The best ``keep`` tokens by key seen so far, with their logits rows (bounded memory)."""
+
+    keep: int
+    keys: list[float] = field(default_factory=list)
+    refs: list[tuple[int, int]] = field(default_factory=list)
+
+    def offer(self, keys: torch.Tensor, refs: list[tuple[int, int]]) -> None:
+        merged_keys = self.keys + [float(k) for k in keys]
+        merged_refs = self.refs + refs
+        order = sorted(range(len(merged_keys)), key=lambda i: merged_keys[i], reverse=True)[: self.keep]
+        self.keys = [merged_keys[i] for i in order]
+        self.refs = [merged_refs[i] for i in order]
+
+
+def scan_group(
+    policy: Policy | torch.nn.Module,
+    request: SpotCheckRequest,
+    prompt_ids: Sequence[int],
+    completions: Sequence[Sequence[int]],
+    temperature: float,
+    pad_token_id: int = 0,
+    *,
+    token_checks: int = 0,
+    draw_seed: int = 0,
+) -> GroupScan:
+    """One forward pass over the group, pack by pack (``train.batch.pack_rows``: time linear in
+    G x T, memory one pack's logits plus the kept rows), giving our log-probs at ``request``'s
+    tokens and ``token_checks`` tokens drawn for keyed-sampling checks (``core.spotcheck`` rule,
+    ``UNIFORM_SHARE`` and ``UNCERTAIN_FLOOR``): ``token_checks * UNIFORM_SHARE`` (rounded down)
+    uniformly from every token of the group, the rest without replacement with weight
+    ``1 - p_top + UNCERTAIN_FLOOR`` (``p_top``: the probability our policy gives its most likely
+    token there, after temperature), by Efraimidis-Spirakis keys ``log(u) / w`` so the draw
+    streams over the packs. The uniforms come from ``draw_seed`` (the spot checker's secret
+    stream): the worker cannot predict the positions; where we are sure, every sampler agrees and
+    a check tells nothing, so most checks go where we are not; the uniform half keeps a cheater
+    who puts its wrong tokens where we are sure from slipping past (helper-14: caught by 0.557 of
+    weighted checks against 0.626 of uniform ones)."""
+    _check_request(request, completions)
+    model = _model(policy)
+    rows = [list(c) for c in completions]
+    prompt = list(prompt_ids)
+    total = sum(len(r) for r in rows)
+    token_checks = min(token_checks, total)
+    n_uniform = int(token_checks * UNIFORM_SHARE)
+    uniform = _Candidates(n_uniform)
+    weighted = _Candidates(token_checks)  # enough left after the uniform ones are taken out
+    wanted: dict[tuple[int, int], list[int]] = {}
+    for k, token in enumerate(request.tokens):
+        wanted.setdefault((token.completion, token.position), []).append(k)
+    rows_at: dict[tuple[int, int], torch.Tensor] = {}  # logits rows kept: requested or candidates
+    generator = torch.Generator().manual_seed(draw_seed & 0x7FFF_FFFF_FFFF_FFFF)
+    with torch.no_grad():
+        for pack in pack_rows([prompt] * len(rows), rows):
+            logits, mask = completion_logits(
+                model, [prompt] * len(pack), [rows[r] for r in pack], pad_token_id
+            )
+            row_of = {r: j for j, r in enumerate(pack)}
+            for c, t in wanted:
+                if c in row_of:
+                    rows_at[(c, t)] = logits[row_of[c], t].clone()
+            if token_checks == 0:
+                continue
+            width = mask.shape[1]
+            valid = mask.flatten() > 0
+            n_valid = int(valid.sum())
+            scaled = logits / temperature if temperature != 1.0 else logits
+            top = torch.softmax(scaled, dim=-1).max(dim=-1).values.flatten().double()
+            u = torch.rand(mask.shape, generator=generator, dtype=torch.float64).flatten()
+            v = torch.rand(mask.shape, generator=generator, dtype=torch.float64).flatten()
+            weighted_keys = torch.log1p(-v) / (1.0 - top + UNCERTAIN_FLOOR)
+            for candidates, keys in ((uniform, u), (weighted, weighted_keys)):
+                keys = keys.masked_fill(~valid, -math.inf)
+                best = torch.topk(keys, min(candidates.keep, n_valid)).indices.tolist()
+                candidates.offer(keys[best], [(pack[i // width], i % width) for i in best])
+            kept = set(uniform.refs) | set(weighted.refs)
+            for c, t in kept:
+                if c in row_of and (c, t) not in rows_at:
+                    rows_at[(c, t)] = logits[row_of[c], t].clone()
+            for ref in [ref for ref in rows_at if ref not in kept and ref not in wanted]:
+                del rows_at[ref]
+    chosen = list(uniform.refs)
+    for ref in weighted.refs:
+        if len(chosen) >= token_checks:
+            break
+        if ref not in chosen:
+            chosen.append(ref)
+    chosen.sort()
+    tokens = SpotCheckRequest(request.peer, request.group, tuple(TokenRef(c, t) for c, t in chosen))
+    vocab = next(iter(rows_at.values())).shape[-1] if rows_at else 0
+    token_logits = torch.stack([rows_at[ref] for ref in chosen]) if chosen else torch.zeros(0, vocab)
+    logprobs: list[float] = []
+    if request.tokens:
+        picked = torch.stack([rows_at[(t.completion, t.position)] for t in request.tokens])
+        logprobs = logprobs_at(picked, request, completions, temperature)
+    return GroupScan(logprobs, tokens, token_logits)
 
 
 def pick(logits: torch.Tensor, request: SpotCheckRequest) -> torch.Tensor:
@@ -76,16 +188,6 @@ def pick(logits: torch.Tensor, request: SpotCheckRequest) -> torch.Tensor:
     rows = torch.tensor([t.completion for t in request.tokens], dtype=torch.long)
     positions = torch.tensor([t.position for t in request.tokens], dtype=torch.long)
     return logits[rows, positions]
-
-
-def top_probabilities(
-    logits: torch.Tensor, completions: Sequence[Sequence[int]], temperature: float
-) -> list[list[float]]:
-    """Per token of the group, the probability our policy gives its most likely token (after
-    temperature): ``[c][t]`` for each completion's own length."""
-    scaled = logits / temperature if temperature != 1.0 else logits
-    top = torch.softmax(scaled, dim=-1).max(dim=-1).values
-    return [[float(v) for v in top[c, : len(row)]] for c, row in enumerate(completions)]
 
 
 def logprobs_at(

@@ -1,13 +1,15 @@
 """Spot-checks of the log-probs a rollout worker reports, as a sans-IO policy.
 
 Owns
-    Which groups of a worker's rollouts to re-check and which of their tokens (sample rate,
-    at most K tokens a check, a seeded rng), the comparison rule (``judge``), strikes per worker,
-    and the verdict (ok / deactivate, with a score change) after ``max_strikes`` failures.
+    Which batches of a worker's rollouts to re-check, which group of each and which of its
+    tokens (sample rate, at most K tokens a check, a seeded rng), the comparison rule
+    (``judge``), strikes per worker, the verdict (ok / deactivate, with a score change) after
+    ``max_strikes`` failures, and each worker's record (batches, checks, tokens skipped, when
+    it was deactivated).
 
 Must not
-    Run a model (``swarmnode.admit.recompute.recompute_logprobs`` does, in the driver), read a
-    clock, or ban anyone itself: it returns a verdict; the driver lowers the peer's score
+    Run a model (``swarmnode.admit.recompute.scan_group`` does, in the driver), read a clock, or
+    ban anyone itself: it returns a verdict; the driver lowers the peer's score
     (``AdmissionPipeline.peers.penalize(peer, -score_delta, ...)``) and, on ``DEACTIVATE``, feeds
     ``PeerBanned`` to the activation core, which sends the ``Deactivate``.
 
@@ -15,18 +17,20 @@ Why
     Workers report per-token log-probs of the policy they sampled from; the learner uses them as
     the behaviour policy in M2PO's importance ratio (``swarmnode.learn.m2po``). A worker that
     misreports them (stale weights claimed as fresh, made-up numbers to inflate or mute its
-    groups' updates) corrupts training without changing a single reward. Recomputing every token
-    would cost as much as generating: a sample of groups, and of at most K tokens within each,
-    catches a persistent liar with high probability at a small cost.
+    groups' updates) corrupts training without changing a single reward; one that samples from
+    anything else and reports honest numbers for it is caught by its tokens (keyed sampling,
+    protocol/SPEC.md 1.8). Recomputing every token would cost as much as generating: a sample of
+    batches, one group of each and at most K tokens within it, catches a persistent cheat with
+    high probability at a small cost.
 
 Driving it
-    For each accepted group from worker ``peer``: ``request = checker.select(peer, key,
-    lengths)`` (``lengths``: completion lengths in tokens). When not None, recompute the log-probs
-    of the completions ``request.completions`` (only their first ``request.prefix(i)`` tokens are
-    needed: a causal LM scores a token from its prefix alone) with the policy version the group
-    claims, then ``outcome = checker.check(peer, request.pick(reported), request.pick(recomputed))``.
-    Only check groups whose generating version the learner still holds; a group it cannot
-    recompute is simply not checked (never a strike).
+    For each accepted batch from worker ``peer``: ``index = checker.begin_batch(peer,
+    len(groups))``; when not None, ``request = checker.select(peer, key, lengths)`` for that group
+    (``lengths``: completion lengths in tokens), recompute the log-probs at ``request``'s tokens
+    with the policy version the group claims (and draw its token checks with ``draw_seed()``),
+    then ``outcome = checker.check(peer, request.pick(reported), recomputed)``. Only check groups
+    whose generating version the learner still holds; a group it cannot recompute is simply not
+    checked (never a strike).
 
 Tolerance
     Absolute, in nats, on the largest deviation among the compared tokens. The same weights in
@@ -49,7 +53,10 @@ _MAX_LOGPROB = 1e-6  # a log-prob above 0 (beyond float noise) is impossible: a 
 _MASK64 = (1 << 64) - 1
 
 
-#: Each token's least weight when choosing keyed-sampling checks (``SpotChecker.select_uncertain``).
+#: The share of a group's keyed-sampling checks drawn uniformly from its tokens; the rest are drawn
+#: where our policy is unsure (``admit.recompute.scan_group``).
+UNIFORM_SHARE = 0.5
+#: Each token's least weight in the draw where our policy is unsure: ``1 - p_top + UNCERTAIN_FLOOR``.
 UNCERTAIN_FLOOR = 1.0 / 16
 
 
@@ -94,9 +101,9 @@ class SplitMix64:
 class SpotCheckConfig:
     """Every knob of the spot-checker."""
 
-    sample_rate: float = 0.05  # share of a worker's groups that are checked, in [0, 1]
+    sample_rate: float = 0.05  # share of a worker's batches checked (one group each), in [0, 1]
     suspect_sample_rate: float = 1.0  # the share while the worker has a strike
-    always_check_first: int = 1  # a worker's first N groups are always checked
+    always_check_first: int = 1  # a worker's first N batches are always checked
     max_tokens: int = 32  # K: tokens compared per check
     tolerance: float = 0.1  # nats: a check fails when max |reported - recomputed| exceeds it
     max_strikes: int = 3  # failed checks that deactivate the worker
@@ -264,6 +271,30 @@ class _WorkerRecord:
     strikes: int = 0
     passes_in_row: int = 0
     convictions: int = 0
+    batches: int = 0  # worker batches begun (``begin_batch``)
+    checked_batches: int = 0  # of which one group was chosen for a check
+    checks: int = 0
+    fails: int = 0
+    tokens_checked: int = 0  # keyed-sampling token checks (``record_tokens``)
+    tokens_skipped: int = 0
+    first_conviction: tuple[int, int] | None = None  # (batches, checked batches) when first deactivated
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "batches": self.batches,
+            "checked_batches": self.checked_batches,
+            "groups": self.groups,
+            "checks": self.checks,
+            "fails": self.fails,
+            "strikes": self.strikes,
+            "convictions": self.convictions,
+            "tokens_checked": self.tokens_checked,
+            "tokens_skipped": self.tokens_skipped,
+            "skipped_share": self.tokens_skipped / self.tokens_checked if self.tokens_checked else None,
+            "first_deactivated_after": None
+            if self.first_conviction is None
+            else {"batches": self.first_conviction[0], "checked_batches": self.first_conviction[1]},
+        }
 
 
 class SpotChecker:
@@ -283,22 +314,44 @@ class SpotChecker:
         """Drop what is known about ``peer`` (it left for good)."""
         self._workers.pop(peer, None)
 
+    def begin_batch(self, peer: PeerId, n_groups: int) -> int | None:
+        """A batch of ``n_groups`` groups from ``peer`` arrives: which one to check (its index;
+        None: none of them). A worker's first ``always_check_first`` batches are checked, then
+        ``sample_rate`` of them (``suspect_sample_rate`` while it has a strike), one group each,
+        drawn uniformly; then ``select`` that group's tokens. Two rng draws per batch whatever
+        the outcome, so the stream (and every choice) is reproducible from the seed and the order
+        of calls."""
+        c = self.config
+        record = self._record(peer)
+        record.batches += 1
+        rate = c.suspect_sample_rate if record.strikes > 0 else c.sample_rate
+        draw = self._rng.random()
+        index = self._rng.below(max(n_groups, 1))
+        if n_groups < 1 or (record.batches > c.always_check_first and draw >= rate):
+            return None
+        record.checked_batches += 1
+        return index
+
+    def record_tokens(self, peer: PeerId, checked: int, skipped: int) -> None:
+        """Count one check's keyed-sampling tokens and those skipped (within the margin)."""
+        record = self._record(peer)
+        record.tokens_checked += checked
+        record.tokens_skipped += skipped
+
+    def workers(self, limit: int = 64) -> dict[PeerId, dict[str, object]]:
+        """Per worker (the ``limit`` with the most groups): batches, checks, fails, tokens checked
+        and skipped, and after how many batches (and checked batches) it was first deactivated."""
+        ranked = sorted(self._workers.items(), key=lambda item: item[1].groups, reverse=True)[:limit]
+        return {peer: record.as_dict() for peer, record in ranked}
+
     def select(
         self, peer: PeerId, group: Hashable, completion_lengths: Sequence[int]
     ) -> SpotCheckRequest | None:
-        """Whether to check this group of ``peer``'s and which tokens (None: not this one).
-
-        One rng draw per group whatever the outcome, so the stream (and thus every choice) is
-        reproducible from the seed and the order of calls.
-        """
+        """The tokens to recompute in a group chosen for a check (``begin_batch``): at most
+        ``max_tokens``, distinct, drawn uniformly from all of its tokens (None: it has none)."""
         c = self.config
-        record = self._record(peer)
-        record.groups += 1
+        self._record(peer).groups += 1
         self.stats.groups_seen += 1
-        rate = c.suspect_sample_rate if record.strikes > 0 else c.sample_rate
-        draw = self._rng.random()
-        if record.groups > c.always_check_first and draw >= rate:
-            return None
         lengths = [max(0, int(n)) for n in completion_lengths]
         total = sum(lengths)
         if total == 0:
@@ -318,34 +371,17 @@ class SpotChecker:
         self.stats.tokens_selected += len(tokens)
         return SpotCheckRequest(peer, group, tuple(tokens))
 
-    def select_uncertain(self, request: SpotCheckRequest, top: Sequence[Sequence[float]]) -> SpotCheckRequest:
-        """The tokens to check against keyed sampling (protocol/SPEC.md 1.8) in a group chosen for
-        ``request``: as many as ``request`` names, drawn without replacement from every token of
-        the group with weight ``1 - top + 1/16``, ``top[c][t]`` being the probability our policy
-        gives its most likely token at position ``t`` of completion ``c``. Where we are sure, every
-        sampler agrees and a check tells nothing; drawn by weight rather than taken by rank, the
-        positions stay as unpredictable to the worker as uniform ones and every token keeps a
-        chance (measured, ``bench/keyed_detection.py``: a version 2 updates old caught by 0.65 of
-        checks instead of 0.58, temperature 0.7 by 0.67 instead of 0.575)."""
-        positions = [(c, t) for c, row in enumerate(top) for t in range(len(row))]
-        weights = [1.0 - float(top[c][t]) + UNCERTAIN_FLOOR for c, t in positions]
-        chosen: list[TokenRef] = []
-        for _ in range(min(len(request.tokens), len(positions))):
-            total = sum(weights)
-            x = self._rng.random() * total
-            i = 0
-            while i < len(weights) - 1 and x >= weights[i]:
-                x -= weights[i]
-                i += 1
-            chosen.append(TokenRef(*positions.pop(i)))
-            weights.pop(i)
-        chosen.sort(key=lambda t: (t.completion, t.position))
-        return SpotCheckRequest(request.peer, request.group, tuple(chosen))
+    def draw_seed(self) -> int:
+        """A seed for drawing one group's keyed-sampling checks (``admit.recompute.scan_group``),
+        from the checker's secret stream: draw one for every check, so the stream stays
+        reproducible from the seed and the order of calls."""
+        return self._rng.next64()
 
     def record(self, peer: PeerId, judgement: Judgement) -> SpotCheckOutcome:
         """Count one judged check of ``peer`` and return the verdict."""
         c = self.config
         record = self._record(peer)
+        record.checks += 1
         if judgement.passed:
             self.stats.passes += 1
             record.passes_in_row += 1
@@ -355,6 +391,7 @@ class SpotChecker:
                 self.stats.strikes_forgiven += 1
             return SpotCheckOutcome(peer, Verdict.OK, record.strikes, 0.0, judgement)
         self.stats.fails += 1
+        record.fails += 1
         record.passes_in_row = 0
         record.strikes += 1
         if record.strikes < c.max_strikes:
@@ -362,6 +399,8 @@ class SpotChecker:
             return SpotCheckOutcome(peer, Verdict.OK, record.strikes, -c.fail_penalty, judgement, reason)
         record.strikes = 0
         record.convictions += 1
+        if record.first_conviction is None:
+            record.first_conviction = (record.batches, record.checked_batches)
         self.stats.deactivations += 1
         reason = f"failed {c.max_strikes} spot checks (log-probs or sampled tokens); last: {judgement.reason}"
         return SpotCheckOutcome(

@@ -54,7 +54,7 @@ from swarmnode.activation.records import (
 )
 from swarmnode.admit import AdmissionConfig, AdmissionPipeline, Rejected, RejectReason, task_families
 from swarmnode.admit.intake import Intake
-from swarmnode.admit.recompute import group_logits, logprobs_at, pick, tokens_at, top_probabilities
+from swarmnode.admit.recompute import GroupScan, scan_group, tokens_at
 from swarmnode.admit.spotcheck import Judgement, SpotCheckConfig, SpotChecker, SpotCheckRequest, judge
 from swarmnode.admit.staleness import StalenessGate
 from swarmnode.admit.verdict import Accepted
@@ -260,6 +260,9 @@ class LearnerNode:
                 "trained_by_lag": {str(k): v for k, v in sorted(self.trained_lags.items())},
             },
             "spot_checks": self.spot.stats.as_dict(),
+            # Per worker: batches, checks, fails, keyed tokens checked and skipped, and after how
+            # many batches (and spot-checked batches) it was first deactivated.
+            "spot_checks_by_worker": self.spot.workers(),
             # The checking's cost beside the learner's own step time (both in seconds).
             "spot_check_seconds": round(self.spot_check_seconds, 3),
             "spot_check_share_of_busy": self.spot_check_seconds / busy if busy > 0 else None,
@@ -403,12 +406,18 @@ class LearnerNode:
         # The data plane decoded and verified these bytes: admission takes the values, not a re-decode
         # (the re-encoding feeds only admission's size rule; decode and signature are not repeated).
         decoded = message if isinstance(message, RolloutBatch) else None
-        verdict = await self.intake.admit(
+        judged = await self.intake.judge(
             encode_envelope(envelope), via=sender, solicited=True, envelope=envelope, message=decoded
         )
+        verdict = judged.verdict
         if isinstance(verdict, Rejected):
             self.metrics.inc("worker_batches_refused", "Worker batches refused", reason=verdict.reason.value)
             log.warning("batch from worker %s refused: %s: %s", sender, verdict.reason.value, verdict.detail)
+            if judged.banned_until is not None:
+                # Banned at intake (e.g. groups it sent before, again): off the plan at once, not
+                # when its measured rate has decayed, and told why (a replaying worker stayed
+                # activated, its lease renewed, for 600 batches refused as banned).
+                self._feed(act.PeerBanned(sender, judged.banned_until), now)
             return reply
         assert isinstance(verdict, Accepted)
         max_new = self.config.rollout.max_new_tokens
@@ -465,44 +474,47 @@ class LearnerNode:
         return result
 
     async def _spot_check(self, sender: str, groups: list[ScoredGroup], now: float) -> bool:
-        """Re-compute a sample of the worker's token log-probs; False (and maybe deactivation) on a lie.
+        """Re-compute the log-probs of a sample of the worker's tokens in one group of a sample of
+        its batches (``SpotChecker.begin_batch``), and check a sample of the tokens themselves
+        against keyed sampling; False (and maybe deactivation) on a lie.
 
         Groups of a version no longer published cannot be checked; they are at most S behind (else
         the gate drops them) and the publisher keeps S + 1 versions."""
-        for g in groups:
-            weights = self.publisher.weights_of(g.policy_version)
-            if weights is None:
-                continue
-            request = self.spot.select(sender, g.task.id.key(), [len(c) for c in g.completion_ids])
-            if request is None:
-                continue
-            logits, top = await self._timed(
-                self.model_lock.run,
-                self.scratch.group_logits,
-                g.policy_version,
-                weights,
-                g.prompt_ids,
-                g.completion_ids,
-                self.config.rollout.temperature,
-                self.trainer.policy.pad_token_id,
-            )
-            temperature = self.config.rollout.temperature
-            recomputed = logprobs_at(pick(logits, request), request, g.completion_ids, temperature)
-            judgement = judge(request.pick(g.behaviour_logprobs), recomputed, self.spot.config.tolerance)
-            if judgement.passed and self.config.learner.keyed_sampling:
-                tokens = self.spot.select_uncertain(request, top)
-                judgement = await self._check_tokens(sender, g, tokens, pick(logits, tokens))
-            outcome = self.spot.record(sender, judgement)
-            self.metrics.inc("spot_checks", "Worker spot checks", result="pass" if outcome.passed else "fail")
-            if outcome.passed:
-                continue
-            log.warning("worker %s failed a spot check: %s", sender, outcome.reason)
-            self.metrics.inc("worker_batches_refused", "Worker batches refused", reason="spot_check")
-            self.intake.submit(lambda: self.admission.penalize(sender, RejectReason.INVALID_PAYLOAD, now))
-            if outcome.deactivate:
-                self._feed(act.WorkerMisbehaved(sender, f"spot check: {outcome.reason}"), now)
-            return False
-        return True
+        index = self.spot.begin_batch(sender, len(groups))
+        if index is None:
+            return True
+        g = groups[index]
+        weights = self.publisher.weights_of(g.policy_version)
+        request = self.spot.select(sender, g.task.id.key(), [len(c) for c in g.completion_ids])
+        if weights is None or request is None:
+            return True
+        keyed = self.config.learner.keyed_sampling
+        scan = await self._timed(
+            self.model_lock.run,
+            self.scratch.scan,
+            g.policy_version,
+            weights,
+            request,
+            g.prompt_ids,
+            g.completion_ids,
+            self.config.rollout.temperature,
+            self.trainer.policy.pad_token_id,
+            len(request.tokens) if keyed else 0,
+            self.spot.draw_seed(),
+        )
+        judgement = judge(request.pick(g.behaviour_logprobs), scan.logprobs, self.spot.config.tolerance)
+        if judgement.passed and keyed:
+            judgement = await self._check_tokens(sender, g, scan.tokens, scan.token_logits)
+        outcome = self.spot.record(sender, judgement)
+        self.metrics.inc("spot_checks", "Worker spot checks", result="pass" if outcome.passed else "fail")
+        if outcome.passed:
+            return True
+        log.warning("worker %s failed a spot check: %s", sender, outcome.reason)
+        self.metrics.inc("worker_batches_refused", "Worker batches refused", reason="spot_check")
+        self.intake.submit(lambda: self.admission.penalize(sender, RejectReason.INVALID_PAYLOAD, now))
+        if outcome.deactivate:
+            self._feed(act.WorkerMisbehaved(sender, f"spot check: {outcome.reason}"), now)
+        return False
 
     async def _check_tokens(
         self, sender: str, g: ScoredGroup, request: SpotCheckRequest, logits: torch.Tensor
@@ -528,6 +540,7 @@ class LearnerNode:
 
         # A softmax (and a sort, under top-p) over the vocabulary per token and seed: off the loop.
         checks = await self._timed(asyncio.to_thread, check)
+        self.spot.record_tokens(sender, len(checks), checks.count(TokenCheck.SKIPPED))
         for result in checks:
             self.metrics.inc(
                 "keyed_token_checks", "Worker tokens checked against keyed sampling", result=result
@@ -918,23 +931,33 @@ class ScratchModel:
         self.model = model
         self.version: int | None = None
 
-    def group_logits(
+    def scan(
         self,
         version: int,
         weights: tuple[bytes | bytearray, tuple[TensorEntry, ...]],
+        request: SpotCheckRequest,
         prompt_ids: list[int],
         completions: list[list[int]],
         temperature: float,
         pad_token_id: int,
-    ) -> tuple[torch.Tensor, list[list[float]]]:
-        """The logits of every token of a group under published ``version`` (its blob and layout,
-        decoded here, in the model lock's thread, not the event loop, when not loaded already), and
-        each token's top probability (a softmax over the vocabulary per token: here too): one
-        forward pass, from which the spot check takes its log-probs, chooses its token checks and
-        makes them."""
+        token_checks: int,
+        draw_seed: int,
+    ) -> GroupScan:
+        """``scan_group`` under published ``version`` (its blob and layout decoded here, in the
+        model lock's thread, not the event loop, when not loaded already): one forward pass over
+        the group, pack by pack, from which the spot check takes its log-probs and draws and makes
+        its token checks."""
         self._load(version, weights)
-        logits, _ = group_logits(self.model, prompt_ids, completions, pad_token_id)
-        return logits, top_probabilities(logits, completions, temperature)
+        return scan_group(
+            self.model,
+            request,
+            prompt_ids,
+            completions,
+            temperature,
+            pad_token_id,
+            token_checks=token_checks,
+            draw_seed=draw_seed,
+        )
 
     def _load(self, version: int, weights: tuple[bytes | bytearray, tuple[TensorEntry, ...]]) -> None:
         if version != self.version:

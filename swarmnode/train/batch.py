@@ -112,6 +112,15 @@ def _completion_window(
 #: Attention implementations that take a custom additive 4D mask as given (FlashAttention does not).
 _PACKED_ATTENTION = ("sdpa", "eager")
 
+#: The longest packed sequence, in tokens. Attention over a pack of L tokens costs O(L^2) time and
+#: its 4D mask L^2 memory, so one pack per group would cost (P + G*T)^2: a worker that runs all G
+#: completions to the length limit (G = 8, T = 2,048 on the tiny model: 14.9 s and 2.4 GB per
+#: forward) could make a spot check or a training step quadratic in the group. A group longer than
+#: this is split into several packs, each repeating the prompt (a single row longer than it is a
+#: pack of its own, as it would be unpacked), so the cost stays linear in G: at most the unpacked
+#: rows' G * (P + T)^2. Groups of short completions (the usual case) still share one prompt.
+MAX_PACK_TOKENS = 2048
+
 
 def supports_packed_attention(model: torch.nn.Module) -> bool:
     """Can ``model`` run a packed group (a custom 4D mask and per-token position ids)?"""
@@ -119,22 +128,36 @@ def supports_packed_attention(model: torch.nn.Module) -> bool:
     return getattr(config, "_attn_implementation", None) in _PACKED_ATTENTION
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Pack:
-    """One packed sequence: a prompt and the rows (indices into the batch) that share it."""
+    """One packed sequence: a prompt, the rows (indices into the batch) that share it, and its
+    length in tokens (the prompt once, then every row's completion)."""
 
     prompt: list[int]
     rows: list[int]
+    length: int
 
 
-def _packs(prompt_ids: list[list[int]]) -> list[_Pack]:
+def _packs(
+    prompt_ids: list[list[int]], completion_ids: list[list[int]], limit: int = MAX_PACK_TOKENS
+) -> list[_Pack]:
+    """Consecutive rows with equal prompts, packed while the pack stays within ``limit`` tokens."""
     packs: list[_Pack] = []
     for i, prompt in enumerate(prompt_ids):
-        if packs and packs[-1].prompt == prompt:
+        n = len(completion_ids[i])
+        if packs and packs[-1].prompt == prompt and packs[-1].length + n <= limit:
             packs[-1].rows.append(i)
+            packs[-1].length += n
         else:
-            packs.append(_Pack(list(prompt), [i]))
+            packs.append(_Pack(list(prompt), [i], len(prompt) + n))
     return packs
+
+
+def pack_rows(
+    prompt_ids: list[list[int]], completion_ids: list[list[int]], limit: int = MAX_PACK_TOKENS
+) -> list[list[int]]:
+    """The rows (batch indices) of each packed sequence, in order: what one forward of a pack scores."""
+    return [pack.rows for pack in _packs(prompt_ids, completion_ids, limit)]
 
 
 def shared_prefix_logprobs(
@@ -147,7 +170,8 @@ def shared_prefix_logprobs(
     """``completion_logprobs`` with each run of rows that share a prompt packed into one sequence.
 
     Same (B, T) values and mask as the unshared path (float rounding aside), in the same row order;
-    consecutive rows with equal prompts form a pack, so a batch ordered by group shares each prompt.
+    consecutive rows with equal prompts form a pack (split past ``MAX_PACK_TOKENS``), so a batch
+    ordered by group shares each prompt.
     """
     picked, targets, mask = _packed_logits(model, prompt_ids, completion_ids, pad_token_id)
     if temperature != 1.0:
@@ -161,12 +185,15 @@ def completion_logits(
     prompt_ids: list[list[int]],
     completion_ids: list[list[int]],
     pad_token_id: int = 0,
+    pack_tokens: int = MAX_PACK_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The logits that score each completion token (float32, before temperature): (B, T, V), and
     the (B, T) mask. Packed when the model allows (``shared_prefix_logprobs``'s forward: the
-    learner's spot check takes both its log-probs and its keyed-sampling token checks from it)."""
+    learner's spot check takes both its log-probs and its keyed-sampling token checks from it),
+    in packs of at most ``pack_tokens`` (``MAX_PACK_TOKENS``; a bench passes more to measure one
+    pack per group)."""
     if supports_packed_attention(model):
-        picked, _, mask = _packed_logits(model, prompt_ids, completion_ids, pad_token_id)
+        picked, _, mask = _packed_logits(model, prompt_ids, completion_ids, pad_token_id, pack_tokens)
         return picked, mask
     full = [p + c for p, c in zip(prompt_ids, completion_ids, strict=True)]
     input_ids = pad_right(full, pad_token_id, torch.long)
@@ -182,15 +209,15 @@ def _packed_logits(
     prompt_ids: list[list[int]],
     completion_ids: list[list[int]],
     pad_token_id: int = 0,
+    pack_tokens: int = MAX_PACK_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One packed forward: (B, T, V) float logits at the positions that score each completion
     token, the (B, T) target tokens, and the (B, T) mask."""
     if len(prompt_ids) != len(completion_ids):
         raise ValueError(f"{len(prompt_ids)} prompts for {len(completion_ids)} completions")
-    packs = _packs(prompt_ids)
+    packs = _packs(prompt_ids, completion_ids, pack_tokens)
     width = max(max((len(c) for c in completion_ids), default=1), 1)
-    lengths = [len(p.prompt) + sum(len(completion_ids[r]) for r in p.rows) for p in packs]
-    length = max(lengths)
+    length = max(p.length for p in packs)
     n = len(packs)
     input_ids = torch.full((n, length), pad_token_id, dtype=torch.long)
     positions = torch.zeros((n, length), dtype=torch.long)

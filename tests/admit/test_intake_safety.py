@@ -160,13 +160,14 @@ def test_admission_runs_off_the_event_loop_and_charges_its_cpu() -> None:
             pass
         return score_in_process(groups)  # type: ignore[return-value]
 
-    pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=FAMILIES), now=time.time(), score_groups=slow)
-    intake = Intake(pipeline)
+    now = time.time()
+    pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=FAMILIES), now=now, score_groups=slow)
+    intake = Intake(pipeline, clock=lambda: now)  # the budget does not refill while the scorer runs
 
     async def scenario() -> tuple[float, object]:
         worst = 0.0
         task = asyncio.ensure_future(
-            intake.admit(envelope(batch(make_group(1)), ALICE, at=time.time()), via="peer", solicited=True)
+            intake.admit(envelope(batch(make_group(1)), ALICE, at=now), via="peer", solicited=True)
         )
         while not task.done():
             before = time.monotonic()
@@ -344,7 +345,7 @@ def test_a_signer_pays_for_each_envelope_it_signed_whoever_delivers_it() -> None
     now = time.time()
     pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=FAMILIES), now=now)
     pipeline.set_policy_version(make_group(1).model_id, make_group(1).policy_version + 100)
-    intake = Intake(pipeline)
+    intake = Intake(pipeline, clock=lambda: now)  # no refill while the test runs, however slowly
     mallory = identity(66)
     envelopes = [envelope(batch(make_group(1, (str(n),))), mallory, at=now) for n in range(20)]
 

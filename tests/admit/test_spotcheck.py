@@ -58,11 +58,15 @@ def test_nothing_to_compare_passes() -> None:
 # --- selection -----------------------------------------------------------------------------------
 
 
-def test_the_first_groups_are_always_checked_then_about_sample_rate_of_them() -> None:
+def test_the_first_batches_are_always_checked_then_about_sample_rate_of_them_one_group_each() -> None:
     checker = SpotChecker(SpotCheckConfig(sample_rate=0.1, always_check_first=2, seed=7))
-    chosen = [checker.select("w", i, [10, 10]) is not None for i in range(2002)]
-    assert chosen[:2] == [True, True]
-    assert 140 <= sum(chosen[2:]) <= 260  # binomial(2000, 0.1): mean 200, sd ~13
+    chosen = [checker.begin_batch("w", 4) for _ in range(2002)]
+    assert chosen[0] is not None and chosen[1] is not None
+    assert 140 <= sum(c is not None for c in chosen[2:]) <= 260  # binomial(2000, 0.1): mean 200, sd ~13
+    picked = [c for c in chosen if c is not None]
+    assert set(picked) == {0, 1, 2, 3}  # any group of the batch may be the one checked
+    assert checker.workers()["w"]["checked_batches"] == len(picked)
+    assert checker.begin_batch("empty", 0) is None  # nothing to check in an empty batch
 
 
 def test_at_most_k_distinct_tokens_are_chosen_within_the_group() -> None:
@@ -79,7 +83,7 @@ def test_at_most_k_distinct_tokens_are_chosen_within_the_group() -> None:
 def test_selection_is_reproducible_from_the_seed() -> None:
     def run(seed: int) -> list[object]:
         checker = SpotChecker(SpotCheckConfig(sample_rate=0.3, seed=seed))
-        return [checker.select("w", i, [20, 30]) for i in range(50)]
+        return [(checker.begin_batch("w", 3), checker.select("w", i, [20, 30])) for i in range(50)]
 
     assert run(3) == run(3)
     assert run(3) != run(4)
@@ -103,10 +107,10 @@ def test_the_request_names_the_prefix_to_recompute_and_picks_values() -> None:
 
 def test_a_worker_with_a_strike_is_checked_at_the_suspect_rate() -> None:
     checker = SpotChecker(SpotCheckConfig(sample_rate=0.0, suspect_sample_rate=1.0, always_check_first=0))
-    assert all(checker.select("w", i, [5]) is None for i in range(20))
+    assert all(checker.begin_batch("w", 2) is None for _ in range(20))
     checker.check("w", [-5.0], [-1.0])
-    assert all(checker.select("w", i, [5]) is not None for i in range(20))
-    assert all(checker.select("other", i, [5]) is None for i in range(20))
+    assert all(checker.begin_batch("w", 2) is not None for _ in range(20))
+    assert all(checker.begin_batch("other", 2) is None for _ in range(20))
 
 
 @given(st.integers(0, 2**64 - 1), st.integers(1, 10_000), st.data())
@@ -179,26 +183,30 @@ def test_invalid_config_is_refused_with_the_field_named(field: str, value: objec
         SpotCheckConfig(**{field: value})  # type: ignore[arg-type]
 
 
-def test_keyed_checks_go_mostly_where_the_policy_is_unsure_yet_every_token_keeps_a_chance() -> None:
-    from swarmnode.admit.spotcheck import SpotCheckRequest, TokenRef
+def test_a_workers_record_says_after_how_many_batches_and_checked_batches_it_was_deactivated() -> None:
+    checker = SpotChecker(SpotCheckConfig(sample_rate=0.0, always_check_first=1, max_strikes=1))
+    lie = judge([-0.1], [-2.0], 0.1)
+    assert checker.begin_batch("w", 4) is not None  # its first batch is always checked
+    assert checker.select("w", "g0", [4]) is not None
+    checker.record("w", judge([-1.0], [-1.0], 0.1))
+    checker.record_tokens("w", checked=16, skipped=1)
+    assert all(checker.begin_batch("w", 4) is None for _ in range(3))  # rate 0: none checked
+    checker.begin_batch("w", 4)
+    outcome = checker.record("w", lie)
+    assert outcome.deactivate
+    record = checker.workers()["w"]
+    assert record["batches"] == 5 and record["checked_batches"] == 1
+    assert record["checks"] == 2 and record["fails"] == 1 and record["convictions"] == 1
+    assert record["first_deactivated_after"] == {"batches": 5, "checked_batches": 1}
+    assert record["tokens_checked"] == 16 and record["skipped_share"] == 1 / 16
+    checker.begin_batch("w", 4)
+    checker.record("w", lie)  # a second conviction keeps the first one's figures
+    assert checker.workers()["w"]["first_deactivated_after"] == {"batches": 5, "checked_batches": 1}
 
-    # Completion 0: sure everywhere (p_top 0.999); completion 1: unsure at its even positions.
-    top = [[0.999] * 10, [0.4 if t % 2 == 0 else 0.999 for t in range(10)]]
-    checker = SpotChecker(SpotCheckConfig(sample_rate=1.0, max_tokens=4, seed=3))
-    request = SpotCheckRequest("w", "g", tuple(TokenRef(0, t) for t in range(4)))
-    picks: dict[tuple[int, int], int] = {}
-    for _ in range(500):
-        chosen = checker.select_uncertain(request, top)
-        assert len(chosen.tokens) == 4 and len(set(chosen.tokens)) == 4  # without replacement
-        assert list(chosen.tokens) == sorted(chosen.tokens, key=lambda t: (t.completion, t.position))
-        for t in chosen.tokens:
-            picks[(t.completion, t.position)] = picks.get((t.completion, t.position), 0) + 1
-    unsure = sum(n for (c, t), n in picks.items() if c == 1 and t % 2 == 0)
-    assert unsure > 0.6 * 500 * 4  # 5 of 20 positions hold 78% of the weight (uniform: 25%)
-    assert all(picks.get((0, t), 0) > 0 for t in range(10))  # the floor: sure tokens are checked too
-    again = SpotChecker(SpotCheckConfig(sample_rate=1.0, max_tokens=4, seed=3))
-    first = checker.select_uncertain(request, [[0.5, 0.5]])  # a group smaller than the request
-    assert len(first.tokens) == 2
-    assert again.select_uncertain(request, top) == SpotChecker(
-        SpotCheckConfig(sample_rate=1.0, max_tokens=4, seed=3)
-    ).select_uncertain(request, top)  # reproducible from the seed
+
+def test_the_per_worker_table_is_capped_to_the_busiest_workers() -> None:
+    checker = SpotChecker(SpotCheckConfig(sample_rate=0.0, always_check_first=0))
+    for i in range(10):
+        for _ in range(i):
+            checker.select(f"w{i}", "g", [4])
+    assert list(checker.workers(limit=3)) == ["w9", "w8", "w7"]

@@ -166,6 +166,29 @@ def test_rows_are_packed_only_with_neighbours_that_share_their_prompt() -> None:
     torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5)
 
 
+def test_a_group_past_the_pack_limit_is_split_into_packs_that_each_repeat_the_prompt() -> None:
+    prompt = list(range(10))
+    group = [prompt] * 4
+    assert batch_module.pack_rows(group, [[7] * 5] * 4, limit=20) == [[0, 1], [2, 3]]
+    assert batch_module.pack_rows(group, [[7] * 30, [7], [7] * 9, [7]], limit=20) == [[0], [1, 2], [3]]
+    # other prompts never share a pack, whatever room is left
+    assert batch_module.pack_rows([prompt, [1, 2], [1, 2]], [[7]] * 3, limit=100) == [[0], [1, 2]]
+
+
+def test_a_long_group_scores_the_same_split_as_in_one_row_each() -> None:
+    # 16 + 3 x 700 tokens > MAX_PACK_TOKENS: two packs ([0, 1], [2]), the same log-probs.
+    model = build_tiny_policy(0).model
+    g = torch.Generator().manual_seed(3)
+    prompt = [1, *torch.randint(3, VOCAB, (15,), generator=g).tolist()]
+    completions = [torch.randint(3, VOCAB, (700,), generator=g).tolist() for _ in range(3)]
+    prompts = [prompt] * 3
+    assert batch_module.pack_rows(prompts, completions) == [[0, 1], [2]]
+    with torch.no_grad():
+        plain, _ = completion_logprobs(model, prompts, completions)
+        packed, _ = shared_prefix_logprobs(model, prompts, completions)
+    torch.testing.assert_close(packed, plain, rtol=1e-4, atol=1e-4)
+
+
 class _NoConfig(nn.Module):
     """A causal LM seen without its config: nothing says its attention takes a custom mask."""
 

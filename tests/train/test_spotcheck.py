@@ -109,14 +109,14 @@ def test_a_request_beyond_the_group_is_refused(policy: Policy) -> None:
         recompute_request(policy, request, [1, 2], [[3, 4]], 1.0)
 
 
-def test_one_forward_gives_the_spot_checks_logprobs_bit_for_bit_and_its_token_checks(
+def test_one_scan_gives_the_spot_checks_logprobs_bit_for_bit_and_the_logits_of_its_token_checks(
     policy: Policy, honest: GenerationResult
 ) -> None:
-    """The learner takes a spot check's log-probs and its keyed token checks from one forward pass
-    over the group (``group_logits``): the log-probs are exactly the trainer's rule on the same rows
-    (``completion_logprobs``, packed), and each seed's token checks equal those of a forward pass
-    of their own."""
-    from swarmnode.admit.recompute import check_request_tokens, group_logits, logprobs_at, pick, tokens_at
+    """The learner takes a spot check's log-probs and its keyed token checks from one scan of the
+    group (``scan_group``): the log-probs are exactly the trainer's rule on the same rows
+    (``completion_logprobs``, packed), the logits of the drawn tokens are the forward's rows, and
+    checking tokens on them equals checking on a forward pass of their own."""
+    from swarmnode.admit.recompute import check_request_tokens, group_logits, pick, scan_group, tokens_at
     from swarmnode.train.batch import completion_logprobs
 
     checker = SpotChecker(SpotCheckConfig(sample_rate=1.0, max_tokens=8))
@@ -124,16 +124,87 @@ def test_one_forward_gives_the_spot_checks_logprobs_bit_for_bit_and_its_token_ch
     for key, (prompt, completions, _) in enumerate(groups(honest)):
         request = checker.select("worker", key, [len(c) for c in completions])
         assert request is not None
-        full, mask = group_logits(policy, prompt, completions)
-        assert full.shape[:2] == mask.shape == (len(completions), max(len(c) for c in completions))
-        logits = pick(full, request)
-        assert logits.shape == (len(request.tokens), policy.model.config.vocab_size)
+        scan = scan_group(policy, request, prompt, completions, TEMPERATURE, token_checks=8, draw_seed=key)
         with torch.no_grad():
             reference, _ = completion_logprobs(
                 policy.model, [prompt] * len(completions), completions, TEMPERATURE, shared_prefix=True
             )
-        expected = [float(reference[t.completion, t.position]) for t in request.tokens]
-        assert logprobs_at(logits, request, completions, TEMPERATURE) == expected
+        assert scan.logprobs == [float(reference[t.completion, t.position]) for t in request.tokens]
+        assert len(scan.tokens.tokens) == 8
+        full, _ = group_logits(policy, prompt, completions)
+        torch.testing.assert_close(scan.token_logits, pick(full, scan.tokens), rtol=0, atol=0)
         for seed in (b"\x01" * 32, b"\x02" * 32):
-            own = check_request_tokens(policy, request, prompt, completions, params, seed, str(key))
-            assert tokens_at(logits, request, completions, params, seed, str(key)) == own
+            own = check_request_tokens(policy, scan.tokens, prompt, completions, params, seed, str(key))
+            assert tokens_at(scan.token_logits, scan.tokens, completions, params, seed, str(key)) == own
+
+
+def test_keyed_checks_go_mostly_where_the_policy_is_unsure_yet_every_token_keeps_a_chance(
+    policy: Policy, honest: GenerationResult
+) -> None:
+    """Half the token checks uniform, half drawn with weight ``1 - p_top + 1/16``: without
+    replacement, reproducible from the draw seed, every token reachable, and the drawn tokens less
+    certain on average than the group's."""
+    from swarmnode.admit.recompute import group_logits, scan_group
+
+    prompt, completions, _ = groups(honest)[0]
+    sharp = 0.1  # the untrained tiny model is unsure everywhere; sharpened, its certainty varies
+    full, _ = group_logits(policy, prompt, completions)
+    top = torch.softmax(full / sharp, dim=-1).max(dim=-1).values
+    everywhere = {(c, t) for c in range(len(completions)) for t in range(len(completions[c]))}
+    request = SpotChecker(SpotCheckConfig(max_tokens=4)).select("w", "g", [len(c) for c in completions])
+    assert request is not None
+    seen: dict[tuple[int, int], int] = {}
+    draws = 300
+    for seed in range(draws):
+        tokens = scan_group(
+            policy, request, prompt, completions, sharp, token_checks=6, draw_seed=seed
+        ).tokens
+        refs = [(t.completion, t.position) for t in tokens.tokens]
+        assert len(set(refs)) == 6 and refs == sorted(refs) and set(refs) <= everywhere
+        for ref in refs:
+            seen[ref] = seen.get(ref, 0) + 1
+    again = scan_group(policy, request, prompt, completions, sharp, token_checks=6, draw_seed=7)
+    assert (
+        again.tokens
+        == scan_group(policy, request, prompt, completions, sharp, token_checks=6, draw_seed=7).tokens
+    )
+    doubt = {ref: 1.0 - float(top[ref]) for ref in everywhere}
+    drawn_doubt = sum(doubt[ref] * n for ref, n in seen.items()) / (6 * draws)
+    assert drawn_doubt > 1.2 * sum(doubt.values()) / len(doubt)  # drawn where we are less sure
+    assert set(seen) == everywhere  # and every token keeps a chance
+    whole = scan_group(policy, request, prompt, completions, sharp, token_checks=10_000, draw_seed=1)
+    assert len(whole.tokens.tokens) == len(everywhere)  # a group smaller than the ask: all of it
+
+
+def test_a_group_scanned_in_several_packs_gives_the_same_values(policy: Policy) -> None:
+    """A group longer than ``MAX_PACK_TOKENS`` is scanned pack by pack: the same log-probs and token
+    logits as scoring each completion in a row of its own."""
+    from swarmnode.admit.recompute import scan_group
+    from swarmnode.train.batch import pack_rows
+
+    vocab = policy.model.config.vocab_size
+    g = torch.Generator().manual_seed(5)
+    prompt = [1, *torch.randint(3, vocab, (9,), generator=g).tolist()]
+    completions = [torch.randint(3, vocab, (800,), generator=g).tolist() for _ in range(4)]
+    assert len(pack_rows([prompt] * 4, completions)) == 2
+    request = SpotChecker(SpotCheckConfig(max_tokens=16)).select("w", "g", [800] * 4)
+    assert request is not None
+    scan = scan_group(policy, request, prompt, completions, 1.0, token_checks=16, draw_seed=2)
+    with torch.no_grad():  # each completion in a row of its own: logits at len(prompt) - 1 + t
+        rows = torch.stack(
+            [
+                policy.model(input_ids=torch.tensor([prompt + c])).logits[0, len(prompt) - 1 : -1]
+                for c in completions
+            ]
+        )
+    picked = rows[[t.completion for t in request.tokens], [t.position for t in request.tokens]]
+    expected = torch.log_softmax(picked, dim=-1)
+    tokens = torch.tensor([completions[t.completion][t.position] for t in request.tokens])
+    torch.testing.assert_close(
+        torch.tensor(scan.logprobs),
+        expected.gather(-1, tokens.unsqueeze(-1)).squeeze(-1),
+        rtol=1e-4,
+        atol=1e-4,
+    )
+    at = rows[[t.completion for t in scan.tokens.tokens], [t.position for t in scan.tokens.tokens]]
+    torch.testing.assert_close(scan.token_logits, at, rtol=1e-4, atol=1e-4)

@@ -21,6 +21,7 @@ import pytest
 
 from swarmnode.identity import load_or_create_identity
 from swarmnode.testing import LocalSwarm
+from swarmnode.testing.cheaters import CHEATER, KINDS, run_cheaters
 
 pytestmark = pytest.mark.network
 
@@ -155,11 +156,11 @@ def test_planner_keeps_the_learner_busy_for_less_than_all_workers_on(processes: 
         assert lags and max(lags) <= STALENESS, status["staleness"]
 
 
-def catch_cheat(processes: Any, script: str, seed: int) -> tuple[str, dict[str, Any]]:
-    """A learner checking every batch, an honest worker and the cheating worker ``script`` (its own
-    process): wait until the cheat failed a spot check and is off the plan while the learner kept
-    stepping; its peer id and the learner's status then."""
-    name = f"w-{Path(script).stem}"
+def catch_cheat(processes: Any, kind: str, seed: int) -> tuple[str, dict[str, Any]]:
+    """A learner checking every batch, an honest worker and a cheating worker of ``kind``
+    (``swarmnode.testing.cheaters``, its own process): wait until the cheat failed a spot check
+    and is off the plan while the learner kept stepping; its peer id and the learner's status."""
+    name = f"w-{kind}"
     swarm = processes(name)
     start(
         swarm,
@@ -176,12 +177,7 @@ def catch_cheat(processes: Any, script: str, seed: int) -> tuple[str, dict[str, 
         },
     )
     cheat_id = load_or_create_identity(cheat.identity_key).peer_id
-    swarm.start_process(
-        name,
-        [str(Path(__file__).parent / script), str(cheat.root)],
-        cheat.root,
-        identity=cheat.p2p / "libp2p.key",
-    )
+    swarm.start_node(name, module=CHEATER, env={"SWARMNODE_CHEAT": kind})
     status = swarm.wait(
         lambda: (
             (s := learner_status(swarm)) is not None
@@ -195,17 +191,42 @@ def catch_cheat(processes: Any, script: str, seed: int) -> tuple[str, dict[str, 
     )
     assert status["spot_checks"]["passes"] >= 1  # the honest worker passes its checks
     assert cheat_id not in status["completions_by_worker"]  # nothing of the cheat's was trained on
+    record = status["spot_checks_by_worker"][cheat_id]
+    assert record["first_deactivated_after"] is not None and record["fails"] >= 1, record
     return cheat_id, status
 
 
 def test_a_worker_that_misreports_logprobs_is_caught_and_deactivated(processes: Any) -> None:
-    liar_id, status = catch_cheat(processes, "liar.py", 20)
+    liar_id, status = catch_cheat(processes, "liar", 20)
     # D measured: versions reach the honest worker (each worker's own D, in /status)
     assert any(d > 0 for peer, d in status["worker_dissemination_s"].items() if peer != liar_id)
 
 
 def test_a_worker_decoding_greedily_with_honest_logprobs_is_caught_by_its_tokens(processes: Any) -> None:
-    _, status = catch_cheat(processes, "greedy.py", 21)
+    _, status = catch_cheat(processes, "greedy", 21)
     checks = status["metrics"]["keyed_token_checks"]
     assert checks.get("result=mismatch", 0) >= 1, checks  # caught by a token, not by a log-prob
     assert checks.get("result=match", 0) > 0, checks  # the honest worker's tokens are the rule's
+
+
+@pytest.mark.slow
+def test_every_kind_of_cheat_is_dropped_while_the_honest_worker_passes(
+    tmp_path: Path, worker_model: Path
+) -> None:
+    """The learner's defaults (a quarter of batches checked, 16 tokens, the first failure
+    deactivates): each kind of cheat in ``swarmnode.testing.cheaters``, a process of its own beside
+    an honest worker, is deactivated by a failed spot check or refused at intake (a replay's groups
+    are duplicates), and the honest worker never fails a check (``bench/cheaters.py`` prints how
+    many batches each took, and what of theirs was trained on before)."""
+    out = run_cheaters(tmp_path / "swarm", worker_model, timeout=900.0)
+    assert out["honest"] is not None and out["honest"]["fails"] == 0 and out["honest"]["checks"] > 0
+    for kind in KINDS:
+        cheat = out["cheats"][kind]
+        record = cheat["record"] or {}
+        if kind == "replay":
+            assert record.get("first_deactivated_after") is None  # its replays never reach a check
+            assert out["learner"]["worker_batches_refused"].get("reason=duplicate", 0) >= 1
+            continue
+        assert record["first_deactivated_after"] is not None, (kind, record)
+        if kind != "liar":  # honest log-probs: only its tokens can tell
+            assert record["tokens_checked"] > 0, (kind, record)
