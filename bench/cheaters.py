@@ -14,7 +14,8 @@ groups per step, one honest worker, one worker of each cheat kind), the built-in
 warm-started on the default mixture (cached under --cache), 4 groups of 4 completions per batch,
 until every cheat is deactivated. "batches" counts the learner's batches from the cheat, from
 the first one it cheated in (``stale`` is honest until it holds a version 2 behind, ``replay``
-sends its first batch honestly); "checked" counts the spot-checked ones among all of its batches.
+sends its first batch honestly), "checked" the spot-checked ones among them (the learner numbers
+a worker's batches as they reach it, the cheat as it sends them: the same unless one was lost).
 
     python bench/cheaters.py [--runs 2] [--rate 0.25] [--tokens 16] [--json out.json]
 """
@@ -77,8 +78,12 @@ def main() -> int:
                 checked.append("-")
                 continue
             how.add("spot check: log-probs" if record.get("tokens_checked", 0) == 0 else "spot check: tokens")
-            batches.append(str(after["batches"] - (cheat["cheating_from_batch"] or 1) + 1))
-            checked.append(str(after["checked_batches"]))
+            start = cheat["cheating_from_batch"] or 1
+            batches.append(str(after["batches"] - start + 1))
+            # checked batches from the first it cheated in (its recent ones: at most the last 16)
+            checked.append(
+                str(sum(1 for b in record["recent_checked_batches"] if start <= b <= after["batches"]))
+            )
         rows.append([kind, "; ".join(sorted(how)), " ".join(batches), " ".join(checked), str(trained)])
     honest = [r["honest"] or {} for r in runs]
     clean = all(not h.get("convictions") for h in honest)
@@ -95,7 +100,7 @@ def main() -> int:
     print_table(
         f"cheating workers as processes: spot-check rate {args.rate:.0%} of batches, {args.tokens} tokens "
         f"per check, deactivated at the first failed check ({args.runs} runs, one value per run)",
-        ["worker", "caught by", "batches until deactivated", "checked batches", "completions trained on"],
+        ["worker", "caught by", "batches until deactivated", "of them checked", "completions trained on"],
         rows,
         [
             "target: caught within 3 spot-checked batches; honest: 0 fails (its row: batches and checked "

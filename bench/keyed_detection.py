@@ -24,7 +24,8 @@ said: honest (v, keyed, right seed); ``2 versions old`` (the warm start, keyed, 
 completions of up to 16 tokens; reasoning-gym default-mixture prompts; honest log-probs always
 (every log-prob check passes: only the tokens can tell).
 
-    python bench/keyed_detection.py [--groups 200] [--honest-groups 1000] [--json out.json]
+    python bench/keyed_detection.py [--groups 200] [--honest-groups 1000] [--group-size 8]
+        [--new-tokens 16] [--json out.json]
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ from swarmnode.train.batch import completion_logits
 
 G = 8
 TOKENS = 16
-WAYS = ("random", "uncertain", "learner")
+WAYS = ("random", "uncertain", "learner", "all")
 SEED = b"\x5a" * 32
 OTHER_SEED = b"\xa5" * 32
 PARAMS = SamplingParams(temperature=1.0, max_new_tokens=16)
@@ -136,6 +137,9 @@ def run_worker(
                     token_checks=TOKENS,
                     draw_seed=checker.draw_seed(),
                 ).tokens.tokens,
+                # every token of the group: the ceiling of any draw (a group with no token that
+                # differs from what the keyed rule picks cannot be caught, and costs nothing)
+                "all": tuple(TokenRef(c, t) for c, row in enumerate(completions) for t in range(len(row))),
             }
             for how, tokens in ways.items():
                 request = SpotCheckRequest("w", key, tokens)
@@ -158,11 +162,17 @@ def run_worker(
 
 
 def main() -> int:
+    global G, PARAMS
     parser = base_parser(__doc__.split("\n")[0])
     parser.add_argument("--groups", type=int, default=200, help="groups per cheater")
     parser.add_argument("--honest-groups", type=int, default=1000, help="groups per honest run")
     parser.add_argument("--cache", type=Path, default=Path("runs/bench"), help="warm-start cache")
+    parser.add_argument("--group-size", type=int, default=G, help="completions per group (G)")
+    parser.add_argument(
+        "--new-tokens", type=int, default=PARAMS.max_new_tokens, help="tokens per completion, at most"
+    )
     args = parser.parse_args()
+    G, PARAMS = args.group_size, dataclasses.replace(PARAMS, max_new_tokens=args.new_tokens)
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     mixture = default_mixture(0)
@@ -207,12 +217,14 @@ def main() -> int:
             ]
         rows.append(row)
     print_table(
-        f"keyed token checks, {TOKENS} tokens per spot-checked group (G = {G}, up to 16 tokens each)",
+        f"keyed token checks, {TOKENS} tokens per spot-checked group (G = {G}, up to "
+        f"{PARAMS.max_new_tokens} tokens each; all: every token of the group, the ceiling)",
         [
             "worker", "groups",
             "random: caught", "checks to catch", "within 3", "skipped",
             "uncertain: caught", "checks to catch", "within 3", "skipped",
             "learner: caught", "checks to catch", "within 3", "skipped",
+            "all: caught", "checks to catch", "within 3", "skipped",
         ],
         rows,
         [

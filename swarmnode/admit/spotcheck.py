@@ -42,8 +42,9 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 from collections.abc import Hashable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 
 from swarmnode.core.events import PeerId
@@ -273,6 +274,7 @@ class _WorkerRecord:
     convictions: int = 0
     batches: int = 0  # worker batches begun (``begin_batch``)
     checked_batches: int = 0  # of which one group was chosen for a check
+    recent_checked: deque[int] = field(default_factory=lambda: deque(maxlen=16))  # their numbers
     checks: int = 0
     fails: int = 0
     tokens_checked: int = 0  # keyed-sampling token checks (``record_tokens``)
@@ -283,6 +285,7 @@ class _WorkerRecord:
         return {
             "batches": self.batches,
             "checked_batches": self.checked_batches,
+            "recent_checked_batches": list(self.recent_checked),
             "groups": self.groups,
             "checks": self.checks,
             "fails": self.fails,
@@ -330,6 +333,7 @@ class SpotChecker:
         if n_groups < 1 or (record.batches > c.always_check_first and draw >= rate):
             return None
         record.checked_batches += 1
+        record.recent_checked.append(record.batches)
         return index
 
     def record_tokens(self, peer: PeerId, checked: int, skipped: int) -> None:

@@ -511,10 +511,21 @@ class LearnerNode:
             return True
         log.warning("worker %s failed a spot check: %s", sender, outcome.reason)
         self.metrics.inc("worker_batches_refused", "Worker batches refused", reason="spot_check")
+        self._drop_queued(sender)
         self.intake.submit(lambda: self.admission.penalize(sender, RejectReason.INVALID_PAYLOAD, now))
         if outcome.deactivate:
             self._feed(act.WorkerMisbehaved(sender, f"spot check: {outcome.reason}"), now)
         return False
+
+    def _drop_queued(self, sender: str) -> None:
+        """Drop ``sender``'s groups still waiting for a step: they came from a worker that has just
+        failed a check, and none of them was checked."""
+        kept = [a for a in self.queue if a.worker != sender]
+        dropped = len(self.queue) - len(kept)
+        if dropped:
+            self.queue = collections.deque(kept)
+            self.metrics.inc("unverified_dropped", "Queued groups of a worker that failed a check", dropped)
+            log.info("dropped %d queued groups of worker %s", dropped, sender)
 
     async def _check_tokens(
         self, sender: str, g: ScoredGroup, request: SpotCheckRequest, logits: torch.Tensor

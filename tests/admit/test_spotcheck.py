@@ -198,6 +198,7 @@ def test_a_workers_record_says_after_how_many_batches_and_checked_batches_it_was
     assert record["batches"] == 5 and record["checked_batches"] == 1
     assert record["checks"] == 2 and record["fails"] == 1 and record["convictions"] == 1
     assert record["first_deactivated_after"] == {"batches": 5, "checked_batches": 1}
+    assert record["recent_checked_batches"] == [1]  # which of its batches were checked
     assert record["tokens_checked"] == 16 and record["skipped_share"] == 1 / 16
     checker.begin_batch("w", 4)
     checker.record("w", lie)  # a second conviction keeps the first one's figures
