@@ -4,8 +4,9 @@ Owns: one forward pass that scores completion tokens under our policy, with the 
 trainer and the rollout engines (``completion_logprobs``: logits / temperature, log-softmax, before
 any top-p truncation); the draw of the tokens to check against keyed sampling (#20) and their
 check, all from one forward pass over the group, pack by pack (``scan_group``, then ``tokens_at``
-per seed).
-Must not: decide what to check or judge the result (``core.spotcheck``).
+per seed), the draw following ``core.spotcheck``'s rule (``UNIFORM_SHARE``, ``UNCERTAIN_FLOOR``).
+Must not: decide which batches, groups or how many tokens to check, or judge the result
+(``core.spotcheck``).
 
 The caller passes the policy *version the group claims* it was generated with, in eval mode
 (dropout off), and runs this off the event loop like any torch work.
@@ -132,9 +133,7 @@ def scan_group(
     n_uniform = int(token_checks * UNIFORM_SHARE)
     uniform = _Candidates(n_uniform)
     weighted = _Candidates(token_checks)  # enough left after the uniform ones are taken out
-    wanted: dict[tuple[int, int], list[int]] = {}
-    for k, token in enumerate(request.tokens):
-        wanted.setdefault((token.completion, token.position), []).append(k)
+    wanted = {(token.completion, token.position) for token in request.tokens}
     rows_at: dict[tuple[int, int], torch.Tensor] = {}  # logits rows kept: requested or candidates
     generator = torch.Generator().manual_seed(draw_seed & 0x7FFF_FFFF_FFFF_FFFF)
     with torch.no_grad():

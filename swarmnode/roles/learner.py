@@ -485,8 +485,10 @@ class LearnerNode:
             return True
         g = groups[index]
         weights = self.publisher.weights_of(g.policy_version)
+        if weights is None:
+            return True
         request = self.spot.select(sender, g.task.id.key(), [len(c) for c in g.completion_ids])
-        if weights is None or request is None:
+        if request is None:
             return True
         keyed = self.config.learner.keyed_sampling
         scan = await self._timed(
