@@ -242,6 +242,14 @@ class LearnerConfig(Section):
         "version it claims. Workers must then sample with the torch engine and the learner's "
         "rollout.temperature and rollout.top_p.",
     )
+    keyed_margin: float = Field(
+        1e-5,
+        gt=0.0,
+        le=0.01,
+        description="A token that is not keyed sampling's choice is skipped, not failed, when every CDF "
+        "boundary between the two lies within this margin of the threshold (kernel drift; raise it "
+        "for bf16 workers).",
+    )
     chunk_bytes: int = Field(
         4 * 1024 * 1024, ge=64 * 1024, description="Weight broadcast chunk size in bytes."
     )

@@ -6,6 +6,7 @@ HOME/ledger.sqlite       SQLite (WAL) ledger of rounds, bans, counters
 HOME/checkpoints/        atomic training checkpoints (last K kept)
 HOME/models/             built-in model, warm-start cache
 HOME/p2p/                libp2p identity and runtime files
+HOME/published_version   a learner's highest published policy version (never reused)
 
 Permissions: the home and every folder under it are 0700 and every file 0600
 (``ensure`` tightens an existing home; the writers create files 0600). A node's
@@ -51,6 +52,10 @@ class NodeHome:
     @property
     def p2p(self) -> Path:
         return self.root / "p2p"
+
+    @property
+    def published_version(self) -> Path:
+        return self.root / "published_version"
 
     def ensure(self) -> NodeHome:
         for path in (self.root, self.checkpoints, self.models, self.p2p):

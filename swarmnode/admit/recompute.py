@@ -20,7 +20,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from swarmnode.admit.spotcheck import UNCERTAIN_FLOOR, UNIFORM_SHARE, SpotCheckRequest, TokenRef
+from swarmnode.admit.spotcheck import (
+    TAIL_SHARE,
+    TAIL_TOKENS,
+    UNCERTAIN_FLOOR,
+    UNIFORM_SHARE,
+    SpotCheckRequest,
+    TokenRef,
+)
 from swarmnode.policy.model import Policy
 from swarmnode.rollout.keyed import DEFAULT_MARGIN, TokenCheck, check_token, keyed_uniform
 from swarmnode.rollout.types import SamplingParams
@@ -114,25 +121,28 @@ def scan_group(
 ) -> GroupScan:
     """One forward pass over the group, pack by pack (``train.batch.pack_rows``: time linear in
     G x T, memory one pack's logits plus the kept rows), giving our log-probs at ``request``'s
-    tokens and ``token_checks`` tokens drawn for keyed-sampling checks (``core.spotcheck`` rule,
-    ``UNIFORM_SHARE`` and ``UNCERTAIN_FLOOR``): ``token_checks * UNIFORM_SHARE`` (rounded down)
-    uniformly from every token of the group, the rest without replacement with weight
-    ``1 - p_top + UNCERTAIN_FLOOR`` (``p_top``: the probability our policy gives its most likely
-    token there, after temperature), by Efraimidis-Spirakis keys ``log(u) / w`` so the draw
-    streams over the packs. The uniforms come from ``draw_seed`` (the spot checker's secret
-    stream): the worker cannot predict the positions; where we are sure, every sampler agrees and
-    a check tells nothing, so most checks go where we are not; the uniform half keeps a cheater
-    who puts its wrong tokens where we are sure from slipping past (helper-14: caught by 0.557 of
-    weighted checks against 0.626 of uniform ones)."""
+    tokens and ``token_checks`` tokens drawn for keyed-sampling checks (``core.spotcheck``'s
+    rule), without replacement: ``token_checks * TAIL_SHARE`` (rounded down) uniformly from the
+    completions' last ``TAIL_TOKENS`` tokens, where the answers are; ``token_checks *
+    UNIFORM_SHARE`` uniformly from every token of the group; the rest with weight ``1 - p_top +
+    UNCERTAIN_FLOOR`` (``p_top``: the probability our policy gives its most likely token there,
+    after temperature), by Efraimidis-Spirakis keys ``log(v) / w`` so the draw streams over the
+    packs. The uniforms come from ``draw_seed`` (the spot checker's secret stream): the worker
+    cannot predict the positions. Where we are sure every sampler agrees and a check tells
+    nothing, so the weighted part goes where we are not; the uniform part keeps a cheater who
+    puts its wrong tokens where we are sure from slipping past (helper-14: caught by 0.557 of
+    weighted checks against 0.626 of uniform ones); the tail part catches one who overwrites only
+    its answers."""
     _check_request(request, completions)
     model = _model(policy)
     rows = [list(c) for c in completions]
     prompt = list(prompt_ids)
     total = sum(len(r) for r in rows)
     token_checks = min(token_checks, total)
-    n_uniform = int(token_checks * UNIFORM_SHARE)
-    uniform = _Candidates(n_uniform)
-    weighted = _Candidates(token_checks)  # enough left after the uniform ones are taken out
+    n_tail = int(token_checks * TAIL_SHARE)
+    tail = _Candidates(n_tail)
+    uniform = _Candidates(n_tail + int(token_checks * UNIFORM_SHARE))  # enough after the tail's
+    weighted = _Candidates(token_checks)  # enough left after the others are taken out
     wanted = {(token.completion, token.position) for token in request.tokens}
     rows_at: dict[tuple[int, int], torch.Tensor] = {}  # logits rows kept: requested or candidates
     generator = torch.Generator().manual_seed(draw_seed & 0x7FFF_FFFF_FFFF_FFFF)
@@ -149,28 +159,38 @@ def scan_group(
                 continue
             width = mask.shape[1]
             valid = mask.flatten() > 0
-            n_valid = int(valid.sum())
             scaled = logits / temperature if temperature != 1.0 else logits
             top = torch.softmax(scaled, dim=-1).max(dim=-1).values.flatten().double()
             u = torch.rand(mask.shape, generator=generator, dtype=torch.float64).flatten()
             v = torch.rand(mask.shape, generator=generator, dtype=torch.float64).flatten()
+            z = torch.rand(mask.shape, generator=generator, dtype=torch.float64).flatten()
+            lengths = torch.tensor([len(rows[r]) for r in pack]).unsqueeze(1)
+            at_tail = (torch.arange(width).unsqueeze(0) >= lengths - TAIL_TOKENS).flatten() & valid
             weighted_keys = torch.log1p(-v) / (1.0 - top + UNCERTAIN_FLOOR)
-            for candidates, keys in ((uniform, u), (weighted, weighted_keys)):
-                keys = keys.masked_fill(~valid, -math.inf)
-                best = torch.topk(keys, min(candidates.keep, n_valid)).indices.tolist()
+            for candidates, keys, where in (
+                (tail, z, at_tail),
+                (uniform, u, valid),
+                (weighted, weighted_keys, valid),
+            ):
+                keys = keys.masked_fill(~where, -math.inf)
+                best = torch.topk(keys, min(candidates.keep, int(where.sum()))).indices.tolist()
                 candidates.offer(keys[best], [(pack[i // width], i % width) for i in best])
-            kept = set(uniform.refs) | set(weighted.refs)
+            kept = set(tail.refs) | set(uniform.refs) | set(weighted.refs)
             for c, t in kept:
                 if c in row_of and (c, t) not in rows_at:
                     rows_at[(c, t)] = logits[row_of[c], t].clone()
             for ref in [ref for ref in rows_at if ref not in kept and ref not in wanted]:
                 del rows_at[ref]
-    chosen = list(uniform.refs)
-    for ref in weighted.refs:
-        if len(chosen) >= token_checks:
-            break
-        if ref not in chosen:
-            chosen.append(ref)
+    chosen = list(tail.refs)
+    for part, upto in (
+        (uniform.refs, n_tail + int(token_checks * UNIFORM_SHARE)),
+        (weighted.refs, token_checks),
+    ):
+        for ref in part:
+            if len(chosen) >= upto:
+                break
+            if ref not in chosen:
+                chosen.append(ref)
     chosen.sort()
     tokens = SpotCheckRequest(request.peer, request.group, tuple(TokenRef(c, t) for c, t in chosen))
     vocab = next(iter(rows_at.values())).shape[-1] if rows_at else 0

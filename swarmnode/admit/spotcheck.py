@@ -24,8 +24,8 @@ Why
     high probability at a small cost.
 
 Driving it
-    For each accepted batch from worker ``peer``: ``index = checker.begin_batch(peer,
-    len(groups))``; when not None, ``request = checker.select(peer, key, lengths)`` for that group
+    For each accepted batch from worker ``peer``: for each ``index`` in ``checker.begin_batch(peer,
+    len(groups))``, ``request = checker.select(peer, key, lengths)`` for that group
     (``lengths``: completion lengths in tokens), recompute the log-probs at ``request``'s tokens
     with the policy version the group claims (and draw its token checks with ``draw_seed()``),
     then ``outcome = checker.check(peer, request.pick(reported), recomputed)``. Only check groups
@@ -54,9 +54,14 @@ _MAX_LOGPROB = 1e-6  # a log-prob above 0 (beyond float noise) is impossible: a 
 _MASK64 = (1 << 64) - 1
 
 
-#: The share of a group's keyed-sampling checks drawn uniformly from its tokens; the rest are drawn
-#: where our policy is unsure (``admit.recompute.scan_group``).
-UNIFORM_SHARE = 0.5
+#: The shares of a group's keyed-sampling checks drawn uniformly from its completions' last
+#: ``TAIL_TOKENS`` tokens (where the answer is: a worker that overwrites only its answers with
+#: right ones changes 1-4 tokens of 256, which 16 tokens drawn from the whole group caught in 6% of
+#: checks, red team #20) and uniformly from all of its tokens; the rest are drawn where our policy
+#: is unsure (``admit.recompute.scan_group``).
+TAIL_SHARE = 0.25
+TAIL_TOKENS = 8
+UNIFORM_SHARE = 0.375
 #: Each token's least weight in the draw where our policy is unsure: ``1 - p_top + UNCERTAIN_FLOOR``.
 UNCERTAIN_FLOOR = 1.0 / 16
 
@@ -105,6 +110,7 @@ class SpotCheckConfig:
     sample_rate: float = 0.05  # share of a worker's batches checked (one group each), in [0, 1]
     suspect_sample_rate: float = 1.0  # the share while the worker has a strike
     always_check_first: int = 1  # a worker's first N batches are always checked
+    groups_per_check: int = 16  # a checked batch has one group checked per this many (rounded up)
     max_tokens: int = 32  # K: tokens compared per check
     tolerance: float = 0.1  # nats: a check fails when max |reported - recomputed| exceeds it
     max_strikes: int = 3  # failed checks that deactivate the worker
@@ -123,6 +129,7 @@ class SpotCheckConfig:
                 raise ConfigError(f"spotcheck.{name} must be a number in [0, 1], got {value!r}")
         for name, low in (
             ("always_check_first", 0),
+            ("groups_per_check", 1),
             ("max_tokens", 1),
             ("max_strikes", 1),
             ("forgive_after", 0),
@@ -317,24 +324,25 @@ class SpotChecker:
         """Drop what is known about ``peer`` (it left for good)."""
         self._workers.pop(peer, None)
 
-    def begin_batch(self, peer: PeerId, n_groups: int) -> int | None:
-        """A batch of ``n_groups`` groups from ``peer`` arrives: which one to check (its index;
-        None: none of them). A worker's first ``always_check_first`` batches are checked, then
-        ``sample_rate`` of them (``suspect_sample_rate`` while it has a strike), one group each,
-        drawn uniformly; then ``select`` that group's tokens. Two rng draws per batch whatever
-        the outcome, so the stream (and every choice) is reproducible from the seed and the order
-        of calls."""
+    def begin_batch(self, peer: PeerId, n_groups: int) -> tuple[int, ...]:
+        """A batch of ``n_groups`` groups from ``peer`` arrives: which of them to check (their
+        indices, ascending; none: not this batch). A worker's first ``always_check_first`` batches
+        are checked, then ``sample_rate`` of them (``suspect_sample_rate`` while it has a strike);
+        a checked batch has one group in ``groups_per_check`` checked (at least one), drawn
+        uniformly without replacement, so a worker that packs more groups into a batch does not
+        dilute the checks (red team #20: 64 groups a batch, one checked, trained 64x as many
+        cheated groups before deactivation). Then ``select`` each group's tokens. Reproducible
+        from the seed and the order of calls."""
         c = self.config
         record = self._record(peer)
         record.batches += 1
         rate = c.suspect_sample_rate if record.strikes > 0 else c.sample_rate
         draw = self._rng.random()
-        index = self._rng.below(max(n_groups, 1))
         if n_groups < 1 or (record.batches > c.always_check_first and draw >= rate):
-            return None
+            return ()
         record.checked_batches += 1
         record.recent_checked.append(record.batches)
-        return index
+        return tuple(self._rng.sample(n_groups, -(-n_groups // c.groups_per_check)))
 
     def record_tokens(self, peer: PeerId, checked: int, skipped: int) -> None:
         """Count one check's keyed-sampling tokens and those skipped (within the margin)."""

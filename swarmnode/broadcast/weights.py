@@ -35,6 +35,7 @@ import functools
 import logging
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -68,12 +69,27 @@ from swarmnode.ops.supervise import TaskSet
 from swarmnode.policy import Policy
 from swarmnode.policy.lock import ModelLock
 from swarmnode.rollout import RolloutEngine
+from swarmnode.store.atomic import atomic_write_text
 from swarmnode.wire import Envelope, Kind, PeerRecord, TensorEntry, WeightManifest
 from swarmnode.wire.messages import Message
 
 log = logging.getLogger(__name__)
 MANIFEST_TIMEOUT = 10.0
 RECEIVE_TIMEOUT = 300.0
+
+
+def _read_highest(record: Path | None) -> int:
+    """The version in ``record`` (-1: none yet). An unreadable record is named in a warning and
+    counts as none: it is this node's own file, written atomically."""
+    if record is None:
+        return -1
+    try:
+        return int(record.read_text(encoding="utf-8").strip())
+    except FileNotFoundError:
+        return -1
+    except (OSError, ValueError) as exc:
+        log.warning("ignoring the published-version record %s: %s", record, exc)
+        return -1
 
 
 class WeightPublisher:
@@ -90,7 +106,15 @@ class WeightPublisher:
         metrics: Metrics,
         on_blame: Any = None,
         on_disseminated: Callable[[str, int, float], None] | None = None,
+        record: Path | None = None,
     ) -> None:
+        # The highest version ever published (``record``: kept there across restarts). A version
+        # number names one set of weights for good: a learner resumed from an older checkpoint
+        # numbers past it (``next_free``). Reused, a worker still holding the old weights of
+        # number N ignores the new N as not newer, keeps generating with the old weights, and
+        # fails its spot checks once we reach N again: every worker deactivated (red team #20).
+        self.record = record
+        self.highest = _read_highest(record)
         self.node = BroadcastNode(
             identity, dataplane, BroadcastConfig(), on_blame=on_blame, on_peer_complete=self._peer_complete
         )
@@ -120,7 +144,13 @@ class WeightPublisher:
     def latest(self) -> Published | None:
         return next(reversed(self.published.values())) if self.published else None
 
+    def next_free(self, version: int) -> int:
+        """``version``, or the first number past every version published before."""
+        return max(version, self.highest + 1)
+
     def publish(self, version: int, model: torch.nn.Module) -> Published:
+        if version <= self.highest:
+            raise ValueError(f"policy version {version} was published already (highest {self.highest})")
         state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
         published = self.node.publish_state_dict(state, self.model_id, version, self.chunk_bytes)
         self.published[version] = published
@@ -129,6 +159,9 @@ class WeightPublisher:
             self.node.retire(old.digest)
             for key in [k for k in self.told_at if k[1] == old.digest]:
                 del self.told_at[key]
+        self.highest = version
+        if self.record is not None:
+            atomic_write_text(self.record, f"{version}\n")
         self.metrics.set("published_version", "Latest policy version published", version)
         return published
 

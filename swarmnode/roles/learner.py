@@ -429,6 +429,14 @@ class LearnerNode:
             self.metrics.inc("worker_batches_refused", "Worker batches refused", reason="bad_tokens")
             log.warning("batch from worker %s refused: %s", sender, e)
             return reply
+        unverifiable = self._unverifiable(groups)
+        if unverifiable is not None:
+            # Not paid, queued or counted as delivered; no strike (an honest worker's batch can reach
+            # us late, and one still on weights of before our restart names versions we have not
+            # published again yet).
+            self.metrics.inc("worker_batches_refused", "Worker batches refused", reason=unverifiable[0])
+            log.warning("batch from worker %s refused: %s", sender, unverifiable[1])
+            return reply
         if not await self._spot_check(sender, groups, now):
             return reply
         if min(g.policy_version for g in groups) < self.version:
@@ -444,6 +452,39 @@ class LearnerNode:
         self.metrics.inc("worker_groups_received", "Worker groups admitted", len(groups))
         self.arrived.set()
         return reply
+
+    def _number_past_published(self) -> None:
+        """Resumed from a checkpoint older than the last version we published (a crash between
+        checkpoints): the weights take the next unused number, so that no number names two sets
+        of weights (``WeightPublisher.next_free``)."""
+        version = self.publisher.next_free(self.version)
+        if version != self.version:
+            log.warning(
+                "resumed at policy version %d, but versions up to %d were published before: "
+                "publishing these weights as version %d",
+                self.version,
+                version - 1,
+                version,
+            )
+            self.trainer.policy.version = version
+
+    def _unverifiable(self, groups: list[ScoredGroup]) -> tuple[str, str] | None:
+        """(reason, detail) when a group of the batch names a version whose weights we do not hold
+        (``publisher.weights_of``), else None. Such a group could never be spot-checked: one
+        claiming a version we have not published yet would be queued unchecked and trained on at
+        lag 0 once our version reaches it (red team: a worker claiming ``latest + 1`` had 76 of 78
+        trained groups, none checked), and one older than we keep is dropped at the next step
+        anyway. Called right before ``_spot_check`` with no await between, so the check it makes
+        still holds when the spot check reads the weights."""
+        newest = max(self.publisher.published, default=-1)
+        for i, g in enumerate(groups):
+            if self.publisher.weights_of(g.policy_version) is None:
+                reason = "from_future" if g.policy_version > newest else "stale_policy"
+                return reason, (
+                    f"groups[{i}] claims policy version {g.policy_version}; this learner holds "
+                    f"{sorted(self.publisher.published)} (only those can be checked)"
+                )
+        return None
 
     async def _on_offer(self, sender: str, envelope: Envelope, message: PeerRecord) -> None:
         """A worker's signed offer sent straight to us: kept in the direct-offer table, rationed
@@ -474,16 +515,19 @@ class LearnerNode:
         return result
 
     async def _spot_check(self, sender: str, groups: list[ScoredGroup], now: float) -> bool:
-        """Re-compute the log-probs of a sample of the worker's tokens in one group of a sample of
-        its batches (``SpotChecker.begin_batch``), and check a sample of the tokens themselves
-        against keyed sampling; False (and maybe deactivation) on a lie.
+        """Re-compute the log-probs of a sample of the worker's tokens in one group (one per
+        ``rollout.prompts_per_round``) of a sample of its batches (``SpotChecker.begin_batch``),
+        and check a sample of the tokens themselves against keyed sampling; False (and maybe
+        deactivation) on a lie. Every group's version is held (``_unverifiable`` refused the
+        others)."""
+        for index in self.spot.begin_batch(sender, len(groups)):
+            if not await self._check_group(sender, groups[index], now):
+                return False
+        return True
 
-        Groups of a version no longer published cannot be checked; they are at most S behind (else
-        the gate drops them) and the publisher keeps S + 1 versions."""
-        index = self.spot.begin_batch(sender, len(groups))
-        if index is None:
-            return True
-        g = groups[index]
+    async def _check_group(self, sender: str, g: ScoredGroup, now: float) -> bool:
+        """One group's spot check (log-probs, then keyed tokens); False, after the penalty, the
+        queued groups dropped and maybe a deactivation, when it fails."""
         weights = self.publisher.weights_of(g.policy_version)
         if weights is None:
             return True
@@ -540,13 +584,14 @@ class LearnerNode:
         params = SamplingParams(temperature=r.temperature, top_p=r.top_p, max_new_tokens=r.max_new_tokens)
         n = len(request.tokens)
         seeds = list(reversed(self.sampling_seeds.get(sender, ())))
+        margin = self.config.learner.keyed_margin
         if not seeds:
             return Judgement(False, math.inf, None, n, "no sampling seed was given to this worker")
 
         def check() -> list[TokenCheck]:
             checks: list[TokenCheck] = []
             for seed in seeds:  # the newest first
-                checks = tokens_at(logits, request, g.completion_ids, params, seed, g.task.id.key())
+                checks = tokens_at(logits, request, g.completion_ids, params, seed, g.task.id.key(), margin)
                 if TokenCheck.MISMATCH not in checks:
                     break
             return checks
@@ -848,6 +893,8 @@ class LearnerNode:
                 max_tokens=lc.spot_check_tokens,
                 tolerance=lc.spot_check_tolerance,
                 max_strikes=lc.spot_check_strikes,
+                # A batch as large as a worker's own (rollout.prompts_per_round) gets one check.
+                groups_per_check=self.config.rollout.prompts_per_round,
                 # Secret: a worker that could predict which groups are checked could lie on the others.
                 seed=secrets.randbits(63),
             )
@@ -898,8 +945,10 @@ class LearnerNode:
             keep=self.config.swarm.staleness_bound + 1,
             metrics=self.metrics,
             on_disseminated=self._disseminated,
+            record=self.home.published_version,
         )
         await self.publisher.start()
+        self._number_past_published()
         self.publisher.publish(self.version, self.trainer.policy.model)
         try:
             self.runtime: HivemindRuntime = await runtime_factory()

@@ -45,8 +45,12 @@ __all__ = [
     "keyed_uniform",
 ]
 
-#: Default tolerance of ``check_token``, in CDF units (probability): fp32 kernels differ by ~1e-6.
-DEFAULT_MARGIN = 1e-3
+#: Default tolerance of ``check_token``, in CDF units (probability): fp32 kernels differ by ~1e-6
+#: (an honest worker's 18,666 tokens on CPU, 1 and 2 threads, matched with no skip at 1e-6). It was
+#: 1e-3, which let a worker send any token at the ~0.2% of positions, known from the seed alone,
+#: whose uniform lies within it of 0 or 1 (red team #20). Workers on kernels that drift further
+#: (bf16 on a GPU) need a learner with a larger ``learner.keyed_margin``.
+DEFAULT_MARGIN = 1e-5
 
 
 def distribution(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:

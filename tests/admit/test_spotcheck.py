@@ -59,14 +59,22 @@ def test_nothing_to_compare_passes() -> None:
 
 
 def test_the_first_batches_are_always_checked_then_about_sample_rate_of_them_one_group_each() -> None:
-    checker = SpotChecker(SpotCheckConfig(sample_rate=0.1, always_check_first=2, seed=7))
+    checker = SpotChecker(SpotCheckConfig(sample_rate=0.1, always_check_first=2, groups_per_check=4, seed=7))
     chosen = [checker.begin_batch("w", 4) for _ in range(2002)]
-    assert chosen[0] is not None and chosen[1] is not None
-    assert 140 <= sum(c is not None for c in chosen[2:]) <= 260  # binomial(2000, 0.1): mean 200, sd ~13
-    picked = [c for c in chosen if c is not None]
+    assert len(chosen[0]) == 1 and len(chosen[1]) == 1
+    assert 140 <= sum(bool(c) for c in chosen[2:]) <= 260  # binomial(2000, 0.1): mean 200, sd ~13
+    picked = [i for c in chosen for i in c]
     assert set(picked) == {0, 1, 2, 3}  # any group of the batch may be the one checked
     assert checker.workers()["w"]["checked_batches"] == len(picked)
-    assert checker.begin_batch("empty", 0) is None  # nothing to check in an empty batch
+    assert checker.begin_batch("empty", 0) == ()  # nothing to check in an empty batch
+
+
+def test_a_larger_batch_gets_a_check_for_each_batchs_worth_of_groups() -> None:
+    # Red team (#20): 64 groups in a batch, one checked, let a cheat train 64x as many groups.
+    checker = SpotChecker(SpotCheckConfig(sample_rate=1.0, groups_per_check=16, seed=3))
+    assert [len(checker.begin_batch("w", n)) for n in (1, 16, 17, 64)] == [1, 1, 2, 4]
+    many = checker.begin_batch("w", 64)
+    assert len(set(many)) == 4 and list(many) == sorted(many) and all(0 <= i < 64 for i in many)
 
 
 def test_at_most_k_distinct_tokens_are_chosen_within_the_group() -> None:
@@ -107,10 +115,10 @@ def test_the_request_names_the_prefix_to_recompute_and_picks_values() -> None:
 
 def test_a_worker_with_a_strike_is_checked_at_the_suspect_rate() -> None:
     checker = SpotChecker(SpotCheckConfig(sample_rate=0.0, suspect_sample_rate=1.0, always_check_first=0))
-    assert all(checker.begin_batch("w", 2) is None for _ in range(20))
+    assert all(checker.begin_batch("w", 2) == () for _ in range(20))
     checker.check("w", [-5.0], [-1.0])
-    assert all(checker.begin_batch("w", 2) is not None for _ in range(20))
-    assert all(checker.begin_batch("other", 2) is None for _ in range(20))
+    assert all(checker.begin_batch("w", 2) for _ in range(20))
+    assert all(checker.begin_batch("other", 2) == () for _ in range(20))
 
 
 @given(st.integers(0, 2**64 - 1), st.integers(1, 10_000), st.data())
@@ -186,11 +194,11 @@ def test_invalid_config_is_refused_with_the_field_named(field: str, value: objec
 def test_a_workers_record_says_after_how_many_batches_and_checked_batches_it_was_deactivated() -> None:
     checker = SpotChecker(SpotCheckConfig(sample_rate=0.0, always_check_first=1, max_strikes=1))
     lie = judge([-0.1], [-2.0], 0.1)
-    assert checker.begin_batch("w", 4) is not None  # its first batch is always checked
+    assert checker.begin_batch("w", 4)  # its first batch is always checked
     assert checker.select("w", "g0", [4]) is not None
     checker.record("w", judge([-1.0], [-1.0], 0.1))
     checker.record_tokens("w", checked=16, skipped=1)
-    assert all(checker.begin_batch("w", 4) is None for _ in range(3))  # rate 0: none checked
+    assert all(checker.begin_batch("w", 4) == () for _ in range(3))  # rate 0: none checked
     checker.begin_batch("w", 4)
     outcome = checker.record("w", lie)
     assert outcome.deactivate

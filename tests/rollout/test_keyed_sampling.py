@@ -229,3 +229,19 @@ def test_a_learner_checks_a_requests_tokens_in_one_batched_forward(tiny: Policy)
         check_request_tokens(
             tiny, SpotCheckRequest("w", "g", (TokenRef(9, 0),)), [1, 2], [[3]], params, SEED, "k"
         )
+
+
+def test_a_far_off_token_where_the_uniform_is_near_one_is_a_mismatch_not_a_skip() -> None:
+    """Red team (#20): with a margin of 1e-3 in CDF units, every token of negligible probability
+    after the chosen one lies within it of the threshold when u is within 1e-3 of 1, so a worker
+    could send any token at those positions (0.2% of them, known from the seed): skipped, never
+    failed. At the default margin (1e-5) only a real near-tie is skipped."""
+    logits = torch.full((50,), -30.0)
+    logits[:3] = torch.tensor([2.0, 1.0, 0.5])  # three plausible tokens; the rest negligible
+    params = SamplingParams(temperature=1.0)
+    u = 1.0 - 5e-4  # the threshold sits in the last plausible token's interval
+    mine = int(choose(distribution(logits.unsqueeze(0), params), torch.tensor([u], dtype=torch.float64))[0])
+    assert mine == 2
+    assert check_token(logits, params, u, 49, margin=1e-3) is TokenCheck.SKIPPED  # the old margin
+    assert check_token(logits, params, u, 49) is TokenCheck.MISMATCH
+    assert check_token(logits, params, u, mine) is TokenCheck.MATCH

@@ -176,6 +176,28 @@ def test_keyed_checks_go_mostly_where_the_policy_is_unsure_yet_every_token_keeps
     assert len(whole.tokens.tokens) == len(everywhere)  # a group smaller than the ask: all of it
 
 
+def test_a_quarter_of_the_token_checks_go_to_the_completions_last_tokens_where_answers_are(
+    policy: Policy,
+) -> None:
+    """Red team (#20): a worker that overwrote only the last token of each of 8 completions of 256
+    tokens was caught by 6% of checks drawn over the whole group."""
+    from swarmnode.admit.recompute import scan_group
+    from swarmnode.admit.spotcheck import TAIL_TOKENS
+
+    vocab = policy.model.config.vocab_size
+    g = torch.Generator().manual_seed(9)
+    prompt = [1, *torch.randint(3, vocab, (5,), generator=g).tolist()]
+    completions = [torch.randint(3, vocab, (256,), generator=g).tolist() for _ in range(8)]
+    request = SpotChecker(SpotCheckConfig(max_tokens=4)).select("w", "g", [256] * 8)
+    assert request is not None
+    in_tail = []
+    for seed in range(20):
+        scan = scan_group(policy, request, prompt, completions, 1.0, token_checks=16, draw_seed=seed)
+        assert len(set(scan.tokens.tokens)) == 16
+        in_tail.append(sum(t.position >= 256 - TAIL_TOKENS for t in scan.tokens.tokens))
+    assert min(in_tail) >= 4  # 16 x 0.25, where a uniform draw would put 0.5 on average
+
+
 def test_a_group_scanned_in_several_packs_gives_the_same_values(policy: Policy) -> None:
     """A group longer than ``MAX_PACK_TOKENS`` is scanned pack by pack: the same log-probs and token
     logits as scoring each completion in a row of its own."""

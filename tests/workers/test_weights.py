@@ -14,7 +14,9 @@ from __future__ import annotations
 import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 
+import pytest
 import torch
 
 from swarmnode.broadcast.weights import WeightPublisher, WeightReceiver
@@ -157,3 +159,65 @@ def test_the_publisher_tells_each_worker_each_version_once_and_again_only_when_a
         await until(lambda: rec.policy.version == 1, "v1 applied")
 
     asyncio.run(asyncio.wait_for(with_pair(body), 90))
+
+
+def test_a_learner_restarted_from_an_older_checkpoint_never_reuses_a_version_number(tmp_path: Path) -> None:
+    """Red team (#20): a learner killed between checkpoints resumed at v0 and re-published v1..v3
+    with other weights; its worker, holding the old v3, ignored them as not newer, kept
+    generating with the old weights and failed its spot checks once the learner reached v3 again.
+    The publisher keeps the highest version it published: the resumed weights take the next
+    number, the worker applies them, and an old number is refused."""
+    record = tmp_path / "published_version"
+
+    async def body() -> None:
+        learner_id, worker_id = identity("learner"), identity("worker")
+        worker_dp = DataPlane(worker_id)
+        await worker_dp.start()
+        worker_policy = build_tiny_policy(2)
+        worker_policy.version = -1
+        receiver = WeightReceiver(
+            worker_id, worker_dp, worker_policy, make_engine("torch", worker_policy), Metrics(),
+            learner_id=learner_id.peer_id, staleness_bound=STALENESS,
+        )  # fmt: skip
+        await receiver.start()
+        worker = PeerRecord(peer_id=receiver.node.me, addresses=(receiver.node.dataplane.address,))
+        first_model, resumed_model = build_tiny_policy(1).model, build_tiny_policy(3).model
+        try:
+            for run, model in enumerate((first_model, resumed_model)):  # the learner's two runs
+                learner_dp = DataPlane(learner_id)
+                await learner_dp.start()
+                receiver.set_peers({learner_id.peer_id: learner_dp.address})
+                publisher = WeightPublisher(
+                    learner_id, learner_dp, "tiny", chunk_bytes=256 * 1024, keep=STALENESS + 1,
+                    metrics=Metrics(), record=record,
+                )  # fmt: skip
+                await publisher.start()
+                publisher.set_peers({worker_id.peer_id: worker_dp.address})
+                try:
+                    if run == 0:
+                        for version in range(4):
+                            publisher.publish(version, model)
+                        publisher.tell(worker)
+                        await until(lambda: receiver.policy.version == 3, "v3 applied")
+                        continue
+                    version = publisher.next_free(0)  # resumed from the v0 checkpoint
+                    assert version == 4
+                    with pytest.raises(ValueError, match="published already"):
+                        publisher.publish(3, model)
+                    publisher.publish(version, model)
+                    publisher.tell(worker)
+                    await until(lambda: receiver.policy.version == 4, "the resumed weights applied as v4")
+                    assert same_weights(receiver.policy.model, resumed_model)
+                finally:
+                    await publisher.close()
+                    await learner_dp.close()
+        finally:
+            await receiver.close()
+            await worker_dp.close()
+
+    asyncio.run(asyncio.wait_for(body(), 60))
+    assert record.read_text() == "4\n"
+    record.write_text("garbage")  # an unreadable record is named and counts as none
+    x = identity("x")
+    publisher = WeightPublisher(x, DataPlane(x), "tiny", 1 << 18, keep=1, metrics=Metrics(), record=record)
+    assert publisher.next_free(0) == 0

@@ -1,0 +1,93 @@
+"""A worker's batch naming a policy version whose weights the learner does not hold is refused
+before its spot check: such a group can never be checked. Red team: a worker that claimed
+``newest published + 1`` for fabricated groups had them queued unchecked and trained on at lag 0
+once the learner stepped (76 of 78 trained groups, no check, never deactivated, all paid)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from swarmnode.admit.spotcheck import SpotCheckConfig, SpotChecker
+from swarmnode.admit.verdict import Accepted, AdmittedGroup
+from swarmnode.identity import load_or_create_identity
+from swarmnode.roles.convert import worker_batch
+from swarmnode.roles.learner import LearnerNode
+from swarmnode.train import ScoredGroup
+from swarmnode.wire import seal, to_ms
+
+from .test_role_engine import built
+
+WORKER = "12D3KooWWorkerForVersionTests"
+
+
+class Publisher:
+    """The learner's publisher as ``_on_rollouts`` reads it: the versions it holds."""
+
+    def __init__(self, held: list[int]) -> None:
+        self.published = {v: object() for v in held}
+        self.scans: list[int] = []
+
+    def weights_of(self, version: int) -> Any:
+        return ("blob", ()) if version in self.published else None
+
+
+def learner(tmp_path: Path, held: list[int]) -> LearnerNode:
+    node = built("learner", tmp_path)
+    assert isinstance(node, LearnerNode)
+    node.publisher = Publisher(held)  # type: ignore[assignment]
+    node.spot = SpotChecker(SpotCheckConfig(sample_rate=1.0, seed=1))
+    events: list[Any] = []
+    node.activation = SimpleNamespace(  # type: ignore[assignment]
+        active=lambda: {WORKER}, handle_all=lambda evs, now: events.extend(evs) or []
+    )
+    node._plan_gauges = lambda: None  # type: ignore[method-assign]
+    node.events = events  # type: ignore[attr-defined]
+    return node
+
+
+def batch_from(node: LearnerNode, version: int) -> Accepted:
+    """A one-group batch, as admission accepts it: one EOS-ended completion per slot."""
+    policy = node.trainer.policy
+    task = node.mixture.sample(0, 1)[0]
+    size = node.config.rollout.group_size
+    eos = policy.eos_token_id
+    g = ScoredGroup(
+        task,
+        policy.encode_prompt(task.prompt),
+        [[eos]] * size,
+        [[-0.1]] * size,
+        [policy.decode_completion([eos])] * size,
+        [0.0] * size,
+        policy_version=version,
+    )
+    wire = worker_batch([g], policy.model_id, version, 1)
+    admitted = AdmittedGroup(wire.groups[0], task, (0.0,) * size, WORKER)
+    return Accepted(envelope=SimpleNamespace(), sender=WORKER, message=wire, groups=(admitted,))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("held", "claimed", "reason"), [([0], 1, "from_future"), ([5, 6], 2, "stale_policy")]
+)
+def test_a_group_of_a_version_the_learner_does_not_hold_is_refused_unchecked_and_unpaid(
+    tmp_path: Path, held: list[int], claimed: int, reason: str
+) -> None:
+    node = learner(tmp_path, held)
+    accepted = batch_from(node, claimed)
+
+    async def judge(*args: Any, **kwargs: Any) -> Any:
+        return SimpleNamespace(verdict=accepted, banned_until=None)
+
+    node.intake = SimpleNamespace(judge=judge)  # type: ignore[assignment]
+    envelope = seal(load_or_create_identity(tmp_path / "worker.key"), accepted.message, to_ms(time.time()))
+    asyncio.run(node._on_rollouts(WORKER, envelope, accepted.message))
+    assert not node.queue  # never trained on
+    assert node.completions_by_worker[WORKER] == 0 and node.cost_paid == 0.0  # nor paid
+    assert not node.events  # nor counted as delivered (RolloutsReceived)
+    assert node.metrics.snapshot()["worker_batches_refused"] == {f"reason={reason}": 1.0}
+    assert node.spot.stats.fails == 0  # no strike: an honest worker's batch may arrive late
