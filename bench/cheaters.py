@@ -4,8 +4,8 @@ Question (#20): a learner spot-checks 25% of each worker's batches, one group ea
 check (the defaults), and deactivates a worker at its first failed check. Each cheat is a real
 worker process (``swarmnode.testing.cheaters``: the real ``WorkerNode`` with its engine wrapped)
 that reports honest log-probs for what it sends, so only the token checks against keyed sampling
-can catch it: greedy decoding, temperature 0.7, the weights of 2 versions before the one it
-claims, a cheaper network (the first layer of the claimed one), replaying its first batch; and a
+can catch it: greedy decoding, temperature 0.7, weights at least 2 versions older than the one
+it claims, a cheaper network (the first layer of the claimed one), replaying its first batch; and a
 log-prob liar for reference. Target: each caught within 3 spot-checked batches; an honest worker
 never failed; the checking's share of the learner's busy time.
 
@@ -81,9 +81,9 @@ def main() -> int:
             start = cheat["cheating_from_batch"] or 1
             batches.append(str(after["batches"] - start + 1))
             # checked batches from the first it cheated in (its recent ones: at most the last 16)
-            checked.append(
-                str(sum(1 for b in record["recent_checked_batches"] if start <= b <= after["batches"]))
-            )
+            recent = [b for b in record["recent_checked_batches"] if b <= after["batches"]]
+            n = sum(1 for b in recent if b >= start)
+            checked.append(f"{n}+" if n == len(recent) == 16 else str(n))  # the record keeps the last 16
         rows.append([kind, "; ".join(sorted(how)), " ".join(batches), " ".join(checked), str(trained)])
     honest = [r["honest"] or {} for r in runs]
     clean = all(not h.get("convictions") for h in honest)

@@ -46,6 +46,7 @@ from collections import deque
 from collections.abc import Hashable, Sequence
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from swarmnode.core.events import PeerId
 from swarmnode.errors import ConfigError
@@ -288,7 +289,7 @@ class _WorkerRecord:
     tokens_skipped: int = 0
     first_conviction: tuple[int, int] | None = None  # (batches, checked batches) when first deactivated
 
-    def as_dict(self) -> dict[str, object]:
+    def as_dict(self) -> dict[str, Any]:
         return {
             "batches": self.batches,
             "checked_batches": self.checked_batches,
@@ -350,7 +351,7 @@ class SpotChecker:
         record.tokens_checked += checked
         record.tokens_skipped += skipped
 
-    def workers(self, limit: int = 64) -> dict[PeerId, dict[str, object]]:
+    def workers(self, limit: int = 64) -> dict[PeerId, dict[str, Any]]:
         """Per worker (the ``limit`` with the most groups): batches, checks, fails, tokens checked
         and skipped, and after how many batches (and checked batches) it was first deactivated."""
         ranked = sorted(self._workers.items(), key=lambda item: item[1].groups, reverse=True)[:limit]

@@ -285,7 +285,9 @@ class LearnerNode:
         latest = self.publisher.latest
         latest_version = next(reversed(self.publisher.published), None)
         rows, classes = [], []
+        checks = self.spot.workers(limit=len(status.workers) + 1)
         for w in sorted(status.workers, key=lambda w: (not w.active, w.price, w.peer)):
+            record = checks.get(w.peer, {})
             told = self.publisher.told.get(w.peer)
             if latest is None or told is None:
                 weights = "-"
@@ -309,6 +311,8 @@ class LearnerNode:
                     fmt(w.price),
                     fmt(w.dissemination, 3),
                     fmt(self.completions_by_worker.get(w.peer, 0)),
+                    f"{record.get('checks', 0)} / {record.get('fails', 0)}",
+                    fmt(record.get("skipped_share"), 3),
                     weights,
                 ]
             )
@@ -316,7 +320,18 @@ class LearnerNode:
         workers = Table(
             "workers",
             "Workers (the plan's active set first)",
-            ["worker", "state", "planned /s", "measured /s", "price", "D (s)", "completions", "weights"],
+            [
+                "worker",
+                "state",
+                "planned /s",
+                "measured /s",
+                "price",
+                "D (s)",
+                "completions",
+                "spot checks / failed",
+                "tokens skipped",
+                "weights",
+            ],
             rows,
             classes,
         )

@@ -12,7 +12,7 @@ Kinds (``KINDS``):
     liar         samples honestly, adds 0.5 nats to every reported log-prob (clipped at 0)
     greedy       argmax decoding, no seed
     temperature  keyed sampling with the learner's seed at temperature 0.7 instead of the configured one
-    stale        keyed sampling with the weights of 2 versions before the one it claims
+    stale        keyed sampling with weights at least 2 versions older than the one it claims
     smaller      keyed sampling with a cheaper model: the first layer of the claimed version's
                  network alone (same embeddings and head), one forward per token at half the cost
     replay       sends its first real batch again and again, relabelled with the current version
@@ -123,11 +123,14 @@ class CheatingEngine:
             self.snapshots[version] = {
                 k: v.detach().clone() for k, v in self.policy.model.state_dict().items()
             }
-            for old in [v for v in self.snapshots if v < version - 2]:
-                del self.snapshots[old]
-            if version - 2 not in self.snapshots:
-                return None  # honest until it holds a version 2 behind the one it claims
-            result = self._shadow_generate(self.snapshots[version - 2], prompts, n, params, generator, keys)
+            old = [v for v in self.snapshots if v <= version - 2]
+            if not old:
+                return None  # honest until it holds weights at least 2 versions behind its claim
+            for gone in [v for v in self.snapshots if v < max(old)]:
+                del self.snapshots[gone]
+            # The newest weights at least 2 versions old (versions can move on by several between
+            # two batches: waiting for exactly version - 2 left it honest most of the time).
+            result = self._shadow_generate(self.snapshots[max(old)], prompts, n, params, generator, keys)
         elif self.kind == "smaller":
             result = self._shadow_generate(
                 self.policy.model.state_dict(), prompts, n, params, generator, keys, 1

@@ -193,6 +193,10 @@ def catch_cheat(processes: Any, kind: str, seed: int) -> tuple[str, dict[str, An
     assert cheat_id not in status["completions_by_worker"]  # nothing of the cheat's was trained on
     record = status["spot_checks_by_worker"][cheat_id]
     assert record["first_deactivated_after"] is not None and record["fails"] >= 1, record
+    workers = part(dashboard(swarm, "learner"), "tables", "workers")  # the page shows it too
+    checks = workers["columns"].index("spot checks / failed")
+    row = next(r for r in workers["rows"] if cheat_id.startswith(r[0].rstrip("…")))
+    assert int(row[checks].split(" / ")[1]) >= 1, row
     return cheat_id, status
 
 
