@@ -243,7 +243,7 @@ class LearnerConfig(Section):
         "rollout.temperature and rollout.top_p.",
     )
     keyed_margin: float = Field(
-        1e-5,
+        1e-4,
         gt=0.0,
         le=0.01,
         description="A token that is not keyed sampling's choice is skipped, not failed, when every CDF "

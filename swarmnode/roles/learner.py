@@ -202,6 +202,10 @@ class LearnerNode:
             CheckpointStore(self.home.checkpoints, self.config.checkpoint.keep),
         )
         self.trainer.node_id = self.identity.peer_id
+        # Versions the ledger saw published, read before ``resume`` forgets the rounds after the
+        # checkpoint: a home without HOME/published_version (made before it existed) still numbers
+        # past them (``_number_past_published``).
+        self.recorded_version = self.ledger.highest_policy_version()
         self.trainer.resume()
         # A scratch copy for spot checks under an older version (never the live model); the old
         # weights themselves are the publisher's blobs (``WeightPublisher.weights_of``).
@@ -451,6 +455,8 @@ class LearnerNode:
             # published again yet).
             self.metrics.inc("worker_batches_refused", "Worker batches refused", reason=unverifiable[0])
             log.warning("batch from worker %s refused: %s", sender, unverifiable[1])
+            if unverifiable[0] == "stale_policy":
+                self._tell_latest(sender)  # it works with weights we retired: point it at the newest
             return reply
         if not await self._spot_check(sender, groups, now):
             return reply
@@ -472,7 +478,10 @@ class LearnerNode:
         """Resumed from a checkpoint older than the last version we published (a crash between
         checkpoints): the weights take the next unused number, so that no number names two sets
         of weights (``WeightPublisher.next_free``)."""
-        version = self.publisher.next_free(self.version)
+        floor = (
+            self.version if self.recorded_version is None else max(self.version, self.recorded_version + 1)
+        )
+        version = self.publisher.next_free(floor)
         if version != self.version:
             log.warning(
                 "resumed at policy version %d, but versions up to %d were published before: "
@@ -489,8 +498,9 @@ class LearnerNode:
         claiming a version we have not published yet would be queued unchecked and trained on at
         lag 0 once our version reaches it (red team: a worker claiming ``latest + 1`` had 76 of 78
         trained groups, none checked), and one older than we keep is dropped at the next step
-        anyway. Called right before ``_spot_check`` with no await between, so the check it makes
-        still holds when the spot check reads the weights."""
+        anyway. Called right before ``_spot_check`` with no await between, so it still holds for
+        the batch's first check; a version retired during an earlier check of the batch (the
+        learner stepped meanwhile) refuses the batch there (``_check_group``)."""
         newest = max(self.publisher.published, default=-1)
         for i, g in enumerate(groups):
             if self.publisher.weights_of(g.policy_version) is None:
@@ -533,8 +543,8 @@ class LearnerNode:
         """Re-compute the log-probs of a sample of the worker's tokens in one group (one per
         ``rollout.prompts_per_round``) of a sample of its batches (``SpotChecker.begin_batch``),
         and check a sample of the tokens themselves against keyed sampling; False (and maybe
-        deactivation) on a lie. Every group's version is held (``_unverifiable`` refused the
-        others)."""
+        deactivation) on a lie. Every group's version was held when the batch came
+        (``_unverifiable`` refused the others); one retired since refuses the batch, unpaid."""
         for index in self.spot.begin_batch(sender, len(groups)):
             if not await self._check_group(sender, groups[index], now):
                 return False
@@ -545,7 +555,14 @@ class LearnerNode:
         queued groups dropped and maybe a deactivation, when it fails."""
         weights = self.publisher.weights_of(g.policy_version)
         if weights is None:
-            return True
+            # Retired while an earlier check of this batch ran (the learner stepped): it can no
+            # longer be checked, so the batch is refused as ``_unverifiable`` would (unpaid, no
+            # strike). Passing it unchecked let a worker's later groups through (red team #20b).
+            self.metrics.inc("worker_batches_refused", "Worker batches refused", reason="stale_policy")
+            log.warning(
+                "batch from worker %s refused: version %d retired during its checks", sender, g.policy_version
+            )
+            return False
         request = self.spot.select(sender, g.task.id.key(), [len(c) for c in g.completion_ids])
         if request is None:
             return True

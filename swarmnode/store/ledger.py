@@ -265,6 +265,12 @@ class Ledger:
             value = conn.execute("SELECT max(round) FROM rounds").fetchone()[0]
         return None if value is None else int(value)
 
+    def highest_policy_version(self) -> int | None:
+        """The highest policy version any recorded round ended at (None: no round recorded)."""
+        with self._op("read the highest policy version") as conn:
+            value = conn.execute("SELECT max(policy_version) FROM rounds").fetchone()[0]
+        return None if value is None else int(value)
+
     def truncate_after(self, round: int) -> int:
         """Forget rounds after ``round``; return how many were forgotten.
 

@@ -235,7 +235,7 @@ def test_a_far_off_token_where_the_uniform_is_near_one_is_a_mismatch_not_a_skip(
     """Red team (#20): with a margin of 1e-3 in CDF units, every token of negligible probability
     after the chosen one lies within it of the threshold when u is within 1e-3 of 1, so a worker
     could send any token at those positions (0.2% of them, known from the seed): skipped, never
-    failed. At the default margin (1e-5) only a real near-tie is skipped."""
+    failed. At the default margin (1e-4) only a nearer tie is skipped."""
     logits = torch.full((50,), -30.0)
     logits[:3] = torch.tensor([2.0, 1.0, 0.5])  # three plausible tokens; the rest negligible
     params = SamplingParams(temperature=1.0)

@@ -64,6 +64,17 @@ def test_empty_ledger_has_no_last_round(tmp_path: Path) -> None:
         assert ledger.rounds() == []
 
 
+def test_the_highest_policy_version_outlives_the_rounds_a_resume_forgets(tmp_path: Path) -> None:
+    # A learner reads it before resuming (truncate_after), to number its versions past it.
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        assert ledger.highest_policy_version() is None
+        for r in range(1, 6):
+            ledger.record_round(record(r, policy_version=10 + r))
+        assert ledger.highest_policy_version() == 15
+        ledger.truncate_after(2)
+        assert ledger.highest_policy_version() == 12
+
+
 def test_recording_a_round_again_replaces_it(tmp_path: Path) -> None:
     with Ledger(tmp_path / "ledger.sqlite") as ledger:
         ledger.record_round(record(1, loss=5.0))

@@ -91,3 +91,51 @@ def test_a_group_of_a_version_the_learner_does_not_hold_is_refused_unchecked_and
     assert not node.events  # nor counted as delivered (RolloutsReceived)
     assert node.metrics.snapshot()["worker_batches_refused"] == {f"reason={reason}": 1.0}
     assert node.spot.stats.fails == 0  # no strike: an honest worker's batch may arrive late
+
+
+def test_a_version_retired_while_an_earlier_check_of_the_batch_ran_refuses_the_batch(tmp_path: Path) -> None:
+    """Red team #20b: a checked batch has several group checks (one per prompts_per_round), with
+    awaits between them; the learner may step and retire the batch's oldest version meanwhile. A
+    later check then found no weights and passed the group unchecked: the batch was paid and
+    queued with fabricated groups never checked (a cheater puts them at the end: the indices are
+    checked in ascending order)."""
+    import collections
+
+    import torch
+
+    from swarmnode.admit.recompute import GroupScan
+    from swarmnode.admit.spotcheck import SpotCheckRequest
+
+    node = learner(tmp_path, [4, 5])
+    node.spot = SpotChecker(SpotCheckConfig(sample_rate=1.0, groups_per_check=1, seed=1))
+    node.sampling_seeds[WORKER] = collections.deque([b"s" * 32], maxlen=2)
+    one = batch_from(node, 4)
+    wire = one.message
+    two = Accepted(  # the same group twice (two checks: groups_per_check=1)
+        envelope=one.envelope,
+        sender=WORKER,
+        message=type(wire)(groups=wire.groups * 2),
+        groups=one.groups * 2,
+    )
+    scans: list[int] = []
+
+    async def timed(run: Any, work: Any, *args: Any) -> Any:
+        if getattr(work, "__name__", "") == "check":  # the keyed token check: run it
+            return work()
+        scans.append(args[0])
+        node.publisher.published.pop(4, None)  # the learner stepped meanwhile: v4 retired
+        request = args[2]
+        return GroupScan([-0.1] * len(request.tokens), SpotCheckRequest(WORKER, "g", ()), torch.zeros(0, 1))
+
+    node._timed = timed  # type: ignore[method-assign]
+
+    async def judge(*args: Any, **kwargs: Any) -> Any:
+        return SimpleNamespace(verdict=two, banned_until=None)
+
+    node.intake = SimpleNamespace(judge=judge)  # type: ignore[assignment]
+    envelope = seal(load_or_create_identity(tmp_path / "worker.key"), two.message, to_ms(time.time()))
+    asyncio.run(node._on_rollouts(WORKER, envelope, two.message))
+    assert scans == [4]  # the first group was checked; the second could no longer be
+    assert not node.queue and node.completions_by_worker[WORKER] == 0 and node.cost_paid == 0.0
+    assert node.metrics.snapshot()["worker_batches_refused"] == {"reason=stale_policy": 1.0}
+    assert node.spot.stats.fails == 0  # no strike
