@@ -873,6 +873,14 @@ class _Worker:
     # How long its last activation lasted (0 once a free return used it): one that lasted a hold
     # base comes back beside the others with no place or trial token (``_returning``).
     last_span: float = 0.0
+    # The span its last free return stood on, while that return is under way: a returned activation
+    # the plan ends within a hold base, the worker not falling short (a cover's recovery, or a
+    # take-back within one batch), gives the return back, at most once per hold base (red team
+    # round 29: a cover's brief dip switched the honest workers on for 56 s, which spent their free
+    # return, and silent claims then took every probation place at the next slowdown: ``slowreal2``
+    # 77.8%).
+    returned_span: float = 0.0
+    return_kept_at: float = -math.inf
 
 
 @dataclass(frozen=True)
@@ -2032,6 +2040,7 @@ class ActivationCore:
                 reason = self._ban_reasons.get(offer.peer, "banned")
                 banned.append(Exclusion(offer.peer, f"{reason} (excluded until {until:.6g})"))
         banned_peers = {e.peer for e in banned}
+        old_plan = self._plan
         need = self._need()
         self._short_of_trials = False
         self._trials_kept = False
@@ -2048,7 +2057,7 @@ class ActivationCore:
             new_trial = not worker.active
             if new_trial:
                 if self._returning(worker):
-                    worker.last_span = 0.0
+                    worker.returned_span, worker.last_span = worker.last_span, 0.0
                 elif limited and not self._proven(worker):
                     self._trials.spend(now, 1.0)  # planned within the tokens (``_trial_places``)
                     worker.trial_token = True
@@ -2072,6 +2081,12 @@ class ActivationCore:
             # plan and every probation place for the hour (red team round 13).
             activations.append(Activate(offer.peer, offer.rate, lease))
         deactivations: list[ActivationAction] = []
+        # Active under the last plan while outside the latency rule (a top-up, or on probation judged
+        # without the rule): dropped now, the plan stopped needing it, its own figures did not put it
+        # out, so it is judged as a worker the plan made unneeded (red team round 29: a slow-link
+        # honest worker dropped by a cover's recovery after its first delivery was a failed claim, a
+        # re-try sent behind later identities, and the cold start armed).
+        was_outside = {o.peer for o in old_plan.workers if exclusion_reason(o, old_plan.need) is not None}
         chosen = set(new.active)
         reasons = {e.peer: e.reason for e in new.excluded}
         for peer, worker in self._workers.items():
@@ -2090,6 +2105,7 @@ class ActivationCore:
                     and not self._proven(worker)
                     and peer not in banned_peers
                     and not self._dropped_early_by_its_d(worker, new.need, now)
+                    and not (peer in was_outside and self._late_only(worker, new.need))
                 ):
                     # Unproven, and the plan can no longer use it: its own figures put it out (a
                     # delivery so large that its modelled tail misses the staleness bound, a rate
@@ -2102,7 +2118,7 @@ class ActivationCore:
                         worker.reprobes += 1
                         worker.joined = self._next_join()
                 elif (
-                    peer not in reasons
+                    (peer not in reasons or peer in was_outside)
                     and not self._proven(worker)
                     and worker.measure_from is None
                     and now - worker.activated_at >= self.config.first_rollout_timeout
@@ -2131,8 +2147,24 @@ class ActivationCore:
                             self._claim_failed = True
                             self._note_down_adoption(worker, now, role=False)
                             self._drops.append((now, None))
+                span, base = (
+                    now - worker.activated_at,
+                    self.config.first_rollout_timeout + self.config.rate_window,
+                )
+                shown = self._measured_rate(worker, now)
+                if (
+                    worker.returned_span >= base
+                    and span < base
+                    and (shown is None or not self._rate_drifts(shown, worker.planned_rate))  # not failing
+                    and peer != self._readvertising
+                    and peer not in banned_peers
+                    and now - worker.return_kept_at >= base
+                ):
+                    worker.last_span, worker.return_kept_at = worker.returned_span, now
+                else:
+                    worker.last_span = span
+                worker.returned_span = 0.0
                 worker.active = False
-                worker.last_span = now - worker.activated_at
                 worker.drift_since = None
                 worker.idle_since = now
                 self.stats.deactivations += 1
