@@ -32,9 +32,13 @@ class Publisher:
     def __init__(self, held: list[int]) -> None:
         self.published = {v: object() for v in held}
         self.scans: list[int] = []
+        self.told: list[str] = []
 
     def weights_of(self, version: int) -> Any:
         return ("blob", ()) if version in self.published else None
+
+    def tell(self, record: Any) -> None:
+        self.told.append(record.peer_id)
 
 
 def learner(tmp_path: Path, held: list[int]) -> LearnerNode:
@@ -78,6 +82,7 @@ def test_a_group_of_a_version_the_learner_does_not_hold_is_refused_unchecked_and
     tmp_path: Path, held: list[int], claimed: int, reason: str
 ) -> None:
     node = learner(tmp_path, held)
+    node.offers[WORKER] = SimpleNamespace(peer_id=WORKER)  # type: ignore[assignment]
     accepted = batch_from(node, claimed)
 
     async def judge(*args: Any, **kwargs: Any) -> Any:
@@ -91,6 +96,8 @@ def test_a_group_of_a_version_the_learner_does_not_hold_is_refused_unchecked_and
     assert not node.events  # nor counted as delivered (RolloutsReceived)
     assert node.metrics.snapshot()["worker_batches_refused"] == {f"reason={reason}": 1.0}
     assert node.spot.stats.fails == 0  # no strike: an honest worker's batch may arrive late
+    # A worker on weights we retired is pointed at the newest at once (not at the next step).
+    assert node.publisher.told == ([WORKER] if reason == "stale_policy" else [])  # type: ignore[attr-defined]
 
 
 def test_a_version_retired_while_an_earlier_check_of_the_batch_ran_refuses_the_batch(tmp_path: Path) -> None:
@@ -139,3 +146,27 @@ def test_a_version_retired_while_an_earlier_check_of_the_batch_ran_refuses_the_b
     assert not node.queue and node.completions_by_worker[WORKER] == 0 and node.cost_paid == 0.0
     assert node.metrics.snapshot()["worker_batches_refused"] == {"reason=stale_policy": 1.0}
     assert node.spot.stats.fails == 0  # no strike
+
+
+def test_a_worker_banned_at_intake_is_taken_off_the_plan_at_once(tmp_path: Path) -> None:
+    """A replaying worker (its groups duplicates of ones it sent before) was banned at intake but
+    stayed activated, its lease renewed, for 600 batches refused as banned: the ban now goes to
+    the activation core as it happens."""
+    from swarmnode.activation import core as act
+    from swarmnode.admit import Rejected, RejectReason
+
+    node = learner(tmp_path, [0])
+    accepted = batch_from(node, 0)
+    until = time.time() + 600
+
+    async def judge(*args: Any, **kwargs: Any) -> Any:
+        verdict = Rejected(
+            RejectReason.DUPLICATE, "groups[0] already received", sender=WORKER, charged=WORKER
+        )
+        return SimpleNamespace(verdict=verdict, banned_until=until)
+
+    node.intake = SimpleNamespace(judge=judge)  # type: ignore[assignment]
+    envelope = seal(load_or_create_identity(tmp_path / "worker.key"), accepted.message, to_ms(time.time()))
+    asyncio.run(node._on_rollouts(WORKER, envelope, accepted.message))
+    assert node.events == [act.PeerBanned(WORKER, until)]  # type: ignore[attr-defined]
+    assert not node.queue and node.cost_paid == 0.0
