@@ -28,9 +28,9 @@ Driving it
     len(groups))``, ``request = checker.select(peer, key, lengths)`` for that group
     (``lengths``: completion lengths in tokens), recompute the log-probs at ``request``'s tokens
     with the policy version the group claims (and draw its token checks with ``draw_seed()``),
-    then ``outcome = checker.check(peer, request.pick(reported), recomputed)``. Only check groups
-    whose generating version the learner still holds; a group it cannot recompute is simply not
-    checked (never a strike).
+    then ``outcome = checker.check(peer, request.pick(reported), recomputed)``. A batch naming a
+    version the learner does not hold cannot be checked: the driver refuses it, unpaid (never a
+    strike: an honest worker's batch can arrive late).
 
 Tolerance
     Absolute, in nats, on the largest deviation among the compared tokens. The same weights in
@@ -352,9 +352,9 @@ class SpotChecker:
         record.tokens_skipped += skipped
 
     def workers(self, limit: int = 64) -> dict[PeerId, dict[str, Any]]:
-        """Per worker (the ``limit`` with the most groups): batches, checks, fails, tokens checked
+        """Per worker (the ``limit`` with the most batches): batches, checks, fails, tokens checked
         and skipped, and after how many batches (and checked batches) it was first deactivated."""
-        ranked = sorted(self._workers.items(), key=lambda item: item[1].groups, reverse=True)[:limit]
+        ranked = sorted(self._workers.items(), key=lambda item: item[1].batches, reverse=True)[:limit]
         return {peer: record.as_dict() for peer, record in ranked}
 
     def select(

@@ -217,5 +217,5 @@ def test_the_per_worker_table_is_capped_to_the_busiest_workers() -> None:
     checker = SpotChecker(SpotCheckConfig(sample_rate=0.0, always_check_first=0))
     for i in range(10):
         for _ in range(i):
-            checker.select(f"w{i}", "g", [4])
+            checker.begin_batch(f"w{i}", 4)
     assert list(checker.workers(limit=3)) == ["w9", "w8", "w7"]
