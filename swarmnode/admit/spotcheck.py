@@ -337,6 +337,8 @@ class SpotChecker:
         c = self.config
         record = self._record(peer)
         record.batches += 1
+        record.groups += max(0, n_groups)  # every group received, checked or not
+        self.stats.groups_seen += max(0, n_groups)
         rate = c.suspect_sample_rate if record.strikes > 0 else c.sample_rate
         draw = self._rng.random()
         if n_groups < 1 or (record.batches > c.always_check_first and draw >= rate):
@@ -363,8 +365,6 @@ class SpotChecker:
         """The tokens to recompute in a group chosen for a check (``begin_batch``): at most
         ``max_tokens``, distinct, drawn uniformly from all of its tokens (None: it has none)."""
         c = self.config
-        self._record(peer).groups += 1
-        self.stats.groups_seen += 1
         lengths = [max(0, int(n)) for n in completion_lengths]
         total = sum(lengths)
         if total == 0:

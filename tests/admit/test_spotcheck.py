@@ -204,6 +204,7 @@ def test_a_workers_record_says_after_how_many_batches_and_checked_batches_it_was
     assert outcome.deactivate
     record = checker.workers()["w"]
     assert record["batches"] == 5 and record["checked_batches"] == 1
+    assert record["groups"] == 20 and checker.stats.groups_seen == 20  # every group received
     assert record["checks"] == 2 and record["fails"] == 1 and record["convictions"] == 1
     assert record["first_deactivated_after"] == {"batches": 5, "checked_batches": 1}
     assert record["recent_checked_batches"] == [1]  # which of its batches were checked
