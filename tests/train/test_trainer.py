@@ -146,14 +146,16 @@ def test_external_groups_are_mixed_per_sapo(quick_model: Path, tmp_path: Path) -
         assert metrics.external_used == 3
 
 
+@pytest.mark.parametrize("mixing", ["sapo", "hacpo"])
 @pytest.mark.parametrize("steps", [1, 3])
 def test_external_rows_old_logprobs_from_the_first_step_equal_a_pass_of_their_own(
-    quick_model: Path, tmp_path: Path, steps: int
+    quick_model: Path, tmp_path: Path, steps: int, mixing: str
 ) -> None:
     """The first step's log-probs are the policy before the update, so the external rows' old
-    log-probs are taken from them: the update is the same as with a separate no-grad pass."""
+    log-probs (and HACPO's per-response old means) are taken from them: the update is the same
+    as with a separate no-grad pass."""
     cfg = config(
-        **{"swarm.mixing": "sapo", "swarm.local_groups": 4, "swarm.external_groups": 4},
+        **{"swarm.mixing": mixing, "swarm.local_groups": 4, "swarm.external_groups": 4},
         **{"learn.updates_per_round": steps},
     )
     results = []
@@ -162,12 +164,16 @@ def test_external_rows_old_logprobs_from_the_first_step_equal_a_pass_of_their_ow
             trainer = make_trainer(quick_model, tmp_path / str(separate), cfg, ledger)
             trainer.generator.manual_seed(5)
             own, _, _ = trainer.generate_groups(1)
-            external = [relabelled(g, [1.0, 0.0, 1.0, 0.0]) for g in own[:4]]
+            external = [relabelled(g, [1.0, 0.0, 1.0, 0.0], source_mean_logprobs=[-0.5] * 4) for g in own[:4]]
             if separate:  # the previous way: a no-grad forward of every row before the steps
                 plain = trainer._old_logprobs
                 trainer._old_logprobs = lambda g, p, c, current=None, plain=plain: plain(g, p, c)  # type: ignore[method-assign]
+            forwards: list[int] = []
+            hook = trainer.policy.model.register_forward_hook(lambda *_, seen=forwards: seen.append(1))
             metrics = trainer.train_round(own, external)
+            hook.remove()
             assert metrics.external_used == 4
+            assert len(forwards) == steps + separate  # one forward per step, none of its own
             results.append((metrics.loss, weights(trainer)))
     (loss_a, a), (loss_b, b) = results
     assert loss_a == loss_b
