@@ -807,6 +807,42 @@ def run_learning(
         record, timing = _run_seed(spec, seed, paths, heldout, say)
         runs.append(record)
         timings.append(timing)
+    return _record(scenario, spec, runs, timings, time.perf_counter() - started, warm_seconds, out_dir)
+
+
+def merge_seeds(
+    scenario: Mapping[str, Any], parts: Sequence[Mapping[str, Any]], out_dir: Path
+) -> dict[str, Any]:
+    """One result for ``scenario`` from ``run_learning`` results of its seeds run apart (each part
+    run on the same scenario with ``seeds`` cut to some of them, e.g. one process per seed): the
+    same record and summary as one run over every seed (a seed's run does not depend on the
+    others). Writes ``out_dir/learning.json``; its wall time is the parts' sum."""
+    spec = parse_learning(scenario)
+    by_seed = {
+        run["seed"]: (run, timing)
+        for part in parts
+        for run, timing in zip(part["runs"], part["timing"]["runs"], strict=True)
+    }
+    missing = [s for s in spec.seeds if s not in by_seed]
+    if missing:
+        raise ValueError(f"no run of seed(s) {missing} among the parts")
+    runs = [by_seed[s][0] for s in spec.seeds]
+    timings = [by_seed[s][1] for s in spec.seeds]
+    wall = sum(float(part["wall_seconds"]) for part in parts)
+    warm = max(float(part["timing"]["warm_start_seconds"]) for part in parts)
+    return _record(scenario, spec, runs, timings, wall, warm, Path(out_dir))
+
+
+def _record(
+    scenario: Mapping[str, Any],
+    spec: LearningScenario,
+    runs: Sequence[Mapping[str, Any]],
+    timings: Sequence[Mapping[str, Any]],
+    wall: float,
+    warm_seconds: float,
+    out_dir: Path,
+) -> dict[str, Any]:
+    """The result record of a learning run (written to ``out_dir/learning.json``)."""
     scenario_record = asdict(spec)
     scenario_record["models"] = [asdict(m) for m in spec.models]
     if not spec.datasets:  # the record of a run on the preset mixture is as it was before datasets
@@ -817,17 +853,18 @@ def run_learning(
         "mode": "learning",
         "scenario": str(name),
         "learning": scenario_record,
-        "wall_seconds": time.perf_counter() - started,
-        "runs": runs,
+        "wall_seconds": wall,
+        "runs": list(runs),
         "summary": _summary(spec, runs),
         "timing": {
             "threads": spec.threads,
             "warm_start_seconds": warm_seconds,
-            "runs": timings,
+            "runs": list(timings),
             "seconds_per_round_mean": statistics.fmean(s for t in timings for s in t["round_seconds"])
             if spec.rounds
             else 0.0,
         },
     }
+    out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "learning.json").write_text(json.dumps(result, indent=1), encoding="utf-8")
     return result

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from swarmnode.errors import ConfigError
-from swarmnode.sim.learning import parse_learning, run_learning
+from swarmnode.sim.learning import merge_seeds, parse_learning, run_learning
 
 
 def scenario(cache: Path, **learning: Any) -> dict[str, Any]:
@@ -61,6 +61,19 @@ def test_the_same_scenario_and_seed_reproduce_the_run_bit_for_bit(
     assert [a["weights_sha256"] for a in again["runs"][0]["agents"]] == hashes
     assert hashes[0] != hashes[1]  # the two agents really are different learners
     assert (tmp_path / "learning.json").is_file()
+
+
+@pytest.mark.slow
+def test_seeds_run_apart_and_merged_are_the_run_over_every_seed(cache: Path, tmp_path: Path) -> None:
+    both = run_learning(scenario(cache, seeds=[0, 1]), tmp_path / "both")
+    parts = [run_learning(scenario(cache, seeds=[s]), tmp_path / f"seed-{s}") for s in (1, 0)]
+    merged = merge_seeds(scenario(cache, seeds=[0, 1]), parts, tmp_path / "merged")
+    assert [r["seed"] for r in merged["runs"]] == [0, 1]  # the scenario's order, not the parts'
+    assert without_timing(merged) == without_timing(both)  # records, summary and scenario
+    assert merged["wall_seconds"] == pytest.approx(sum(p["wall_seconds"] for p in parts))
+    assert (tmp_path / "merged" / "learning.json").is_file()
+    with pytest.raises(ValueError, match=r"seed\(s\) \[1\]"):
+        merge_seeds(scenario(cache, seeds=[0, 1]), parts[1:], tmp_path / "short")
 
 
 @pytest.mark.slow
