@@ -16,6 +16,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from swarmnode.errors import ConfigError
 
+#: What a chat model is asked to do with every question (``rollout.system_prompt``): the final
+#: answer inside the tag ``swarmnode.tasks.scoring.extract_answer`` reads.
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a careful problem solver. Think it through briefly, then give only the final answer "
+    "inside <answer></answer> tags, for example <answer>42</answer>."
+)
+#: The longest system prompt a config may set, in characters (it is in every prompt).
+MAX_SYSTEM_PROMPT_CHARS = 4096
+
 CONFIG_FILE = "swarmnode.toml"
 ENV_PREFIX = "SWARMNODE_"
 
@@ -128,6 +137,18 @@ class RolloutConfig(Section):
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
     max_new_tokens: int = Field(8, ge=1, le=4096, description="Completion length cap.")
+    chat_template: bool = Field(
+        True,
+        description="Render prompts through the model tokenizer's chat template when it has one: "
+        "system_prompt, then the task's question as the user turn, then the assistant turn opened. "
+        "false: the bare question (base models). The built-in tiny model has no template.",
+    )
+    system_prompt: str = Field(
+        DEFAULT_SYSTEM_PROMPT,
+        max_length=MAX_SYSTEM_PROMPT_CHARS,
+        description="The system turn of chat-format prompts (asks for the answer in <answer></answer>, "
+        "which the scorers read); empty = no system turn.",
+    )
 
 
 class LearnConfig(Section):

@@ -126,11 +126,20 @@ class AdmissionConfig:
     #: configs chosen by strangers costs what they make it cost (reasoning-gym's arc_1d
     #: with size 10**6 takes ~3 s per task here), so None is for local tools only.
     allowed_tasks: frozenset[TaskFamily] | None = field(kw_only=True)
+    #: Our own ``Policy.system_prompt_sha256``: groups must carry the same (empty: bare question
+    #: prompts; else the id of the system turn our chat prompts carry), SPEC.md 1.3 and step 8.
+    system_prompt_sha256: bytes = field(default=b"", kw_only=True)
 
     def __post_init__(self) -> None:
         missing = set(RejectReason) - set(self.penalties)
         if missing:
             raise ValueError(f"admission penalties miss {sorted(missing)}")
+
+
+def _prompt_kind(system_prompt_sha256: bytes) -> str:
+    if not system_prompt_sha256:
+        return "bare question prompts"
+    return f"chat prompts of system prompt {system_prompt_sha256.hex()[:16]}"
 
 
 class AdmissionPipeline:
@@ -574,6 +583,15 @@ class AdmissionPipeline:
                     RejectReason.TASK_NOT_ALLOWED,
                     f"groups[{i}] task family {clip(tid.dataset)} {clip(tid.config)} "
                     f"{tid.prompt_format} is not one we train on",
+                    now,
+                    signer=signer,
+                    via=via,
+                )
+            if group.system_prompt_sha256 != self.config.system_prompt_sha256:
+                return self._reject(
+                    RejectReason.SYSTEM_PROMPT_MISMATCH,
+                    f"groups[{i}] was generated with {_prompt_kind(group.system_prompt_sha256)}; "
+                    f"we train with {_prompt_kind(self.config.system_prompt_sha256)}",
                     now,
                     signer=signer,
                     via=via,

@@ -16,12 +16,13 @@ peer responsible for it, and only that peer.
 - ``BANNED``, ``NOT_ALLOWLISTED``, ``NEW_IDENTITY_LIMIT``, ``CPU_BUDGET`` and
   ``REPLAY_CACHE_FULL`` charge nobody: the first is already banned, and the
   others must not create per-peer state for identities we refuse to track.
-- ``STALE_POLICY``, ``TASK_NOT_ALLOWED`` and ``COMPLETION_TOO_LONG`` charge nobody: they
-  depend on the receiver's own settings (the versions it knows, the families it trains, the
-  tokens it generates), so an honest signer's valid envelope, handed by anyone to a receiver set
-  up otherwise (or held until the receiver's version moved on), must not get the signer banned
-  (red team: 20 such envelopes banned it). What judging them cost is still charged to the signer
-  and the delivering peer through the CPU budget.
+- ``STALE_POLICY``, ``TASK_NOT_ALLOWED``, ``SYSTEM_PROMPT_MISMATCH`` and ``COMPLETION_TOO_LONG``
+  charge nobody: they depend on the receiver's own settings (the versions it knows, the families
+  it trains, the system prompt it asks with, the tokens it generates), so an honest signer's
+  valid envelope, handed by anyone to a receiver set up otherwise (or held until the receiver's
+  version moved on), must not get the signer banned (red team: 20 such envelopes banned it).
+  What judging them cost is still charged to the signer and the delivering peer through the CPU
+  budget.
 - Everything else is signed content and charged to the signer.
 """
 
@@ -66,6 +67,7 @@ class RejectReason(StrEnum):
     TASK_NOT_ALLOWED = "task_not_allowed"
     TASK_INVALID = "task_invalid"
     PROMPT_MISMATCH = "prompt_mismatch"
+    SYSTEM_PROMPT_MISMATCH = "system_prompt_mismatch"  # chat or bare, or another system turn, than ours
     # step 9: local re-scoring
     COMPLETION_TOO_LONG = "completion_too_long"  # more tokens than this node would generate and train
     COMPLETION_UNTRAINABLE = "completion_untrainable"  # spells special tokens or <unk> under our tokenizer
@@ -108,7 +110,12 @@ STEPS: dict[str, tuple[RejectReason, ...]] = {
         RejectReason.REPLAY_QUOTA_VIA,
     ),
     "freshness": (RejectReason.TOO_OLD, RejectReason.FROM_FUTURE, RejectReason.STALE_POLICY),
-    "rederive": (RejectReason.TASK_NOT_ALLOWED, RejectReason.TASK_INVALID, RejectReason.PROMPT_MISMATCH),
+    "rederive": (
+        RejectReason.TASK_NOT_ALLOWED,
+        RejectReason.SYSTEM_PROMPT_MISMATCH,
+        RejectReason.TASK_INVALID,
+        RejectReason.PROMPT_MISMATCH,
+    ),
     "rescore": (
         RejectReason.COMPLETION_TOO_LONG,
         RejectReason.COMPLETION_UNTRAINABLE,
@@ -142,6 +149,7 @@ CHARGE: dict[RejectReason, Charge] = {
     RejectReason.TASK_NOT_ALLOWED: Charge.NOBODY,  # receiver-dependent
     RejectReason.TASK_INVALID: Charge.SIGNER,
     RejectReason.PROMPT_MISMATCH: Charge.SIGNER,
+    RejectReason.SYSTEM_PROMPT_MISMATCH: Charge.NOBODY,  # receiver-dependent
     RejectReason.CPU_BUDGET: Charge.NOBODY,  # the budget itself is the consequence
     RejectReason.REPLAY_QUOTA_SIGNER: Charge.SIGNER,
     RejectReason.REPLAY_QUOTA_VIA: Charge.VIA,
@@ -179,6 +187,7 @@ DEFAULT_PENALTIES: dict[RejectReason, float] = {
     RejectReason.TASK_NOT_ALLOWED: 0.5,
     RejectReason.TASK_INVALID: 5.0,
     RejectReason.PROMPT_MISMATCH: 10.0,
+    RejectReason.SYSTEM_PROMPT_MISMATCH: 0.5,  # a peer set up with another system prompt: not forged
     RejectReason.CPU_BUDGET: 0.0,
     # Valid work past a quota: cheap each time, but a party that keeps flooding is banned.
     RejectReason.REPLAY_QUOTA_SIGNER: 0.5,

@@ -14,9 +14,10 @@ import os
 import shutil
 import tempfile
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -32,10 +33,15 @@ from torch import nn
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedTokenizerBase
 from transformers.utils import logging as hf_logging
 
+from swarmnode.config import DEFAULT_SYSTEM_PROMPT
 from swarmnode.errors import ModelError
+from swarmnode.policy.chat import has_chat_template, render_chat_prompt
 from swarmnode.policy.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
+from swarmnode.wire import system_prompt_id
 
 TINY_MODEL_ID = "swarmnode-tiny"
+#: Chat prompts a policy keeps rendered (a round's prompts and its peers' re-derived ones).
+CHAT_PROMPT_CACHE = 4096
 #: Attribute saved into config.json so a reloaded policy keeps its model id.
 MODEL_ID_CONFIG_KEY = "swarmnode_model_id"
 
@@ -43,14 +49,44 @@ MODEL_ID_CONFIG_KEY = "swarmnode_model_id"
 _LOAD_ERRORS = (OSError, ValueError, KeyError, TypeError, RuntimeError, AttributeError, json.JSONDecodeError)
 
 
+@dataclass(frozen=True)
+class PromptFormat:
+    """How a task's question becomes a prompt (``rollout.chat_template``, ``rollout.system_prompt``).
+
+    With ``chat_template`` on and a tokenizer that has one, the question is the user turn of a
+    chat, after ``system_prompt`` (no system turn when empty), and the assistant turn is opened
+    (``swarmnode.policy.chat``); otherwise the prompt is ``[bos] + question``."""
+
+    chat_template: bool = True
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+
+
 @dataclass
 class Policy:
-    """A causal LM, its tokenizer, a model id (names the weights' lineage) and a version counter."""
+    """A causal LM, its tokenizer, a model id (names the weights' lineage), a version counter and
+    the rule that turns a question into prompt tokens."""
 
     model: nn.Module
     tokenizer: PreTrainedTokenizerBase
     model_id: str
     version: int = 0
+    prompt_format: PromptFormat = field(default_factory=PromptFormat)
+    #: Chat prompts already rendered and tokenized (a template renders in ~0.1-0.3 ms; every
+    #: admitted peer group re-derives its prompt): (tokenizer, format, question) -> ids, bounded.
+    _chat_ids: OrderedDict[tuple[int, PromptFormat, str], tuple[int, ...]] = field(
+        default_factory=OrderedDict, repr=False, compare=False
+    )
+
+    @property
+    def chat_prompts(self) -> bool:
+        """Are prompts rendered through the tokenizer's chat template?"""
+        return self.prompt_format.chat_template and has_chat_template(self.tokenizer)
+
+    @property
+    def system_prompt_sha256(self) -> bytes:
+        """What this policy's rollout groups carry as ``system_prompt_sha256`` (SPEC.md 1.3): empty
+        for bare question prompts, ``system_prompt_id`` of the system turn for chat prompts."""
+        return system_prompt_id(self.prompt_format.system_prompt) if self.chat_prompts else b""
 
     @property
     def bos_token_id(self) -> int | None:
@@ -81,11 +117,28 @@ class Policy:
         return next(self.model.parameters()).device
 
     def encode_prompt(self, text: str) -> list[int]:
-        """``[bos] + tokens`` when the tokenizer has a BOS token, else the tokens alone.
+        """The prompt tokens for question ``text``.
 
-        Special tokens are never added by the tokenizer itself, so HF tokenizers that
-        add BOS in a post-processor and ones that do not end up with the same rule.
+        With ``chat_prompts``: the chat template's rendering (``render_chat_prompt``) tokenized as
+        is; the template writes every special token the model expects (Llama 3's BOS included), so
+        none is added. Otherwise ``[bos] + tokens`` when the tokenizer has a BOS token, else the
+        tokens alone. Special tokens are never added by the tokenizer itself, so HF tokenizers
+        that add BOS in a post-processor and ones that do not end up with the same rule.
         """
+        if self.chat_prompts:
+            key = (id(self.tokenizer), self.prompt_format, text)
+            cached = self._chat_ids.get(key)
+            if cached is None:
+                rendered = render_chat_prompt(
+                    self.tokenizer, text, self.prompt_format.system_prompt, model_id=self.model_id
+                )
+                cached = tuple(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
+                if not cached:
+                    raise ModelError(f"policy {self.model_id!r} encodes prompt {text!r} to no tokens")
+                self._chat_ids[key] = cached
+                if len(self._chat_ids) > CHAT_PROMPT_CACHE:
+                    self._chat_ids.popitem(last=False)
+            return list(cached)
         ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         bos = self.bos_token_id
         if bos is not None:

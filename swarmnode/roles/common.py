@@ -27,7 +27,7 @@ from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.ops.api import serve_forever
 from swarmnode.ops.dashboard import Dashboard
 from swarmnode.ops.metrics import Metrics
-from swarmnode.policy import Policy, build_tiny_policy, load_policy
+from swarmnode.policy import Policy, PromptFormat, build_tiny_policy, load_policy
 from swarmnode.policy.warmstart import SPECIALIST_WARM_START, warm_start
 from swarmnode.rollout import RolloutEngine, make_engine
 from swarmnode.tasks import DatasetSpec, TaskMixture, default_mixture, mixture_from_specs, sapo_mixture
@@ -69,18 +69,23 @@ def build_policy(config: Config, home: NodeHome, mixture: TaskMixture, say: Text
     on ``build_warm_start_mixture``. ``tasks.warm_start_datasets`` is checked even when unused."""
     warm_mixture = build_warm_start_mixture(config, mixture)
     if config.model.path:
-        return load_policy(Path(config.model.path).expanduser())
-    if not config.model.warm_start:
-        return build_tiny_policy(config.node.seed)
-    settings = SPECIALIST_WARM_START if config.tasks.warm_start_datasets else None
-    path = warm_start(
-        home.root,
-        warm_mixture,
-        config.node.seed,
-        progress=lambda line: print(line, file=say),
-        settings=settings,
-    )
-    return load_policy(path)
+        policy = load_policy(Path(config.model.path).expanduser())
+    elif not config.model.warm_start:
+        policy = build_tiny_policy(config.node.seed)
+    else:
+        settings = SPECIALIST_WARM_START if config.tasks.warm_start_datasets else None
+        path = warm_start(
+            home.root,
+            warm_mixture,
+            config.node.seed,
+            progress=lambda line: print(line, file=say),
+            settings=settings,
+        )
+        policy = load_policy(path)
+    policy.prompt_format = PromptFormat(config.rollout.chat_template, config.rollout.system_prompt)
+    if policy.chat_prompts:  # a broken template fails here, at start, naming the model
+        policy.encode_prompt("1+1=")
+    return policy
 
 
 def configure_threads(config: Config) -> None:

@@ -27,7 +27,12 @@ class WorkerDataError(ValueError):
 
 
 def worker_batch(
-    groups: Sequence[ScoredGroup], model_id: str, version: int, round_index: int
+    groups: Sequence[ScoredGroup],
+    model_id: str,
+    version: int,
+    round_index: int,
+    *,
+    system_prompt_sha256: bytes = b"",
 ) -> RolloutBatch:
     """A worker's groups as one batch, with token ids and behaviour log-probs per completion."""
     rewards = [r for g in groups for r in g.rewards] or [0.0]
@@ -60,6 +65,7 @@ def worker_batch(
                 policy_version=version,
                 round=round_index,
                 batch_reward_mean=mean,
+                system_prompt_sha256=system_prompt_sha256,
             )
             for g in groups
         )
@@ -131,7 +137,14 @@ def from_worker(
 # ------------------------------------------------------------------ trainer nodes (gossip)
 
 
-def rollout_batch(groups: list[ScoredGroup], model_id: str, version: int, swarm_round: int) -> RolloutBatch:
+def rollout_batch(
+    groups: list[ScoredGroup],
+    model_id: str,
+    version: int,
+    swarm_round: int,
+    *,
+    system_prompt_sha256: bytes = b"",
+) -> RolloutBatch:
     """Own groups as the wire's RolloutBatch (text, token counts, mean log-probs, claimed rewards)."""
     rewards = [r for g in groups for r in g.rewards]
     batch_mean = sum(rewards) / len(rewards) if rewards else 0.0
@@ -158,6 +171,7 @@ def rollout_batch(groups: list[ScoredGroup], model_id: str, version: int, swarm_
                 policy_version=version,
                 round=swarm_round,
                 batch_reward_mean=batch_mean,
+                system_prompt_sha256=system_prompt_sha256,
             )
         )
     return RolloutBatch(groups=tuple(out))

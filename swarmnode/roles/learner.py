@@ -950,6 +950,7 @@ class LearnerNode:
         self.admission = AdmissionPipeline(
             AdmissionConfig(
                 allowed_tasks=task_families(self.mixture),
+                system_prompt_sha256=self.trainer.policy.system_prompt_sha256,
                 max_policy_lag=self.config.swarm.staleness_bound,
                 local_peer_id=self.identity.peer_id,
                 # Only active workers reach admission (checked first), each sending a batch per

@@ -265,7 +265,10 @@ class SwarmNode:
                 continue
             started = time.time()
             groups, tokens, seconds = await self.model_lock.run(self._generate_for, r)
-            batch = rollout_batch(groups, self.trainer.policy.model_id, self.trainer.policy.version, r)
+            policy = self.trainer.policy
+            batch = rollout_batch(
+                groups, policy.model_id, policy.version, r, system_prompt_sha256=policy.system_prompt_sha256
+            )
             data = encode_envelope(seal(self.identity, batch, to_ms(time.time())))
             self.driver.publish(data)
             self.metrics.inc("groups_published", "Own groups published", len(groups))
@@ -343,6 +346,7 @@ class SwarmNode:
         self.admission = AdmissionPipeline(
             AdmissionConfig(
                 allowed_tasks=task_families(self.mixture),
+                system_prompt_sha256=policy.system_prompt_sha256,
                 max_policy_lag=s.staleness_bound,
                 local_peer_id=self.identity.peer_id,
             ),

@@ -382,7 +382,13 @@ class WorkerNode:
             if slow > 1.0:
                 await asyncio.sleep((slow - 1.0) * seconds)  # simulated slower hardware
             count = sum(g.size for g in groups)
-            batch = worker_batch(groups, self.policy.model_id, version, index)
+            batch = worker_batch(
+                groups,
+                self.policy.model_id,
+                version,
+                index,
+                system_prompt_sha256=self.policy.system_prompt_sha256,
+            )
             data = seal(self.identity, batch, to_ms(time.time()))
             assert self.learner_address is not None
             try:

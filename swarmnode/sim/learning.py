@@ -423,7 +423,11 @@ class Agent:
             self.peer_id,
         )
         self.admission = AdmissionPipeline(
-            AdmissionConfig(allowed_tasks=task_families(self.mixture), local_peer_id=self.peer_id),
+            AdmissionConfig(
+                allowed_tasks=task_families(self.mixture),
+                system_prompt_sha256=policy.system_prompt_sha256,
+                local_peer_id=self.peer_id,
+            ),
             now=EPOCH,
         )
         self.payloads: dict[bytes, bytes] = {}
@@ -440,7 +444,13 @@ class Agent:
 
     def publish(self, groups: list[ScoredGroup], swarm_round: int, now: float) -> None:
         policy = self.trainer.policy
-        batch = rollout_batch(groups, policy.model_id, policy.version, swarm_round)
+        batch = rollout_batch(
+            groups,
+            policy.model_id,
+            policy.version,
+            swarm_round,
+            system_prompt_sha256=policy.system_prompt_sha256,
+        )
         envelope = seal(self.identity, batch, to_ms(now))
         data = encode_envelope(envelope)
         event = publication(envelope, data)

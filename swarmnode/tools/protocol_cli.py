@@ -105,6 +105,7 @@ def pipeline_for_context(
         local_peer_id=ctx.get("local_peer_id"),
         replay_quota=int(ctx.get("replay_quota", AdmissionConfig.replay_quota)),
         cpu_initial=float(ctx.get("cpu_initial", AdmissionConfig.cpu_initial)),
+        system_prompt_sha256=bytes.fromhex(str(ctx.get("system_prompt_sha256", ""))),
     )
     pipeline = AdmissionPipeline(
         config,

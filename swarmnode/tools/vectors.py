@@ -26,6 +26,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from swarmnode.config import DEFAULT_SYSTEM_PROMPT
 from swarmnode.identity import NodeIdentity
 from swarmnode.tasks import Task, TaskId, regenerate, score_completion
 from swarmnode.tasks.ids import canonical_config
@@ -34,6 +35,7 @@ from swarmnode.wire import swarm_pb2 as pb
 from swarmnode.wire.envelope import Envelope, encode_envelope, seal, seal_payload, sign_manifest
 from swarmnode.wire.kinds import MAX_PAYLOAD_BYTES, Kind, Role
 from swarmnode.wire.messages import (
+    SYSTEM_PROMPT_DOMAIN,
     Activate,
     Announce,
     Capabilities,
@@ -53,6 +55,7 @@ from swarmnode.wire.messages import (
     WeightManifestBody,
     _group_to,
     encode_payload,
+    system_prompt_id,
 )
 
 MANIFEST = "manifest.json"
@@ -197,6 +200,7 @@ def context() -> dict[str, Any]:
         "cpu_initial": CPU_INITIAL,
         "tokenizer": None,
         "max_new_tokens": None,
+        "system_prompt_sha256": "",  # hex; empty: the receiver asks bare questions (SPEC.md 1.3)
     }
 
 
@@ -647,6 +651,14 @@ def build() -> VectorSet:
     vs.add(
         "batch_reward_mean_out_of_range", raw_batch(reward_mean), "batch reward mean 1.5", "invalid_payload"
     )
+    short_id = _raw_group(g0)
+    short_id.system_prompt_sha256 = b"\x01" * 31
+    vs.add(
+        "system_prompt_sha256_31_bytes",
+        raw_batch(short_id),
+        "system_prompt_sha256 of 31 bytes (empty or 32)",
+        "invalid_payload",
+    )
     no_task = _raw_group(g0)
     no_task.ClearField("task")
     vs.add("missing_task", raw_batch(no_task), "group without a task id", "invalid_payload")
@@ -751,6 +763,32 @@ def build() -> VectorSet:
         ),
         "spiral_matrix: listed as allowed, but its upstream scorer eval()s the answer (the audit refuses it)",
         "task_not_allowed",
+    )
+    chat_id = system_prompt_id(DEFAULT_SYSTEM_PROMPT)
+    chat = encode_envelope(
+        _envelope(RolloutBatch(groups=(vector_group(tasks[0], [right[0]], system_prompt_sha256=chat_id),)))
+    )
+    vs.add(
+        "chat_group_at_a_bare_receiver",
+        chat,
+        "a group of chat prompts (the default system prompt's id) at a receiver that asks bare questions",
+        "system_prompt_mismatch",
+    )
+    vs.add(
+        "chat_group_at_a_chat_receiver",
+        chat,
+        "the same bytes at a receiver whose chat prompts carry the same system prompt",
+        context={"system_prompt_sha256": chat_id.hex()},
+        kind="rollout_batch",
+        sender=KEYS["sender"].peer_id,
+        rewards=[[1.0]],
+    )
+    vs.add(
+        "bare_group_at_a_chat_receiver",
+        encode_envelope(_envelope(RolloutBatch(groups=(vector_group(tasks[0], [right[0]]),)))),
+        "a group of bare prompts at a receiver that asks with the default system prompt",
+        "system_prompt_mismatch",
+        context={"system_prompt_sha256": chat_id.hex()},
     )
     mismatch = RolloutBatch(groups=(vector_group(tasks[1], ["2"], prompt="1+1="),))
     vs.add(
@@ -969,10 +1007,21 @@ def manifest(vs: VectorSet) -> dict[str, Any]:
             }
             for name, key in KEYS.items()
         },
+        "system_prompt_ids": system_prompt_ids(),
         "tasks": vs.tasks,
         "vectors": vs.vectors,
         "synthetic": vs.synthetic,
         "sequences": vs.sequences,
+    }
+
+
+def system_prompt_ids() -> dict[str, Any]:
+    """Known answers of ``system_prompt_id`` (SPEC.md 1.3)."""
+    prompts = [DEFAULT_SYSTEM_PROMPT, "", "Answer in <answer></answer>.", "Réponds en français : ✓"]
+    return {
+        "rule": "SHA-256(domain || UTF-8(system_prompt))",
+        "domain_hex": SYSTEM_PROMPT_DOMAIN.hex(),
+        "ids": [{"system_prompt": s, "sha256_hex": system_prompt_id(s).hex()} for s in prompts],
     }
 
 

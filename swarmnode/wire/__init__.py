@@ -44,6 +44,7 @@ from swarmnode.wire.messages import (
     encode_manifest_body,
     encode_payload,
     kind_of,
+    system_prompt_id,
 )
 from swarmnode.wire.reasons import WireError, WireReason
 
@@ -85,6 +86,7 @@ __all__ = [
     "sign_manifest",
     "signed_message",
     "signing_prefix",
+    "system_prompt_id",
     "to_ms",
     "verify_manifest",
 ]

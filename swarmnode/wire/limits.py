@@ -67,6 +67,7 @@ MAX_REFUSAL_REASON_BYTES = 32
 # Worker control
 MAX_LEASE_SECONDS = 86_400
 SAMPLING_SEED_BYTES = 32  # Activate.sampling_seed: keyed sampling (SPEC.md 1.8)
+SYSTEM_PROMPT_SHA256_BYTES = 32  # RolloutGroup.system_prompt_sha256 when not empty (SPEC.md 1.3)
 MAX_RATE = 1e9  # completions per second; anything above is nonsense, not a measurement
 
 #: safetensors dtype names and their element sizes in bytes.

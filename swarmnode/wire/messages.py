@@ -175,6 +175,9 @@ class RolloutGroup:
     policy_version: int
     round: int
     batch_reward_mean: float
+    #: Empty for a bare question prompt; for a chat prompt, ``system_prompt_id`` of the system
+    #: turn the sender's prompts carried (SPEC.md 1.3): receivers admit only their own.
+    system_prompt_sha256: bytes = b""
 
     def content_digest(self) -> bytes:
         """SHA-256 over the task key and the completion texts (length-prefixed).
@@ -188,6 +191,17 @@ class RolloutGroup:
             h.update(len(data).to_bytes(4, "big"))
             h.update(data)
         return h.digest()
+
+
+#: Domain of ``system_prompt_id`` (SPEC.md 1.3).
+SYSTEM_PROMPT_DOMAIN = b"swarmnode/system-prompt/v1\x00"
+
+
+def system_prompt_id(system_prompt: str) -> bytes:
+    """What a RolloutGroup of chat prompts names its system turn by (SPEC.md 1.3):
+    ``SHA-256("swarmnode/system-prompt/v1" || 0x00 || UTF-8(system_prompt))``; an empty system
+    prompt (no system turn) has an id too, distinct from a bare prompt's empty field."""
+    return hashlib.sha256(SYSTEM_PROMPT_DOMAIN + system_prompt.encode("utf-8")).digest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,7 +303,18 @@ def _group_from(msg: pb.RolloutGroup, where: str) -> RolloutGroup:
         policy_version=msg.policy_version,
         round=msg.round,
         batch_reward_mean=_finite(msg.batch_reward_mean, f"{where}.batch_reward_mean", low=0.0, high=1.0),
+        system_prompt_sha256=_system_prompt_sha256(msg.system_prompt_sha256, where),
     )
+
+
+def _system_prompt_sha256(value: bytes, where: str) -> bytes:
+    if len(value) not in (0, limits.SYSTEM_PROMPT_SHA256_BYTES):
+        raise _Invalid(
+            WireReason.INVALID_PAYLOAD,
+            f"{where}.system_prompt_sha256 must be empty or {limits.SYSTEM_PROMPT_SHA256_BYTES} bytes, "
+            f"got {len(value)}",
+        )
+    return bytes(value)
 
 
 def _rollout_batch_from(msg: pb.RolloutBatch) -> RolloutBatch:
@@ -322,6 +347,7 @@ def _group_to(g: RolloutGroup) -> pb.RolloutGroup:
         policy_version=g.policy_version,
         round=g.round,
         batch_reward_mean=g.batch_reward_mean,
+        system_prompt_sha256=g.system_prompt_sha256,
     )
 
 

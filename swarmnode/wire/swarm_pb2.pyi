@@ -124,7 +124,7 @@ class Completion(_message.Message):
     def __init__(self, text: _Optional[str] = ..., token_count: _Optional[int] = ..., mean_logprob: _Optional[float] = ..., claimed_reward_informational: _Optional[float] = ..., token_ids: _Optional[_Iterable[int]] = ..., token_logprobs: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class RolloutGroup(_message.Message):
-    __slots__ = ("task", "prompt", "completions", "model_id", "policy_version", "round", "batch_reward_mean")
+    __slots__ = ("task", "prompt", "completions", "model_id", "policy_version", "round", "batch_reward_mean", "system_prompt_sha256")
     TASK_FIELD_NUMBER: _ClassVar[int]
     PROMPT_FIELD_NUMBER: _ClassVar[int]
     COMPLETIONS_FIELD_NUMBER: _ClassVar[int]
@@ -132,6 +132,7 @@ class RolloutGroup(_message.Message):
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     ROUND_FIELD_NUMBER: _ClassVar[int]
     BATCH_REWARD_MEAN_FIELD_NUMBER: _ClassVar[int]
+    SYSTEM_PROMPT_SHA256_FIELD_NUMBER: _ClassVar[int]
     task: TaskId
     prompt: str
     completions: _containers.RepeatedCompositeFieldContainer[Completion]
@@ -139,7 +140,8 @@ class RolloutGroup(_message.Message):
     policy_version: int
     round: int
     batch_reward_mean: float
-    def __init__(self, task: _Optional[_Union[TaskId, _Mapping]] = ..., prompt: _Optional[str] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., model_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., round: _Optional[int] = ..., batch_reward_mean: _Optional[float] = ...) -> None: ...
+    system_prompt_sha256: bytes
+    def __init__(self, task: _Optional[_Union[TaskId, _Mapping]] = ..., prompt: _Optional[str] = ..., completions: _Optional[_Iterable[_Union[Completion, _Mapping]]] = ..., model_id: _Optional[str] = ..., policy_version: _Optional[int] = ..., round: _Optional[int] = ..., batch_reward_mean: _Optional[float] = ..., system_prompt_sha256: _Optional[bytes] = ...) -> None: ...
 
 class RolloutBatch(_message.Message):
     __slots__ = ("groups",)

@@ -22,6 +22,7 @@ from swarmnode.tools.protocol_cli import (
     verifier_for_context,
 )
 from swarmnode.verify import GroupScorer, VerifierPool, score_in_process
+from swarmnode.wire import system_prompt_id
 
 VECTORS = Path(__file__).resolve().parents[2] / "protocol" / "vectors"
 MANIFEST: dict[str, Any] = json.loads((VECTORS / vectors.MANIFEST).read_text(encoding="utf-8"))
@@ -188,3 +189,11 @@ def test_task_table_matches_regeneration() -> None:
         tid = TaskId(task["dataset"], task["config"], task["seed"], task["index"], task["prompt_format"])
         assert tid.key() == key
         assert regenerate(tid).prompt == task["prompt"]
+
+
+def test_system_prompt_ids_are_the_manifests_known_answers() -> None:
+    ids = MANIFEST["system_prompt_ids"]
+    assert bytes.fromhex(ids["domain_hex"]) == b"swarmnode/system-prompt/v1\x00"
+    for case in ids["ids"]:
+        assert system_prompt_id(case["system_prompt"]).hex() == case["sha256_hex"]
+    assert len({case["sha256_hex"] for case in ids["ids"]}) == len(ids["ids"])
