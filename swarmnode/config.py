@@ -52,7 +52,13 @@ class ModelConfig(Section):
         description="Local HF model directory. Empty = the built-in tiny model with its cached warm start.",
     )
     engine: Literal["torch", "hf", "vllm"] = Field("torch", description="Rollout engine.")
-    warm_start: bool = Field(True, description="Warm-start the built-in tiny model on task demonstrations.")
+    builtin: Literal["tiny", "chat"] = Field(
+        "tiny",
+        description="The built-in model when path is empty: 'tiny' (1 M-parameter Llama, character "
+        "tokenizer, compact prompts) or 'chat' (1 M-parameter Qwen2, byte-level BPE tokenizer, ChatML "
+        "chat template, answers in <answer></answer>: the path a Qwen2.5-Instruct checkpoint takes).",
+    )
+    warm_start: bool = Field(True, description="Warm-start the built-in model on task demonstrations.")
 
 
 class TaskDatasetConfig(Section):
@@ -136,7 +142,13 @@ class RolloutConfig(Section):
     group_size: int = Field(8, ge=1, le=256, description="Completions per prompt (G).")
     temperature: float = Field(1.0, gt=0.0, le=10.0, description="Sampling temperature.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling threshold.")
-    max_new_tokens: int = Field(8, ge=1, le=4096, description="Completion length cap.")
+    max_new_tokens: int = Field(
+        8,
+        ge=1,
+        le=4096,
+        description="Completion length cap. Unset: 8 for a model without a chat template (the tiny "
+        "model), 64 for the built-in chat model, 256 for a model.path chat model.",
+    )
     chat_template: bool = Field(
         True,
         description="Render prompts through the model tokenizer's chat template when it has one: "

@@ -76,13 +76,19 @@ def render_chat_prompt(
 
 def build_chat_tokenizer(corpus: Iterable[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
     """A byte-level BPE tokenizer (GPT-2 / Qwen2 style: every byte has a token, so any text
-    encodes and decodes exactly) trained on ``corpus``, with ChatML's special tokens
+    encodes and decodes exactly; digits one per token) trained on ``corpus``, with ChatML's special tokens
     (``<|endoftext|>`` = 0 as padding, ``<|im_start|>`` = 1, ``<|im_end|>`` = 2 as EOS), no BOS,
     and ``CHATML_TEMPLATE``."""
     if vocab_size < 256 + len(CHAT_SPECIAL_TOKENS):
         raise ModelError(f"a byte-level tokenizer needs vocab_size >= 259, got {vocab_size}")
     backend = Tokenizer(models.BPE())
-    backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    # Digits one by one (as Qwen2 splits them): arithmetic stays learnable, "84" is never a token.
+    backend.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+        ]
+    )
     backend.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,

@@ -27,19 +27,26 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import torch
 
 from swarmnode.errors import ModelError
+from swarmnode.policy.chat_model import build_chat_policy, chat_config_dict, chat_tokenizer_sha256
 from swarmnode.policy.evaluate import evaluate_accuracy
 from swarmnode.policy.model import Policy, build_tiny_policy, load_policy, save_policy, tiny_config_dict
 from swarmnode.policy.tokenizer import DEFAULT_ALPHABET
 from swarmnode.rollout.torch_engine import TorchEngine
 from swarmnode.tasks import Task, TaskMixture
+from swarmnode.tasks.scoring import ANSWER_CLOSE, ANSWER_OPEN
 
 #: Bump when the procedure changes in a way that changes its result (invalidates caches).
 WARM_START_FORMAT = 1
+#: The built-in models (``model.builtin``).
+Builtin = Literal["tiny", "chat"]
+#: New tokens a chat answer may take in the warm start's evaluations (``<answer>`` ... ``</answer>``
+#: and EOS around the digits).
+CHAT_ANSWER_TOKENS = 24
 INFO_FILE = "warmstart.json"
 _MULTI_DIGIT = re.compile(r"\d{2,}")
 
@@ -85,8 +92,9 @@ def _settings_description(
     seed: int,
     settings: WarmStartSettings,
     model_overrides: Mapping[str, Any] | None = None,
+    builtin: Builtin = "tiny",
 ) -> dict[str, Any]:
-    return {
+    description: dict[str, Any] = {
         "format": WARM_START_FORMAT,
         # Without overrides this is the packaged config, so existing cache keys are unchanged.
         "model": {**tiny_config_dict(), **(model_overrides or {})},
@@ -97,6 +105,12 @@ def _settings_description(
         # Float reductions (and so the weights and the stopping step) depend on the thread count.
         "torch_threads": torch.get_num_threads(),
     }
+    if builtin == "chat":  # the tiny model's keys stay as they were
+        description["builtin"] = "chat"
+        description["model"] = chat_config_dict()
+        description["tokenizer_sha256"] = chat_tokenizer_sha256()
+        del description["alphabet"]
+    return description
 
 
 def warm_start_dir(
@@ -105,11 +119,14 @@ def warm_start_dir(
     seed: int,
     settings: WarmStartSettings | None = None,
     model_overrides: Mapping[str, Any] | None = None,
+    builtin: Builtin = "tiny",
 ) -> Path:
     """Where ``warm_start`` caches its result for these settings."""
-    description = _settings_description(mixture, seed, settings or WarmStartSettings(), model_overrides)
+    description = _settings_description(
+        mixture, seed, settings or WarmStartSettings(), model_overrides, builtin
+    )
     digest = hashlib.sha256(json.dumps(description, sort_keys=True).encode()).hexdigest()[:12]
-    return Path(home) / "models" / f"tiny-warm-{digest}"
+    return Path(home) / "models" / f"{builtin}-warm-{digest}"
 
 
 def read_warm_start_info(path: Path) -> dict[str, Any]:
@@ -124,9 +141,13 @@ def read_warm_start_info(path: Path) -> dict[str, Any]:
 
 
 def _encode_example(policy: Policy, task: Task) -> tuple[list[int], int]:
-    """(bos + prompt + answer + eos token ids, number of prompt tokens incl. bos)."""
+    """(prompt + answer + eos token ids, number of prompt tokens). A chat policy's answer is the
+    tagged one its system prompt asks for (``<answer>84</answer>``), the tiny model's bare."""
     prompt = policy.encode_prompt(task.prompt)
-    answer = policy.tokenizer(str(task.entry["answer"]), add_special_tokens=False)["input_ids"]
+    answer_text = str(task.entry["answer"])
+    if policy.chat_prompts:
+        answer_text = f"{ANSWER_OPEN}{answer_text}{ANSWER_CLOSE}"
+    answer = policy.tokenizer(answer_text, add_special_tokens=False)["input_ids"]
     ids = [*prompt, *answer, policy.eos_token_id]
     unk = policy.tokenizer.unk_token_id
     if unk is not None and unk in ids:
@@ -164,17 +185,23 @@ def warm_start(
     *,
     settings: WarmStartSettings | None = None,
     model_overrides: Mapping[str, Any] | None = None,
+    builtin: Builtin = "tiny",
 ) -> Path:
-    """Warm-start the tiny model on ``mixture`` (cached); returns the saved model directory.
+    """Warm-start a built-in model on ``mixture`` (cached); returns the saved model directory.
 
+    ``builtin``: the tiny model, or the chat model (``chat_model``: asked through its chat
+    template with the default system prompt, taught to answer inside ``<answer></answer>``).
     ``model_overrides`` warm-start a variant of the tiny config instead (``build_tiny_policy``)."""
     settings = settings or WarmStartSettings()
-    target = warm_start_dir(home, mixture, seed, settings, model_overrides)
+    if builtin == "chat" and model_overrides:
+        raise ModelError("model_overrides apply to the tiny model only")
+    target = warm_start_dir(home, mixture, seed, settings, model_overrides, builtin)
     if (target / INFO_FILE).is_file():
         return target
     say = progress or (lambda _message: None)
     started = time.perf_counter()
-    policy = build_tiny_policy(seed, model_overrides)
+    policy = build_chat_policy(seed) if builtin == "chat" else build_tiny_policy(seed, model_overrides)
+    answer_tokens = CHAT_ANSWER_TOKENS if builtin == "chat" else 8
     model = policy.model
     engine = TorchEngine(policy)
     eval_set = _eval_tasks(mixture, seed, settings.eval_tasks)
@@ -192,7 +219,9 @@ def warm_start(
         loss_value = float(loss.detach())
         if step % settings.eval_every == 0 or step == settings.max_steps:
             model.eval()
-            hard_accuracy = evaluate_accuracy(policy, eval_set, engine, greedy=True, max_new_tokens=8)
+            hard_accuracy = evaluate_accuracy(
+                policy, eval_set, engine, greedy=True, max_new_tokens=answer_tokens
+            )
             model.train()
             say(
                 f"warm start step {step}: loss {loss_value:.3f}, "
@@ -204,12 +233,18 @@ def warm_start(
     model.eval()
     train_seconds = time.perf_counter() - started
     heldout = mixture.heldout(settings.heldout_tasks)
-    greedy = evaluate_accuracy(policy, heldout, engine, greedy=True)
+    greedy = evaluate_accuracy(policy, heldout, engine, greedy=True, max_new_tokens=answer_tokens)
     sampled = evaluate_accuracy(
-        policy, heldout, engine, greedy=False, temperature=1.0, generator=torch.Generator().manual_seed(seed)
+        policy,
+        heldout,
+        engine,
+        greedy=False,
+        temperature=1.0,
+        max_new_tokens=answer_tokens,
+        generator=torch.Generator().manual_seed(seed),
     )
     info = {
-        "settings": _settings_description(mixture, seed, settings, model_overrides),
+        "settings": _settings_description(mixture, seed, settings, model_overrides, builtin),
         "steps": step,
         "stopped_by": stopped_by,
         "train_seconds": round(train_seconds, 3),

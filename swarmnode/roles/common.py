@@ -28,6 +28,7 @@ from swarmnode.ops.api import serve_forever
 from swarmnode.ops.dashboard import Dashboard
 from swarmnode.ops.metrics import Metrics
 from swarmnode.policy import Policy, PromptFormat, build_tiny_policy, load_policy
+from swarmnode.policy.chat_model import build_chat_policy
 from swarmnode.policy.warmstart import SPECIALIST_WARM_START, warm_start
 from swarmnode.rollout import RolloutEngine, make_engine
 from swarmnode.tasks import DatasetSpec, TaskMixture, default_mixture, mixture_from_specs, sapo_mixture
@@ -65,13 +66,16 @@ def build_warm_start_mixture(config: Config, mixture: TaskMixture) -> TaskMixtur
 
 
 def build_policy(config: Config, home: NodeHome, mixture: TaskMixture, say: TextIO = sys.stderr) -> Policy:
-    """The configured model: a local HF directory, or the built-in tiny model warm-started (cached)
-    on ``build_warm_start_mixture``. ``tasks.warm_start_datasets`` is checked even when unused."""
+    """The configured model: a local HF directory, or a built-in model (``model.builtin``)
+    warm-started (cached) on ``build_warm_start_mixture``. ``tasks.warm_start_datasets`` is checked
+    even when unused. Sets ``rollout.max_new_tokens`` to ``default_max_new_tokens`` for this model
+    when the config leaves it unset (before anything reads it)."""
     warm_mixture = build_warm_start_mixture(config, mixture)
     if config.model.path:
         policy = load_policy(Path(config.model.path).expanduser())
     elif not config.model.warm_start:
-        policy = build_tiny_policy(config.node.seed)
+        build = build_chat_policy if config.model.builtin == "chat" else build_tiny_policy
+        policy = build(config.node.seed)
     else:
         settings = SPECIALIST_WARM_START if config.tasks.warm_start_datasets else None
         path = warm_start(
@@ -80,12 +84,28 @@ def build_policy(config: Config, home: NodeHome, mixture: TaskMixture, say: Text
             config.node.seed,
             progress=lambda line: print(line, file=say),
             settings=settings,
+            builtin=config.model.builtin,
         )
         policy = load_policy(path)
     policy.prompt_format = PromptFormat(config.rollout.chat_template, config.rollout.system_prompt)
     if policy.chat_prompts:  # a broken template fails here, at start, naming the model
         policy.encode_prompt("1+1=")
+    if "max_new_tokens" not in config.rollout.model_fields_set:
+        config.rollout.max_new_tokens = default_max_new_tokens(config, policy)
     return policy
+
+
+#: ``rollout.max_new_tokens`` when the config does not set it: the tiny model answers in a few
+#: characters; the built-in chat model in ``<answer>...</answer>`` after a short thought; a user's
+#: chat model reasons before it answers.
+TINY_MAX_NEW_TOKENS, BUILTIN_CHAT_MAX_NEW_TOKENS, CHAT_MAX_NEW_TOKENS = 8, 64, 256
+
+
+def default_max_new_tokens(config: Config, policy: Policy) -> int:
+    """The completion length cap for ``policy`` when ``rollout.max_new_tokens`` is not set."""
+    if not policy.chat_prompts:
+        return TINY_MAX_NEW_TOKENS
+    return BUILTIN_CHAT_MAX_NEW_TOKENS if not config.model.path else CHAT_MAX_NEW_TOKENS
 
 
 def configure_threads(config: Config) -> None:
