@@ -187,7 +187,7 @@ DEFAULT_PENALTIES: dict[RejectReason, float] = {
     RejectReason.TASK_NOT_ALLOWED: 0.5,
     RejectReason.TASK_INVALID: 5.0,
     RejectReason.PROMPT_MISMATCH: 10.0,
-    RejectReason.SYSTEM_PROMPT_MISMATCH: 0.5,  # a peer set up with another system prompt: not forged
+    RejectReason.SYSTEM_PROMPT_MISMATCH: 0.5,  # charged to nobody (CHARGE), as TASK_NOT_ALLOWED
     RejectReason.CPU_BUDGET: 0.0,
     # Valid work past a quota: cheap each time, but a party that keeps flooding is banned.
     RejectReason.REPLAY_QUOTA_SIGNER: 0.5,

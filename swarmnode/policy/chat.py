@@ -13,9 +13,12 @@ Must not
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import datetime as _datetime
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 
 import jinja2
+import transformers.utils.chat_template_utils as _template_utils
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerBase, PreTrainedTokenizerFast
 
@@ -27,6 +30,7 @@ __all__ = [
     "CHATML_TEMPLATE",
     "DEFAULT_SYSTEM_PROMPT",
     "build_chat_tokenizer",
+    "check_chat_template",
     "render_chat_prompt",
     "system_prompt_id",
 ]
@@ -42,6 +46,24 @@ CHATML_TEMPLATE = (
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+
+#: What a template's ``date_string`` is (Llama 3.x templates print "Today Date: <date_string>" in
+#: the system turn and fall back to the clock only when it is undefined): the date Llama 3.1's own
+#: template defaults to. A prompt must not depend on the day or the time zone it is rendered in:
+#: peers whose groups name the same system prompt must have asked the same system turn (SPEC 1.3).
+PINNED_DATE_STRING = "26 Jul 2024"
+#: Anything a foreign template can raise while rendering (it is code shipped with a model).
+_TEMPLATE_ERRORS = (
+    jinja2.TemplateError,
+    ArithmeticError,  # 1 / 0, the sandbox's "range too big" (OverflowError)
+    LookupError,
+    ValueError,
+    TypeError,
+    AttributeError,
+    RecursionError,
+    MemoryError,
 )
 
 
@@ -64,14 +86,56 @@ def render_chat_prompt(
     when the template fails (a broken template, or one that refuses a system turn)."""
     try:
         text = tokenizer.apply_chat_template(
-            chat_messages(question, system_prompt), add_generation_prompt=True, tokenize=False
+            chat_messages(question, system_prompt),
+            add_generation_prompt=True,
+            tokenize=False,
+            date_string=PINNED_DATE_STRING,
         )
-    except (jinja2.TemplateError, ValueError, TypeError, KeyError) as exc:
+    except _TEMPLATE_ERRORS as exc:
         hint = ' (set rollout.system_prompt = "" if it takes no system turn)' if system_prompt else ""
         raise ModelError(f"the chat template of model {model_id!r} failed: {exc}{hint}") from exc
     if not isinstance(text, str) or not text:
         raise ModelError(f"the chat template of model {model_id!r} rendered no text")
     return text
+
+
+@contextmanager
+def _clock_at(moment: _datetime.datetime) -> Iterator[None]:
+    """transformers' ``strftime_now`` (the one clock a template can read) reading ``moment``."""
+
+    class Fixed(_datetime.datetime):
+        @classmethod
+        def now(cls, tz: object = None) -> _datetime.datetime:  # type: ignore[override]
+            return moment
+
+    saved = getattr(_template_utils, "datetime", None)
+    if saved is None:  # another transformers: nothing of ours to pin
+        yield
+        return
+    _template_utils.datetime = Fixed  # type: ignore[misc]
+    try:
+        yield
+    finally:
+        _template_utils.datetime = saved  # type: ignore[misc]
+
+
+def check_chat_template(
+    tokenizer: PreTrainedTokenizerBase, system_prompt: str, *, model_id: str = "?"
+) -> None:
+    """Start-up check of a model's template: it renders, and it renders the same on any day at any
+    hour. Raises ``ModelError`` naming the model otherwise (a template that calls ``strftime_now``
+    without honouring ``date_string`` would ask each node, and each day, a different system turn
+    under one ``system_prompt_sha256``)."""
+    question = "1+1="
+    with _clock_at(_datetime.datetime(2001, 1, 1, 0, 0, 1)):
+        first = render_chat_prompt(tokenizer, question, system_prompt, model_id=model_id)
+    with _clock_at(_datetime.datetime(2002, 2, 2, 13, 34, 56)):
+        second = render_chat_prompt(tokenizer, question, system_prompt, model_id=model_id)
+    if first != second:
+        raise ModelError(
+            f"the chat template of model {model_id!r} renders the clock (strftime_now) into prompts; "
+            "nodes would ask different prompts by day and time zone"
+        )
 
 
 def build_chat_tokenizer(corpus: Iterable[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:

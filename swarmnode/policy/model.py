@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 import uuid
+from array import array
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
@@ -73,7 +74,7 @@ class Policy:
     prompt_format: PromptFormat = field(default_factory=PromptFormat)
     #: Chat prompts already rendered and tokenized (a template renders in ~0.1-0.3 ms; every
     #: admitted peer group re-derives its prompt): (tokenizer, format, question) -> ids, bounded.
-    _chat_ids: OrderedDict[tuple[int, PromptFormat, str], tuple[int, ...]] = field(
+    _chat_ids: OrderedDict[tuple[int, PromptFormat, str], array[int]] = field(
         default_factory=OrderedDict, repr=False, compare=False
     )
 
@@ -127,12 +128,16 @@ class Policy:
         """
         if self.chat_prompts:
             key = (id(self.tokenizer), self.prompt_format, text)
-            cached = self._chat_ids.get(key)
-            if cached is None:
+            cached = self._chat_ids.pop(key, None)  # least recently used first out (never raises)
+            if cached is not None:
+                self._chat_ids[key] = cached
+            else:
                 rendered = render_chat_prompt(
                     self.tokenizer, text, self.prompt_format.system_prompt, model_id=self.model_id
                 )
-                cached = tuple(self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
+                # array: 4 bytes a token, not a tuple's 8 plus 28 per id object above 256 (4,096
+                # prompts under a 4,096-character system prompt held 394 MiB as tuples; red team)
+                cached = array("i", self.tokenizer(rendered, add_special_tokens=False)["input_ids"])
                 if not cached:
                     raise ModelError(f"policy {self.model_id!r} encodes prompt {text!r} to no tokens")
                 self._chat_ids[key] = cached

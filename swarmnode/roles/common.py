@@ -28,6 +28,7 @@ from swarmnode.ops.api import serve_forever
 from swarmnode.ops.dashboard import Dashboard
 from swarmnode.ops.metrics import Metrics
 from swarmnode.policy import Policy, PromptFormat, build_tiny_policy, load_policy
+from swarmnode.policy.chat import check_chat_template
 from swarmnode.policy.chat_model import build_chat_policy
 from swarmnode.policy.warmstart import SPECIALIST_WARM_START, warm_start
 from swarmnode.rollout import RolloutEngine, make_engine
@@ -88,7 +89,8 @@ def build_policy(config: Config, home: NodeHome, mixture: TaskMixture, say: Text
         )
         policy = load_policy(path)
     policy.prompt_format = PromptFormat(config.rollout.chat_template, config.rollout.system_prompt)
-    if policy.chat_prompts:  # a broken template fails here, at start, naming the model
+    if policy.chat_prompts:  # a broken or clock-reading template fails here, at start, naming the model
+        check_chat_template(policy.tokenizer, config.rollout.system_prompt, model_id=policy.model_id)
         policy.encode_prompt("1+1=")
     if "max_new_tokens" not in config.rollout.model_fields_set:
         config.rollout.max_new_tokens = default_max_new_tokens(config, policy)

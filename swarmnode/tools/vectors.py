@@ -774,10 +774,19 @@ def build() -> VectorSet:
         "a group of chat prompts (the default system prompt's id) at a receiver that asks bare questions",
         "system_prompt_mismatch",
     )
+    # Bytes of its own (signed 1 ms earlier): ``protocol check --context`` finds a vector's own
+    # context by the file's bytes, so bytes shared with chat_group_at_a_bare_receiver judged that
+    # file at a chat receiver (accepted) instead of at the manifest's bare one (red team).
+    chat_at_chat = encode_envelope(
+        _envelope(
+            RolloutBatch(groups=(vector_group(tasks[0], [right[0]], system_prompt_sha256=chat_id),)),
+            sent_at_ms=SENT_AT_MS - 1,
+        )
+    )
     vs.add(
         "chat_group_at_a_chat_receiver",
-        chat,
-        "the same bytes at a receiver whose chat prompts carry the same system prompt",
+        chat_at_chat,
+        "the same group at a receiver whose chat prompts carry the same system prompt",
         context={"system_prompt_sha256": chat_id.hex()},
         kind="rollout_batch",
         sender=KEYS["sender"].peer_id,
@@ -796,6 +805,26 @@ def build() -> VectorSet:
         encode_envelope(_envelope(mismatch)),
         "prompt '1+1=' for a task that regenerates '58+26='",
         "prompt_mismatch",
+    )
+    # Step 8 runs group by group (SPEC.md §4): who is charged depends on which failure comes first.
+    forged_then_other = RolloutBatch(
+        groups=(
+            vector_group(tasks[1], ["2"], prompt="1+1="),
+            vector_group(tasks[2], [right[2]], system_prompt_sha256=chat_id),
+        )
+    )
+    vs.add(
+        "forged_prompt_then_other_system_prompt",
+        encode_envelope(_envelope(forged_then_other)),
+        "groups[0] forges its prompt, groups[1] names another system prompt: the first group decides",
+        "prompt_mismatch",
+    )
+    other_then_forged = RolloutBatch(groups=tuple(reversed(forged_then_other.groups)))
+    vs.add(
+        "other_system_prompt_then_forged_prompt",
+        encode_envelope(_envelope(other_then_forged)),
+        "the same two groups the other way round",
+        "system_prompt_mismatch",
     )
     second_bad = RolloutBatch(groups=(batch.groups[0], vector_group(tasks[1], ["2"], prompt=tasks[0].prompt)))
     vs.add(

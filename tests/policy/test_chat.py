@@ -204,3 +204,70 @@ def test_rendered_prompts_are_kept_within_a_bound(
     assert policy.encode_prompt("q0") == first  # evicted, rendered again: the same ids
     first.append(0)  # a caller's list is its own
     assert policy.encode_prompt("q0") != first
+
+
+#: The date logic of Llama 3.2's template (strftime_now unless date_string is given), in ChatML.
+CLOCK_TEMPLATE = (
+    "{%- if not date_string is defined %}{%- set date_string = strftime_now('%d %b %Y') %}{%- endif %}"
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' }}"
+    "{%- if message['role'] == 'system' %}{{- 'Today Date: ' + date_string + '\\n' }}{%- endif %}"
+    "{{- message['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+
+
+def test_a_template_that_reads_the_date_renders_the_pinned_date_and_one_that_reads_the_time_is_refused(
+    chat_tokenizer: PreTrainedTokenizerFast,
+) -> None:
+    from swarmnode.policy.chat import PINNED_DATE_STRING, _clock_at, check_chat_template
+
+    saved = chat_tokenizer.chat_template
+    try:
+        chat_tokenizer.chat_template = CLOCK_TEMPLATE
+        check_chat_template(chat_tokenizer, DEFAULT_SYSTEM_PROMPT, model_id="llama-like")
+        import datetime
+
+        with _clock_at(datetime.datetime(2026, 12, 4, 23, 59)):
+            a = chat_policy(chat_tokenizer).encode_prompt(QUESTION)
+        with _clock_at(datetime.datetime(2026, 12, 5, 0, 1)):
+            b = chat_policy(chat_tokenizer).encode_prompt(QUESTION)
+        assert a == b and PINNED_DATE_STRING in chat_tokenizer.decode(a)
+        chat_tokenizer.chat_template = "{{ strftime_now('%H:%M:%S') }}" + saved
+        with pytest.raises(ModelError, match="renders the clock"):
+            check_chat_template(chat_tokenizer, DEFAULT_SYSTEM_PROMPT, model_id="clock")
+    finally:
+        chat_tokenizer.chat_template = saved
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{{ 1 / 0 }}",
+        "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}",
+        "{% for i in range(10**9) %}{% endfor %}",
+    ],
+    ids=["zero-division", "recursion", "range-too-big"],
+)
+def test_any_template_failure_is_a_model_error_naming_the_model(
+    chat_tokenizer: PreTrainedTokenizerFast, template: str
+) -> None:
+    policy = chat_policy(chat_tokenizer)
+    saved = chat_tokenizer.chat_template
+    chat_tokenizer.chat_template = template
+    try:
+        with pytest.raises(ModelError, match="chat template of model 'chat-test' failed"):
+            policy.encode_prompt(QUESTION)
+    finally:
+        chat_tokenizer.chat_template = saved
+
+
+def test_the_render_cache_evicts_the_least_recently_used_prompt(
+    chat_tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr("swarmnode.policy.model.CHAT_PROMPT_CACHE", 3)
+    policy = chat_policy(chat_tokenizer)
+    policy.encode_prompt("hot")
+    for i in range(10):
+        policy.encode_prompt(f"cold {i}")
+        policy.encode_prompt("hot")
+    assert any(key[2] == "hot" for key in policy._chat_ids)

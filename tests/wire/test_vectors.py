@@ -197,3 +197,14 @@ def test_system_prompt_ids_are_the_manifests_known_answers() -> None:
     for case in ids["ids"]:
         assert system_prompt_id(case["system_prompt"]).hex() == case["sha256_hex"]
     assert len({case["sha256_hex"] for case in ids["ids"]}) == len(ids["ids"])
+
+
+def test_a_vector_with_its_own_context_shares_its_bytes_with_no_other_vector() -> None:
+    """``protocol check --context`` picks a vector's own context by the file's bytes (SPEC.md §6):
+    two vectors with the same bytes would judge one of them in the other's context."""
+    by_bytes: dict[bytes, list[str]] = {}
+    for entry in MANIFEST["vectors"]:
+        by_bytes.setdefault((VECTORS / entry["file"]).read_bytes(), []).append(entry["file"])
+    own = {entry["file"] for entry in MANIFEST["vectors"] if "context" in entry}
+    shared = [files for files in by_bytes.values() if len(files) > 1 and own & set(files)]
+    assert not shared, shared
