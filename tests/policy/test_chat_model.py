@@ -16,7 +16,7 @@ from swarmnode.home import NodeHome
 from swarmnode.policy import load_policy
 from swarmnode.policy.chat import IM_END
 from swarmnode.policy.chat_model import CHAT_MODEL_ID, PACKAGE_DIR, build_chat_policy, write_tokenizer
-from swarmnode.policy.warmstart import INFO_FILE, WarmStartSettings, warm_start
+from swarmnode.policy.warmstart import INFO_FILE, WarmStartSettings, _batch, _shared_prefix_loss, warm_start
 from swarmnode.roles.common import build_mixture, build_policy
 from swarmnode.roles.solo import run_solo
 from swarmnode.rollout import SamplingParams, TorchEngine
@@ -93,3 +93,23 @@ def test_the_node_runs_the_chat_model_with_its_own_completion_cap(tmp_path: Path
     result = run_solo(solo, home, max_rounds=2, out=io.StringIO(), install_signals=False)
     assert [m.round for m in result.rounds] == [1, 2]
     assert all(m.tokens_generated > 2 * 2 * 8 for m in result.rounds)  # past the tiny model's cap of 8
+
+
+def test_the_chat_warm_start_runs_the_shared_system_turn_once_for_the_same_loss() -> None:
+    """``_shared_prefix_loss`` is ``_batch``'s cross-entropy on the answer tokens, and so is its gradient."""
+    policy = build_chat_policy(2)
+    tasks = default_mixture(0).sample(0, 12, stream="test")
+    losses, grads = [], []
+    for shared in (False, True):
+        policy.model.zero_grad(set_to_none=True)
+        if shared:
+            loss = _shared_prefix_loss(policy, tasks)
+        else:
+            input_ids, labels = _batch(policy, tasks)
+            loss = policy.model(input_ids=input_ids, labels=labels).loss
+        loss.backward()
+        losses.append(float(loss))
+        grads.append({n: p.grad.clone() for n, p in policy.model.named_parameters()})
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5)
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-6)
