@@ -108,7 +108,7 @@ def test_the_chat_warm_start_runs_the_shared_system_turn_once_for_the_same_loss(
             input_ids, labels = _batch(policy, tasks)
             loss = policy.model(input_ids=input_ids, labels=labels).loss
         loss.backward()
-        losses.append(float(loss))
+        losses.append(float(loss.detach()))
         grads.append({n: p.grad.clone() for n, p in policy.model.named_parameters()})
     assert losses[1] == pytest.approx(losses[0], rel=1e-5)
     for name, grad in grads[0].items():
