@@ -199,9 +199,11 @@ def main(argv: list[str] | None = None) -> int:
                 "rule": rule,
                 **{k: {"mean": v["mean"], "sd": v["sd"], "per_seed": v["per_seed"]} for k, v in s.items()},
                 "cpu_seconds_per_agent_round": cpu / agents if cpu is not None else None,
+                "cpu_seconds": cpu * n_rounds * len(result["runs"]) if cpu is not None else None,
                 "seconds": sum(t["seconds"] for t in result["timing"]["runs"]),
             }
         )
+    cpu_total = sum(row["cpu_seconds"] or 0.0 for row in table)
     print(
         f"Specialists on the tiny model ({kind}: {n_rounds} rounds, {agents} agents, "
         f"seeds {list(run_seeds)}); greedy held-out accuracy, mean ± sd over seeds"
@@ -220,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{row['rule']:>18} {peers:>30} {own:>30} {cpu if cpu is None else round(cpu, 3):>10}")
     wall, args.jobs = recorded_wall(results_dir / f"{kind}.json", wall, args.jobs, args.summarize_only)
     print(f"wall {wall:.0f} s with --jobs {args.jobs} on {os.cpu_count()} cores")
+    # What the table costs whoever runs it: its CPU over 2 cores, as if nothing else ran (a
+    # summary of runs made at different times has no wall time of its own).
+    print(f"CPU {cpu_total:.0f} s in all: {cpu_total / 2 / 60:.1f} min on 2 cores at best (target 60)")
     summary = {
         "kind": kind,
         "rounds": n_rounds,
@@ -235,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             rule: dict(zip(("rounds", "own", "peers"), curves(r), strict=True)) for rule, r in by_rule.items()
         },
         "wall_seconds": wall,
+        "cpu_seconds": cpu_total,
         "jobs": args.jobs,
         "cpu_count": os.cpu_count(),
         "machine": platform.platform(),
