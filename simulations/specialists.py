@@ -220,8 +220,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         cpu = row["cpu_seconds_per_agent_round"]
         print(f"{row['rule']:>18} {peers:>30} {own:>30} {cpu if cpu is None else round(cpu, 3):>10}")
-    wall, args.jobs = recorded_wall(results_dir / f"{kind}.json", wall, args.jobs, args.summarize_only)
-    print(f"wall {wall:.0f} s with --jobs {args.jobs} on {os.cpu_count()} cores")
+    measured: float | None
+    recorded = (results_dir / f"{kind}.json").is_file()
+    measured, args.jobs = recorded_wall(results_dir / f"{kind}.json", wall, args.jobs, args.summarize_only)
+    if args.summarize_only and (not recorded or not measured):
+        measured = None  # a summary of runs made apart has no wall time of its own
+        print("wall: not measured (a summary of earlier runs)")
+    else:
+        print(f"wall {measured:.0f} s with --jobs {args.jobs} on {os.cpu_count()} cores")
     # What the table costs whoever runs it: its CPU over 2 cores, as if nothing else ran (a
     # summary of runs made at different times has no wall time of its own).
     print(f"CPU {cpu_total:.0f} s in all: {cpu_total / 2 / 60:.1f} min on 2 cores at best (target 60)")
@@ -239,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         "curves": {
             rule: dict(zip(("rounds", "own", "peers"), curves(r), strict=True)) for rule, r in by_rule.items()
         },
-        "wall_seconds": wall,
+        "wall_seconds": measured,
         "cpu_seconds": cpu_total,
         "jobs": args.jobs,
         "cpu_count": os.cpu_count(),
