@@ -22,8 +22,9 @@ from typing import Any
 import pytest
 import torch
 
+from swarmnode.config import DEFAULT_SYSTEM_PROMPT
 from swarmnode.errors import ModelError
-from swarmnode.policy.model import load_policy, resolve_model_path
+from swarmnode.policy.model import PromptFormat, load_policy, resolve_model_path
 from swarmnode.rollout.torch_engine import TorchEngine
 from swarmnode.rollout.types import SamplingParams, sequence_logprobs
 
@@ -182,12 +183,19 @@ def test_the_chat_template_from_tokenizer_config_renders_chatml(qwen_dir: Path, 
     policy = load_policy(qwen_dir)
     text = str(policy.tokenizer.apply_chat_template(QUESTION, tokenize=False, add_generation_prompt=True))
     assert text == RENDERED
-    ids = policy.encode_prompt(text)
+    # The node asks the question through that template. With no system turn of ours, the prompt is
+    # exactly Qwen's rendering (its template then adds its own default system turn).
+    policy.prompt_format = PromptFormat(system_prompt="")
+    ids = policy.encode_prompt(QUESTION[0]["content"])
     # Special tokens in the rendered text are single tokens, not spelled out byte by byte.
     start = policy.tokenizer.convert_tokens_to_ids("<|im_start|>")
     assert isinstance(start, int)
     assert ids.count(start) == 3
     assert policy.tokenizer.decode(ids) == RENDERED
+    # With the default system prompt, ours replaces Qwen's.
+    policy.prompt_format = PromptFormat()
+    asked = policy.tokenizer.decode(policy.encode_prompt(QUESTION[0]["content"]))
+    assert asked == RENDERED.replace("You are Qwen, a helpful assistant.", DEFAULT_SYSTEM_PROMPT)
 
 
 def test_the_torch_engine_samples_from_the_qwen2_checkpoint_with_exact_logprobs(
