@@ -39,7 +39,7 @@ from swarmnode.policy.tokenizer import DEFAULT_ALPHABET
 from swarmnode.rollout.torch_engine import TorchEngine
 from swarmnode.tasks import Task, TaskMixture
 from swarmnode.tasks.scoring import ANSWER_CLOSE, ANSWER_OPEN
-from swarmnode.train.batch import completion_logits, pad_right
+from swarmnode.train.batch import shared_prefix_logprobs
 
 #: Bump when the procedure changes in a way that changes its result (invalidates caches).
 WARM_START_FORMAT = 1
@@ -181,27 +181,24 @@ def _shared_prefix_loss(policy: Policy, tasks: list[Task]) -> torch.Tensor:
     its 65 tokens under the default system prompt) run once per pack instead of once per example
     (``train.batch``'s shared-prefix forward)."""
     examples = [_encode_example(policy, task) for task in tasks]
-    prefix = len(examples[0][0])
-    for ids, prompt_len in examples:
-        prefix = min(prefix, prompt_len - 1, _common_length(examples[0][0], ids, prefix))
+    # The prompts' common prefix, less at least one prompt token (a completion's first token is
+    # scored from the prompt's last position).
+    columns = zip(*(ids for ids, _ in examples), strict=False)  # position by position, to the shortest
+    common = next((i for i, column in enumerate(columns) if len(set(column)) > 1), len(examples[0][0]))
+    prefix = min(common, *(prompt_len - 1 for _, prompt_len in examples))
     shared = examples[0][0][:prefix]
     rests = [ids[prefix:] for ids, _ in examples]
-    logits, mask = completion_logits(
-        policy.model, [shared] * len(rests), rests, policy.pad_token_id, pack_tokens=WARM_START_PACK_TOKENS
+    logp, mask = shared_prefix_logprobs(
+        policy.model,
+        [shared] * len(rests),
+        rests,
+        pad_token_id=policy.pad_token_id,
+        pack_tokens=WARM_START_PACK_TOKENS,
     )
-    targets = pad_right(rests, policy.pad_token_id, torch.long)
-    logp = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
     answer = torch.zeros_like(mask)
     for row, (ids, prompt_len) in enumerate(examples):
         answer[row, prompt_len - prefix : len(ids) - prefix] = 1.0
     return -(logp * answer).sum() / answer.sum()
-
-
-def _common_length(a: list[int], b: list[int], limit: int) -> int:
-    n = 0
-    while n < limit and n < len(b) and a[n] == b[n]:
-        n += 1
-    return n
 
 
 def _eval_tasks(mixture: TaskMixture, seed: int, count: int) -> list[Task]:

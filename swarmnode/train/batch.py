@@ -166,14 +166,15 @@ def shared_prefix_logprobs(
     completion_ids: list[list[int]],
     temperature: float = 1.0,
     pad_token_id: int = 0,
+    pack_tokens: int = MAX_PACK_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``completion_logprobs`` with each run of rows that share a prompt packed into one sequence.
 
     Same (B, T) values and mask as the unshared path (float rounding aside), in the same row order;
-    consecutive rows with equal prompts form a pack (split past ``MAX_PACK_TOKENS``), so a batch
+    consecutive rows with equal prompts form a pack (split past ``pack_tokens``), so a batch
     ordered by group shares each prompt.
     """
-    picked, targets, mask = _packed_logits(model, prompt_ids, completion_ids, pad_token_id)
+    picked, targets, mask = _packed_logits(model, prompt_ids, completion_ids, pad_token_id, pack_tokens)
     if temperature != 1.0:
         picked = picked / temperature
     token_logp = torch.log_softmax(picked, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
