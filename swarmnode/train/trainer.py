@@ -387,13 +387,7 @@ class Trainer:
             if rewards:
                 self.capabilities.update(source, sum(rewards) / len(rewards))
 
-    def _old_logprobs(
-        self,
-        groups: Sequence[ScoredGroup],
-        prompts: list[list[int]],
-        completions: list[list[int]],
-        current: torch.Tensor | None = None,
-    ) -> torch.Tensor:
+    def _old_logprobs(self, groups: Sequence[ScoredGroup], current: torch.Tensor) -> torch.Tensor:
         """Behaviour log-probs per token: the generator's for own groups; ours (before the update) for
         external text, which SAPO re-tokenizes and scores under its own policy with no importance
         correction toward the sender (ALGORITHMS.md §2 step 5).
@@ -407,18 +401,7 @@ class Trainer:
         )
         if rows:
             return pad_right(rows, 0.0, torch.float32)
-        if current is not None:
-            ours = current.detach().clone()
-        else:
-            with torch.no_grad():
-                ours, _ = completion_logprobs(
-                    self.policy.model,
-                    prompts,
-                    completions,
-                    self.config.rollout.temperature,
-                    self.policy.pad_token_id,
-                    shared_prefix=self.config.learn.shared_prefix,
-                )
+        ours = current.detach().clone()
         own_rows = [lp for g in groups for lp in (g.behaviour_logprobs or [[] for _ in range(g.size)])]
         for i, row in enumerate(own_rows):
             if row:
@@ -483,7 +466,7 @@ class Trainer:
                 self.policy.model, prompts, completions, temperature, pad, shared_prefix=shared
             )
             if old_logp is None:
-                old_logp = self._old_logprobs(groups, prompts, completions, current=logp)
+                old_logp = self._old_logprobs(groups, current=logp)
                 if hacpo:
                     old_mean = self._hacpo_old_mean(groups, completions, old_logp, is_self)
             old = old_logp[:, : logp.shape[1]]

@@ -165,9 +165,23 @@ def test_external_rows_old_logprobs_from_the_first_step_equal_a_pass_of_their_ow
             trainer.generator.manual_seed(5)
             own, _, _ = trainer.generate_groups(1)
             external = [relabelled(g, [1.0, 0.0, 1.0, 0.0], source_mean_logprobs=[-0.5] * 4) for g in own[:4]]
-            if separate:  # the previous way: a no-grad forward of every row before the steps
-                plain = trainer._old_logprobs
-                trainer._old_logprobs = lambda g, p, c, current=None, plain=plain: plain(g, p, c)  # type: ignore[method-assign]
+            if separate:  # the previous way: a no-grad forward of every row of its own
+
+                def separate_pass(
+                    g: list[ScoredGroup], current: torch.Tensor, t: Trainer = trainer
+                ) -> torch.Tensor:
+                    with torch.no_grad():
+                        ours, _ = completion_logprobs(
+                            t.policy.model,
+                            [x.prompt_ids for x in g for _ in range(x.size)],
+                            [c for x in g for c in x.completion_ids],
+                            cfg.rollout.temperature,
+                            t.policy.pad_token_id,
+                            shared_prefix=cfg.learn.shared_prefix,
+                        )
+                    return Trainer._old_logprobs(t, g, current=ours)
+
+                trainer._old_logprobs = separate_pass  # type: ignore[method-assign]
             forwards: list[int] = []
             hook = trainer.policy.model.register_forward_hook(lambda *_, seen=forwards: seen.append(1))
             metrics = trainer.train_round(own, external)
