@@ -204,13 +204,20 @@ def cmd_export(args: argparse.Namespace) -> int:
         Path(args.out),
         checkpoint=Path(args.checkpoint) if args.checkpoint else None,
         force=args.force,
+        adapter=args.adapter,
     )
+    what = "the LoRA adapter of " if args.adapter else ""
     print(
-        f"exported round {done.round} (policy version {done.policy_version}, {done.parameters:,} parameters) "
-        f"from {done.checkpoint} to {done.out}\n"
-        f"load it with AutoModelForCausalLM.from_pretrained({str(done.out)!r}) and "
-        f"AutoTokenizer.from_pretrained({str(done.out)!r})"
+        f"exported {what}round {done.round} (policy version {done.policy_version}, "
+        f"{done.parameters:,} parameters) from {done.checkpoint} to {done.out}"
     )
+    if args.adapter:
+        print(f"load it with PeftModel.from_pretrained(base_model, {str(done.out)!r})")
+    else:
+        print(
+            f"load it with AutoModelForCausalLM.from_pretrained({str(done.out)!r}) and "
+            f"AutoTokenizer.from_pretrained({str(done.out)!r})"
+        )
     return EXIT_OK
 
 
@@ -329,6 +336,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="directory to write (must not exist or be empty)")
     p.add_argument("--checkpoint", help="a checkpoint directory (default: the newest that verifies)")
     p.add_argument("--force", action="store_true", help="replace a non-empty --out")
+    p.add_argument(
+        "--adapter",
+        action="store_true",
+        help="write the LoRA adapter alone, in peft's format (a node with learn.lora_rank > 0); "
+        "default: the whole model, adapters merged",
+    )
     p.set_defaults(handler=cmd_export)
 
     p = sub.add_parser("tasks", help="task families: audit which reasoning-gym scorers are safe on peer text")

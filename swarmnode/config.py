@@ -24,6 +24,9 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 #: The longest system prompt a config may set, in characters (it is in every prompt).
 MAX_SYSTEM_PROMPT_CHARS = 4096
+#: What ``learn.lora_target_modules`` adapts by default: every projection of a Llama / Qwen / Mistral
+#: decoder layer (attention and MLP), as in peft's and TRL's examples for these families.
+DEFAULT_LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 CONFIG_FILE = "swarmnode.toml"
 ENV_PREFIX = "SWARMNODE_"
@@ -202,6 +205,33 @@ class LearnConfig(Section):
         True,
         description="Score each group's prompt once in the update (one packed forward/backward per group; "
         "exact up to float rounding). False: one row per completion, the prompt repeated.",
+    )
+    lora_rank: int = Field(
+        0,
+        ge=0,
+        le=1024,
+        description="LoRA rank (peft): train low-rank adapters on a frozen base instead of every weight; "
+        "0 = full fine-tuning. Peers and workers always receive the merged weights.",
+    )
+    lora_alpha: float = Field(
+        16.0, gt=0.0, description="LoRA scale numerator: updates scale by alpha / rank."
+    )
+    lora_target_modules: list[str] = Field(
+        default_factory=lambda: list(DEFAULT_LORA_TARGETS),
+        min_length=1,
+        description="Module names LoRA adapts (Llama / Qwen / Mistral names: attention and MLP projections).",
+    )
+    micro_batch_tokens: int = Field(
+        0,
+        ge=0,
+        description="Run an update at most this many tokens through the model at a time (whole groups; "
+        "exact: the loss's gradient is taken on all log-probs, then pushed back a micro-batch at a time); "
+        "costs one more forward pass per step. 0 = the whole update at once.",
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description="Recompute each decoder layer's activations in the backward pass instead of keeping "
+        "them: less memory, about a third more compute per update.",
     )
 
 

@@ -7,6 +7,7 @@ HOME/checkpoints/        atomic training checkpoints (last K kept)
 HOME/models/             built-in model, warm-start cache
 HOME/p2p/                libp2p identity and runtime files
 HOME/published_version   a learner's highest published policy version (never reused)
+HOME/published/          a learner's served versions, one blob file each (memory-mapped)
 
 Permissions: the home and every folder under it are 0700 and every file 0600
 (``ensure`` tightens an existing home; the writers create files 0600). A node's
@@ -52,6 +53,10 @@ class NodeHome:
     @property
     def p2p(self) -> Path:
         return self.root / "p2p"
+
+    @property
+    def published(self) -> Path:
+        return self.root / "published"
 
     @property
     def published_version(self) -> Path:

@@ -37,10 +37,12 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import mmap
 import time
-from collections.abc import Callable, Coroutine, Mapping
+import warnings
+from collections.abc import Callable, Coroutine, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from swarmnode.broadcast import core as bc
 from swarmnode.core.events import PeerId
@@ -104,27 +106,57 @@ class BroadcastError(Exception):
 # --------------------------------------------------------------------------- blobs and manifests
 
 
-def state_dict_to_blob(state_dict: Mapping[str, torch.Tensor]) -> tuple[bytes, tuple[TensorEntry, ...]]:
-    """Concatenate tensors (sorted by name, contiguous CPU bytes) and describe each."""
+#: What a blob may be held in: bytes, a buffer being filled (a receiver), or a read-only memory map
+#: of a file (a learner's archive of published versions: ``WeightPublisher(archive=...)``).
+Blob = bytes | bytearray | mmap.mmap
+
+
+def _blob_parts(state_dict: Mapping[str, torch.Tensor]) -> Iterator[tuple[TensorEntry, memoryview]]:
+    """Each tensor (sorted by name, contiguous CPU bytes, not copied) and its entry in the layout."""
     import torch
 
     names = _dtype_names()
-    parts: list[bytes] = []
-    entries: list[TensorEntry] = []
     offset = 0
     for name in sorted(state_dict):
         tensor = state_dict[name].detach().to("cpu").contiguous()
         dtype = names.get(tensor.dtype)
         if dtype is None:
             raise BroadcastError(f"tensor {name!r} has dtype {tensor.dtype}, which the manifest cannot carry")
-        data = tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
-        entries.append(TensorEntry(name, dtype, tuple(tensor.shape), offset, len(data)))
-        parts.append(data)
+        data = tensor.reshape(-1).view(torch.uint8).numpy().data if tensor.numel() else memoryview(b"")
+        yield TensorEntry(name, dtype, tuple(tensor.shape), offset, len(data)), data
         offset += len(data)
+
+
+def state_dict_to_blob(state_dict: Mapping[str, torch.Tensor]) -> tuple[bytes, tuple[TensorEntry, ...]]:
+    """Concatenate tensors (sorted by name, contiguous CPU bytes) and describe each."""
+    entries, parts = zip(*_blob_parts(state_dict), strict=True) if state_dict else ((), ())
     return b"".join(parts), tuple(entries)
 
 
-def blob_to_state_dict(blob: bytes | bytearray, tensors: tuple[TensorEntry, ...]) -> dict[str, torch.Tensor]:
+def write_blob(
+    state_dict: Mapping[str, torch.Tensor], file: BinaryIO, chunk_size: int
+) -> tuple[tuple[TensorEntry, ...], tuple[bytes, ...]]:
+    """``state_dict_to_blob`` written to ``file`` a tensor at a time (no copy of the whole in memory),
+    and its ``chunk_hashes`` taken on the way (so the file need not be read back to sign it)."""
+    entries, hashes = [], []
+    chunk, filled = hashlib.sha256(), 0
+    for entry, data in _blob_parts(state_dict):
+        file.write(data)
+        entries.append(entry)
+        at = 0
+        while at < len(data):
+            take = min(chunk_size - filled, len(data) - at)
+            chunk.update(data[at : at + take])
+            at, filled = at + take, filled + take
+            if filled == chunk_size:
+                hashes.append(chunk.digest())
+                chunk, filled = hashlib.sha256(), 0
+    if filled:
+        hashes.append(chunk.digest())
+    return tuple(entries), tuple(hashes)
+
+
+def blob_to_state_dict(blob: Blob, tensors: tuple[TensorEntry, ...]) -> dict[str, torch.Tensor]:
     """The inverse of ``state_dict_to_blob`` (fresh tensors that own their memory)."""
     import torch
 
@@ -140,7 +172,77 @@ def blob_to_state_dict(blob: bytes | bytearray, tensors: tuple[TensorEntry, ...]
     return out
 
 
-def chunk_hashes(blob: bytes, chunk_size: int) -> tuple[bytes, ...]:
+def tied_aliases(state: Mapping[str, torch.Tensor]) -> set[str]:
+    """The names in ``state`` whose tensor is another name's, storage and all (a tied LM head and
+    input embedding): each but the first in sorted order. A blob carries such a tensor once."""
+    seen: set[tuple[int, int, tuple[int, ...], tuple[int, ...]]] = set()
+    aliases = set()
+    for name in sorted(state):
+        t = state[name]
+        key = (t.untyped_storage().data_ptr(), int(t.storage_offset()), tuple(t.shape), tuple(t.stride()))
+        if key in seen and t.numel():
+            aliases.add(name)
+        seen.add(key)
+    return aliases
+
+
+def publishable(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``state`` without its tied aliases (``tied_aliases``): what a version's blob holds."""
+    aliases = tied_aliases(state)
+    return {name: tensor for name, tensor in state.items() if name not in aliases}
+
+
+def check_fits(model: torch.nn.Module, tensors: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
+    """``model``'s state dict, once ``tensors`` (name -> shape) is known to fill it exactly: every
+    name of the model (a tied alias may be left out: it is the tensor it aliases), none other,
+    every shape the model's. Otherwise a ``BroadcastError`` naming the difference, before anything
+    is loaded."""
+    targets = model.state_dict()
+    names = set(tensors)
+    missing = sorted(set(targets) - names - tied_aliases(targets))
+    unexpected = sorted(names - set(targets))
+    if missing or unexpected:
+        raise BroadcastError(
+            f"weights do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    for name, shape in tensors.items():
+        if tuple(targets[name].shape) != tuple(shape):
+            raise BroadcastError(
+                f"tensor {name!r}: shape {tuple(shape)} does not fit the model's {tuple(targets[name].shape)}"
+            )
+    return targets
+
+
+def load_weights(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
+    """Copy ``state`` into ``model`` after ``check_fits`` (nothing is loaded when it does not fit)."""
+    import torch
+
+    targets = check_fits(model, {name: tuple(t.shape) for name, t in state.items()})
+    with torch.no_grad():
+        for name, tensor in state.items():
+            targets[name].copy_(tensor)
+
+
+def load_blob_into(model: torch.nn.Module, blob: Blob, tensors: tuple[TensorEntry, ...]) -> None:
+    """``load_weights(model, blob_to_state_dict(blob, tensors))`` a tensor at a time, read from the
+    blob in place, so no second copy of the model is ever made (a learner's spot checks load old
+    versions into their scratch model from the memory-mapped archive this way)."""
+    import torch
+
+    targets = check_fits(model, {t.name: t.shape for t in tensors})
+    dtypes = {name: dtype for dtype, name in _dtype_names().items()}
+    view = memoryview(blob)
+    with torch.no_grad(), warnings.catch_warnings():
+        # The tensors below read the blob in place (a read-only map: torch warns it cannot be
+        # written through them), and are only copied from: the copy goes straight into the model.
+        warnings.simplefilter("ignore", UserWarning)
+        for t in tensors:
+            if t.nbytes:
+                raw = torch.frombuffer(view[t.offset : t.offset + t.nbytes], dtype=torch.uint8)
+                targets[t.name].copy_(raw.view(dtypes[t.dtype]).reshape(t.shape))
+
+
+def chunk_hashes(blob: Blob, chunk_size: int) -> tuple[bytes, ...]:
     view = memoryview(blob)
     return tuple(hashlib.sha256(view[i : i + chunk_size]).digest() for i in range(0, len(blob), chunk_size))
 
@@ -154,17 +256,19 @@ def build_manifest(
     identity: Signer,
     model_id: str,
     version: int,
-    blob: bytes,
+    blob: Blob,
     tensors: tuple[TensorEntry, ...],
     chunk_size: int = DEFAULT_CHUNK_SIZE,
+    hashes: tuple[bytes, ...] | None = None,
 ) -> tuple[WeightManifest, Envelope]:
-    """The publisher's signed manifest and the envelope that carries it (its id names the version)."""
+    """The publisher's signed manifest and the envelope that carries it (its id names the version).
+    ``hashes``: the blob's ``chunk_hashes``, when already known (``write_blob``)."""
     body = WeightManifestBody(
         model_id=model_id,
         version=version,
         tensors=tensors,
         chunk_size=chunk_size,
-        chunk_hashes=chunk_hashes(blob, chunk_size),
+        chunk_hashes=hashes if hashes is not None else chunk_hashes(blob, chunk_size),
         total_bytes=len(blob),
     )
     manifest = sign_manifest(identity, body)
@@ -236,7 +340,7 @@ class Published:
 class _Version:
     digest: bytes
     body: WeightManifestBody
-    buffer: bytearray | bytes
+    buffer: Blob
     done: asyncio.Future[None]
     greeted: set[PeerId] = field(default_factory=set)  # peers that got our full set
 
@@ -371,9 +475,17 @@ class BroadcastNode:
     # ------------------------------------------------------------------ publishing
 
     def publish_blob(
-        self, blob: bytes, tensors: tuple[TensorEntry, ...], model_id: str, version: int, chunk_size: int
+        self,
+        blob: Blob,
+        tensors: tuple[TensorEntry, ...],
+        model_id: str,
+        version: int,
+        chunk_size: int,
+        hashes: tuple[bytes, ...] | None = None,
     ) -> Published:
-        manifest, envelope = build_manifest(self.identity, model_id, version, blob, tensors, chunk_size)
+        manifest, envelope = build_manifest(
+            self.identity, model_id, version, blob, tensors, chunk_size, hashes
+        )
         digest = envelope.envelope_id()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         done.set_result(None)
@@ -404,7 +516,7 @@ class BroadcastNode:
         blob, tensors = state_dict_to_blob(state_dict)
         return self.publish_blob(blob, tensors, model_id, version, chunk_size)
 
-    def served(self, digest: bytes) -> tuple[bytes | bytearray, tuple[TensorEntry, ...]] | None:
+    def served(self, digest: bytes) -> tuple[Blob, tuple[TensorEntry, ...]] | None:
         """The blob and tensor layout this node serves under ``digest`` (a published version, or a
         received one once complete), or None: ``blob_to_state_dict`` turns them back into weights."""
         v = self._versions.get(digest)

@@ -33,8 +33,10 @@ import asyncio
 import collections
 import functools
 import logging
+import mmap
+import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +44,15 @@ import torch
 
 from swarmnode.broadcast.core import Blame, BroadcastConfig
 from swarmnode.broadcast.driver import (
+    Blob,
     BroadcastError,
     BroadcastNode,
     OpenedManifest,
     Published,
     blob_to_state_dict,
+    load_weights,
+    publishable,
+    write_blob,
 )
 from swarmnode.broadcast.receiver import (
     AbandonReceive,
@@ -68,6 +74,7 @@ from swarmnode.ops.metrics import Metrics
 from swarmnode.ops.supervise import TaskSet
 from swarmnode.policy import Policy
 from swarmnode.policy.lock import ModelLock
+from swarmnode.policy.lora import merged_state_dict
 from swarmnode.rollout import RolloutEngine
 from swarmnode.store.atomic import atomic_write_text
 from swarmnode.wire import Envelope, Kind, PeerRecord, TensorEntry, WeightManifest
@@ -107,6 +114,7 @@ class WeightPublisher:
         on_blame: Any = None,
         on_disseminated: Callable[[str, int, float], None] | None = None,
         record: Path | None = None,
+        archive: Path | None = None,
     ) -> None:
         # The highest version ever published (``record``: kept there across restarts). A version
         # number names one set of weights for good: a learner resumed from an older checkpoint
@@ -130,6 +138,15 @@ class WeightPublisher:
         self.keep = max(1, keep)
         self.metrics = metrics
         self.published: collections.OrderedDict[int, Published] = collections.OrderedDict()
+        # Where the ``keep`` versions served live: ``archive`` (one file each, memory-mapped: the
+        # kernel's page cache holds what is read, and drops it under pressure, instead of ``keep``
+        # full copies of the model in the learner's own memory), else in memory (tests, tools).
+        self.archive = archive
+        self._files: dict[int, Path] = {}
+        if archive is not None:
+            archive.mkdir(parents=True, exist_ok=True, mode=0o700)
+            for stale in archive.glob("*.blob*"):  # an earlier run's: nothing refers to them
+                stale.unlink(missing_ok=True)
         self.dataplane = dataplane
         self._tasks = TaskSet("weight publisher")  # manifest sends
 
@@ -151,12 +168,24 @@ class WeightPublisher:
     def publish(self, version: int, model: torch.nn.Module) -> Published:
         if version <= self.highest:
             raise ValueError(f"policy version {version} was published already (highest {self.highest})")
-        state = {k: v.detach().to("cpu").contiguous() for k, v in model.state_dict().items()}
-        published = self.node.publish_state_dict(state, self.model_id, version, self.chunk_bytes)
+        # The merged weights (LoRA adapters folded in): what a worker's plain model loads; a tied
+        # head and embedding once.
+        state = publishable(merged_state_dict(model))
+        if self.archive is None:
+            published = self.node.publish_state_dict(state, self.model_id, version, self.chunk_bytes)
+        else:
+            blob, tensors, hashes = self._archived(version, state)
+            published = self.node.publish_blob(
+                blob, tensors, self.model_id, version, self.chunk_bytes, hashes
+            )
         self.published[version] = published
         while len(self.published) > self.keep:
-            _, old = self.published.popitem(last=False)
+            old_version, old = self.published.popitem(last=False)
             self.node.retire(old.digest)
+            # Unlinked now; a chunk being served keeps its map (and so the file's pages) until done.
+            path = self._files.pop(old_version, None)
+            if path is not None:
+                path.unlink(missing_ok=True)
             for key in [k for k in self.told_at if k[1] == old.digest]:
                 del self.told_at[key]
         self.highest = version
@@ -165,7 +194,25 @@ class WeightPublisher:
         self.metrics.set("published_version", "Latest policy version published", version)
         return published
 
-    def weights_of(self, version: int) -> tuple[bytes | bytearray, tuple[TensorEntry, ...]] | None:
+    def _archived(
+        self, version: int, state: Mapping[str, torch.Tensor]
+    ) -> tuple[Blob, tuple[TensorEntry, ...], tuple[bytes, ...]]:
+        """Write ``state`` as version ``version``'s blob into the archive, a tensor at a time (its
+        chunk hashes taken on the way), and map it read-only: its pages enter this process's memory
+        only as chunks are served or a spot check loads it."""
+        assert self.archive is not None
+        path = self.archive / f"{version}.blob"
+        partial = path.with_suffix(".blob.partial")
+        with open(partial, "wb") as file:
+            tensors, hashes = write_blob(state, file, self.chunk_bytes)
+        os.replace(partial, path)
+        self._files[version] = path
+        with open(path, "rb") as file:
+            if os.fstat(file.fileno()).st_size == 0:
+                return b"", tensors, hashes
+            return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ), tensors, hashes
+
+    def weights_of(self, version: int) -> tuple[Blob, tuple[TensorEntry, ...]] | None:
         """The blob and layout of a version still served (the last ``keep``), or None. The learner's
         spot checks re-compute an older version from here: it keeps no other copy of old weights."""
         published = self.published.get(version)
@@ -372,7 +419,7 @@ class WeightReceiver:
                 self._perform(actions)  # a newer one was installed meanwhile: released
                 return
             try:
-                self.policy.model.load_state_dict(state)
+                load_weights(self.policy.model, state)  # checked whole before any tensor is copied
                 self.policy.version = version
                 self.engine.update_weights(self.policy)
             except Exception as e:  # a manifest our learner signed that does not fit the model

@@ -9,6 +9,7 @@ Must not: train, sample or know about tasks.
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ import tempfile
 import uuid
 from array import array
 from collections import OrderedDict
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from importlib import resources
@@ -37,6 +38,7 @@ from transformers.utils import logging as hf_logging
 from swarmnode.config import DEFAULT_SYSTEM_PROMPT
 from swarmnode.errors import ModelError
 from swarmnode.policy.chat import has_chat_template, render_chat_prompt
+from swarmnode.policy.lora import adapter_config, adapter_state_dict, has_lora, plain_copy
 from swarmnode.policy.tokenizer import DEFAULT_ALPHABET, build_char_tokenizer
 from swarmnode.wire import system_prompt_id
 
@@ -244,20 +246,56 @@ def save_policy(
     The directory is written under a temporary name beside ``path``, fsynced and
     renamed into place, so a reader sees either the old directory or the complete
     new one. ``extra_files`` (name -> text) are written into the same directory
-    before the rename (e.g. warm-start metadata).
+    before the rename (e.g. warm-start metadata). A model training LoRA adapters is
+    saved merged, as the plain model other tools load (``save_adapter``: the adapter alone).
     """
-    target = Path(path)
+
+    def fill(staging: Path) -> None:
+        model = plain_copy(policy.model) if has_lora(policy.model) else policy.model
+        setattr(model.config, MODEL_ID_CONFIG_KEY, policy.model_id)
+        with _quiet_progress_bars():
+            model.save_pretrained(staging)  # type: ignore[operator]
+        policy.tokenizer.save_pretrained(staging)
+
+    _write_directory(Path(path), fill, extra_files, "the policy")
+
+
+def save_adapter(
+    policy: Policy,
+    path: str | os.PathLike[str],
+    *,
+    base_model: str = "",
+    extra_files: Mapping[str, str] | None = None,
+) -> None:
+    """Write ``policy``'s LoRA adapter alone to ``path`` (atomically, as ``save_policy``) in peft's
+    format, ``adapter_config.json`` and ``adapter_model.safetensors``, with the tokenizer:
+    ``PeftModel.from_pretrained(base, path)`` loads it onto the model the node started from
+    (``base_model``, recorded as the config's ``base_model_name_or_path``)."""
+    from safetensors.torch import save_file
+
+    def fill(staging: Path) -> None:
+        config = copy.deepcopy(adapter_config(policy.model))
+        config.base_model_name_or_path = base_model
+        config.save_pretrained(str(staging))
+        save_file(adapter_state_dict(policy.model), str(staging / "adapter_model.safetensors"))
+        policy.tokenizer.save_pretrained(staging)
+
+    _write_directory(Path(path), fill, extra_files, "the adapter")
+
+
+def _write_directory(
+    target: Path, fill: Callable[[Path], None], extra_files: Mapping[str, str] | None, what: str
+) -> None:
+    """Create ``target`` atomically: ``fill`` writes a staging directory beside it (plus
+    ``extra_files``), which is fsynced and renamed into place (replacing an old ``target``)."""
     parent = target.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=parent))
     except OSError as exc:
-        raise ModelError(f"cannot create a directory to save the policy at {target}: {exc}") from exc
+        raise ModelError(f"cannot create a directory to save {what} at {target}: {exc}") from exc
     try:
-        setattr(policy.model.config, MODEL_ID_CONFIG_KEY, policy.model_id)
-        with _quiet_progress_bars():
-            policy.model.save_pretrained(staging)  # type: ignore[operator]
-        policy.tokenizer.save_pretrained(staging)
+        fill(staging)
         for name, text in (extra_files or {}).items():
             if Path(name).name != name:
                 raise ModelError(f"extra file name {name!r} must be a plain file name")
@@ -274,7 +312,7 @@ def save_policy(
         _fsync_dir(parent)
     except _LOAD_ERRORS as exc:
         shutil.rmtree(staging, ignore_errors=True)
-        raise ModelError(f"cannot save the policy to {target}: {exc}") from exc
+        raise ModelError(f"cannot save {what} to {target}: {exc}") from exc
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -20,7 +20,7 @@ from typing import Any, Protocol, TextIO
 import torch
 
 from swarmnode.config import Config, TaskDatasetConfig
-from swarmnode.errors import EngineUnavailable
+from swarmnode.errors import EngineUnavailable, ModelError
 from swarmnode.home import NodeHome
 from swarmnode.net.config import NetConfig
 from swarmnode.net.hivemind_runtime import HivemindRuntime
@@ -30,6 +30,7 @@ from swarmnode.ops.metrics import Metrics
 from swarmnode.policy import Policy, PromptFormat, build_tiny_policy, load_policy
 from swarmnode.policy.chat import check_chat_template
 from swarmnode.policy.chat_model import build_chat_policy
+from swarmnode.policy.lora import apply_lora
 from swarmnode.policy.warmstart import SPECIALIST_WARM_START, warm_start
 from swarmnode.rollout import RolloutEngine, make_engine
 from swarmnode.tasks import DatasetSpec, TaskMixture, default_mixture, mixture_from_specs, sapo_mixture
@@ -94,7 +95,32 @@ def build_policy(config: Config, home: NodeHome, mixture: TaskMixture, say: Text
         policy.encode_prompt("1+1=")
     if "max_new_tokens" not in config.rollout.model_fields_set:
         config.rollout.max_new_tokens = default_max_new_tokens(config, policy)
+    if config.node.role != "worker":  # a worker trains nothing: it loads its learner's merged weights
+        train_setup(config, policy)
     return policy
+
+
+def train_setup(config: Config, policy: Policy) -> None:
+    """What ``learn`` asks of the model a role trains: LoRA adapters (``learn.lora_rank``) and
+    gradient checkpointing (``learn.gradient_checkpointing``)."""
+    learn = config.learn
+    if learn.lora_rank > 0:
+        with torch.random.fork_rng(devices=[]):  # A's random start from node.seed: a run repeats
+            torch.manual_seed(config.node.seed)
+            policy.model = apply_lora(
+                policy.model, learn.lora_rank, learn.lora_alpha, learn.lora_target_modules
+            )
+    if learn.gradient_checkpointing:
+        # Non-reentrant checkpointing: gradients reach the adapters even though the frozen base's
+        # inputs do not require grad (the reentrant variant would silently train nothing).
+        kwargs = {"use_reentrant": False}
+        model: Any = policy.model
+        if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x's name
+            model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        elif hasattr(model, "gradient_checkpointing_enable"):
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        else:
+            raise ModelError("learn.gradient_checkpointing: this model cannot checkpoint its layers")
 
 
 #: ``rollout.max_new_tokens`` when the config does not set it: the tiny model answers in a few
@@ -219,5 +245,6 @@ __all__ = [
     "net_config",
     "role_engine",
     "task_seed",
+    "train_setup",
     "verifier_gauges",
 ]

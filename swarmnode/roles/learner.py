@@ -58,7 +58,7 @@ from swarmnode.admit.recompute import GroupScan, scan_group, tokens_at
 from swarmnode.admit.spotcheck import Judgement, SpotCheckConfig, SpotChecker, SpotCheckRequest, judge
 from swarmnode.admit.staleness import StalenessGate
 from swarmnode.admit.verdict import Accepted
-from swarmnode.broadcast.driver import blob_to_state_dict
+from swarmnode.broadcast.driver import Blob, load_blob_into
 from swarmnode.broadcast.weights import WeightPublisher
 from swarmnode.config import Config
 from swarmnode.home import NodeHome
@@ -79,6 +79,7 @@ from swarmnode.ops.dashboard import (
 from swarmnode.ops.metrics import Metrics
 from swarmnode.ops.supervise import run_jobs
 from swarmnode.policy.lock import ModelLock
+from swarmnode.policy.lora import plain_copy
 from swarmnode.roles.common import (
     api_job,
     build_mixture,
@@ -209,7 +210,8 @@ class LearnerNode:
         self.trainer.resume()
         # A scratch copy for spot checks under an older version (never the live model); the old
         # weights themselves are the publisher's blobs (``WeightPublisher.weights_of``).
-        self.scratch = ScratchModel(Trainer._frozen_copy(policy.model))
+        # (LoRA: a plain model of the base architecture, since the blobs hold merged weights.)
+        self.scratch = ScratchModel(plain_copy(policy.model).requires_grad_(False))
         # Each worker's keyed-sampling seeds (protocol/SPEC.md 1.8): a fresh one per activation
         # (renewals keep it), the newest two, since a batch generated just before a re-activation
         # reached us under the previous one; only for workers with an offer on hand.
@@ -979,6 +981,7 @@ class LearnerNode:
             metrics=self.metrics,
             on_disseminated=self._disseminated,
             record=self.home.published_version,
+            archive=self.home.published,
         )
         await self.publisher.start()
         self._number_past_published()
@@ -1029,7 +1032,7 @@ class ScratchModel:
     def scan(
         self,
         version: int,
-        weights: tuple[bytes | bytearray, tuple[TensorEntry, ...]],
+        weights: tuple[Blob, tuple[TensorEntry, ...]],
         request: SpotCheckRequest,
         prompt_ids: list[int],
         completions: list[list[int]],
@@ -1054,8 +1057,8 @@ class ScratchModel:
             draw_seed=draw_seed,
         )
 
-    def _load(self, version: int, weights: tuple[bytes | bytearray, tuple[TensorEntry, ...]]) -> None:
+    def _load(self, version: int, weights: tuple[Blob, tuple[TensorEntry, ...]]) -> None:
         if version != self.version:
             self.version = None  # a failed load leaves no version claimed
-            self.model.load_state_dict(blob_to_state_dict(*weights))
+            load_blob_into(self.model, *weights)
             self.version = version

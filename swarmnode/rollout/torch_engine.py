@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from swarmnode.errors import EngineUnavailable
+from swarmnode.policy.lora import effective_weight
 from swarmnode.policy.model import Policy
 from swarmnode.rollout.keyed import SamplingKeys, choose
 from swarmnode.rollout.types import (
@@ -179,15 +180,15 @@ class _Weights:
             q_norm: Any = getattr(attn, "q_norm", None)
             k_norm: Any = getattr(attn, "k_norm", None)
             has_qk_norm = q_norm is not None and k_norm is not None
-            wq = per_head(attn.q_proj.weight.detach(), n_heads)
-            wk = per_head(attn.k_proj.weight.detach(), n_kv_heads)
+            wq = per_head(effective_weight(attn.q_proj), n_heads)
+            wk = per_head(effective_weight(attn.k_proj), n_kv_heads)
             bq, bk, bv = _bias(attn.q_proj), _bias(attn.k_proj), _bias(attn.v_proj)
             bq = per_head(bq, n_heads) if bq is not None else None
             bk = per_head(bk, n_kv_heads) if bk is not None else None
             if not has_qk_norm:  # scale q before RoPE (linear), so scores need no scaling
                 wq = wq * scaling
                 bq = bq * scaling if bq is not None else None
-            w_qkv = torch.cat([wq, wk, attn.v_proj.weight.detach()]) * block.input_layernorm.weight.detach()
+            w_qkv = torch.cat([wq, wk, effective_weight(attn.v_proj)]) * block.input_layernorm.weight.detach()
             qkv_bias = None
             if any(b is not None for b in (bq, bk, bv)):
                 zeros = w_qkv.new_zeros
@@ -195,7 +196,7 @@ class _Weights:
                     [
                         bq if bq is not None else zeros(wq.shape[0]),
                         bk if bk is not None else zeros(wk.shape[0]),
-                        bv if bv is not None else zeros(attn.v_proj.weight.shape[0]),
+                        bv if bv is not None else zeros(effective_weight(attn.v_proj).shape[0]),
                     ]
                 )
             act = mlp.act_fn
@@ -208,14 +209,17 @@ class _Weights:
                     q_norm=q_norm.weight.detach()[pairs] * scaling if has_qk_norm else None,
                     k_norm=k_norm.weight.detach()[pairs] if has_qk_norm else None,
                     qk_eps=_norm_eps(q_norm, config.rms_norm_eps) if has_qk_norm else 0.0,
-                    o=attn.o_proj.weight.detach().t().contiguous(),
+                    o=effective_weight(attn.o_proj).t().contiguous(),
                     o_bias=_bias(attn.o_proj),
                     eps2=_norm_eps(block.post_attention_layernorm, config.rms_norm_eps),
-                    gate_up=(torch.cat([mlp.gate_proj.weight, mlp.up_proj.weight]).detach() * post_norm)
+                    gate_up=(
+                        torch.cat([effective_weight(mlp.gate_proj), effective_weight(mlp.up_proj)])
+                        * post_norm
+                    )
                     .t()
                     .contiguous(),
                     gate_up_bias=_cat_bias(mlp.gate_proj, mlp.up_proj),
-                    down=mlp.down_proj.weight.detach().t().contiguous(),
+                    down=effective_weight(mlp.down_proj).t().contiguous(),
                     down_bias=_bias(mlp.down_proj),
                     act=F.silu if isinstance(act, nn.SiLU) else act,
                 )

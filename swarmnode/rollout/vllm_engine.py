@@ -47,6 +47,7 @@ import torch
 from torch import nn
 
 from swarmnode.errors import EngineUnavailable
+from swarmnode.policy.lora import merged_state_dict
 from swarmnode.policy.model import Policy, save_policy
 from swarmnode.rollout.keyed import SamplingKeys
 from swarmnode.rollout.types import (
@@ -210,8 +211,8 @@ class VLLMEngine:
 
     def update_weights(self, policy: Policy) -> None:
         """Load ``policy``'s weights into the running engine, in place (no restart)."""
-        state = policy.model.state_dict()
-        weights: list[tuple[str, torch.Tensor]] = [(name, tensor.detach()) for name, tensor in state.items()]
+        # Merged weights under the base architecture's names (LoRA adapters folded in).
+        weights: list[tuple[str, torch.Tensor]] = list(merged_state_dict(policy.model).items())
         if os.environ.get(MULTIPROCESSING_ENV, "0") != "0":
             weights = [(name, tensor.cpu()) for name, tensor in weights]
         self._llm.collective_rpc(_load_weights_into_worker, args=(weights,))

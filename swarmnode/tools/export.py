@@ -11,6 +11,11 @@ another architecture is an error naming the mismatch) and writes the result with
     swarmnode export --home runs/swarm/node-0 --out exported/
     AutoModelForCausalLM.from_pretrained("exported/")  # transformers, anywhere
 
+A node that trains LoRA adapters (``learn.lora_rank``) is exported merged (the plain model above),
+or with ``--adapter`` as the adapter alone in peft's format (``adapter_config.json``,
+``adapter_model.safetensors``, the tokenizer): ``PeftModel.from_pretrained(base, "exported/")`` on
+the model the node started from (``model.path``, recorded as ``base_model_name_or_path``).
+
 Must not: train, or write anything into the node's home.
 """
 
@@ -25,7 +30,7 @@ from typing import TextIO
 from swarmnode.config import Config
 from swarmnode.errors import CheckpointError, ConfigError, ModelError
 from swarmnode.home import NodeHome
-from swarmnode.policy.model import save_policy
+from swarmnode.policy.model import save_adapter, save_policy
 from swarmnode.roles.common import build_mixture, build_policy
 from swarmnode.store.checkpoint import CheckpointState, CheckpointStore
 
@@ -63,6 +68,7 @@ def export_policy(
     *,
     checkpoint: Path | None = None,
     force: bool = False,
+    adapter: bool = False,
     say: TextIO | None = None,
 ) -> Exported:
     """Write ``home``'s newest (or the given) checkpoint as an HF model directory at ``out``;
@@ -77,6 +83,11 @@ def export_policy(
         raise ConfigError(f"--out {out} exists and is not empty (use --force to replace it)")
     if out.resolve() == home.root.resolve() or home.root.resolve() in out.resolve().parents:
         raise ConfigError(f"--out {out} is inside the node's home {home.root}; export elsewhere")
+    if adapter and config.learn.lora_rank == 0:
+        raise ConfigError(
+            "--adapter: this node trains no LoRA adapter (learn.lora_rank is 0); export the whole model "
+            "without --adapter"
+        )
     state, path = _checkpoint(home, checkpoint, say)
     policy = build_policy(config, home, build_mixture(config), say=say)
     try:
@@ -95,6 +106,11 @@ def export_policy(
         "checkpoint": path.name,
         "home": str(home.root.resolve()),
     }
-    save_policy(policy, out, extra_files={PROVENANCE_FILE: json.dumps(provenance, indent=2) + "\n"})
-    parameters = sum(p.numel() for p in policy.model.parameters())
+    extra_files = {PROVENANCE_FILE: json.dumps(provenance, indent=2) + "\n"}
+    if adapter:
+        save_adapter(policy, out, base_model=config.model.path, extra_files=extra_files)
+        parameters = sum(p.numel() for n, p in policy.model.named_parameters() if "lora_" in n)
+    else:
+        save_policy(policy, out, extra_files=extra_files)
+        parameters = sum(p.numel() for n, p in policy.model.named_parameters() if "lora_" not in n)
     return Exported(out, state.round, state.policy_version, path, parameters)

@@ -68,16 +68,29 @@ def completion_logprobs(
     """
     if shared_prefix and supports_packed_attention(model):
         return shared_prefix_logprobs(model, prompt_ids, completion_ids, temperature, pad_token_id)
+    input_ids, attention, index, mask = _unpacked(prompt_ids, completion_ids, pad_token_id)
+    targets = input_ids[:, 1:].gather(1, index)
+    heads = _decoder_and_head(model)
+    if heads is None:  # a model whose logits are not lm_head(hidden): every position's logits
+        logits = model(input_ids=input_ids, attention_mask=attention).logits.float()
+        rows = torch.arange(len(prompt_ids)).unsqueeze(1)
+        return _logprobs_of(logits[rows, index], targets, temperature) * mask, mask
+    decoder, head = heads
+    hidden = decoder(input_ids=input_ids, attention_mask=attention).last_hidden_state
+    rows = torch.arange(len(prompt_ids)).unsqueeze(1)
+    return token_logprobs(head, hidden[rows, index], targets, temperature) * mask, mask
+
+
+def _unpacked(
+    prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Rows ``prompt + completion`` right-padded: (B, L) input ids and attention mask, and the
+    (B, T) positions whose logits score each completion token and the (B, T) mask."""
     full = [p + c for p, c in zip(prompt_ids, completion_ids, strict=True)]
     input_ids = pad_right(full, pad_token_id, torch.long)
     attention = pad_right([[1] * len(r) for r in full], 0, torch.long)
-    logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1, :].float()
-    if temperature != 1.0:
-        logits = logits / temperature
-    token_logp = torch.log_softmax(logits, dim=-1).gather(-1, input_ids[:, 1:].unsqueeze(-1)).squeeze(-1)
-    index, mask = _completion_window(prompt_ids, completion_ids, token_logp.shape[1])
-    values = token_logp.gather(1, index) * mask
-    return values, mask
+    index, mask = _completion_window(prompt_ids, completion_ids, input_ids.shape[1] - 1)
+    return input_ids, attention, index, mask
 
 
 def _completion_window(
@@ -160,6 +173,27 @@ def pack_rows(
     return [pack.rows for pack in _packs(prompt_ids, completion_ids, limit)]
 
 
+def micro_batches(
+    prompt_ids: list[list[int]], completion_ids: list[list[int]], tokens: int
+) -> list[list[int]]:
+    """The rows (batch indices, in order) of each micro-batch of an update that runs at most
+    ``tokens`` tokens through the model at a time (``learn.micro_batch_tokens``): consecutive packs
+    (rows sharing a prompt) joined while they fit; a group longer than ``tokens`` is split. 0: one
+    micro-batch of every row."""
+    if tokens <= 0:
+        return [list(range(len(prompt_ids)))]
+    batches: list[list[int]] = []
+    size = 0
+    for pack in _packs(prompt_ids, completion_ids, min(tokens, MAX_PACK_TOKENS)):
+        if batches and size + pack.length <= tokens:
+            batches[-1].extend(pack.rows)
+            size += pack.length
+        else:
+            batches.append(list(pack.rows))
+            size = pack.length
+    return batches
+
+
 def shared_prefix_logprobs(
     model: torch.nn.Module,
     prompt_ids: list[list[int]],
@@ -174,11 +208,13 @@ def shared_prefix_logprobs(
     consecutive rows with equal prompts form a pack (split past ``pack_tokens``), so a batch
     ordered by group shares each prompt.
     """
-    picked, targets, mask = _packed_logits(model, prompt_ids, completion_ids, pad_token_id, pack_tokens)
-    if temperature != 1.0:
-        picked = picked / temperature
-    token_logp = torch.log_softmax(picked, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-    return token_logp * mask, mask
+    heads = _decoder_and_head(model)
+    if heads is None:
+        picked, targets, mask = _packed_outputs(model, prompt_ids, completion_ids, pad_token_id, pack_tokens)
+        return _logprobs_of(picked, targets, temperature) * mask, mask
+    decoder, head = heads
+    hidden, targets, mask = _packed_outputs(decoder, prompt_ids, completion_ids, pad_token_id, pack_tokens)
+    return token_logprobs(head, hidden, targets, temperature) * mask, mask
 
 
 def completion_logits(
@@ -193,27 +229,29 @@ def completion_logits(
     learner's spot check takes both its log-probs and its keyed-sampling token checks from it),
     in packs of at most ``pack_tokens`` (``MAX_PACK_TOKENS``; a bench passes more to measure one
     pack per group)."""
+    heads = _decoder_and_head(model)
     if supports_packed_attention(model):
-        picked, _, mask = _packed_logits(model, prompt_ids, completion_ids, pad_token_id, pack_tokens)
-        return picked, mask
-    full = [p + c for p, c in zip(prompt_ids, completion_ids, strict=True)]
-    input_ids = pad_right(full, pad_token_id, torch.long)
-    attention = pad_right([[1] * len(r) for r in full], 0, torch.long)
+        if heads is not None:  # the head on the scoring positions only (``token_logprobs``)
+            hidden, _, mask = _packed_outputs(heads[0], prompt_ids, completion_ids, pad_token_id, pack_tokens)
+            return heads[1](hidden).float(), mask
+        picked, _, mask = _packed_outputs(model, prompt_ids, completion_ids, pad_token_id, pack_tokens)
+        return picked.float(), mask
+    input_ids, attention, index, mask = _unpacked(prompt_ids, completion_ids, pad_token_id)
     logits = model(input_ids=input_ids, attention_mask=attention).logits.float()
-    index, mask = _completion_window(prompt_ids, completion_ids, logits.shape[1])
-    rows = torch.arange(len(full)).unsqueeze(1)
+    rows = torch.arange(len(prompt_ids)).unsqueeze(1)
     return logits[rows, index], mask
 
 
-def _packed_logits(
+def _packed_outputs(
     model: torch.nn.Module,
     prompt_ids: list[list[int]],
     completion_ids: list[list[int]],
     pad_token_id: int = 0,
     pack_tokens: int = MAX_PACK_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One packed forward: (B, T, V) float logits at the positions that score each completion
-    token, the (B, T) target tokens, and the (B, T) mask."""
+    """One packed forward of ``model`` (a causal LM: its logits; its decoder: its hidden states):
+    (B, T, ...) outputs at the positions that score each completion token, the (B, T) target
+    tokens, and the (B, T) mask."""
     if len(prompt_ids) != len(completion_ids):
         raise ValueError(f"{len(prompt_ids)} prompts for {len(completion_ids)} completions")
     packs = _packs(prompt_ids, completion_ids, pack_tokens)
@@ -253,8 +291,81 @@ def _packed_logits(
     dtype = next(model.parameters()).dtype
     mask4d = torch.zeros((n, 1, length, length), dtype=dtype)
     mask4d.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
-    logits = model(input_ids=input_ids, attention_mask=mask4d, position_ids=positions).logits
-    picked = logits[source_pack, source_pos].float()  # (B, T, V): only the positions that score a token
+    out = model(input_ids=input_ids, attention_mask=mask4d, position_ids=positions)
+    values = out.logits if hasattr(out, "logits") else out.last_hidden_state
+    picked = values[source_pack, source_pos]  # (B, T, ...): only the positions that score a token
     row_lengths = torch.tensor([len(c) for c in completion_ids])
     mask = (torch.arange(width).unsqueeze(0) < row_lengths.unsqueeze(1)).float()
     return picked, targets, mask
+
+
+# ---------------------------------------------------------------------------------------------
+# Log-probs from hidden states, a chunk of rows at a time.
+#
+# A causal LM's logits are lm_head(hidden). Computing them for every position of the batch and then
+# picking the completions' (what ``model(...).logits`` does) holds a (positions x vocab) float tensor
+# and its log-softmax: at Qwen2.5's vocabulary of 151,936, 8 x 8 completions of 128 tokens are
+# 8,192 rows, 5 GB each, more than the whole LoRA step should take. Here the decoder's hidden states
+# are gathered at the scoring positions first and the head runs on LOGIT_CHUNK_ELEMENTS worth of
+# rows at a time; with gradients on, each chunk is checkpointed (its logits recomputed in the
+# backward pass, one chunk alive at a time). A batch that fits one chunk (the built-in models'
+# small vocabularies: always) runs as one plain expression.
+
+#: Logit elements (rows x vocab) computed at once: 32 Mi floats, 128 MiB per tensor.
+LOGIT_CHUNK_ELEMENTS = 1 << 25
+
+
+def _decoder_and_head(model: torch.nn.Module) -> tuple[torch.nn.Module, torch.nn.Linear] | None:
+    """(decoder, lm_head) when ``model``'s logits are exactly ``lm_head(decoder(...).last_hidden_state)``
+    (Llama, Qwen2/3, Mistral); None for anything else (the full-logits path then)."""
+    get_decoder = getattr(model, "get_decoder", None)
+    get_head = getattr(model, "get_output_embeddings", None)
+    config = getattr(model, "config", None)
+    if get_decoder is None or get_head is None or getattr(config, "final_logit_softcapping", None):
+        return None
+    if getattr(config, "model_type", None) not in ("llama", "qwen2", "qwen3", "mistral"):
+        return None
+    decoder, head = get_decoder(), get_head()
+    if not isinstance(decoder, torch.nn.Module) or not isinstance(head, torch.nn.Linear):
+        return None
+    return decoder, head
+
+
+def _logprobs_of(logits: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """log_softmax(logits / T) at ``targets`` (logits in float32)."""
+    logits = logits.float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    return torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def _head_logprobs(
+    head: torch.nn.Module, hidden: torch.Tensor, targets: torch.Tensor, temperature: float
+) -> torch.Tensor:
+    return _logprobs_of(head(hidden), targets, temperature)
+
+
+def token_logprobs(
+    head: torch.nn.Linear, hidden: torch.Tensor, targets: torch.Tensor, temperature: float = 1.0
+) -> torch.Tensor:
+    """log_softmax(head(hidden) / T) at ``targets``: (B, T) from (B, T, H) hidden states, the
+    (positions x vocab) logits never all alive at once (``LOGIT_CHUNK_ELEMENTS``)."""
+    vocab = int(head.weight.shape[0])
+    flat_hidden, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    rows = max(1, LOGIT_CHUNK_ELEMENTS // vocab)
+    if flat_hidden.shape[0] <= rows:
+        return _head_logprobs(head, flat_hidden, flat_targets, temperature).view(targets.shape)
+    checkpointed = torch.is_grad_enabled() and (
+        flat_hidden.requires_grad or any(p.requires_grad for p in head.parameters())
+    )
+    parts = []
+    for start in range(0, flat_hidden.shape[0], rows):
+        h, t = flat_hidden[start : start + rows], flat_targets[start : start + rows]
+        if checkpointed:
+            part = torch.utils.checkpoint.checkpoint(
+                _head_logprobs, head, h, t, temperature, use_reentrant=False
+            )
+        else:
+            part = _head_logprobs(head, h, t, temperature)
+        parts.append(part)
+    return torch.cat(parts).view(targets.shape)

@@ -53,7 +53,7 @@ from swarmnode.policy.evaluate import task_scores
 from swarmnode.rollout import RolloutEngine, SamplingParams
 from swarmnode.store import CheckpointState, CheckpointStore, Ledger, RoundRecord
 from swarmnode.tasks import Task, TaskMixture
-from swarmnode.train.batch import ScoredGroup, completion_logprobs, pad_right
+from swarmnode.train.batch import ScoredGroup, completion_logprobs, micro_batches, pad_right
 from swarmnode.verify import GroupScorer, Scored, score_in_process
 
 log = logging.getLogger(__name__)
@@ -136,7 +136,10 @@ class Trainer:
         self.eval_every = eval_every
         learn = config.learn
         self.optimizer = torch.optim.AdamW(
-            policy.model.parameters(), lr=learn.lr, weight_decay=learn.weight_decay
+            # The trainable parameters: all of them, or the LoRA adapters alone (learn.lora_rank).
+            [p for p in policy.model.parameters() if p.requires_grad],
+            lr=learn.lr,
+            weight_decay=learn.weight_decay,
         )
         self.generator = torch.Generator().manual_seed(config.node.seed)
         self.reference = self._frozen_copy(policy.model) if learn.beta > 0 else None
@@ -461,10 +464,35 @@ class Trainer:
         clip: dict[str, Any] = {"beta": learn.beta, "ref_logp": ref_logp}
         self.policy.model.train()
         losses = []
-        for step in range(learn.updates_per_round):
-            logp, mask = completion_logprobs(
-                self.policy.model, prompts, completions, temperature, pad, shared_prefix=shared
+        micro = micro_batches(prompts, completions, learn.micro_batch_tokens)
+
+        def score(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+            return completion_logprobs(
+                self.policy.model,
+                [prompts[i] for i in rows],
+                [completions[i] for i in rows],
+                temperature,
+                pad,
+                shared_prefix=shared,
             )
+
+        for step in range(learn.updates_per_round):
+            self.optimizer.zero_grad(set_to_none=True)
+            if len(micro) == 1:
+                logp, mask = score(micro[0])
+            else:
+                # Micro-batches, exactly (the chain rule through the log-probs): every row's log-probs
+                # without a graph, the loss and its gradient d loss / d logp on the whole batch, then
+                # each micro-batch again with its graph, back-propagating its rows of that gradient.
+                # One more forward pass per step; activations of one micro-batch alive at a time.
+                with torch.no_grad():
+                    parts = [score(rows) for rows in micro]
+                logp = torch.zeros(len(prompts), max(p.shape[1] for p, _ in parts))
+                mask = torch.zeros_like(logp)
+                for rows, (part, part_mask) in zip(micro, parts, strict=True):
+                    logp[rows, : part.shape[1]] = part
+                    mask[rows, : part.shape[1]] = part_mask
+                logp.requires_grad_(True)
             if old_logp is None:
                 old_logp = self._old_logprobs(groups, current=logp)
                 if hacpo:
@@ -505,8 +533,12 @@ class Trainer:
                     **clip,
                     agg=learn.aggregation,
                 )
-            self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
+            if len(micro) > 1:
+                grad = logp.grad if logp.grad is not None else torch.zeros_like(logp)
+                for rows in micro:
+                    part, _ = score(rows)
+                    part.backward(grad[rows, : part.shape[1]])
             torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), learn.max_grad_norm)
             self.optimizer.step()
             losses.append(float(loss.detach()))

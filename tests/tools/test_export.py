@@ -28,10 +28,14 @@ def trained_state(seed: int, round_: int, overrides: dict[str, int] | None = Non
         optimizer.zero_grad()
         policy.model(input_ids=ids, labels=ids).loss.backward()
         optimizer.step()
+    return checkpoint_of(policy.model, optimizer, round_)
+
+
+def checkpoint_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer, round_: int) -> CheckpointState:
     return CheckpointState(
         round=round_,
         policy_version=round_,
-        model_state={k: v.detach().clone() for k, v in policy.model.state_dict().items()},
+        model_state={k: v.detach().clone() for k, v in model.state_dict().items()},
         optimizer_state=optimizer.state_dict(),
         rng_state=capture_rng_state(),
     )
@@ -112,3 +116,71 @@ def test_export_refuses_what_it_cannot_do_and_says_why(
 
     assert main([*args, "--set", "node.role=worker"]) == EXIT_USAGE
     assert "export its learner's home" in capsys.readouterr().err
+
+
+def lora_state(round_: int) -> CheckpointState:
+    """A checkpoint of a node training rank-4 adapters (learn.lora_rank = 4) on the tiny model: its
+    adapters moved away from the start (B non-zero), the base untouched."""
+    from swarmnode.config import load_config
+    from swarmnode.roles.common import train_setup
+
+    policy = build_tiny_policy(0)
+    train_setup(load_config(None, environ={}, overrides={"learn.lora_rank": 4}), policy)
+    generator = torch.Generator().manual_seed(round_)
+    with torch.no_grad():
+        for name, p in policy.model.named_parameters():
+            if "lora_B" in name:
+                p.copy_(torch.randn(p.shape, generator=generator) * 0.1)
+    optimizer = torch.optim.AdamW([p for p in policy.model.parameters() if p.requires_grad], lr=1e-3)
+    return checkpoint_of(policy.model, optimizer, round_)
+
+
+def test_a_lora_node_exports_the_merged_model_or_the_adapter_alone(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from peft import PeftModel
+
+    from swarmnode.config import load_config
+    from swarmnode.roles.common import train_setup
+
+    home = NodeHome(tmp_path / "node").ensure()
+    state = lora_state(6)
+    CheckpointStore(home.checkpoints).save(state)
+    lora = ["--set", "learn.lora_rank=4", *NO_WARM_START]
+    node = build_tiny_policy(0)
+    train_setup(load_config(None, environ={}, overrides={"learn.lora_rank": 4}), node)
+    node.model.load_state_dict(state.model_state)
+    ids = node.encode_prompt("7*8=56")
+    ours = logprobs(node.model.eval(), ids)
+    base = build_tiny_policy(0).model.eval()
+    assert not torch.allclose(logprobs(base, ids), ours, atol=1e-3)  # the adapters change the model
+
+    merged_dir, adapter_dir = tmp_path / "merged", tmp_path / "adapter"
+    assert main(["export", "--home", str(home.root), "--out", str(merged_dir), *lora]) == EXIT_OK
+    merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()
+    assert not any("lora" in name for name in merged.state_dict())
+    assert torch.allclose(logprobs(merged, ids), ours, atol=1e-5)
+
+    assert (
+        main(["export", "--home", str(home.root), "--out", str(adapter_dir), "--adapter", *lora]) == EXIT_OK
+    )
+    assert "exported the LoRA adapter of round 6" in capsys.readouterr().out
+    assert (adapter_dir / "adapter_config.json").is_file() and (
+        adapter_dir / "adapter_model.safetensors"
+    ).is_file()
+    adapted = PeftModel.from_pretrained(base, adapter_dir).eval()
+    assert torch.allclose(logprobs(adapted, ids), ours, atol=1e-5)
+    assert AutoTokenizer.from_pretrained(adapter_dir)("7*8=56", add_special_tokens=False)["input_ids"]
+
+
+def test_adapter_export_of_a_node_without_adapters_is_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    home = NodeHome(tmp_path / "node").ensure()
+    CheckpointStore(home.checkpoints).save(trained_state(0, 2))
+    code = main(
+        ["export", "--home", str(home.root), "--out", str(tmp_path / "a"), "--adapter", *NO_WARM_START]
+    )
+    assert code == EXIT_USAGE
+    assert "learn.lora_rank is 0" in capsys.readouterr().err
+    assert not (tmp_path / "a").exists()

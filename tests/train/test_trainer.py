@@ -183,7 +183,8 @@ def test_external_rows_old_logprobs_from_the_first_step_equal_a_pass_of_their_ow
 
                 trainer._old_logprobs = separate_pass  # type: ignore[method-assign]
             forwards: list[int] = []
-            hook = trainer.policy.model.register_forward_hook(lambda *_, seen=forwards: seen.append(1))
+            decoder = trainer.policy.model.get_decoder()  # type: ignore[operator]
+            hook = decoder.register_forward_hook(lambda *_, seen=forwards: seen.append(1))
             metrics = trainer.train_round(own, external)
             hook.remove()
             assert metrics.external_used == 4

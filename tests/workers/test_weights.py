@@ -13,12 +13,24 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import mmap
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 import torch
 
+from swarmnode.broadcast.driver import (
+    BroadcastError,
+    blob_to_state_dict,
+    chunk_hashes,
+    load_blob_into,
+    load_weights,
+    publishable,
+    state_dict_to_blob,
+    tied_aliases,
+    write_blob,
+)
 from swarmnode.broadcast.weights import WeightPublisher, WeightReceiver
 from swarmnode.identity import NodeIdentity
 from swarmnode.net.dataplane import DataPlane
@@ -43,6 +55,7 @@ async def until(check: Callable[[], bool], what: str, timeout: float = 30.0) -> 
 
 async def with_pair(
     body: Callable[[WeightPublisher, WeightReceiver, DataPlane, torch.nn.Module], Awaitable[None]],
+    archive: Path | None = None,
 ) -> None:
     learner_id, worker_id = identity("learner"), identity("worker")
     learner_dp, worker_dp = DataPlane(learner_id), DataPlane(worker_id)
@@ -52,8 +65,9 @@ async def with_pair(
     worker_policy = build_tiny_policy(2)
     worker_policy.version = -1  # as a worker starts: no version of its learner's yet
     publisher = WeightPublisher(
-        learner_id, learner_dp, "tiny", chunk_bytes=256 * 1024, keep=STALENESS + 1, metrics=Metrics()
-    )
+        learner_id, learner_dp, "tiny", chunk_bytes=256 * 1024, keep=STALENESS + 1, metrics=Metrics(),
+        archive=archive,
+    )  # fmt: skip
     receiver = WeightReceiver(
         worker_id,
         worker_dp,
@@ -85,7 +99,10 @@ def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     return all(torch.equal(v, sb[k]) for k, v in a.state_dict().items())
 
 
-def test_a_worker_applies_the_version_it_is_told_of_and_the_learner_times_its_arrival() -> None:
+@pytest.mark.parametrize("archived", [False, True], ids=["in-memory", "archive-on-disk"])
+def test_a_worker_applies_the_version_it_is_told_of_and_the_learner_times_its_arrival(
+    tmp_path: Path, archived: bool
+) -> None:
     async def body(pub: WeightPublisher, rec: WeightReceiver, dp: DataPlane, model: torch.nn.Module) -> None:
         arrivals: list[tuple[str, int, float]] = []
         pub.on_disseminated = lambda worker, version, seconds: arrivals.append((worker, version, seconds))
@@ -98,10 +115,11 @@ def test_a_worker_applies_the_version_it_is_told_of_and_the_learner_times_its_ar
         assert worker == rec.node.me and version == 0 and 0 < seconds < 30
         assert pub.metrics.value("dissemination_seconds") == seconds
 
-    asyncio.run(asyncio.wait_for(with_pair(body), 60))
+    asyncio.run(asyncio.wait_for(with_pair(body, tmp_path / "published" if archived else None), 60))
 
 
-def test_a_retired_version_is_abandoned_for_one_more_than_s_newer() -> None:
+@pytest.mark.parametrize("archived", [False, True], ids=["in-memory", "archive-on-disk"])
+def test_a_retired_version_is_abandoned_for_one_more_than_s_newer(tmp_path: Path, archived: bool) -> None:
     async def body(pub: WeightPublisher, rec: WeightReceiver, dp: DataPlane, model: torch.nn.Module) -> None:
         old = pub.publish(0, model).manifest_envelope
         with torch.no_grad():
@@ -117,7 +135,7 @@ def test_a_retired_version_is_abandoned_for_one_more_than_s_newer() -> None:
         assert same_weights(rec.policy.model, model)
         assert rec.metrics.value("weights_abandoned") == 1
 
-    asyncio.run(asyncio.wait_for(with_pair(body), 60))
+    asyncio.run(asyncio.wait_for(with_pair(body, tmp_path / "published" if archived else None), 60))
 
 
 def test_a_newer_version_within_s_waits_for_the_receive_in_progress() -> None:
@@ -221,3 +239,89 @@ def test_a_learner_restarted_from_an_older_checkpoint_never_reuses_a_version_num
     x = identity("x")
     publisher = WeightPublisher(x, DataPlane(x), "tiny", 1 << 18, keep=1, metrics=Metrics(), record=record)
     assert publisher.next_free(0) == 0
+
+
+def test_the_archive_holds_the_served_versions_as_files_and_the_spot_checks_load_them(tmp_path: Path) -> None:
+    """A learner keeps S + 1 versions for its spot checks and its workers: on disk, memory-mapped,
+    one file each; a retired version's file is gone, and an earlier run's leftovers are cleared."""
+    archive = tmp_path / "published"
+    archive.mkdir()
+    (archive / "7.blob").write_bytes(b"an earlier run's")
+    (archive / "8.blob.partial").write_bytes(b"a crash mid-write")
+    x = identity("x")
+
+    async def body() -> None:
+        dp = DataPlane(x)
+        await dp.start()
+        publisher = WeightPublisher(
+            x, dp, "tiny", 1 << 18, keep=STALENESS + 1, metrics=Metrics(), archive=archive
+        )
+        assert not list(archive.iterdir())
+        await publisher.start()
+        model = build_tiny_policy(1).model
+        snapshots = []
+        try:
+            for version in range(STALENESS + 3):
+                with torch.no_grad():
+                    next(model.parameters()).add_(1.0)
+                publisher.publish(version, model)
+                snapshots.append({k: v.clone() for k, v in model.state_dict().items()})
+            kept = list(range(2, STALENESS + 3))
+            assert sorted(p.name for p in archive.iterdir()) == sorted(f"{v}.blob" for v in kept)
+            assert publisher.weights_of(0) is None and publisher.weights_of(1) is None
+            scratch = build_tiny_policy(9).model
+            for version in kept:
+                weights = publisher.weights_of(version)
+                assert weights is not None and isinstance(weights[0], mmap.mmap)
+                load_blob_into(scratch, *weights)
+                assert all(torch.equal(v, snapshots[version][k]) for k, v in scratch.state_dict().items())
+            other = build_tiny_policy(1, {"hidden_size": 32, "intermediate_size": 64}).model
+            weights = publisher.weights_of(kept[-1])
+            assert weights is not None
+            with pytest.raises(BroadcastError, match="shape"):
+                load_blob_into(other, *weights)
+        finally:
+            await publisher.close()
+            await dp.close()
+
+    asyncio.run(asyncio.wait_for(body(), 60))
+
+
+@pytest.mark.parametrize("chunk_size", [7, 1000, 1 << 18, 1 << 24])
+def test_a_blob_written_to_a_file_is_the_blob_and_its_chunk_hashes(tmp_path: Path, chunk_size: int) -> None:
+    """Chunks cross tensor boundaries (7 and 1,000 bytes) or hold the whole blob (16 MiB)."""
+    state = build_tiny_policy(4).model.state_dict()
+    blob, tensors = state_dict_to_blob(state)
+    with open(tmp_path / "v.blob", "wb") as file:
+        written, hashes = write_blob(state, file, chunk_size)
+    assert (tmp_path / "v.blob").read_bytes() == blob
+    assert written == tensors
+    assert hashes == chunk_hashes(blob, chunk_size)
+
+
+def test_a_tied_head_is_sent_once_and_the_worker_ties_it_back(tmp_path: Path) -> None:
+    """The tiny model ties its LM head to its input embedding: the blob carries the tensor once."""
+    model = build_tiny_policy(5).model
+    state = model.state_dict()
+    assert tied_aliases(state) == {"model.embed_tokens.weight"}  # "lm_head.weight" sorts first
+    blob, tensors = state_dict_to_blob(publishable(state))
+    full, _ = state_dict_to_blob(state)
+    assert len(blob) < len(full)
+    worker = build_tiny_policy(6).model
+    load_blob_into(worker, blob, tensors)
+    assert same_weights(worker, model)
+    again = build_tiny_policy(6).model
+    load_weights(again, blob_to_state_dict(blob, tensors))
+    assert same_weights(again, model)
+
+
+def test_weights_that_do_not_fit_are_refused_before_anything_is_loaded() -> None:
+    model = build_tiny_policy(5).model
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    state["model.norm.weight"] = torch.ones(3)  # sorted last of the layer weights: others would load first
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(BroadcastError, match=r"model\.norm\.weight"):
+        load_weights(model, {k: v + 1 for k, v in state.items()})
+    with pytest.raises(BroadcastError, match="unexpected"):
+        load_weights(model, {**before, "extra.weight": torch.zeros(1)})
+    assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
