@@ -2,7 +2,9 @@
 checkpointing (#15 item 4).
 
 Question: how much RAM does a node need to train a model of the size its users bring? Each case runs
-in a fresh process (``--case NAME``), so its peak RSS (``ru_maxrss``) is its own: it builds a Qwen2
+in a fresh process (``--case NAME``) and reports its resident set before the step and the peak during
+the step (VmHWM, reset just before it: a random init's own transient peak is not the step's); it
+builds a Qwen2
 model from Qwen2.5-0.5B's config (random weights: no download; same tensors, same memory),
 applies the case's ``learn`` settings through ``roles.common.train_setup`` (the node's own path),
 and runs the node's ``Trainer.train_round`` on 8 groups x 8 completions of 128 random tokens
@@ -73,6 +75,11 @@ def rss_gib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
 
 
+def reset_peak() -> None:
+    """Start VmHWM (the peak resident set) afresh from the current RSS (Linux >= 4.0)."""
+    Path("/proc/self/clear_refs").write_text("5")
+
+
 def memory_status() -> dict[str, float]:
     """This process's peak and current resident memory from /proc (GiB): VmHWM (peak), VmRSS, and
     VmRSS split into RssAnon (private: what the process itself holds) and RssFile (pages of mapped
@@ -104,9 +111,11 @@ def learner_case(archived: bool, shape: str, threads: int) -> dict[str, Any]:
         torch.set_num_threads(threads)
     staleness = 8
     trainer, groups, parameters, _ = build_trainer(shape, {}, completion_tokens=16, groups=1)
+    reset_peak()
     trainer.train_round(groups)  # AdamW's moments exist from here on, as in a running learner
     model = trainer.policy.model
     after_step = memory_status()
+    reset_peak()  # from here: publishing S + 1 versions and a spot check's load
     scratch_dir = Path(tempfile.mkdtemp(prefix="swarmnode-bench-archive-"))
 
     async def publish_all() -> dict[str, float]:
@@ -224,12 +233,13 @@ def one_case(case: str, shape: str, threads: int) -> dict[str, Any]:
         return learner_case(case == "learner-archive-on-disk", shape, threads)
     if threads:
         torch.set_num_threads(threads)
-    base_rss = rss_gib()
     trainer, groups, parameters, trainable = build_trainer(shape, CASES[case])
-    model_rss = rss_gib()
+    before = memory_status()
+    reset_peak()  # the step's own peak, not the model's construction (random init has its own)
     started = time.perf_counter()
     metrics = trainer.train_round(groups)
     seconds = time.perf_counter() - started
+    after = memory_status()
     shutil.rmtree(trainer.ledger.path.parent, ignore_errors=True)
     if not metrics.groups_used:
         raise SystemExit(f"{case}: the step trained on nothing")
@@ -239,9 +249,9 @@ def one_case(case: str, shape: str, threads: int) -> dict[str, Any]:
         "parameters": parameters,
         "trainable": trainable,
         "settings": CASES[case],
-        "peak_rss_gib": round(rss_gib(), 3),
-        "rss_before_model_gib": round(base_rss, 3),
-        "rss_with_model_gib": round(model_rss, 3),
+        "rss_before_step_gib": before["VmRSS"],
+        "step_peak_rss_gib": after["VmHWM"],
+        "peak_rss_including_construction_gib": round(rss_gib(), 3),
         "step_seconds": round(seconds, 1),
         "loss": metrics.loss,
     }
@@ -288,13 +298,13 @@ def main() -> int:
         print_table(
             f"One GRPO update, {GROUPS} x {GROUP_SIZE} completions of {COMPLETION_TOKENS} tokens "
             f"({PROMPT_TOKENS}-token prompts), {args.shape} shape ({parameters:,} parameters, fp32)",
-            ["case", "trainable", "peak RSS GiB", "RSS with the model built GiB", "step s"],
+            ["case", "trainable", "RSS before the step GiB", "peak RSS during the step GiB", "step s"],
             [
                 [
                     r["case"],
                     f"{r['trainable']:,}",
-                    f"{r['peak_rss_gib']:.2f}",
-                    f"{r['rss_with_model_gib']:.2f}",
+                    f"{r['rss_before_step_gib']:.2f}",
+                    f"{r['step_peak_rss_gib']:.2f}",
                     f"{r['step_seconds']:.0f}",
                 ]
                 for r in steps
@@ -309,7 +319,7 @@ def main() -> int:
         print_table(
             f"A learner at S = 8 (9 published versions, a spot check's scratch copy), {args.shape} shape, "
             "full fine-tuning after one step",
-            ["archive", "peak RSS GiB", "RSS GiB", "anonymous GiB", "file-backed GiB", "target GiB"],
+            ["archive", "peak RSS GiB", "RSS after GiB", "anonymous GiB", "file-backed GiB", "target GiB"],
             [
                 [
                     r["case"].removeprefix("learner-archive-"),

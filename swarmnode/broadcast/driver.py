@@ -106,6 +106,11 @@ class BroadcastError(Exception):
 # --------------------------------------------------------------------------- blobs and manifests
 
 
+# ``load_blob_into`` reads tensors from a blob in place (a read-only map): torch warns that they cannot
+# be written through, and they are only copied from. (A process-wide filter for that one message:
+# ``warnings.catch_warnings`` around the load is not thread-safe.)
+warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+
 #: What a blob may be held in: bytes, a buffer being filled (a receiver), or a read-only memory map
 #: of a file (a learner's archive of published versions: ``WeightPublisher(archive=...)``).
 Blob = bytes | bytearray | mmap.mmap
@@ -172,18 +177,33 @@ def blob_to_state_dict(blob: Blob, tensors: tuple[TensorEntry, ...]) -> dict[str
     return out
 
 
+def tied_to(state: Mapping[str, torch.Tensor]) -> dict[str, str]:
+    """Each name in ``state`` whose tensor is an earlier name's, storage, dtype and view alike (a tied
+    LM head and input embedding), mapped to that first name in sorted order."""
+    first: dict[tuple[int, int, tuple[int, ...], tuple[int, ...], Any], str] = {}
+    aliases: dict[str, str] = {}
+    for name in sorted(state):
+        t = state[name]
+        if not t.numel():
+            continue
+        key = (
+            t.untyped_storage().data_ptr(),
+            int(t.storage_offset()),
+            tuple(t.shape),
+            tuple(t.stride()),
+            t.dtype,
+        )
+        if key in first:
+            aliases[name] = first[key]
+        else:
+            first[key] = name
+    return aliases
+
+
 def tied_aliases(state: Mapping[str, torch.Tensor]) -> set[str]:
     """The names in ``state`` whose tensor is another name's, storage and all (a tied LM head and
     input embedding): each but the first in sorted order. A blob carries such a tensor once."""
-    seen: set[tuple[int, int, tuple[int, ...], tuple[int, ...]]] = set()
-    aliases = set()
-    for name in sorted(state):
-        t = state[name]
-        key = (t.untyped_storage().data_ptr(), int(t.storage_offset()), tuple(t.shape), tuple(t.stride()))
-        if key in seen and t.numel():
-            aliases.add(name)
-        seen.add(key)
-    return aliases
+    return set(tied_to(state))
 
 
 def publishable(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
@@ -192,11 +212,13 @@ def publishable(state: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     return {name: tensor for name, tensor in state.items() if name not in aliases}
 
 
-def check_fits(model: torch.nn.Module, tensors: Mapping[str, tuple[int, ...]]) -> dict[str, torch.Tensor]:
-    """``model``'s state dict, once ``tensors`` (name -> shape) is known to fill it exactly: every
-    name of the model (a tied alias may be left out: it is the tensor it aliases), none other,
-    every shape the model's. Otherwise a ``BroadcastError`` naming the difference, before anything
-    is loaded."""
+def check_fits(
+    model: torch.nn.Module, tensors: Mapping[str, tuple[tuple[int, ...], torch.dtype]]
+) -> dict[str, torch.Tensor]:
+    """``model``'s state dict, once ``tensors`` (name -> shape, dtype) is known to fill it exactly:
+    every name of the model (a tied alias may be left out: it is the tensor it aliases), none other,
+    every shape and dtype the model's. Otherwise a ``BroadcastError`` naming the difference, before
+    anything is loaded."""
     targets = model.state_dict()
     names = set(tensors)
     missing = sorted(set(targets) - names - tied_aliases(targets))
@@ -205,19 +227,35 @@ def check_fits(model: torch.nn.Module, tensors: Mapping[str, tuple[int, ...]]) -
         raise BroadcastError(
             f"weights do not fit the model: missing {missing[:5]}, unexpected {unexpected[:5]}"
         )
-    for name, shape in tensors.items():
-        if tuple(targets[name].shape) != tuple(shape):
+    for name, (shape, dtype) in tensors.items():
+        target = targets[name]
+        if tuple(target.shape) != tuple(shape) or target.dtype != dtype:
             raise BroadcastError(
-                f"tensor {name!r}: shape {tuple(shape)} does not fit the model's {tuple(targets[name].shape)}"
+                f"tensor {name!r}: {dtype} {tuple(shape)} does not fit the model's "
+                f"{target.dtype} {tuple(target.shape)}"
             )
     return targets
+
+
+def _check_tied(targets: Mapping[str, torch.Tensor], same: Callable[[str, str], bool]) -> None:
+    """A tied alias the weights carry anyway (a learner that sends both) must be the very tensor it
+    aliases: the model cannot hold two values in one storage (e.g. a LoRA delta on a tied head)."""
+    for alias, first in tied_to(targets).items():
+        if not same(alias, first):
+            raise BroadcastError(
+                f"tensor {alias!r} is tied to {first!r} in this model, but the weights give it other values"
+            )
 
 
 def load_weights(model: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> None:
     """Copy ``state`` into ``model`` after ``check_fits`` (nothing is loaded when it does not fit)."""
     import torch
 
-    targets = check_fits(model, {name: tuple(t.shape) for name, t in state.items()})
+    targets = check_fits(model, {name: (tuple(t.shape), t.dtype) for name, t in state.items()})
+    _check_tied(
+        targets,
+        lambda a, b: a not in state or (state[a].dtype == state[b].dtype and torch.equal(state[a], state[b])),
+    )
     with torch.no_grad():
         for name, tensor in state.items():
             targets[name].copy_(tensor)
@@ -229,13 +267,25 @@ def load_blob_into(model: torch.nn.Module, blob: Blob, tensors: tuple[TensorEntr
     versions into their scratch model from the memory-mapped archive this way)."""
     import torch
 
-    targets = check_fits(model, {t.name: t.shape for t in tensors})
     dtypes = {name: dtype for dtype, name in _dtype_names().items()}
     view = memoryview(blob)
-    with torch.no_grad(), warnings.catch_warnings():
-        # The tensors below read the blob in place (a read-only map: torch warns it cannot be
-        # written through them), and are only copied from: the copy goes straight into the model.
-        warnings.simplefilter("ignore", UserWarning)
+    entries = {t.name: t for t in tensors}
+    for t in tensors:
+        if t.dtype not in dtypes or t.offset + t.nbytes > len(view):
+            raise BroadcastError(f"tensor {t.name!r}: dtype {t.dtype} or bytes past the blob's end")
+    targets = check_fits(model, {t.name: (t.shape, dtypes[t.dtype]) for t in tensors})
+
+    def same(a: str, b: str) -> bool:
+        if a not in entries:
+            return True
+        x, y = entries[a], entries[b]
+        return (
+            x.dtype == y.dtype
+            and view[x.offset : x.offset + x.nbytes] == view[y.offset : y.offset + y.nbytes]
+        )
+
+    _check_tied(targets, same)
+    with torch.no_grad():
         for t in tensors:
             if t.nbytes:
                 raw = torch.frombuffer(view[t.offset : t.offset + t.nbytes], dtype=torch.uint8)
@@ -719,7 +769,10 @@ class BroadcastNode:
             if refusal is not None:
                 raise RefuseRequest(refusal)
             lease = self._leases[key] = _Lease(rid, self._clock() + self.config.upload_timeout)
-        data = bytes(v.chunk(index)[message.offset : message.offset + message.length])
+        piece = v.chunk(index)[message.offset : message.offset + message.length]
+        # A memory-mapped version (a learner's archive) may be on disk only: its read blocks, so it
+        # runs in a thread, not on the loop every peer's requests share.
+        data = await asyncio.to_thread(bytes, piece) if isinstance(v.buffer, mmap.mmap) else bytes(piece)
         last = message.offset + message.length >= length
         self.stats.slices_served += 1
         rid = lease.request_id

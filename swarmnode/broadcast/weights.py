@@ -70,6 +70,7 @@ from swarmnode.broadcast.receiver import (
 )
 from swarmnode.identity import NodeIdentity, peer_id_from_key
 from swarmnode.net.dataplane import DataPlane, DataPlaneError, RefuseRequest
+from swarmnode.net.identity_lock import IdentityLock
 from swarmnode.ops.metrics import Metrics
 from swarmnode.ops.supervise import TaskSet
 from swarmnode.policy import Policy
@@ -97,6 +98,12 @@ def _read_highest(record: Path | None) -> int:
     except (OSError, ValueError) as exc:
         log.warning("ignoring the published-version record %s: %s", record, exc)
         return -1
+
+
+def _private(path: str, flags: int) -> int:
+    """Open for ``open(..., opener=)``, a new file readable by this user alone (as every file in a
+    node's home: ``swarmnode.home``)."""
+    return os.open(path, flags, 0o600)
 
 
 class WeightPublisher:
@@ -143,7 +150,11 @@ class WeightPublisher:
         # full copies of the model in the learner's own memory), else in memory (tests, tools).
         self.archive = archive
         self._files: dict[int, Path] = {}
-        if archive is not None:
+        # One learner per archive, locked before the sweep below: another one's would delete our
+        # served versions and write to our ``.partial`` names (its identity lock comes much later).
+        self._archive_lock = IdentityLock(archive, "the learner's archive") if archive is not None else None
+        if archive is not None and self._archive_lock is not None:
+            self._archive_lock.acquire()
             archive.mkdir(parents=True, exist_ok=True, mode=0o700)
             for stale in archive.glob("*.blob*"):  # an earlier run's: nothing refers to them
                 stale.unlink(missing_ok=True)
@@ -156,6 +167,8 @@ class WeightPublisher:
     async def close(self) -> None:
         await self._tasks.close()
         await self.node.close()
+        if self._archive_lock is not None:
+            self._archive_lock.release()
 
     @property
     def latest(self) -> Published | None:
@@ -203,14 +216,23 @@ class WeightPublisher:
         assert self.archive is not None
         path = self.archive / f"{version}.blob"
         partial = path.with_suffix(".blob.partial")
-        with open(partial, "wb") as file:
-            tensors, hashes = write_blob(state, file, self.chunk_bytes)
-        os.replace(partial, path)
+        try:
+            with open(partial, "wb", opener=_private) as file:
+                tensors, hashes = write_blob(state, file, self.chunk_bytes)
+            os.replace(partial, path)
+            with open(path, "rb") as file:
+                blob: Blob = (
+                    mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ)
+                    if os.fstat(file.fileno()).st_size
+                    else b""
+                )
+        except BaseException:
+            # A full disk or an unwritable archive: nothing of this version is left to fill it more.
+            partial.unlink(missing_ok=True)
+            path.unlink(missing_ok=True)
+            raise
         self._files[version] = path
-        with open(path, "rb") as file:
-            if os.fstat(file.fileno()).st_size == 0:
-                return b"", tensors, hashes
-            return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ), tensors, hashes
+        return blob, tensors, hashes
 
     def weights_of(self, version: int) -> tuple[Blob, tuple[TensorEntry, ...]] | None:
         """The blob and layout of a version still served (the last ``keep``), or None. The learner's

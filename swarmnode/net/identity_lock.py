@@ -19,8 +19,11 @@ from swarmnode.net.errors import NetError
 class IdentityLock:
     """An exclusive, non-blocking lock tied to one identity file."""
 
-    def __init__(self, identity_path: Path) -> None:
+    def __init__(self, identity_path: Path, what: str = "libp2p identity") -> None:
+        # ``what``: how the error names the locked thing (a learner's archive of served versions
+        # takes the same lock on HOME/published).
         self.path = identity_path.with_name(identity_path.name + ".lock")
+        self.what = what
         self._fd: int | None = None
 
     def acquire(self) -> None:
@@ -31,7 +34,7 @@ class IdentityLock:
         except BlockingIOError as e:
             os.close(fd)
             raise NetError(
-                f"libp2p identity {self.path.with_suffix('')} is in use by another process "
+                f"{self.what} {self.path.with_suffix('')} is in use by another process "
                 f"(lock {self.path} is held); stop that node or give this one another home"
             ) from e
         os.ftruncate(fd, 0)

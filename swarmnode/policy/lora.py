@@ -63,6 +63,23 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, target_modules: list[s
             f"learn.lora_target_modules names {missing}, which this model does not have; "
             f"its linear layers are {sorted(present)}"
         )
+    # A tied layer (an LM head sharing its weight with the input embedding) cannot take a delta of
+    # its own: the merged model every worker and spot check loads has one storage for both.
+    owners: dict[int, list[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        owners.setdefault(parameter.data_ptr(), []).append(name)
+    tied = sorted(
+        name
+        for name, m in model.named_modules()
+        if isinstance(m, nn.Linear)
+        and name.rsplit(".", 1)[-1] in target_modules
+        and len(owners.get(m.weight.data_ptr(), ())) > 1
+    )
+    if tied:
+        raise ModelError(
+            f"learn.lora_target_modules adapts {tied}, whose weight is tied to another layer's "
+            "(tie_word_embeddings): a worker's model could not hold the adapted weights"
+        )
     config = LoraConfig(
         r=rank,
         lora_alpha=alpha,  # type: ignore[arg-type]  # peft accepts a float scale

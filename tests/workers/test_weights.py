@@ -12,14 +12,17 @@ Specifications:
 from __future__ import annotations
 
 import asyncio
+import errno
 import hashlib
 import mmap
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
+from swarmnode.broadcast import weights as weights_module
 from swarmnode.broadcast.driver import (
     BroadcastError,
     blob_to_state_dict,
@@ -32,10 +35,13 @@ from swarmnode.broadcast.driver import (
     write_blob,
 )
 from swarmnode.broadcast.weights import WeightPublisher, WeightReceiver
+from swarmnode.errors import ModelError
 from swarmnode.identity import NodeIdentity
 from swarmnode.net.dataplane import DataPlane
+from swarmnode.net.errors import NetError
 from swarmnode.ops.metrics import Metrics
 from swarmnode.policy import build_tiny_policy
+from swarmnode.policy.lora import apply_lora
 from swarmnode.rollout import make_engine
 from swarmnode.wire import Envelope, PeerRecord
 
@@ -268,6 +274,7 @@ def test_the_archive_holds_the_served_versions_as_files_and_the_spot_checks_load
                 snapshots.append({k: v.clone() for k, v in model.state_dict().items()})
             kept = list(range(2, STALENESS + 3))
             assert sorted(p.name for p in archive.iterdir()) == sorted(f"{v}.blob" for v in kept)
+            assert all(p.stat().st_mode & 0o777 == 0o600 for p in archive.iterdir())  # private, as the home
             assert publisher.weights_of(0) is None and publisher.weights_of(1) is None
             scratch = build_tiny_policy(9).model
             for version in kept:
@@ -278,7 +285,9 @@ def test_the_archive_holds_the_served_versions_as_files_and_the_spot_checks_load
             other = build_tiny_policy(1, {"hidden_size": 32, "intermediate_size": 64}).model
             weights = publisher.weights_of(kept[-1])
             assert weights is not None
-            with pytest.raises(BroadcastError, match="shape"):
+            with pytest.raises(
+                BroadcastError, match=r"\(23, 128\) does not fit the model.s torch.float32 \(23, 32\)"
+            ):
                 load_blob_into(other, *weights)
         finally:
             await publisher.close()
@@ -325,3 +334,92 @@ def test_weights_that_do_not_fit_are_refused_before_anything_is_loaded() -> None
     with pytest.raises(BroadcastError, match="unexpected"):
         load_weights(model, {**before, "extra.weight": torch.zeros(1)})
     assert all(torch.equal(v, before[k]) for k, v in model.state_dict().items())
+
+
+def archived_publisher(x: NodeIdentity, archive: Path) -> WeightPublisher:
+    return WeightPublisher(x, DataPlane(x), "tiny", 1 << 18, keep=2, metrics=Metrics(), archive=archive)
+
+
+def test_lora_on_a_tied_head_is_refused_up_front() -> None:
+    """The merged model every worker loads has one storage for a tied head and embedding: a delta
+    on the head alone could not reach them (red team: workers silently ran another model)."""
+    with pytest.raises(ModelError, match="tied"):
+        apply_lora(build_tiny_policy(1).model, 4, 8.0, ["lm_head", "q_proj"])
+
+
+def test_a_tied_alias_sent_with_other_bytes_is_refused_before_anything_is_loaded() -> None:
+    model = build_tiny_policy(1).model
+    state = {k: v.clone() for k, v in model.state_dict().items()}  # both names, as separate copies
+    state["lm_head.weight"] += 1.0
+    blob, tensors = state_dict_to_blob(state)
+    scratch = build_tiny_policy(2).model
+    before = {k: v.clone() for k, v in scratch.state_dict().items()}
+    with pytest.raises(BroadcastError, match="tied"):
+        load_blob_into(scratch, blob, tensors)
+    with pytest.raises(BroadcastError, match="tied"):
+        load_weights(scratch, blob_to_state_dict(blob, tensors))
+    assert all(torch.equal(v, before[k]) for k, v in scratch.state_dict().items())
+    # A blob of an earlier release (both names, the same bytes) still loads.
+    blob, tensors = state_dict_to_blob({k: v.clone() for k, v in model.state_dict().items()})
+    load_blob_into(scratch, blob, tensors)
+    assert same_weights(scratch, model)
+
+
+def test_weights_of_another_dtype_are_refused() -> None:
+    model = build_tiny_policy(1).model
+    state = {k: v.to(torch.float16) for k, v in publishable(model.state_dict()).items()}
+    blob, tensors = state_dict_to_blob(state)
+    with pytest.raises(BroadcastError, match="float16"):
+        load_blob_into(build_tiny_policy(2).model, blob, tensors)
+    with pytest.raises(BroadcastError, match="float16"):
+        load_weights(build_tiny_policy(2).model, state)
+
+
+def test_a_failed_archive_write_leaves_nothing_behind_and_publishing_goes_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    archive = tmp_path / "published"
+    x = identity("x")
+    real = weights_module.write_blob
+
+    def disk_full(state: Any, file: Any, chunk_size: int) -> Any:
+        file.write(b"\0" * 4096)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    async def body() -> None:
+        publisher = WeightPublisher(
+            x, DataPlane(x), "tiny", 1 << 18, keep=2, metrics=Metrics(), archive=archive
+        )
+        try:
+            model = build_tiny_policy(1).model
+            publisher.publish(0, model)
+            monkeypatch.setattr(weights_module, "write_blob", disk_full)
+            with pytest.raises(OSError, match="No space"):
+                publisher.publish(1, model)
+            assert sorted(p.name for p in archive.iterdir()) == ["0.blob"]
+            monkeypatch.setattr(weights_module, "write_blob", real)
+            publisher.publish(1, model)  # the disk has room again
+            assert publisher.weights_of(1) is not None
+        finally:
+            await publisher.close()
+
+    asyncio.run(asyncio.wait_for(body(), 60))
+
+
+def test_a_second_learner_on_the_same_home_cannot_sweep_the_first_ones_archive(tmp_path: Path) -> None:
+    archive = tmp_path / "published"
+    x = identity("x")
+
+    async def body() -> None:
+        first = archived_publisher(x, archive)
+        try:
+            first.publish(0, build_tiny_policy(1).model)
+            with pytest.raises(NetError, match=r"archive .* is in use by another process"):
+                archived_publisher(x, archive)
+            assert (archive / "0.blob").exists()
+        finally:
+            await first.close()
+        again = archived_publisher(x, archive)
+        await again.close()  # the lock went with the first one's close
+
+    asyncio.run(asyncio.wait_for(body(), 60))
