@@ -265,9 +265,10 @@ def run_child(case: str, shape: str, threads: int) -> dict[str, Any]:
     print(f"running {case} at the {shape} shape (a fresh process)...", file=sys.stderr, flush=True)
     command = [sys.executable, __file__, "--case", case, "--shape", shape, "--threads", str(threads)]
     done = subprocess.run(command, capture_output=True, text=True, check=False)
-    if done.returncode != 0:
+    if done.returncode != 0:  # a result too: e.g. killed by the kernel for memory (exit -9)
         print(done.stderr[-4000:], file=sys.stderr)
-        raise SystemExit(f"case {case} failed (exit {done.returncode})")
+        why = "killed (SIGKILL: out of memory?)" if done.returncode == -9 else f"exit {done.returncode}"
+        return {"case": case, "shape": shape, "failed": why}
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
@@ -288,11 +289,19 @@ def main() -> int:
     unknown = [c for c in cases if c not in CASES and c != "learner"]
     if unknown:
         parser.error(f"unknown case(s) {unknown}; choose from {', '.join(CASES)}, learner")
-    steps = [run_child(case, args.shape, args.threads) for case in cases if case in CASES]
-    learners = (
-        [run_child(case, args.shape, args.threads) for case in LEARNER_CASES] if "learner" in cases else []
-    )
-    parameters = (steps or learners)[0]["parameters"]
+    learners: list[dict[str, Any]] = []
+    steps: list[dict[str, Any]] = []
+    for case in [*(LEARNER_CASES if "learner" in cases else ()), *(c for c in cases if c in CASES)]:
+        result = run_child(case, args.shape, args.threads)
+        (learners if case in LEARNER_CASES else steps).append(result)
+        # Written after every case: a long run keeps what it measured if a later case fails.
+        write_json(
+            args.json, {"machine": machine(), "shape": args.shape, "steps": steps, "learners": learners}
+        )
+    done = [r for r in [*steps, *learners] if "failed" not in r]
+    if not done:
+        raise SystemExit("every case failed")
+    parameters = done[0]["parameters"]
     model_gib = parameters * 4 / GIB
     if steps:
         print_table(
@@ -307,6 +316,8 @@ def main() -> int:
                     f"{r['step_peak_rss_gib']:.2f}",
                     f"{r['step_seconds']:.0f}",
                 ]
+                if "failed" not in r
+                else [r["case"], r["failed"], "", "", ""]
                 for r in steps
             ],
             [
@@ -329,12 +340,13 @@ def main() -> int:
                     f"{r['after_publishing']['RssFile']:.2f}",
                     f"{r['target_gib']:.2f}",
                 ]
+                if "failed" not in r
+                else [r["case"].removeprefix("learner-archive-"), r["failed"], "", "", "", ""]
                 for r in learners
             ],
             [f"target: model + AdamW's two moments + 2 model copies = 5 x {model_gib:.2f} GiB"],
         )
     print(f"machine: {machine()}")
-    write_json(args.json, {"machine": machine(), "shape": args.shape, "steps": steps, "learners": learners})
     return 0
 
 

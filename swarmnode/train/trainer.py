@@ -542,6 +542,9 @@ class Trainer:
             torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), learn.max_grad_norm)
             self.optimizer.step()
             losses.append(float(loss.detach()))
+        # Gradients freed now, not at the next step's zero_grad: between updates (a learner's spot
+        # checks, publishing, generation) they would hold one more copy of the trained weights.
+        self.optimizer.zero_grad(set_to_none=True)
         self.policy.model.eval()
         return losses
 
