@@ -133,7 +133,7 @@ def learner_case(archived: bool, shape: str, threads: int) -> dict[str, Any]:
                 with torch.no_grad():
                     first.add_(1e-3)  # a new version (the bytes differ; the size is what counts)
                 publisher.publish(version, model)
-            scratch = plain_copy(model).requires_grad_(False)
+            scratch = plain_copy(model)
             oldest = publisher.weights_of(0)
             assert oldest is not None
             load_blob_into(scratch, *oldest)  # a spot check of a group made under the oldest version

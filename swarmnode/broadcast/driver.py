@@ -568,7 +568,7 @@ class BroadcastNode:
 
     def served(self, digest: bytes) -> tuple[Blob, tuple[TensorEntry, ...]] | None:
         """The blob and tensor layout this node serves under ``digest`` (a published version, or a
-        received one once complete), or None: ``blob_to_state_dict`` turns them back into weights."""
+        received one once complete), or None: ``load_blob_into`` loads them into a model."""
         v = self._versions.get(digest)
         if v is None or not v.done.done() or v.done.cancelled() or v.done.exception() is not None:
             return None

@@ -145,16 +145,17 @@ def adapter_config(model: nn.Module) -> Any:
 
 
 def plain_copy(model: nn.Module) -> nn.Module:
-    """A copy of ``model`` without adapters, holding the merged weights (a plain model: a deep copy)."""
+    """A frozen copy of ``model`` (no gradients, eval mode) without adapters, holding the merged
+    weights: a learner's spot-check model, a KL reference, what is saved. A plain model: a deep copy."""
     if not has_lora(model):
-        return copy.deepcopy(model)
+        return copy.deepcopy(model).requires_grad_(False).eval()
     config: Any = model.config  # type: ignore[union-attr]
     plain = type(model)(copy.deepcopy(config)).to(next(model.parameters()).dtype)
     plain.load_state_dict(merged_state_dict(model), strict=True)
     generation_config = getattr(model, "generation_config", None)
     if generation_config is not None:
         plain.generation_config = copy.deepcopy(generation_config)
-    return plain.eval()
+    return plain.requires_grad_(False).eval()
 
 
 __all__ = [

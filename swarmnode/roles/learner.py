@@ -211,7 +211,7 @@ class LearnerNode:
         # A scratch copy for spot checks under an older version (never the live model); the old
         # weights themselves are the publisher's blobs (``WeightPublisher.weights_of``).
         # (LoRA: a plain model of the base architecture, since the blobs hold merged weights.)
-        self.scratch = ScratchModel(plain_copy(policy.model).requires_grad_(False))
+        self.scratch = ScratchModel(plain_copy(policy.model))
         # Each worker's keyed-sampling seeds (protocol/SPEC.md 1.8): a fresh one per activation
         # (renewals keep it), the newest two, since a batch generated just before a re-activation
         # reached us under the previous one; only for workers with an offer on hand.

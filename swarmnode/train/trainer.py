@@ -15,7 +15,6 @@ every RNG state, so redoing those rounds reproduces them exactly.
 
 from __future__ import annotations
 
-import copy
 import logging
 import math
 import random
@@ -50,6 +49,7 @@ from swarmnode.learn.transfer import (
 from swarmnode.ops.faults import fault_point
 from swarmnode.policy import Policy
 from swarmnode.policy.evaluate import task_scores
+from swarmnode.policy.lora import plain_copy
 from swarmnode.rollout import RolloutEngine, SamplingParams
 from swarmnode.store import CheckpointState, CheckpointStore, Ledger, RoundRecord
 from swarmnode.tasks import Task, TaskMixture
@@ -142,7 +142,7 @@ class Trainer:
             weight_decay=learn.weight_decay,
         )
         self.generator = torch.Generator().manual_seed(config.node.seed)
-        self.reference = self._frozen_copy(policy.model) if learn.beta > 0 else None
+        self.reference = plain_copy(policy.model) if learn.beta > 0 else None
         self.heldout_sets = heldout_sets(mixture, config.tasks.heldout_size)
         self.heldout: list[Task] = [task for tasks in self.heldout_sets.values() for task in tasks]
         self.heldout_by_family: dict[str, float] = {}  # the last evaluation's, with several families
@@ -157,12 +157,6 @@ class Trainer:
         self.last_m2po_masked = float("nan")  # share of tokens M2PO masked in that step
         self.saved_round = -1  # round of the newest checkpoint this trainer wrote or loaded
         self._in_round = False
-
-    @staticmethod
-    def _frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-        reference = copy.deepcopy(model)
-        reference.requires_grad_(False)
-        return reference.eval()
 
     # ---------------------------------------------------------------- persistence
 
