@@ -12,6 +12,13 @@ last receiver holds the whole verified blob.
     python bench/broadcast.py --peers 2,4,8,16 --modes swarm --repeats 1 --json out.json
     python bench/broadcast.py --peers 8 --corrupt 1,2 --json out.json   # + corrupt-chunk adversary
 
+With ``--shape 0.5b`` the blobs are a learner's versions at Qwen2.5-0.5B's shape (random weights,
+no download) training LoRA (``--lora-rank``, the default target modules): the whole merged model
+and the adapter alone (``swarmnode.broadcast.adapter``), each broadcast to N receivers, beside the
+time a worker takes to install each (``load_blob_into`` vs ``BaseWeights.install_adapter``).
+
+    python bench/broadcast.py --shape 0.5b --peers 2 --rate-mb 50 --json out.json
+
 With ``--corrupt K`` (swarm mode), K of the N receivers serve every chunk with a flipped byte
 (the signature on their answer is fine; only the manifest's chunk hash catches it), next to a
 clean run with the same M, N, B and c. Reported per K: poisoned = honest receivers whose final
@@ -34,6 +41,8 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
@@ -190,6 +199,10 @@ def main() -> None:
         default="",
         help="K: corrupting receivers, comma-separated (e.g. 1,2); runs the adversary table instead",
     )
+    parser.add_argument(
+        "--shape", choices=["0.5b", "small"], help="full vs adapter versions of a model of this shape"
+    )
+    parser.add_argument("--lora-rank", type=int, default=16, help="r of the adapter (--shape)")
     parser.add_argument("--child", help=argparse_hidden())
     parser.set_defaults(repeats=1)
     args = parser.parse_args()
@@ -205,6 +218,9 @@ def main() -> None:
     k = -(-size // chunk)
     if args.corrupt:
         corrupt_table(args, size, chunk, rate, k)
+        return
+    if args.shape:
+        adapter_table(args, chunk, rate)
         return
     rows: list[list[Any]] = []
     figures: list[dict[str, Any]] = []
@@ -287,6 +303,98 @@ def corrupt_table(args: Any, size: int, chunk: int, rate: float, k: int) -> None
         ],
     )
     write_json(args.json, {"settings": vars(args) | {"k": k}, "machine": machine(), "results": figures})
+
+
+def lora_versions(shape: str, rank: int) -> dict[str, Any]:
+    """A LoRA learner's version at ``shape`` (adapters as after training): its whole and adapter
+    blobs, and a worker's install time for each (median of 3; the adapter's first install, which
+    copies the adapted weights' base, apart)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from bench.memory import SHAPES
+    from swarmnode.broadcast.adapter import BaseWeights
+    from swarmnode.broadcast.driver import load_blob_into, publishable, state_dict_to_blob
+    from swarmnode.config import DEFAULT_LORA_TARGETS
+    from swarmnode.policy.lora import apply_lora, broadcast_adapter, merged_state_dict, plain_copy
+
+    torch.manual_seed(0)
+    fields = dict(SHAPES[shape])
+    model_type, attn = fields.pop("model_type"), fields.pop("attn_implementation")
+    base = AutoModelForCausalLM.from_config(
+        AutoConfig.for_model(model_type, **fields), attn_implementation=attn
+    )
+    worker = plain_copy(base)
+    learner = apply_lora(base, rank, 2.0 * rank, list(DEFAULT_LORA_TARGETS))
+    with torch.no_grad():
+        for name, p in learner.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0.0, 1e-3)
+    whole_blob, whole_tensors = state_dict_to_blob(publishable(merged_state_dict(learner)))
+    adapter, scale = broadcast_adapter(learner)
+    adapter_blob, _ = state_dict_to_blob(adapter)
+    installs: dict[str, list[float]] = {"whole": [], "adapter": []}
+    holder = BaseWeights(worker)
+    holder.hash  # noqa: B018  # at start, as a worker does
+    t0 = time.perf_counter()
+    holder.install_adapter(adapter, holder.hash, scale)
+    first_adapter = time.perf_counter() - t0
+    for _ in range(3):
+        t0 = time.perf_counter()
+        holder.install_adapter(adapter, holder.hash, scale)
+        installs["adapter"].append(time.perf_counter() - t0)
+    for _ in range(3):
+        t0 = time.perf_counter()
+        load_blob_into(worker, whole_blob, whole_tensors)
+        installs["whole"].append(time.perf_counter() - t0)
+    return {
+        "parameters": sum(p.numel() for p in worker.parameters()),
+        "adapter_parameters": sum(t.numel() for t in adapter.values()),
+        "bytes": {"whole": len(whole_blob), "adapter": len(adapter_blob)},
+        "install_seconds": {k: median(v) for k, v in installs.items()},
+        "first_adapter_install_seconds": first_adapter,
+    }
+
+
+def adapter_table(args: Any, chunk: int, rate: float) -> None:
+    """Whole vs adapter versions of one LoRA learner: bytes, broadcast time to N, install time."""
+    versions = lora_versions(args.shape, args.lora_rank)
+    rows: list[list[Any]] = []
+    figures: list[dict[str, Any]] = []
+    for n in [int(x) for x in args.peers.split(",")]:
+        for kind in ("whole", "adapter"):
+            size = versions["bytes"][kind]
+            k = -(-size // chunk)
+            times = [run_once(n, "swarm", size, chunk, rate, args.timeout) for _ in range(args.repeats)]
+            chain = (k + n - 1) * min(chunk, size) / rate
+            install = versions["install_seconds"][kind]
+            figures.append(
+                {"n": n, "kind": kind, "bytes": size, "seconds": times, "median": median(times),
+                 "chain_bound": chain, "install_seconds": install}
+            )  # fmt: skip
+            rows.append(
+                [n, kind, f"{size / 1e6:.1f}", f"{median(times):.2f}", f"{chain:.2f}", f"{install:.3f}"]
+            )
+        whole, adapter = figures[-2], figures[-1]
+        rows.append(
+            [n, "whole/adapter", f"{whole['bytes'] / adapter['bytes']:.1f}x",
+             f"{whole['median'] / adapter['median']:.1f}x", "", ""]
+        )  # fmt: skip
+    print_table(
+        f"LoRA versions at the {args.shape} shape ({versions['parameters'] / 1e6:.0f} M parameters, "
+        f"r={args.lora_rank}: {versions['adapter_parameters'] / 1e6:.2f} M in the adapter), "
+        f"c={args.chunk_kib} KiB, B={args.rate_mb:g} MB/s per peer, swarm mode",
+        ["N", "version", "MB", "broadcast_s", "chain_bound_s", "install_s"],
+        rows,
+        [
+            f"machine: {machine()['cores']} cores; repeats={args.repeats} (median)",
+            "install: a worker's swap once the blob is here (whole: copy every tensor in; adapter: "
+            f"W + s * B @ A for each adapted weight); the adapter's first install, which also copies "
+            f"the adapted weights' base, took {versions['first_adapter_install_seconds']:.3f} s",
+        ],
+    )
+    write_json(
+        args.json, {"settings": vars(args), "machine": machine(), "versions": versions, "results": figures}
+    )
 
 
 def argparse_hidden() -> str:

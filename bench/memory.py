@@ -136,7 +136,8 @@ def learner_case(archived: bool, shape: str, threads: int) -> dict[str, Any]:
             scratch = plain_copy(model)
             oldest = publisher.weights_of(0)
             assert oldest is not None
-            load_blob_into(scratch, *oldest)  # a spot check of a group made under the oldest version
+            # a spot check of a group made under the oldest version
+            load_blob_into(scratch, oldest[0], oldest[1].tensors)
             return memory_status()
         finally:
             await publisher.close()

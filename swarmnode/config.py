@@ -211,7 +211,8 @@ class LearnConfig(Section):
         ge=0,
         le=1024,
         description="LoRA rank (peft): train low-rank adapters on a frozen base instead of every weight; "
-        "0 = full fine-tuning. Peers and workers always receive the merged weights.",
+        "0 = full fine-tuning. A learner's workers receive each version as the adapter alone "
+        "(learner.adapter_broadcast).",
     )
     lora_alpha: float = Field(
         16.0, gt=0.0, description="LoRA scale numerator: updates scale by alpha / rank."
@@ -297,6 +298,12 @@ class LearnerConfig(Section):
     )
     spot_check_strikes: int = Field(
         1, ge=1, le=100, description="Failed spot checks before a worker is deactivated."
+    )
+    adapter_broadcast: bool = Field(
+        True,
+        description="With learn.lora_rank > 0, broadcast each version as its LoRA adapter alone (workers "
+        "add it to the base model they loaded, which must be the learner's); false: the whole merged "
+        "model, which workers of releases before adapter broadcasts need.",
     )
     keyed_sampling: bool = Field(
         True,

@@ -6,4 +6,6 @@
 install); the node's ``weights.WeightReceiver`` and the simulator drive it.
 ``weights``: the learner's publisher and the worker's receiver of policy versions (``receiver``'s
 asyncio driver).
+``adapter``: versions of a learner that trains LoRA adapters, sent as the adapter alone: the base
+model's hash, the adapter's layout rule, installing a version (whole or adapter) exactly.
 """

@@ -310,9 +310,13 @@ def build_manifest(
     tensors: tuple[TensorEntry, ...],
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     hashes: tuple[bytes, ...] | None = None,
+    *,
+    base_hash: bytes = b"",
+    adapter_scale: float = 0.0,
 ) -> tuple[WeightManifest, Envelope]:
     """The publisher's signed manifest and the envelope that carries it (its id names the version).
-    ``hashes``: the blob's ``chunk_hashes``, when already known (``write_blob``)."""
+    ``hashes``: the blob's ``chunk_hashes``, when already known (``write_blob``). ``base_hash`` and
+    ``adapter_scale``: the blob is a LoRA adapter for that base (``swarmnode.broadcast.adapter``)."""
     body = WeightManifestBody(
         model_id=model_id,
         version=version,
@@ -320,6 +324,8 @@ def build_manifest(
         chunk_size=chunk_size,
         chunk_hashes=hashes if hashes is not None else chunk_hashes(blob, chunk_size),
         total_bytes=len(blob),
+        base_hash=base_hash,
+        adapter_scale=adapter_scale,
     )
     manifest = sign_manifest(identity, body)
     return manifest, seal(identity, manifest, to_ms(time.time()))
@@ -408,6 +414,7 @@ class _Lease:
 @dataclass
 class BroadcastNodeStats:
     chunks_fetched: int = 0
+    bytes_fetched: int = 0  # of verified chunks
     chunks_invalid: int = 0
     slices_served: int = 0
     chunks_served: int = 0
@@ -532,9 +539,20 @@ class BroadcastNode:
         version: int,
         chunk_size: int,
         hashes: tuple[bytes, ...] | None = None,
+        *,
+        base_hash: bytes = b"",
+        adapter_scale: float = 0.0,
     ) -> Published:
         manifest, envelope = build_manifest(
-            self.identity, model_id, version, blob, tensors, chunk_size, hashes
+            self.identity,
+            model_id,
+            version,
+            blob,
+            tensors,
+            chunk_size,
+            hashes,
+            base_hash=base_hash,
+            adapter_scale=adapter_scale,
         )
         digest = envelope.envelope_id()
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -566,13 +584,13 @@ class BroadcastNode:
         blob, tensors = state_dict_to_blob(state_dict)
         return self.publish_blob(blob, tensors, model_id, version, chunk_size)
 
-    def served(self, digest: bytes) -> tuple[Blob, tuple[TensorEntry, ...]] | None:
-        """The blob and tensor layout this node serves under ``digest`` (a published version, or a
-        received one once complete), or None: ``load_blob_into`` loads them into a model."""
+    def served(self, digest: bytes) -> tuple[Blob, WeightManifestBody] | None:
+        """The blob and manifest body this node serves under ``digest`` (a published version, or a
+        received one once complete), or None: ``BaseWeights.install`` loads them into a model."""
         v = self._versions.get(digest)
         if v is None or not v.done.done() or v.done.cancelled() or v.done.exception() is not None:
             return None
-        return v.buffer, v.body.tensors
+        return v.buffer, v.body
 
     def retire(self, digest: bytes) -> None:
         v = self._versions.pop(digest, None)
@@ -677,6 +695,7 @@ class BroadcastNode:
             start = action.index * body.chunk_size
             v.buffer[start : start + length] = data
             self.stats.chunks_fetched += 1
+            self.stats.bytes_fetched += length
         elif not valid:
             self.stats.chunks_invalid += 1
         self._feed(

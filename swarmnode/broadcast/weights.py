@@ -15,8 +15,13 @@ is verified, loads the state_dict under the model lock, so a batch is never gene
 half-swapped model. Every worker learns the other workers' data-plane addresses from their
 records under the learner's workers key (``workers.records``).
 
+A learner training LoRA adapters (``base`` given) publishes each version as its adapter alone, a
+few percent of the model (``swarmnode.broadcast.adapter``); a worker that answers it does not hold
+the learner's base (``base_mismatch``) is sent every version whole from then on, merged from the
+base and the adapter.
+
 The learner keeps its last ``keep`` versions published (S + 1: a worker still fetching an
-older version can finish it); memory is ``keep`` x the model's bytes. Those blobs are also the
+older version can finish it), as memory-mapped files in its ``archive``. Those blobs are also the
 learner's only copies of old weights: its spot checks re-compute a worker's log-probs under the
 version it claims from ``weights_of``. The learner times each
 version from sending its manifest to a worker to that worker announcing every chunk
@@ -42,6 +47,7 @@ from typing import Any
 
 import torch
 
+from swarmnode.broadcast.adapter import BaseWeights
 from swarmnode.broadcast.core import Blame, BroadcastConfig
 from swarmnode.broadcast.driver import (
     Blob,
@@ -50,8 +56,8 @@ from swarmnode.broadcast.driver import (
     OpenedManifest,
     Published,
     blob_to_state_dict,
-    load_weights,
     publishable,
+    state_dict_to_blob,
     write_blob,
 )
 from swarmnode.broadcast.receiver import (
@@ -69,17 +75,17 @@ from swarmnode.broadcast.receiver import (
     StartReceive,
 )
 from swarmnode.identity import NodeIdentity, peer_id_from_key
-from swarmnode.net.dataplane import DataPlane, DataPlaneError, RefuseRequest
+from swarmnode.net.dataplane import DataPlane, DataPlaneError, PeerRefused, RefuseRequest
 from swarmnode.net.identity_lock import IdentityLock
 from swarmnode.ops.metrics import Metrics
 from swarmnode.ops.supervise import TaskSet
 from swarmnode.policy import Policy
 from swarmnode.policy.lock import ModelLock
-from swarmnode.policy.lora import merged_state_dict
+from swarmnode.policy.lora import broadcast_adapter, merged_state_dict
 from swarmnode.rollout import RolloutEngine
 from swarmnode.store.atomic import atomic_write_text
 from swarmnode.wire import Envelope, Kind, PeerRecord, TensorEntry, WeightManifest
-from swarmnode.wire.messages import Message
+from swarmnode.wire.messages import Message, WeightManifestBody
 
 log = logging.getLogger(__name__)
 MANIFEST_TIMEOUT = 10.0
@@ -122,6 +128,7 @@ class WeightPublisher:
         on_disseminated: Callable[[str, int, float], None] | None = None,
         record: Path | None = None,
         archive: Path | None = None,
+        base: BaseWeights | None = None,
     ) -> None:
         # The highest version ever published (``record``: kept there across restarts). A version
         # number names one set of weights for good: a learner resumed from an older checkpoint
@@ -149,7 +156,7 @@ class WeightPublisher:
         # kernel's page cache holds what is read, and drops it under pressure, instead of ``keep``
         # full copies of the model in the learner's own memory), else in memory (tests, tools).
         self.archive = archive
-        self._files: dict[int, Path] = {}
+        self._files: dict[str, Path] = {}  # archive file name -> its path
         # One learner per archive, locked before the sweep below: another one's would delete our
         # served versions and write to our ``.partial`` names (its identity lock comes much later).
         self._archive_lock = IdentityLock(archive, "the learner's archive") if archive is not None else None
@@ -159,6 +166,13 @@ class WeightPublisher:
             for stale in archive.glob("*.blob*"):  # an earlier run's: nothing refers to them
                 stale.unlink(missing_ok=True)
         self.dataplane = dataplane
+        # Set: each version is the model's LoRA adapter for this base (its workers hold it), not
+        # the whole merged model (``swarmnode.broadcast.adapter``); a worker that refuses it as not
+        # its base (``without_base``) is sent each version whole instead (``whole``).
+        self.base = base
+        self.without_base: set[str] = set()
+        self.whole: dict[int, Published] = {}
+        self._whole_lock = asyncio.Lock()
         self._tasks = TaskSet("weight publisher")  # manifest sends
 
     async def start(self) -> None:
@@ -181,40 +195,72 @@ class WeightPublisher:
     def publish(self, version: int, model: torch.nn.Module) -> Published:
         if version <= self.highest:
             raise ValueError(f"policy version {version} was published already (highest {self.highest})")
-        # The merged weights (LoRA adapters folded in): what a worker's plain model loads; a tied
-        # head and embedding once.
-        state = publishable(merged_state_dict(model))
-        if self.archive is None:
-            published = self.node.publish_state_dict(state, self.model_id, version, self.chunk_bytes)
+        # The adapter alone for workers holding our base, else the merged weights (LoRA adapters
+        # folded in) a worker's plain model loads; a tied head and embedding once.
+        if self.base is not None:
+            state, scale = broadcast_adapter(model)
+            published = self._publish(version, f"{version}.blob", state, self.base.hash, scale)
         else:
-            blob, tensors, hashes = self._archived(version, state)
-            published = self.node.publish_blob(
-                blob, tensors, self.model_id, version, self.chunk_bytes, hashes
+            published = self._publish(
+                version, f"{version}.blob", publishable(merged_state_dict(model)), b"", 0.0
             )
         self.published[version] = published
+        if self.base is not None and self.without_base:  # whole, for workers that lack our base
+            try:
+                self.whole[version] = self._publish(
+                    version, f"{version}.whole.blob", publishable(merged_state_dict(model)), b"", 0.0
+                )
+            except OSError as e:  # the adapter is out; workers without our base miss this one
+                log.warning("weights v%d not published whole: %s", version, e)
         while len(self.published) > self.keep:
             old_version, old = self.published.popitem(last=False)
-            self.node.retire(old.digest)
-            # Unlinked now; a chunk being served keeps its map (and so the file's pages) until done.
-            path = self._files.pop(old_version, None)
-            if path is not None:
-                path.unlink(missing_ok=True)
-            for key in [k for k in self.told_at if k[1] == old.digest]:
-                del self.told_at[key]
+            self._retire(f"{old_version}.blob", old)
+            whole = self.whole.pop(old_version, None)
+            if whole is not None:
+                self._retire(f"{old_version}.whole.blob", whole)
         self.highest = version
         if self.record is not None:
             atomic_write_text(self.record, f"{version}\n")
         self.metrics.set("published_version", "Latest policy version published", version)
         return published
 
+    def _publish(
+        self, version: int, name: str, state: Mapping[str, torch.Tensor], base_hash: bytes, scale: float
+    ) -> Published:
+        blob: Blob
+        hashes: tuple[bytes, ...] | None = None
+        if self.archive is None:
+            blob, tensors = state_dict_to_blob(state)
+        else:
+            blob, tensors, hashes = self._archived(name, state)
+        return self.node.publish_blob(
+            blob,
+            tensors,
+            self.model_id,
+            version,
+            self.chunk_bytes,
+            hashes,
+            base_hash=base_hash,
+            adapter_scale=scale,
+        )
+
+    def _retire(self, name: str, old: Published) -> None:
+        self.node.retire(old.digest)
+        # Unlinked now; a chunk being served keeps its map (and so the file's pages) until done.
+        path = self._files.pop(name, None)
+        if path is not None:
+            path.unlink(missing_ok=True)
+        for key in [k for k in self.told_at if k[1] == old.digest]:
+            del self.told_at[key]
+
     def _archived(
-        self, version: int, state: Mapping[str, torch.Tensor]
+        self, name: str, state: Mapping[str, torch.Tensor]
     ) -> tuple[Blob, tuple[TensorEntry, ...], tuple[bytes, ...]]:
-        """Write ``state`` as version ``version``'s blob into the archive, a tensor at a time (its
-        chunk hashes taken on the way), and map it read-only: its pages enter this process's memory
-        only as chunks are served or a spot check loads it."""
+        """Write ``state`` into the archive as file ``name``, a tensor at a time (its chunk hashes
+        taken on the way), and map it read-only: its pages enter this process's memory only as
+        chunks are served or a spot check loads it."""
         assert self.archive is not None
-        path = self.archive / f"{version}.blob"
+        path = self.archive / name
         partial = path.with_suffix(".blob.partial")
         try:
             with open(partial, "wb", opener=_private) as file:
@@ -231,19 +277,39 @@ class WeightPublisher:
             partial.unlink(missing_ok=True)
             path.unlink(missing_ok=True)
             raise
-        self._files[version] = path
+        self._files[name] = path
         return blob, tensors, hashes
 
-    def weights_of(self, version: int) -> tuple[Blob, tuple[TensorEntry, ...]] | None:
-        """The blob and layout of a version still served (the last ``keep``), or None. The learner's
-        spot checks re-compute an older version from here: it keeps no other copy of old weights."""
+    def status(self) -> dict[str, Any]:
+        """How versions go out: as adapters or whole, their size, who is sent them whole."""
+        latest = self.latest
+        return {
+            "mode": "adapter" if self.base is not None else "whole",
+            "version_bytes": latest.manifest.body.total_bytes if latest is not None else None,
+            "whole_version_bytes": next(
+                (p.manifest.body.total_bytes for p in reversed(self.whole.values())), None
+            ),
+            "workers_without_base": sorted(self.without_base),
+        }
+
+    def weights_of(self, version: int) -> tuple[Blob, WeightManifestBody] | None:
+        """The blob and manifest body of a version still served (the last ``keep``), or None. The
+        learner's spot checks re-compute an older version from here (``BaseWeights.install``): it
+        keeps no other copy of old weights."""
         published = self.published.get(version)
         return self.node.served(published.digest) if published is not None else None
+
+    def _version_of(self, digest: bytes) -> int | None:
+        for versions in (self.published, self.whole):
+            found = next((v for v, p in versions.items() if p.digest == digest), None)  # <= keep
+            if found is not None:
+                return found
+        return None
 
     def _peer_complete(self, peer: str, digest: bytes) -> None:
         """``peer`` announced every chunk of a version we told it of: that is D for it."""
         at = self.told_at.pop((peer, digest), None)
-        version = next((v for v, p in self.published.items() if p.digest == digest), None)  # <= keep
+        version = self._version_of(digest)
         if at is None or version is None:
             return
         seconds = time.monotonic() - at
@@ -259,11 +325,18 @@ class WeightPublisher:
         for peer, address in addresses.items():
             self.node.add_peer(peer, address)
 
+    def latest_for(self, worker: str) -> Published | None:
+        """The newest version as ``worker`` takes it: whole when it lacks our base, else as published."""
+        if worker not in self.without_base:
+            return self.latest
+        newest = next(reversed(self.published), None)
+        return self.whole.get(newest) if newest is not None else None
+
     def tell(self, worker: PeerRecord, *, again: bool = False) -> bool:
         """Send the latest manifest to ``worker`` (in the background; a failure is logged), once
         per version unless ``again`` (e.g. right after an Activate: a worker that restarted may
         have lost it). True when a send started."""
-        latest = self.latest
+        latest = self.latest_for(worker.peer_id)
         if latest is None or (not again and self.told.get(worker.peer_id) == latest.digest):
             return False
         self.told[worker.peer_id] = latest.digest
@@ -280,6 +353,7 @@ class WeightPublisher:
     def forget(self, worker: str) -> None:
         """``worker`` left or restarted: what it was told, and the timings of it, no longer hold."""
         self.told.pop(worker, None)
+        self.without_base.discard(worker)  # restarted, it may hold our base now
         for key in [k for k in self.told_at if k[0] == worker]:
             del self.told_at[key]
 
@@ -296,12 +370,61 @@ class WeightPublisher:
                 expect_peer=worker.peer_id,
             )
         except DataPlaneError as e:
-            log.warning("manifest to worker %s failed: %s", worker.peer_id, e)
-            self.metrics.inc("manifest_failures", "Manifests a worker did not take")
             if self.told.get(worker.peer_id) == digest:
                 del self.told[worker.peer_id]  # not told after all: the next ``tell`` sends again
             if timing is not None:
                 self.told_at.pop(timing, None)  # and a later send times D
+            if (
+                isinstance(e, PeerRefused)
+                and e.reason == "base_mismatch"
+                and self.base is not None
+                and worker.peer_id not in self.without_base
+            ):
+                # It does not hold our base: from now on it gets whole versions, starting now.
+                log.warning(
+                    "worker %s lacks this learner's base model (%s): sending it whole versions",
+                    worker.peer_id,
+                    e,
+                )
+                self.without_base.add(worker.peer_id)
+                self.metrics.inc("workers_without_base", "Workers sent whole versions: they lack our base")
+                await self._whole_latest()
+                self.tell(worker)
+                return
+            log.warning("manifest to worker %s failed: %s", worker.peer_id, e)
+            self.metrics.inc("manifest_failures", "Manifests a worker did not take")
+
+    async def _whole_latest(self) -> None:
+        """Publish the newest version whole as well (merged from our base and its adapter, off the
+        event loop: no model is read, so a step running meanwhile changes nothing), unless done."""
+        assert self.base is not None
+        async with self._whole_lock:
+            version = next(reversed(self.published), None)
+            if version is None or version in self.whole:
+                return
+            served = self.weights_of(version)
+            if served is None:
+                return
+            blob, body = served
+            base = self.base
+            state = await asyncio.to_thread(
+                lambda: base.merged(blob_to_state_dict(blob, body.tensors), body.adapter_scale)
+            )
+            name = f"{version}.whole.blob"
+            whole_blob: Blob
+            hashes: tuple[bytes, ...] | None = None
+            if self.archive is not None:
+                whole_blob, tensors, hashes = await asyncio.to_thread(self._archived, name, state)
+            else:
+                whole_blob, tensors = state_dict_to_blob(state)
+            if version not in self.published:  # retired meanwhile: a newer one was published whole
+                path = self._files.pop(name, None)
+                if path is not None:
+                    path.unlink(missing_ok=True)
+                return
+            self.whole[version] = self.node.publish_blob(
+                whole_blob, tensors, self.model_id, version, self.chunk_bytes, hashes
+            )
 
 
 class WeightReceiver:
@@ -322,8 +445,12 @@ class WeightReceiver:
         *,
         learner_id: str,
         staleness_bound: int,
+        base: BaseWeights | None = None,
     ) -> None:
         self.node = BroadcastNode(identity, dataplane, BroadcastConfig(), on_blame=self._blamed)
+        # What installs versions into the model: whole ones, and adapter ones for the base it was
+        # loaded with (``base``: made, and its hash taken, off the event loop by the caller).
+        self.base = base if base is not None else BaseWeights(policy.model)
         self.core: ReceiverCore[OpenedManifest] = ReceiverCore(staleness_bound, installed=policy.version)
         self.policy = policy
         self.engine = engine
@@ -381,6 +508,15 @@ class WeightReceiver:
             raise RefuseRequest("bad_manifest", str(e)) from None
         if peer_id_from_key(opened.manifest.publisher_key) != self.learner_id:
             raise RefuseRequest("not_learner", "manifest not published by this worker's learner")
+        body = opened.body
+        if body.is_adapter and body.base_hash != self.base.hash:
+            raise RefuseRequest(
+                "base_mismatch",
+                f"an adapter for base {body.base_hash.hex()[:16]}; this worker loaded "
+                f"{self.base.hash.hex()[:16]} (start it with the learner's model)",
+            )
+        if body.is_adapter and not self.base.holds_base:
+            raise RefuseRequest("base_mismatch", "this worker installed whole weights since it started")
         self._perform(self.core.handle(ManifestArrived(opened.version, opened.digest, opened)))
         return None
 
@@ -426,7 +562,6 @@ class WeightReceiver:
         version = opened.version
         try:
             blob = await self.node.receive(opened, timeout=RECEIVE_TIMEOUT)
-            state = await asyncio.to_thread(blob_to_state_dict, blob, opened.body.tensors)
         except BroadcastError as e:
             log.warning("weights v%d not received: %s", version, e)
             self._failed(opened, str(e))
@@ -441,7 +576,7 @@ class WeightReceiver:
                 self._perform(actions)  # a newer one was installed meanwhile: released
                 return
             try:
-                load_weights(self.policy.model, state)  # checked whole before any tensor is copied
+                self.base.install(blob, opened.body)  # checked whole before any tensor is copied
                 self.policy.version = version
                 self.engine.update_weights(self.policy)
             except Exception as e:  # a manifest our learner signed that does not fit the model

@@ -10,12 +10,13 @@ parameters. peft injects the adapters into the HF model in place (``inject_adapt
 policy's ``model`` stays the same ``...ForCausalLM`` object, with its forward, ``config`` and
 ``generation_config``, and every training and scoring path runs through it unchanged.
 
-What leaves the training loop is always the merged model, ``W + (alpha / r) B A`` under the base
-architecture's own names (``merged_state_dict``): the rollout engine's fused weights
-(``effective_weight``), weight broadcasts to workers, the learner's spot-check copy
-(``plain_copy``) and ``swarmnode export``. A worker therefore never needs to know that its learner
-trains adapters. ``adapter_state_dict`` is the adapter alone, in peft's file format
-(``swarmnode export --adapter``).
+What leaves the training loop is the merged model, ``W + (alpha / r) B A`` under the base
+architecture's own names (``merged_state_dict``, every delta by ``merge_delta``): the rollout
+engine's fused weights (``effective_weight``), the learner's spot-check copy (``plain_copy``),
+whole weight versions and ``swarmnode export``. A learner's workers hold plain models: they take
+each version as the adapter alone (``broadcast_adapter``) and add it to the base they loaded with
+the same ``merge_delta`` (``swarmnode.broadcast.adapter``), or whole. ``adapter_state_dict`` is
+the adapter in peft's file format (``swarmnode export --adapter``).
 
 Adapter dropout is fixed at 0: the loss compares log-probs of the same completions under two
 forward passes (the old policy's and the current one) and a dropout mask would make them differ by
@@ -92,22 +93,30 @@ def apply_lora(model: nn.Module, rank: int, alpha: float, target_modules: list[s
     return model
 
 
+def merge_delta(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scale: float) -> torch.Tensor:
+    """``W + scale * (B @ A)``, in this one order of operations everywhere (the learner's engine,
+    its broadcasts and spot checks, a worker adding a broadcast adapter to its base), so that every
+    holder of the same base and adapter computes the same bits."""
+    with torch.no_grad():
+        return weight + (b @ a) * scale
+
+
 def effective_weight(linear: nn.Module) -> torch.Tensor:
     """The weight ``linear`` applies, adapter included: ``W + (alpha / r) B A`` for an unmerged
     LoRA layer, else its ``weight`` (detached)."""
     layer: Any = linear  # a peft layer's attributes are only known at run time
     if not hasattr(layer, "get_delta_weight") or layer.merged:
         return layer.weight.detach()
-    with torch.no_grad():
-        weight = layer.get_base_layer().weight.detach()
-        for adapter in layer.active_adapters:
-            weight = weight + layer.get_delta_weight(adapter)
+    weight = layer.get_base_layer().weight.detach()
+    for adapter in layer.active_adapters:
+        a, b = layer.lora_A[adapter].weight.detach(), layer.lora_B[adapter].weight.detach()
+        weight = merge_delta(weight, a, b, float(layer.scaling[adapter]))
     return weight
 
 
-def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """``model``'s weights under its base architecture's names, adapters merged in (a plain model's
-    ``state_dict``, detached, when it has none): what a worker, a peer or another tool loads."""
+def _plain_names(model: nn.Module, *, merged: bool) -> dict[str, torch.Tensor]:
+    """``model``'s weights under its base architecture's names (detached): each adapted weight
+    merged (``W + (alpha / r) B A``) or the frozen base ``W``."""
     layers = dict(_lora_layers(model))
     if not layers:
         return {k: v.detach() for k, v in model.state_dict().items()}
@@ -119,10 +128,41 @@ def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
         if module_name.endswith(".base_layer"):
             owner = module_name[: -len(".base_layer")]
             base_key = f"{owner}.{leaf}"
-            out[base_key] = effective_weight(layers[owner]) if leaf == "weight" else value.detach()
+            adapted = merged and leaf == "weight"
+            out[base_key] = effective_weight(layers[owner]) if adapted else value.detach()
         else:
             out[key] = value.detach()
     return out
+
+
+def merged_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """``model``'s weights under its base architecture's names, adapters merged in (a plain model's
+    ``state_dict``, detached, when it has none): what a worker, a peer or another tool loads."""
+    return _plain_names(model, merged=True)
+
+
+def base_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The frozen base ``model``'s adapters are added to, under the base architecture's names (no
+    copy: the model's own tensors, detached). Without adapters: its ``state_dict``."""
+    return _plain_names(model, merged=False)
+
+
+def broadcast_adapter(model: nn.Module) -> tuple[dict[str, torch.Tensor], float]:
+    """The adapter as a version broadcasts it (SPEC 1.5): ``<module>.lora_A.weight`` (r x in) and
+    ``<module>.lora_B.weight`` (out x r) under the base architecture's module names, and the one
+    scale ``alpha / r`` they share."""
+    out: dict[str, torch.Tensor] = {}
+    scales = set()
+    for name, layer in _lora_layers(model):
+        for adapter in layer.active_adapters:
+            out[f"{name}.lora_A.weight"] = layer.lora_A[adapter].weight.detach()
+            out[f"{name}.lora_B.weight"] = layer.lora_B[adapter].weight.detach()
+            scales.add(float(layer.scaling[adapter]))
+    if not out:
+        raise ModelError("this policy has no LoRA adapter (learn.lora_rank is 0)")
+    if len(scales) != 1:
+        raise ModelError(f"the adapters have {len(scales)} different scales; a broadcast carries one")
+    return out, scales.pop()
 
 
 def adapter_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
@@ -163,8 +203,11 @@ __all__ = [
     "adapter_config",
     "adapter_state_dict",
     "apply_lora",
+    "base_state_dict",
+    "broadcast_adapter",
     "effective_weight",
     "has_lora",
+    "merge_delta",
     "merged_state_dict",
     "plain_copy",
 ]

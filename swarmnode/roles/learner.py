@@ -58,7 +58,8 @@ from swarmnode.admit.recompute import GroupScan, scan_group, tokens_at
 from swarmnode.admit.spotcheck import Judgement, SpotCheckConfig, SpotChecker, SpotCheckRequest, judge
 from swarmnode.admit.staleness import StalenessGate
 from swarmnode.admit.verdict import Accepted
-from swarmnode.broadcast.driver import Blob, load_blob_into
+from swarmnode.broadcast.adapter import BaseWeights
+from swarmnode.broadcast.driver import Blob
 from swarmnode.broadcast.weights import WeightPublisher
 from swarmnode.config import Config
 from swarmnode.home import NodeHome
@@ -79,7 +80,7 @@ from swarmnode.ops.dashboard import (
 from swarmnode.ops.metrics import Metrics
 from swarmnode.ops.supervise import run_jobs
 from swarmnode.policy.lock import ModelLock
-from swarmnode.policy.lora import plain_copy
+from swarmnode.policy.lora import base_state_dict, has_lora, plain_copy
 from swarmnode.roles.common import (
     api_job,
     build_mixture,
@@ -103,10 +104,10 @@ from swarmnode.wire import (
     PeerRecord,
     Role,
     RolloutBatch,
-    TensorEntry,
     encode_envelope,
 )
 from swarmnode.wire.limits import SAMPLING_SEED_BYTES
+from swarmnode.wire.messages import WeightManifestBody
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -209,9 +210,14 @@ class LearnerNode:
         self.recorded_version = self.ledger.highest_policy_version()
         self.trainer.resume()
         # A scratch copy for spot checks under an older version (never the live model); the old
-        # weights themselves are the publisher's blobs (``WeightPublisher.weights_of``).
-        # (LoRA: a plain model of the base architecture, since the blobs hold merged weights.)
-        self.scratch = ScratchModel(plain_copy(policy.model))
+        # weights themselves are the publisher's blobs (``WeightPublisher.weights_of``). (LoRA: a
+        # plain model of the base architecture, as a worker's; an adapter version is added to the
+        # live model's frozen base, which the scratch copy and the workers started from.)
+        base = base_state_dict(policy.model) if has_lora(policy.model) else None
+        self.scratch = ScratchModel(BaseWeights(plain_copy(policy.model), base))
+        self.adapter_broadcast = base is not None and self.config.learner.adapter_broadcast
+        if self.adapter_broadcast:
+            self.scratch.base.hash  # noqa: B018  # taken here, off the event loop
         # Each worker's keyed-sampling seeds (protocol/SPEC.md 1.8): a fresh one per activation
         # (renewals keep it), the newest two, since a batch generated just before a re-activation
         # reached us under the previous one; only for workers with an offer on hand.
@@ -265,6 +271,7 @@ class LearnerNode:
                 **self.gate.counters,
                 "trained_by_lag": {str(k): v for k, v in sorted(self.trained_lags.items())},
             },
+            "broadcast": self.publisher.status(),
             "spot_checks": self.spot.stats.as_dict(),
             # Per worker: batches, checks, fails, keyed tokens checked and skipped, and after how
             # many batches (and spot-checked batches) it was first deactivated.
@@ -288,13 +295,13 @@ class LearnerNode:
         now = time.time()
         status = self.activation.status(now)
         plan = status.plan
-        latest = self.publisher.latest
         latest_version = next(reversed(self.publisher.published), None)
         rows, classes = [], []
         checks = self.spot.workers(limit=len(status.workers) + 1)
         for w in sorted(status.workers, key=lambda w: (not w.active, w.price, w.peer)):
             record = checks.get(w.peer, {})
             told = self.publisher.told.get(w.peer)
+            latest = self.publisher.latest_for(w.peer)  # whole for a worker without our base
             if latest is None or told is None:
                 weights = "-"
             elif told != latest.digest:
@@ -352,6 +359,7 @@ class LearnerNode:
             "cost per step, planned": plan.cost_per_step,
             "cost per step, paid": self.cost_paid / self.steps_here if self.steps_here else None,
             "excluded": ", ".join(f"{short_id(e.peer)}: {e.reason}" for e in plan.excluded[:8]) or "-",
+            "versions sent as": broadcast_summary(self.publisher.status()),
             **{f"core: {k}": v for k, v in status.stats.items() if v},
         }
         return Dashboard(
@@ -982,6 +990,7 @@ class LearnerNode:
             on_disseminated=self._disseminated,
             record=self.home.published_version,
             archive=self.home.published,
+            base=self.scratch.base if self.adapter_broadcast else None,
         )
         await self.publisher.start()
         self._number_past_published()
@@ -1021,18 +1030,29 @@ class LearnerNode:
         await run_jobs(jobs, self.metrics, self.stop)
 
 
+def broadcast_summary(status: dict[str, Any]) -> str:
+    """The dashboard's line for ``WeightPublisher.status``."""
+    size = status["version_bytes"]
+    line = f"{status['mode']}, {size / 1e6:.3g} MB" if size is not None else status["mode"]
+    without = status["workers_without_base"]
+    if without:
+        line += f"; whole to {len(without)} worker(s) without our base"
+    return line
+
+
 class ScratchModel:
     """The spot checks' copy of the model, holding one published version at a time: consecutive
     checks under the same version (the usual case) decode and load its weights once."""
 
-    def __init__(self, model: torch.nn.Module) -> None:
-        self.model = model
+    def __init__(self, base: BaseWeights) -> None:
+        self.base = base
+        self.model = base.model
         self.version: int | None = None
 
     def scan(
         self,
         version: int,
-        weights: tuple[Blob, tuple[TensorEntry, ...]],
+        weights: tuple[Blob, WeightManifestBody],
         request: SpotCheckRequest,
         prompt_ids: list[int],
         completions: list[list[int]],
@@ -1057,8 +1077,8 @@ class ScratchModel:
             draw_seed=draw_seed,
         )
 
-    def _load(self, version: int, weights: tuple[Blob, tuple[TensorEntry, ...]]) -> None:
+    def _load(self, version: int, weights: tuple[Blob, WeightManifestBody]) -> None:
         if version != self.version:
             self.version = None  # a failed load leaves no version claimed
-            load_blob_into(self.model, *weights)
+            self.base.install(*weights)
             self.version = version

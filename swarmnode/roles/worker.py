@@ -36,6 +36,7 @@ from swarmnode.activation.records import (
     read_records,
     workers_key,
 )
+from swarmnode.broadcast.adapter import BaseWeights
 from swarmnode.broadcast.weights import WeightReceiver
 from swarmnode.config import Config
 from swarmnode.errors import ConfigError, EngineUnavailable
@@ -111,6 +112,10 @@ class WorkerNode:
         # The model skeleton and tokenizer; weights come from the learner before any generation.
         self.policy = build_policy(self.config, self.home, self.mixture)
         self.policy.version = -1
+        # The base adapter versions are added to (a learner training LoRA broadcasts the adapter
+        # alone): its hash taken now, while the model holds what was loaded.
+        self.base = BaseWeights(self.policy.model)
+        self.base.hash  # noqa: B018
         self.engine = role_engine(self.config, self.policy)
         import torch
 
@@ -440,6 +445,7 @@ class WorkerNode:
             self.metrics,
             learner_id=self.learner_id,
             staleness_bound=self.config.swarm.staleness_bound,
+            base=self.base,
         )
         await self.weights.start()
         try:

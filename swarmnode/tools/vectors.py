@@ -293,6 +293,23 @@ def _rewards(batch: RolloutBatch) -> list[list[float]]:
     return [[score_completion(regenerate(g.task), c.text) for c in g.completions] for g in batch.groups]
 
 
+def _adapter_manifest_body() -> WeightManifestBody:
+    blob = bytes(range(256)) * 2  # a rank-2 adapter of a 32 x 32 weight, as 512 bytes of F32
+    return WeightManifestBody(
+        model_id=MODEL_ID,
+        version=CURRENT_VERSION,
+        tensors=(
+            TensorEntry("layers.0.q_proj.lora_A.weight", "F32", (2, 32), 0, 256),
+            TensorEntry("layers.0.q_proj.lora_B.weight", "F32", (32, 2), 256, 256),
+        ),
+        chunk_size=1024,
+        chunk_hashes=(hashlib.sha256(blob).digest(),),
+        total_bytes=len(blob),
+        base_hash=hashlib.sha256(b"base").digest(),
+        adapter_scale=2.0,
+    )
+
+
 def _manifest_body() -> WeightManifestBody:
     blob = bytes(range(256)) * 12  # 3,072 bytes of "weights"
     chunk = 1024
@@ -691,6 +708,40 @@ def build() -> VectorSet:
         "relay signature fine, publisher signature zeroed",
         "bad_manifest_signature",
     )
+    adapter = sign_manifest(KEYS["publisher"], _adapter_manifest_body())
+    vs.add(
+        "weight_manifest_adapter",
+        encode_envelope(_envelope(adapter)),
+        "a LoRA adapter version (SPEC 1.5): base_hash = SHA-256 of b'base', adapter_scale 2.0",
+        kind="weight_manifest",
+        sender=sender.peer_id,
+    )
+    for name, base_hash, scale, what in [
+        ("manifest_adapter_scale_without_base", b"", 2.0, "adapter_scale 2.0 without base_hash"),
+        ("manifest_adapter_base_hash_31_bytes", bytes(31), 2.0, "a 31-byte base_hash"),
+        (
+            "manifest_adapter_scale_zero",
+            hashlib.sha256(b"base").digest(),
+            0.0,
+            "base_hash with adapter_scale 0",
+        ),
+    ]:
+        body = pb.WeightManifestBody()
+        body.ParseFromString(adapter.body_bytes)
+        body.base_hash, body.adapter_scale = base_hash, scale
+        vs.add(
+            name,
+            _signed_raw(
+                Kind.WEIGHT_MANIFEST,
+                pb.WeightManifest(
+                    body=body.SerializeToString(deterministic=True),
+                    publisher_key=adapter.publisher_key,
+                    signature=bytes(64),
+                ).SerializeToString(),
+            ),
+            f"manifest body with {what}",
+            "invalid_payload",
+        )
     vs.add(
         "activate_seed_31_bytes",
         _signed_raw(

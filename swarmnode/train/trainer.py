@@ -50,7 +50,7 @@ from swarmnode.ops.faults import fault_point
 from swarmnode.policy import Policy
 from swarmnode.policy.evaluate import task_scores
 from swarmnode.policy.lora import plain_copy
-from swarmnode.rollout import RolloutEngine, SamplingParams
+from swarmnode.rollout.types import RolloutEngine, SamplingParams
 from swarmnode.store import CheckpointState, CheckpointStore, Ledger, RoundRecord
 from swarmnode.tasks import Task, TaskMixture
 from swarmnode.train.batch import ScoredGroup, completion_logprobs, micro_batches, pad_right

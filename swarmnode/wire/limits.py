@@ -63,6 +63,7 @@ MAX_CHUNK_SIZE = 1024 * MIB
 MAX_CHUNKS = 16_384
 MAX_CHUNK_SLICE = 1 * MIB
 MAX_REFUSAL_REASON_BYTES = 32
+MAX_ADAPTER_SCALE = 65_536.0  # WeightManifestBody.adapter_scale (alpha / r) when base_hash is set
 
 # Worker control
 MAX_LEASE_SECONDS = 86_400

@@ -401,6 +401,15 @@ class WeightManifestBody:
     chunk_size: int
     chunk_hashes: tuple[bytes, ...]
     total_bytes: int
+    # Empty: the blob is the whole model. Else the SHA-256 ``weights_hash`` of the base model the
+    # blob's LoRA adapter is added to, each adapted weight becoming ``W + adapter_scale * (B @ A)``
+    # (``swarmnode.broadcast.adapter``).
+    base_hash: bytes = b""
+    adapter_scale: float = 0.0
+
+    @property
+    def is_adapter(self) -> bool:
+        return bool(self.base_hash)
 
     def chunk_length(self, index: int) -> int:
         """Bytes in chunk ``index`` (the last one may be short)."""
@@ -458,6 +467,17 @@ def _manifest_body_from(msg: pb.WeightManifestBody) -> WeightManifestBody:
         if t.offset < end:
             raise _Invalid(WireReason.INVALID_PAYLOAD, f"tensor {clip(t.name)} overlaps the one before it")
         end = t.offset + t.nbytes
+    if msg.base_hash:
+        base_hash = _digest(msg.base_hash, "base_hash")
+        scale = _finite(msg.adapter_scale, "adapter_scale", high=limits.MAX_ADAPTER_SCALE)
+        if scale <= 0:
+            raise _Invalid(WireReason.INVALID_PAYLOAD, f"adapter_scale={scale}; an adapter's must be > 0")
+    elif msg.adapter_scale != 0:
+        raise _Invalid(
+            WireReason.INVALID_PAYLOAD, "adapter_scale without base_hash (whole weights have none)"
+        )
+    else:
+        base_hash, scale = b"", 0.0
     return WeightManifestBody(
         model_id=_text(msg.model_id, limits.MAX_MODEL_ID_BYTES, "model_id", required=True),
         version=msg.version,
@@ -465,6 +485,8 @@ def _manifest_body_from(msg: pb.WeightManifestBody) -> WeightManifestBody:
         chunk_size=chunk_size,
         chunk_hashes=tuple(_digest(h, "chunk_hashes[]") for h in msg.chunk_hashes),
         total_bytes=total,
+        base_hash=base_hash,
+        adapter_scale=scale,
     )
 
 
@@ -479,6 +501,8 @@ def _manifest_body_to(m: WeightManifestBody) -> pb.WeightManifestBody:
         chunk_size=m.chunk_size,
         chunk_hashes=list(m.chunk_hashes),
         total_bytes=m.total_bytes,
+        base_hash=m.base_hash,
+        adapter_scale=m.adapter_scale,
     )
 
 

@@ -174,20 +174,24 @@ class TensorEntry(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[str] = ..., shape: _Optional[_Iterable[int]] = ..., offset: _Optional[int] = ..., nbytes: _Optional[int] = ...) -> None: ...
 
 class WeightManifestBody(_message.Message):
-    __slots__ = ("model_id", "version", "tensors", "chunk_size", "chunk_hashes", "total_bytes")
+    __slots__ = ("model_id", "version", "tensors", "chunk_size", "chunk_hashes", "total_bytes", "base_hash", "adapter_scale")
     MODEL_ID_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     TENSORS_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
     CHUNK_HASHES_FIELD_NUMBER: _ClassVar[int]
     TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
+    BASE_HASH_FIELD_NUMBER: _ClassVar[int]
+    ADAPTER_SCALE_FIELD_NUMBER: _ClassVar[int]
     model_id: str
     version: int
     tensors: _containers.RepeatedCompositeFieldContainer[TensorEntry]
     chunk_size: int
     chunk_hashes: _containers.RepeatedScalarFieldContainer[bytes]
     total_bytes: int
-    def __init__(self, model_id: _Optional[str] = ..., version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., chunk_size: _Optional[int] = ..., chunk_hashes: _Optional[_Iterable[bytes]] = ..., total_bytes: _Optional[int] = ...) -> None: ...
+    base_hash: bytes
+    adapter_scale: float
+    def __init__(self, model_id: _Optional[str] = ..., version: _Optional[int] = ..., tensors: _Optional[_Iterable[_Union[TensorEntry, _Mapping]]] = ..., chunk_size: _Optional[int] = ..., chunk_hashes: _Optional[_Iterable[bytes]] = ..., total_bytes: _Optional[int] = ..., base_hash: _Optional[bytes] = ..., adapter_scale: _Optional[float] = ...) -> None: ...
 
 class WeightManifest(_message.Message):
     __slots__ = ("body", "publisher_key", "signature")

@@ -234,3 +234,36 @@ def test_every_kind_of_cheat_is_dropped_while_the_honest_worker_passes(
         assert record["first_deactivated_after"] is not None, (kind, record)
         if kind != "liar":  # honest log-probs: only its tokens can tell
             assert record["tokens_checked"] > 0, (kind, record)
+
+
+def test_a_lora_learner_sends_its_workers_the_adapter_and_checks_them_against_it(processes: Any) -> None:
+    """``learn.lora_rank`` > 0: the learner broadcasts each version as its adapter; its workers (all
+    loading the same model.path, so holding its base) add it to their base, and every spot check
+    of theirs, every token re-computed under an adapter version, passes."""
+    swarm = processes("lora")
+    start(
+        swarm,
+        "all",
+        [("w-a", 1.0, 1.0), ("w-b", 1.0, 1.0)],
+        **{"learn.lora_rank": 4, "learner.spot_check_rate": 1.0},
+    )
+    status = swarm.wait(
+        lambda: (
+            (s := learner_status(swarm)) is not None
+            and s["steps_this_run"] >= 3
+            and s["spot_checks"]["passes"] >= 2
+            and s
+        ),
+        "the LoRA learner to step and check its workers",
+        timeout=600,
+    )
+    assert status["spot_checks"]["fails"] == 0, status["spot_checks"]
+    assert status["broadcast"]["mode"] == "adapter" and not status["broadcast"]["workers_without_base"]
+    model_bytes = sum(p.stat().st_size for p in swarm.model.glob("*.safetensors"))
+    for name in ("w-a", "w-b"):
+        worker = swarm.status(name)
+        assert worker is not None and worker["weights"]["version"] >= 1, worker
+        fetched = worker["weights"]["stats"]["bytes_fetched"]
+        versions = worker["weights"]["version"] + 1
+        # every version it fetched was the adapter: well under a tenth of the model each
+        assert 0 < fetched < versions * model_bytes / 10, (fetched, versions, model_bytes)

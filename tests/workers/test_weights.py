@@ -280,7 +280,7 @@ def test_the_archive_holds_the_served_versions_as_files_and_the_spot_checks_load
             for version in kept:
                 weights = publisher.weights_of(version)
                 assert weights is not None and isinstance(weights[0], mmap.mmap)
-                load_blob_into(scratch, *weights)
+                load_blob_into(scratch, weights[0], weights[1].tensors)
                 assert all(torch.equal(v, snapshots[version][k]) for k, v in scratch.state_dict().items())
             other = build_tiny_policy(1, {"hidden_size": 32, "intermediate_size": 64}).model
             weights = publisher.weights_of(kept[-1])
@@ -288,7 +288,7 @@ def test_the_archive_holds_the_served_versions_as_files_and_the_spot_checks_load
             with pytest.raises(
                 BroadcastError, match=r"\(23, 128\) does not fit the model.s torch.float32 \(23, 32\)"
             ):
-                load_blob_into(other, *weights)
+                load_blob_into(other, weights[0], weights[1].tensors)
         finally:
             await publisher.close()
             await dp.close()
