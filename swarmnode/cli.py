@@ -182,6 +182,7 @@ def cmd_swarm(args: argparse.Namespace) -> int:
         mixing=args.mixing,
         round_seconds=args.round_seconds,
         page_port=args.page_port,
+        model=args.model,
     ).run()
 
 
@@ -313,6 +314,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1.0,
         help="swarm round length (default 1: on loopback a round of the tiny model takes well under "
         "a second; at 0.5 half the peers' groups arrive too late to be used)",
+    )
+    p.add_argument(
+        "--model",
+        choices=["tiny", "chat"],
+        default="tiny",
+        help="the built-in model the specialists start from (model.builtin; default tiny): chat is the "
+        "Qwen2-architecture model with a BPE tokenizer and chat template (warm starts take ~10 min each)",
     )
     p.add_argument(
         "--page-port",

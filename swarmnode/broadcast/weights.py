@@ -576,7 +576,10 @@ class WeightReceiver:
                 self._perform(actions)  # a newer one was installed meanwhile: released
                 return
             try:
-                self.base.install(blob, opened.body)  # checked whole before any tensor is copied
+                # Checked whole before any tensor is copied. On the event loop, not in a thread: a
+                # cancelled receive must never leave a thread writing the model after the lock is
+                # released (an adapter's merge at 0.5 B: 0.36 s, 1.9 s the first time).
+                self.base.install(blob, opened.body)
                 self.policy.version = version
                 self.engine.update_weights(self.policy)
             except Exception as e:  # a manifest our learner signed that does not fit the model

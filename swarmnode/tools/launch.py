@@ -29,6 +29,7 @@ from swarmnode.errors import SwarmError
 from swarmnode.home import NodeHome
 from swarmnode.ops.api import ThreadedApiServer
 from swarmnode.ops.status import fetch_status
+from swarmnode.roles.common import BUILTIN_CHAT_MAX_NEW_TOKENS
 from swarmnode.store.atomic import atomic_write_text
 from swarmnode.tasks import SPECIALIST_FAMILIES, DatasetSpec
 from swarmnode.testing import swarm as harness
@@ -131,6 +132,7 @@ class SwarmDemo:
         mixing: str,
         round_seconds: float,
         page_port: int = 0,
+        model: str = "tiny",
     ) -> None:
         if nodes < 1:
             raise SwarmError("--nodes must be at least 1")
@@ -142,6 +144,9 @@ class SwarmDemo:
         self.mixing = mixing
         self.round_seconds = round_seconds
         self.page_port = page_port
+        if model not in ("tiny", "chat"):
+            raise SwarmError(f"--model must be tiny or chat, got {model!r}")
+        self.model = model
         self.page_server: ThreadedApiServer | None = None
         #: the families in play: one per node, up to the four of SPECIALIST_FAMILIES
         self.families = list(SPECIALIST_FAMILIES[: min(nodes, len(SPECIALIST_FAMILIES))])
@@ -153,7 +158,8 @@ class SwarmDemo:
     # -------------------------------------------------------------- processes
 
     def _prepare_models(self) -> dict[str, Path]:
-        """Each family's specialist: the tiny model warm-started on that family alone (cached)."""
+        """Each family's specialist: the built-in model (``--model``) warm-started on that family
+        alone (cached)."""
         from swarmnode.policy.warmstart import SPECIALIST_WARM_START, warm_start
         from swarmnode.tasks import TaskMixture
 
@@ -166,6 +172,7 @@ class SwarmDemo:
                 0,
                 progress=lambda line: print("  " + line, flush=True),
                 settings=SPECIALIST_WARM_START,
+                builtin=self.model,  # type: ignore[arg-type]  # checked in __init__
             )
         return models
 
@@ -188,6 +195,8 @@ class SwarmDemo:
     def _node_settings(self) -> dict[str, Any]:
         return {
             **DEMO_SETTINGS,
+            # The chat model answers inside <answer></answer> through its chat template.
+            **({"rollout.max_new_tokens": BUILTIN_CHAT_MAX_NEW_TOKENS} if self.model == "chat" else {}),
             "node.threads": max(1, (os.cpu_count() or 1) // self.nodes),
             "swarm.mixing": self.mixing,
             "tasks.datasets": [_dataset_entry(spec) for spec in self.families],

@@ -41,6 +41,17 @@ def test_each_node_is_a_specialist_on_its_own_family_and_all_train_on_the_union(
     ]
 
 
+def test_a_swarm_of_chat_models_answers_in_tags_within_the_chat_models_length(tmp_path: Path) -> None:
+    chat = SwarmDemo(tmp_path, nodes=3, minutes=1.0, mixing="anchored", round_seconds=1.0, model="chat")
+    config = load_config(None, environ={}, overrides=chat._node_settings())
+    assert config.rollout.max_new_tokens == 64  # the tiny model's 6 cannot hold <answer>84</answer>
+    assert (
+        load_config(None, environ={}, overrides=demo(tmp_path)._node_settings()).rollout.max_new_tokens == 6
+    )
+    with pytest.raises(SwarmError, match="--model must be tiny or chat"):
+        SwarmDemo(tmp_path, nodes=3, minutes=1.0, mixing="none", round_seconds=1.0, model="llama")
+
+
 def test_bad_sizes_are_refused(tmp_path: Path) -> None:
     with pytest.raises(SwarmError, match="--nodes"):
         SwarmDemo(tmp_path, nodes=0, minutes=1, mixing="none", round_seconds=1)
