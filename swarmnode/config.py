@@ -215,7 +215,11 @@ class LearnConfig(Section):
         "(learner.adapter_broadcast).",
     )
     lora_alpha: float = Field(
-        16.0, gt=0.0, description="LoRA scale numerator: updates scale by alpha / rank."
+        16.0,
+        gt=0.0,
+        le=65_536.0,  # alpha / rank is a broadcast's adapter_scale: finite, in (0, 65536] (SPEC 1.5)
+        allow_inf_nan=False,
+        description="LoRA scale numerator: updates scale by alpha / rank.",
     )
     lora_target_modules: list[str] = Field(
         default_factory=lambda: list(DEFAULT_LORA_TARGETS),

@@ -179,8 +179,10 @@ class BaseWeights:
             for weight in layout:
                 if weight not in self._saved:  # never adapted yet: the model holds its base
                     self._saved[weight] = targets[weight].detach().clone()
+        previous, self._adapted = self._adapted, self._adapted | set(layout)  # a failure part-way
+        # through leaves some of ``layout`` merged: named here, a later version resets them to base
         with torch.no_grad():
-            for weight in self._adapted - set(layout):
+            for weight in previous - set(layout):
                 targets[weight].copy_(self._base(weight))
             for weight, (a, b) in layout.items():
                 targets[weight].copy_(merge_delta(self._base(weight), adapter[a], adapter[b], scale))

@@ -40,6 +40,7 @@ import functools
 import logging
 import mmap
 import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -171,14 +172,17 @@ class WeightPublisher:
         # its base (``without_base``) is sent each version whole instead (``whole``).
         self.base = base
         self.without_base: set[str] = set()
+        self._records: dict[str, PeerRecord] = {}  # worker -> its record, as last told
         self.whole: dict[int, Published] = {}
         self._whole_lock = asyncio.Lock()
+        self._closing = threading.Event()
         self._tasks = TaskSet("weight publisher")  # manifest sends
 
     async def start(self) -> None:
         await self.node.start()
 
     async def close(self) -> None:
+        self._closing.set()  # a whole version being written in a thread is dropped, not installed
         await self._tasks.close()
         await self.node.close()
         if self._archive_lock is not None:
@@ -205,13 +209,10 @@ class WeightPublisher:
                 version, f"{version}.blob", publishable(merged_state_dict(model)), b"", 0.0
             )
         self.published[version] = published
-        if self.base is not None and self.without_base:  # whole, for workers that lack our base
-            try:
-                self.whole[version] = self._publish(
-                    version, f"{version}.whole.blob", publishable(merged_state_dict(model)), b"", 0.0
-                )
-            except OSError as e:  # the adapter is out; workers without our base miss this one
-                log.warning("weights v%d not published whole: %s", version, e)
+        if self.base is not None and self.without_base:  # whole, for workers that lack our base:
+            # merged from the base and the adapter just archived, off the event loop (a model-sized
+            # merge, hash and write), then sent to them
+            self._tasks.spawn(self._whole_then_tell(), name=f"weights v{version} whole")
         while len(self.published) > self.keep:
             old_version, old = self.published.popitem(last=False)
             self._retire(f"{old_version}.blob", old)
@@ -265,6 +266,8 @@ class WeightPublisher:
         try:
             with open(partial, "wb", opener=_private) as file:
                 tensors, hashes = write_blob(state, file, self.chunk_bytes)
+            if self._closing.is_set():  # closed while this thread wrote: the archive is not ours now
+                raise BroadcastError("the publisher closed while the version was written")
             os.replace(partial, path)
             with open(path, "rb") as file:
                 blob: Blob = (
@@ -336,6 +339,7 @@ class WeightPublisher:
         """Send the latest manifest to ``worker`` (in the background; a failure is logged), once
         per version unless ``again`` (e.g. right after an Activate: a worker that restarted may
         have lost it). True when a send started."""
+        self._records[worker.peer_id] = worker  # where to send the whole version once it is built
         latest = self.latest_for(worker.peer_id)
         if latest is None or (not again and self.told.get(worker.peer_id) == latest.digest):
             return False
@@ -353,6 +357,7 @@ class WeightPublisher:
     def forget(self, worker: str) -> None:
         """``worker`` left or restarted: what it was told, and the timings of it, no longer hold."""
         self.told.pop(worker, None)
+        self._records.pop(worker, None)
         self.without_base.discard(worker)  # restarted, it may hold our base now
         for key in [k for k in self.told_at if k[0] == worker]:
             del self.told_at[key]
@@ -393,6 +398,17 @@ class WeightPublisher:
                 return
             log.warning("manifest to worker %s failed: %s", worker.peer_id, e)
             self.metrics.inc("manifest_failures", "Manifests a worker did not take")
+
+    async def _whole_then_tell(self) -> None:
+        try:
+            await self._whole_latest()
+        except OSError as e:  # the adapter is out; workers without our base miss this one
+            log.warning("weights not published whole: %s", e)
+            return
+        for peer in sorted(self.without_base):
+            record = self._records.get(peer)
+            if record is not None:
+                self.tell(record)
 
     async def _whole_latest(self) -> None:
         """Publish the newest version whole as well (merged from our base and its adapter, off the
