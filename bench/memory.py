@@ -65,6 +65,9 @@ CASES: dict[str, dict[str, Any]] = {
     "lora+ckpt": {**LORA, **CKPT},
     "lora+micro": {**LORA, **MICRO},
     "lora+ckpt+micro": {**LORA, **CKPT, **MICRO},
+    # glibc returns every freed block of 64 KiB or more to the kernel (node.malloc_mmap_threshold_kib)
+    "lora+ckpt+micro+mmap64k": {**LORA, **CKPT, **MICRO, "node.malloc_mmap_threshold_kib": 64},
+    "full+ckpt+micro+mmap64k": {**CKPT, **MICRO, "node.malloc_mmap_threshold_kib": 64},
 }
 GROUPS, GROUP_SIZE, PROMPT_TOKENS, COMPLETION_TOKENS = 8, 8, 64, 128
 GIB = 1024**3
@@ -172,7 +175,7 @@ def build_trainer(
     from swarmnode.config import load_config
     from swarmnode.policy.chat_model import load_chat_tokenizer
     from swarmnode.policy.model import Policy
-    from swarmnode.roles.common import train_setup
+    from swarmnode.roles.common import configure_threads, train_setup
     from swarmnode.rollout import make_engine
     from swarmnode.store import CheckpointStore, Ledger
     from swarmnode.tasks import default_mixture
@@ -194,6 +197,7 @@ def build_trainer(
         **settings,
     }
     config = load_config(None, environ={}, overrides=overrides)
+    configure_threads(config)  # the node's process settings (node.malloc_mmap_threshold_kib)
     policy = Policy(model=model, tokenizer=load_chat_tokenizer(), model_id=f"bench-{shape}")
     train_setup(config, policy)
     trainable = sum(p.numel() for p in policy.model.parameters() if p.requires_grad)

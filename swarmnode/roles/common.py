@@ -24,6 +24,7 @@ from swarmnode.errors import EngineUnavailable, ModelError
 from swarmnode.home import NodeHome
 from swarmnode.net.config import NetConfig
 from swarmnode.net.hivemind_runtime import HivemindRuntime
+from swarmnode.ops.allocator import set_mmap_threshold
 from swarmnode.ops.api import serve_forever
 from swarmnode.ops.dashboard import Dashboard
 from swarmnode.ops.metrics import Metrics
@@ -137,8 +138,10 @@ def default_max_new_tokens(config: Config, policy: Policy) -> int:
 
 
 def configure_threads(config: Config) -> None:
+    """The process's compute settings: torch's threads and glibc's mmap threshold (``node``)."""
     if config.node.threads > 0:
         torch.set_num_threads(config.node.threads)
+    set_mmap_threshold(config.node.malloc_mmap_threshold_kib)
 
 
 class StopFlag:
