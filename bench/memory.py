@@ -67,6 +67,7 @@ CASES: dict[str, dict[str, Any]] = {
     "lora+ckpt+micro": {**LORA, **CKPT, **MICRO},
     # glibc returns every freed block of 64 KiB or more to the kernel (node.malloc_mmap_threshold_kib)
     "lora+ckpt+micro+mmap64k": {**LORA, **CKPT, **MICRO, "node.malloc_mmap_threshold_kib": 64},
+    "lora+ckpt+micro+mmap1m": {**LORA, **CKPT, **MICRO, "node.malloc_mmap_threshold_kib": 1024},
     "full+ckpt+micro+mmap64k": {**CKPT, **MICRO, "node.malloc_mmap_threshold_kib": 64},
 }
 GROUPS, GROUP_SIZE, PROMPT_TOKENS, COMPLETION_TOKENS = 8, 8, 64, 128
