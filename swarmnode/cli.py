@@ -320,7 +320,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["tiny", "chat"],
         default="tiny",
         help="the built-in model the specialists start from (model.builtin; default tiny): chat is the "
-        "Qwen2-architecture model with a BPE tokenizer and chat template (warm starts take ~10 min each)",
+        "Qwen2-architecture model with a BPE tokenizer and chat template (its warm starts take 3-9 "
+        "min each on 2 cores, cached)",
     )
     p.add_argument(
         "--page-port",
