@@ -7,7 +7,8 @@ held to it are the ones documented that way (README's architecture table, each p
 - each protocol's ``core.py`` (``swarmnode/*/core.py``) and every module under ``swarmnode/core/`` (globbed,
   so a new core is checked the day it lands);
 - every other module of a protocol folder (``gossip/``, ``broadcast/``, ``activation/``) but the ones that
-  do its I/O (``PROTOCOL_WITH_IO``: the drivers, the weight publisher/receiver, the offers' DHT records):
+  do its I/O (``PROTOCOL_WITH_IO``: the drivers, the weight publisher/receiver and the installing of
+  versions into a model, the offers' DHT records):
   e.g. the rules between the gossip core and admission that the driver and the simulator share
   (``gossip/intake.py``, ``gossip/records.py``) and the worker's weight receiver (``broadcast/receiver.py``),
   also globbed; unlike a core they may import the layers below them (admission, the wire format);
@@ -46,7 +47,8 @@ IO_CLOCKS_AND_LOOPS = (
     "importlib",
     # the package's drivers and other layers that do I/O
     "swarmnode.net", "swarmnode.sim", "swarmnode.roles", "swarmnode.gossip.driver",
-    "swarmnode.broadcast.driver", "swarmnode.broadcast.weights", "swarmnode.activation.records",
+    "swarmnode.broadcast.driver", "swarmnode.broadcast.weights", "swarmnode.broadcast.adapter",
+    "swarmnode.activation.records",
     "swarmnode.activation.offers", "swarmnode.store", "swarmnode.ops", "swarmnode.tools",
     "swarmnode.verify.pool", "swarmnode.verify.worker", "swarmnode.admit.intake",
 )  # fmt: skip
@@ -63,7 +65,8 @@ ADMIT_WITH_IO = ("intake.py", "recompute.py")
 #: The modules of each protocol folder that do its I/O; every other module there is sans-IO.
 PROTOCOL_WITH_IO = {
     "gossip": ("driver.py",),
-    "broadcast": ("driver.py", "weights.py"),  # weights: the asyncio publisher/receiver over torch
+    # weights: the asyncio publisher/receiver over torch; adapter: installs versions into a torch model
+    "broadcast": ("driver.py", "weights.py", "adapter.py"),
     "activation": ("records.py",),  # the DHT reads and writes of offers
 }
 
