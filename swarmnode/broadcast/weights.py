@@ -393,13 +393,13 @@ class WeightPublisher:
                 )
                 self.without_base.add(worker.peer_id)
                 self.metrics.inc("workers_without_base", "Workers sent whole versions: they lack our base")
-                await self._whole_latest()
-                self.tell(worker)
+                await self._whole_then_tell()  # ``tell`` kept its record
                 return
             log.warning("manifest to worker %s failed: %s", worker.peer_id, e)
             self.metrics.inc("manifest_failures", "Manifests a worker did not take")
 
     async def _whole_then_tell(self) -> None:
+        """The newest version whole (``_whole_latest``), then told to every worker without our base."""
         try:
             await self._whole_latest()
         except OSError as e:  # the adapter is out; workers without our base miss this one
