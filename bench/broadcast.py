@@ -309,20 +309,14 @@ def lora_versions(shape: str, rank: int) -> dict[str, Any]:
     """A LoRA learner's version at ``shape`` (adapters as after training): its whole and adapter
     blobs, and a worker's install time for each (median of 3; the adapter's first install, which
     copies the adapted weights' base, apart)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
 
-    from bench.memory import SHAPES
+    from bench.memory import model_of_shape
     from swarmnode.broadcast.adapter import BaseWeights
     from swarmnode.broadcast.driver import load_blob_into, publishable, state_dict_to_blob
     from swarmnode.config import DEFAULT_LORA_TARGETS
     from swarmnode.policy.lora import apply_lora, broadcast_adapter, merged_state_dict, plain_copy
 
-    torch.manual_seed(0)
-    fields = dict(SHAPES[shape])
-    model_type, attn = fields.pop("model_type"), fields.pop("attn_implementation")
-    base = AutoModelForCausalLM.from_config(
-        AutoConfig.for_model(model_type, **fields), attn_implementation=attn
-    )
+    base = model_of_shape(shape)
     worker = plain_copy(base)
     learner = apply_lora(base, rank, 2.0 * rank, list(DEFAULT_LORA_TARGETS))
     with torch.no_grad():

@@ -165,13 +165,25 @@ def learner_case(archived: bool, shape: str, threads: int) -> dict[str, Any]:
     }
 
 
+def model_of_shape(shape: str) -> Any:
+    """A Qwen2 model of ``SHAPES[shape]``'s config, random weights (seed 0): no download."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    fields = dict(SHAPES[shape])
+    model_type, attn = fields.pop("model_type"), fields.pop("attn_implementation")
+    return AutoModelForCausalLM.from_config(
+        AutoConfig.for_model(model_type, **fields), attn_implementation=attn
+    )
+
+
 def build_trainer(
     shape: str, settings: dict[str, Any], *, completion_tokens: int = COMPLETION_TOKENS, groups: int = GROUPS
 ) -> tuple[Any, list[Any], int, int]:
     """A ``Trainer`` on a random model of ``shape`` with ``settings`` applied as a node applies
     them, ``groups`` groups of random tokens for it, the parameter and trainable counts."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     from swarmnode.config import load_config
     from swarmnode.policy.chat_model import load_chat_tokenizer
@@ -182,13 +194,7 @@ def build_trainer(
     from swarmnode.tasks import default_mixture
     from swarmnode.train import ScoredGroup, Trainer
 
-    torch.manual_seed(0)
-    fields = dict(SHAPES[shape])
-    model_type = fields.pop("model_type")
-    attn = fields.pop("attn_implementation")
-    model = AutoModelForCausalLM.from_config(
-        AutoConfig.for_model(model_type, **fields), attn_implementation=attn
-    )
+    model = model_of_shape(shape)
     parameters = sum(p.numel() for p in model.parameters())
     overrides: dict[str, Any] = {
         "rollout.group_size": GROUP_SIZE,
@@ -205,7 +211,7 @@ def build_trainer(
     mixture = default_mixture(0)
     task = mixture.sample(1, 1)[0]  # the tokens are random; a task only labels the groups
     generator = torch.Generator().manual_seed(1)
-    vocab = int(fields["vocab_size"])
+    vocab = int(SHAPES[shape]["vocab_size"])
 
     def tokens(n: int) -> list[int]:
         return torch.randint(10, vocab, (n,), generator=generator).tolist()

@@ -113,11 +113,16 @@ class BaseWeights:
 
     ``base``: the base's adapted weights where they already exist (a learner's frozen
     ``base_state_dict``: no copy is then taken); None to copy them from the model on first use.
+    ``adapters``: False for a model only ever given whole versions (a learner that trains no adapters:
+    its spot-check copy then never hashes its base).
     """
 
-    def __init__(self, model: torch.nn.Module, base: Mapping[str, torch.Tensor] | None = None) -> None:
+    def __init__(
+        self, model: torch.nn.Module, base: Mapping[str, torch.Tensor] | None = None, *, adapters: bool = True
+    ) -> None:
         self.model = model
         self._given = base
+        self._adapters = adapters
         self._saved: dict[str, torch.Tensor] = {}
         self._adapted: set[str] = set()  # weights now holding base + delta; every other one is base
         self._whole = False  # a whole version was installed: the model holds the base nowhere
@@ -155,13 +160,16 @@ class BaseWeights:
             self.install_whole(blob, body.tensors)
 
     def install_whole(self, blob: Blob, tensors: tuple[TensorEntry, ...]) -> None:
-        self.hash  # noqa: B018  # the base's, before it is gone
+        if self._adapters:
+            self.hash  # noqa: B018  # the base's, before it is gone
         load_blob_into(self.model, blob, tensors)  # checked whole first: nothing loaded on a misfit
         self._whole, self._adapted = True, set()
 
     def install_adapter(self, adapter: Mapping[str, torch.Tensor], base_hash: bytes, scale: float) -> None:
         """Set each weight the adapter names to ``base + scale * (B @ A)`` and every weight a
         previous adapter version named, but this one does not, back to its base."""
+        if not self._adapters:
+            raise BroadcastError("this model takes whole versions only")
         if base_hash != self.hash:
             raise BroadcastError(
                 f"adapter for base {base_hash.hex()[:16]}, but this model's is {self.hash.hex()[:16]}: "

@@ -228,12 +228,7 @@ class WeightPublisher:
     def _publish(
         self, version: int, name: str, state: Mapping[str, torch.Tensor], base_hash: bytes, scale: float
     ) -> Published:
-        blob: Blob
-        hashes: tuple[bytes, ...] | None = None
-        if self.archive is None:
-            blob, tensors = state_dict_to_blob(state)
-        else:
-            blob, tensors, hashes = self._archived(name, state)
+        blob, tensors, hashes = self._blob(name, state)
         return self.node.publish_blob(
             blob,
             tensors,
@@ -253,6 +248,16 @@ class WeightPublisher:
             path.unlink(missing_ok=True)
         for key in [k for k in self.told_at if k[1] == old.digest]:
             del self.told_at[key]
+
+    def _blob(
+        self, name: str, state: Mapping[str, torch.Tensor]
+    ) -> tuple[Blob, tuple[TensorEntry, ...], tuple[bytes, ...] | None]:
+        """``state`` as a blob to serve: archived as file ``name``, else in memory (chunk hashes then
+        taken when the manifest is built)."""
+        if self.archive is None:
+            blob, tensors = state_dict_to_blob(state)
+            return blob, tensors, None
+        return self._archived(name, state)
 
     def _archived(
         self, name: str, state: Mapping[str, torch.Tensor]
@@ -427,12 +432,7 @@ class WeightPublisher:
                 lambda: base.merged(blob_to_state_dict(blob, body.tensors), body.adapter_scale)
             )
             name = f"{version}.whole.blob"
-            whole_blob: Blob
-            hashes: tuple[bytes, ...] | None = None
-            if self.archive is not None:
-                whole_blob, tensors, hashes = await asyncio.to_thread(self._archived, name, state)
-            else:
-                whole_blob, tensors = state_dict_to_blob(state)
+            whole_blob, tensors, hashes = await asyncio.to_thread(self._blob, name, state)
             if version not in self.published:  # retired meanwhile: a newer one was published whole
                 path = self._files.pop(name, None)
                 if path is not None:

@@ -214,7 +214,7 @@ class LearnerNode:
         # plain model of the base architecture, as a worker's; an adapter version is added to the
         # live model's frozen base, which the scratch copy and the workers started from.)
         base = base_state_dict(policy.model) if has_lora(policy.model) else None
-        self.scratch = ScratchModel(BaseWeights(plain_copy(policy.model), base))
+        self.scratch = ScratchModel(BaseWeights(plain_copy(policy.model), base, adapters=base is not None))
         self.adapter_broadcast = base is not None and self.config.learner.adapter_broadcast
         if self.adapter_broadcast:
             self.scratch.base.hash  # noqa: B018  # taken here, off the event loop

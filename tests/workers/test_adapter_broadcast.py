@@ -366,3 +366,16 @@ def test_a_base_mismatch_refusal_names_both_bases() -> None:
             await learner_dp.close()
 
     asyncio.run(asyncio.wait_for(body(), 60))
+
+
+def test_a_model_given_whole_versions_only_never_hashes_its_base_and_refuses_adapters() -> None:
+    """A learner that trains no adapters: its spot-check copy loads whole versions without spending
+    a hash of the whole model (seconds at 0.5 B), and takes no adapter."""
+    scratch = BaseWeights(build_tiny_policy(1).model, adapters=False)
+    blob, tensors = state_dict_to_blob(build_tiny_policy(5).model.state_dict())
+    scratch.install_whole(blob, tensors)
+    assert "hash" not in vars(scratch)  # the cached property was never computed
+    assert same(scratch.model.state_dict(), build_tiny_policy(5).model.state_dict())
+    adapter, scale = broadcast_adapter(lora_model())
+    with pytest.raises(BroadcastError, match="whole versions only"):
+        scratch.install_adapter(adapter, bytes(32), scale)

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +25,33 @@ from tests.workers.test_adapter_broadcast import learner_base, lora_model, same
 from tests.workers.test_weights import identity, until
 
 
+@contextlib.asynccontextmanager
+async def publisher_and_refusing_worker(
+    learner: torch.nn.Module, archive: Path
+) -> AsyncIterator[tuple[WeightPublisher, PeerRecord]]:
+    """A LoRA learner's publisher (archive on disk) and a worker that answers every manifest
+    ``base_mismatch``, on real data planes; the publisher is closed on the way out (again is fine)."""
+    lid, wid = identity("learner"), identity("mallory")
+    ldp, wdp = DataPlane(lid), DataPlane(wid)
+    await ldp.start()
+    await wdp.start()
+
+    async def refuse(sender, envelope, message):  # type: ignore[no-untyped-def]
+        raise RefuseRequest("base_mismatch", "another base")
+
+    wdp.register(Kind.WEIGHT_MANIFEST, refuse)
+    publisher = WeightPublisher(
+        lid, ldp, "tiny", 1 << 12, keep=2, metrics=Metrics(), archive=archive, base=learner_base(learner)
+    )
+    await publisher.start()
+    try:
+        yield publisher, PeerRecord(peer_id=wid.peer_id, addresses=(wdp.address,))
+    finally:
+        await publisher.close()
+        await wdp.close()
+        await ldp.close()
+
+
 def test_a_base_mismatch_never_makes_the_learner_build_whole_versions_on_its_event_loop(
     tmp_path: Path,
 ) -> None:
@@ -32,30 +61,16 @@ def test_a_base_mismatch_never_makes_the_learner_build_whole_versions_on_its_eve
 
     async def body() -> None:
         learner = lora_model()
-        lid, wid = identity("learner"), identity("mallory")
-        ldp, wdp = DataPlane(lid), DataPlane(wid)
-        await ldp.start()
-        await wdp.start()
+        async with publisher_and_refusing_worker(learner, tmp_path) as (publisher, mallory):
+            on_loop: list[str] = []
+            archived = publisher._archived
 
-        async def refuse(sender, envelope, message):  # type: ignore[no-untyped-def]
-            raise RefuseRequest("base_mismatch", "whatever you send")
+            def watched(name, state):  # type: ignore[no-untyped-def]
+                if "whole" in name and threading.current_thread() is threading.main_thread():
+                    on_loop.append(name)
+                return archived(name, state)
 
-        wdp.register(Kind.WEIGHT_MANIFEST, refuse)
-        publisher = WeightPublisher(
-            lid, ldp, "tiny", 1 << 12, keep=2, metrics=Metrics(), archive=tmp_path, base=learner_base(learner)
-        )
-        on_loop: list[str] = []
-        archived = publisher._archived
-
-        def watched(name, state):  # type: ignore[no-untyped-def]
-            if "whole" in name and threading.current_thread() is threading.main_thread():
-                on_loop.append(name)
-            return archived(name, state)
-
-        publisher._archived = watched  # type: ignore[method-assign]
-        await publisher.start()
-        try:
-            mallory = PeerRecord(peer_id=wid.peer_id, addresses=(wdp.address,))
+            publisher._archived = watched  # type: ignore[method-assign]
             publisher.publish(0, learner)
             publisher.tell(mallory)
             await until(lambda: 0 in publisher.whole, "v0 whole, built lazily")
@@ -64,10 +79,6 @@ def test_a_base_mismatch_never_makes_the_learner_build_whole_versions_on_its_eve
                 publisher.tell(mallory)
                 await until(lambda v=version: v in publisher.whole, f"v{version} whole")
             assert on_loop == [], f"whole versions written on the event loop: {on_loop}"
-        finally:
-            await publisher.close()
-            await wdp.close()
-            await ldp.close()
 
     asyncio.run(asyncio.wait_for(body(), 120))
 
@@ -133,33 +144,19 @@ def test_a_whole_version_being_written_when_the_publisher_closes_is_dropped(
 
     async def body() -> None:
         learner = lora_model()
-        lid, wid = identity("learner"), identity("mallory")
-        ldp, wdp = DataPlane(lid), DataPlane(wid)
-        await ldp.start()
-        await wdp.start()
-
-        async def refuse(sender, envelope, message):  # type: ignore[no-untyped-def]
-            raise RefuseRequest("base_mismatch", "another base")
-
-        wdp.register(Kind.WEIGHT_MANIFEST, refuse)
         archive = tmp_path / "published"
-        publisher = WeightPublisher(
-            lid, ldp, "tiny", 1 << 12, keep=2, metrics=Metrics(), archive=archive, base=learner_base(learner)
-        )
-        await publisher.start()
-        try:
-            publisher.publish(0, learner)
-            publisher.tell(PeerRecord(peer_id=wid.peer_id, addresses=(wdp.address,)))
-            await until(writing.is_set, "the whole version being written")
-            closing = asyncio.get_running_loop().create_task(publisher.close())
-            await asyncio.sleep(0.2)
-            release.set()
-            await closing
-            await asyncio.sleep(1.0)  # the writing thread has finished by now
-            assert sorted(p.name for p in archive.iterdir()) == ["0.blob"]
-        finally:
-            release.set()
-            await wdp.close()
-            await ldp.close()
+        async with publisher_and_refusing_worker(learner, archive) as (publisher, mallory):
+            try:
+                publisher.publish(0, learner)
+                publisher.tell(mallory)
+                await until(writing.is_set, "the whole version being written")
+                closing = asyncio.get_running_loop().create_task(publisher.close())
+                await asyncio.sleep(0.2)
+                release.set()
+                await closing
+                await asyncio.sleep(1.0)  # the writing thread has finished by now
+                assert sorted(p.name for p in archive.iterdir()) == ["0.blob"]
+            finally:
+                release.set()
 
     asyncio.run(asyncio.wait_for(body(), 60))
