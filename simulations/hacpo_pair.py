@@ -40,6 +40,7 @@ from learning_runs import (
     recorded_wall,
     run_all,
     run_logged,
+    warm_all,
     write_summary,
 )
 
@@ -112,6 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     calls = {arm: (arm, rounds, args.seeds, out) for arm in ARMS}
+    if not args.summarize_only:
+        warm_all([scenario_for(arm, rounds, args.seeds) for arm in ARMS], args.jobs)
     results = read_results(out, list(ARMS)) if args.summarize_only else run_all(run_arm, calls, args.jobs)
     wall = time.perf_counter() - started
 

@@ -66,6 +66,38 @@ def run_logged(label: str, scenario: dict[str, Any], out: Path) -> Result:
     return run_learning(scenario, out, say)
 
 
+def warm_one(scenario: dict[str, Any], key: tuple[str, str | None]) -> str:
+    """One warm start of ``scenario`` into its cache (a ``warm_all`` unit, in a worker process)."""
+    import torch
+
+    from swarmnode.sim.learning import cache_of, parse_learning, warm_policy
+
+    spec = parse_learning(scenario)
+    torch.set_num_threads(spec.threads)  # as run_learning: the warm start depends on it
+
+    def say(line: str) -> None:
+        print(f"[warm start {key[1] or key[0]}] {line}", file=sys.stderr, flush=True)
+
+    return str(warm_policy(spec, key, cache_of(spec, ROOT), say))
+
+
+def warm_all(scenarios: list[dict[str, Any]], jobs: int) -> None:
+    """Build every warm start the scenarios need, ``jobs`` at a time, before their runs start.
+
+    Otherwise each of ``--jobs`` processes would build the same warm starts at once on a fresh
+    cache (4 x 130 s each for the specialists), and a scenario's warm starts one after another."""
+    from swarmnode.sim.learning import cache_of, parse_learning, warm_policy_dir, warm_start_keys
+
+    units: dict[str, tuple[Any, ...]] = {}
+    for scenario in scenarios:
+        spec = parse_learning(scenario)
+        if not spec.cache_dir:
+            continue  # no shared cache: each run builds its own in its results folder
+        for key in warm_start_keys(spec):
+            units.setdefault(str(warm_policy_dir(spec, key, cache_of(spec, ROOT))), (scenario, key))
+    run_all(warm_one, units, jobs)  # type: ignore[arg-type]
+
+
 def run_all(run: Callable[..., Result], calls: Mapping[str, tuple[Any, ...]], jobs: int) -> dict[str, Result]:
     """``{name: run(*args)}`` for every call, in ``jobs`` processes when ``jobs > 1``."""
     if jobs <= 1:

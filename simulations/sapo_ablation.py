@@ -38,6 +38,7 @@ from learning_runs import (
     recorded_wall,
     run_all,
     run_logged,
+    warm_all,
     write_summary,
 )
 
@@ -59,12 +60,16 @@ FULL_ROUNDS = 500  # the scenarios' rounds (the paper ran 2000 on Qwen2.5-0.5B)
 T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262}
 
 
-def run_config(name: str, rounds: int | None, seeds: list[int] | None, out: Path) -> dict:
+def config_scenario(name: str, rounds: int | None, seeds: list[int] | None) -> dict[str, Any]:
     local, external, overrides = CONFIGS[name]
     # Held-out accuracy at start and end only when the rounds are overridden.
     scenario = load_scenario(f"sapo_{local}_{external}.toml", rounds, seeds, eval_every=lambda r: 0)
     scenario["learning"].update(overrides)
-    return run_logged(name, scenario, out / folder(name))
+    return scenario
+
+
+def run_config(name: str, rounds: int | None, seeds: list[int] | None, out: Path) -> dict:
+    return run_logged(name, config_scenario(name, rounds, seeds), out / folder(name))
 
 
 def folder(name: str) -> str:
@@ -131,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     names = {folder(name): (name, rounds, args.seeds, out) for name in CONFIGS}
+    if not args.summarize_only:
+        warm_all([config_scenario(name, rounds, args.seeds) for name in CONFIGS], args.jobs)
     by_name = read_results(out, list(names)) if args.summarize_only else run_all(run_config, names, args.jobs)
     results = list(by_name.values())
     wall = time.perf_counter() - started

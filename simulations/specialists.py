@@ -41,6 +41,7 @@ from learning_runs import (
     recorded_wall,
     run_all,
     run_logged,
+    warm_all,
     write_summary,
 )
 
@@ -59,16 +60,17 @@ RULES: dict[str, dict[str, Any]] = {
     "positive_only": {"mixing": "positive_only"},
     "anchored": {"mixing": "anchored"},
 }
-#: CPU seconds per agent-round of each rule at J = 8 (first 40 rounds, 1 thread, measured): only to
-#: start the longest runs first, so that ``--jobs`` processes finish together.
+#: CPU seconds per agent-round of each rule at J = 8 (1,000 rounds, 1 thread, alone: the table in
+#: simulations/README.md): only to start the longest runs first, so that ``--jobs`` processes
+#: finish together.
 COST = {
-    "hacpo": 0.165,
-    "joint": 0.151,
-    "anchored": 0.121,
-    "receiver_baseline": 0.120,
-    "positive_only": 0.115,
-    "sapo": 0.064,
-    "solo": 0.032,
+    "hacpo": 0.103,
+    "joint": 0.080,
+    "anchored": 0.069,
+    "receiver_baseline": 0.067,
+    "positive_only": 0.066,
+    "sapo": 0.049,
+    "solo": 0.024,
 }
 REDUCED_ROUNDS = 200
 FULL_ROUNDS = 1000
@@ -95,6 +97,7 @@ def run_rules(
 ) -> dict[str, dict[str, Any]]:
     """Every rule on every seed, longest runs first; each rule's seeds merged into
     ``out/<rule>/learning.json`` (the same record as one run over all its seeds)."""
+    warm_all([scenario_of(rule, rounds, seeds, settings) for rule in rules], jobs)
     units = sorted(((r, s) for r in rules for s in seeds), key=lambda u: -COST.get(u[0], 1.0))
     parts = run_all(run_seed, {f"{r}/{s}": (r, rounds, s, out, settings) for r, s in units}, jobs)
     return {

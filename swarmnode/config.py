@@ -211,8 +211,9 @@ class LearnConfig(Section):
     m2po_tau: float = Field(0.04, gt=0.0, description="M2PO second-moment threshold tau.")
     shared_prefix: bool = Field(
         True,
-        description="Score each group's prompt once in the update (one packed forward/backward per group; "
-        "exact up to float rounding). False: one row per completion, the prompt repeated.",
+        description="Score each group's prompt once in the update (a group's completions packed behind "
+        "its prompt, short groups binned into sequences of up to 128 tokens; exact up to float rounding). "
+        "False: one row per completion, the prompt repeated.",
     )
     lora_rank: int = Field(
         0,

@@ -106,6 +106,10 @@ class GossipConfig:
     max_pending_admissions: int = 256  # in flight + awaiting a verdict; pulls wait beyond it
     admission_timeout: float = 60.0
     max_rejections: int = 3  # rejected items before this core stops pulling from the peer
+    # Items in a row that admission refused for reasons of our own (charged to nobody: another
+    # mixture, version or length limit) before we stop pulling from the peer for
+    # rejection_shun_seconds. Not a ban: it is still served. An accepted item resets the count.
+    max_unusable: int = 16
     rejection_shun_seconds: float = 600.0
     remember_rounds: int = 4  # how long a handled digest is remembered (dedupe)
     max_remembered: int = 65536  # rejected, given up, timed out, own expired: the oldest is forgotten first
@@ -159,6 +163,7 @@ class GossipConfig:
             "max_attempts",
             "max_pending_admissions",
             "max_rejections",
+            "max_unusable",
             "remember_rounds",
             "max_remembered",
             "max_remembered_admitted",
@@ -243,13 +248,22 @@ class AdmissionResult:
     (too large, undecodable, a signature that does not verify: the envelope id does not cover the
     signature, so anyone can serve a broken copy of an honest envelope under its id). The digest
     stays open: the peer is charged and never asked for it again, and another announcer's copy is
-    pulled (red team F2). Any other verdict closes the digest."""
+    pulled (red team F2). Any other verdict closes the digest.
+
+    ``charged``: the rejection lowered someone's score in admission. False for the reasons that
+    depend on the receiver's own settings (an older policy version, a family it does not train,
+    a completion longer than it generates: ``admit.reasons.CHARGE`` names nobody). An honest
+    peer's valid item meets them, so they do not count toward shunning its server
+    (``max_rejections``). Before, they did: in a swarm of chat models, three "too long"
+    completions got honest peers shunned, and refused service, for 10 minutes, until no node
+    received anything."""
 
     peer: PeerId
     digest: Digest
     accepted: bool
     reason: str
     copy_refused: bool = False
+    charged: bool = True
 
 
 @dataclass(frozen=True)
@@ -364,6 +378,7 @@ class GossipStats:
     rejected: int = 0
     admission_timeouts: int = 0
     peers_shunned: int = 0
+    peers_paused: int = 0  # max_unusable items in a row: not pulled from for a while, still served
     bans: int = 0
     serve_requests: int = 0
     serve_refused: int = 0
@@ -435,6 +450,8 @@ class _Peer:
     failures: int = 0  # consecutive failed pulls
     backoff_until: float = -math.inf
     rejections: int = 0  # rejected items since the last shun
+    unusable: int = 0  # items in a row refused for reasons charged to nobody
+    paused_until: float = -math.inf  # not pulled from before (max_unusable); a pull's success keeps it
     score: int = 0
 
     def adjust(self, delta: int) -> None:
@@ -840,6 +857,7 @@ class GossipCore:
             and free_slots > 0
             and not self.is_banned(peer, now)
             and state.backoff_until <= now
+            and state.paused_until <= now
             and state.inflight < self.config.max_inflight_pulls_per_peer
             and state.pull_bucket.available(now) >= 1
         )
@@ -852,6 +870,7 @@ class GossipCore:
                 continue  # freed by an event, not by time
             ready = max(
                 state.backoff_until,
+                state.paused_until,
                 self._bans.get(peer, -math.inf),
                 state.pull_bucket.ready_at(now, 1),
             )
@@ -1063,9 +1082,14 @@ class GossipCore:
             state = self._peers.get(event.peer)
             if state is not None:
                 state.adjust(_SCORE_ACCEPTED)
+                state.unusable = 0
             return []
         self.stats.rejected += 1
-        actions = self._count_rejection(event.peer, now)
+        if event.charged:
+            actions = self._count_rejection(event.peer, now)
+        else:
+            actions = []
+            self._count_unusable(event.peer, now)
         if event.copy_refused:
             # Only this copy is refused: charge its server (above), and pull the digest from
             # another announcer, never again from this one (``_drop_announcer``).
@@ -1075,6 +1099,20 @@ class GossipCore:
             # A replay names an id admission still holds as seen: as safe from junk as an admitted one.
             self._remember(event.digest, now, admitted=event.reason == _REPLAY)
         return actions
+
+    def _count_unusable(self, peer: PeerId, now: float) -> None:
+        """An item refused for a reason of ours (``AdmissionResult.charged`` False): no score lost,
+        no ban; only a peer that sends nothing else stops being pulled from for a while, or one
+        that keeps sending such items (any other family, say) would cost us a download each."""
+        state = self._peers.get(peer)
+        if state is None:
+            return
+        state.unusable += 1
+        if state.unusable < self.config.max_unusable:
+            return
+        state.unusable = 0
+        self.stats.peers_paused += 1
+        state.paused_until = now + self.config.rejection_shun_seconds
 
     def _count_rejection(self, peer: PeerId, now: float) -> list[GossipAction]:
         state = self._peers.get(peer)

@@ -148,16 +148,20 @@ def admission_events(
     reason: str,
     banned_until: float | None,
     copy_refused: bool = False,
+    charged: bool = True,
 ) -> list[GossipEvent]:
     """The core's events for a verdict on an item ``peer`` delivered (``digest`` None: bytes that
     were no envelope, which the core never asked to admit). A rejection that left a ban (on the
     signer or the delivering peer it charged, or whom a ``banned`` verdict names) stops the core
     pulling from the delivering peer until then. ``copy_refused``: the rejection judged only these
     bytes or their deliverer (``refuses_only_the_copy``), so the core keeps the digest open for
-    another announcer."""
+    another announcer. ``charged``: admission lowered someone's score for it (False: a reason
+    that depends on the receiver, which the core does not hold against the server either)."""
     events: list[GossipEvent] = []
     if digest is not None:
-        events.append(AdmissionResult(peer, digest, accepted, reason, copy_refused=copy_refused))
+        events.append(
+            AdmissionResult(peer, digest, accepted, reason, copy_refused=copy_refused, charged=charged)
+        )
     if not accepted and banned_until is not None:
         events.append(PeerBanned(peer, banned_until))
     return events
@@ -175,6 +179,7 @@ def verdict_events(
             reason=verdict.reason.value,
             banned_until=banned_until,
             copy_refused=refuses_only_the_copy(verdict),
+            charged=verdict.charged is not None,
         )
     return admission_events(peer, digest, accepted=True, reason="accepted", banned_until=None)
 

@@ -119,7 +119,7 @@ from swarmnode.identity import NodeIdentity
 from swarmnode.learn import zero_advantage
 from swarmnode.policy import Policy, load_policy
 from swarmnode.policy.evaluate import evaluate_accuracy
-from swarmnode.policy.warmstart import WarmStartSettings, warm_start
+from swarmnode.policy.warmstart import WarmStartSettings, warm_start, warm_start_dir
 from swarmnode.roles.convert import rollout_batch, to_scored
 from swarmnode.rollout import make_engine
 from swarmnode.store import CheckpointStore, Ledger
@@ -564,7 +564,20 @@ class MemoryNetwork:
 WarmKey = tuple[str, str | None]  # (model name, the family it is warm-started on alone; None: the mixture)
 
 
-def _warm_policies(spec: LearningScenario, cache: Path, say: Progress) -> dict[WarmKey, Path]:
+def warm_start_keys(spec: LearningScenario) -> list[WarmKey]:
+    """The distinct warm starts a scenario's agents begin from, in agent order."""
+    keys: list[WarmKey] = []
+    for agent in range(spec.agents):
+        key = (spec.model_of(agent).name, spec.warm_family(agent))
+        if key not in keys:
+            keys.append(key)
+    return keys
+
+
+def _warm_args(spec: LearningScenario, key: WarmKey) -> tuple[TaskMixture, WarmStartSettings, dict[str, Any]]:
+    """What ``warm_start`` is given for one warm start: its mixture, settings and model overrides."""
+    name, family = key
+    model = next(spec.model_of(a) for a in range(spec.agents) if spec.model_of(a).name == name)
     settings = (
         WarmStartSettings(
             max_steps=spec.warm_start_steps, target_accuracy=2.0, eval_every=spec.warm_start_steps
@@ -572,28 +585,48 @@ def _warm_policies(spec: LearningScenario, cache: Path, say: Progress) -> dict[W
         if spec.warm_start_steps
         else WarmStartSettings()
     )
-    families = spec.families()
-    paths: dict[WarmKey, Path] = {}
-    for agent in range(spec.agents):
-        model, family = spec.model_of(agent), spec.warm_family(agent)
-        if (model.name, family) in paths:
-            continue
-        mixture = (
-            spec.training_mixture(spec.warm_start_seed)
-            if family is None
-            else TaskMixture([families[family]], spec.warm_start_seed)
-        )
-        if family is not None:
-            say(f"warm start of {model.name} on {family} alone")
-        paths[(model.name, family)] = warm_start(
-            cache,
-            mixture,
-            spec.warm_start_seed,
-            progress=say,
-            settings=settings,
-            model_overrides=model.overrides or None,
-        )
-    return paths
+    mixture = (
+        spec.training_mixture(spec.warm_start_seed)
+        if family is None
+        else TaskMixture([spec.families()[family]], spec.warm_start_seed)
+    )
+    return mixture, settings, dict(model.overrides)
+
+
+def warm_policy(spec: LearningScenario, key: WarmKey, cache: Path, say: Progress) -> Path:
+    """One warm start of the scenario (built into ``cache`` once, then read from it)."""
+    mixture, settings, overrides = _warm_args(spec, key)
+    if key[1] is not None:
+        say(f"warm start of {key[0]} on {key[1]} alone")
+    return warm_start(
+        cache,
+        mixture,
+        spec.warm_start_seed,
+        progress=say,
+        settings=settings,
+        model_overrides=overrides or None,
+    )
+
+
+def warm_policy_dir(spec: LearningScenario, key: WarmKey, cache: Path) -> Path:
+    """Where ``warm_policy`` builds or finds that warm start (two scenarios share it if equal), run
+    as ``run_learning`` runs it: on ``spec.threads`` threads, which its cache key includes."""
+    mixture, settings, overrides = _warm_args(spec, key)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(spec.threads)
+    try:
+        return warm_start_dir(cache, mixture, spec.warm_start_seed, settings, overrides or None)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def cache_of(spec: LearningScenario, out_dir: Path) -> Path:
+    """Where a scenario's warm starts are cached (``cache_dir``, default ``OUT_DIR/cache``)."""
+    return Path(spec.cache_dir).expanduser() if spec.cache_dir else Path(out_dir) / "cache"
+
+
+def _warm_policies(spec: LearningScenario, cache: Path, say: Progress) -> dict[WarmKey, Path]:
+    return {key: warm_policy(spec, key, cache, say) for key in warm_start_keys(spec)}
 
 
 #: The held-out sets: one per family when the mixture has several (label -> tasks), else {"": tasks}.
@@ -807,7 +840,7 @@ def run_learning(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(spec.threads)  # results depend on it (float reduction order)
-    cache = Path(spec.cache_dir).expanduser() if spec.cache_dir else out_dir / "cache"
+    cache = cache_of(spec, out_dir)
     started = time.perf_counter()
     paths = _warm_policies(spec, cache, say)
     warm_seconds = time.perf_counter() - started

@@ -363,6 +363,48 @@ def test_a_peer_whose_items_are_rejected_repeatedly_is_not_pulled_from() -> None
     assert [p.peer for p in only(Pull, core.poll(50.1) + announce(core, "a", [d(11)], 50.1))] == ["a"]
 
 
+def test_rejections_that_depend_on_the_receiver_never_shun_the_server() -> None:
+    # stale_policy, task_not_allowed, completion_too_long...: admission charges nobody, since an
+    # honest peer's valid item meets them; the core must not hold them against it either (three
+    # such verdicts once shunned honest chat-model peers, and refused them service, for 10 min).
+    core = started(cfg(max_rejections=2, rejection_shun_seconds=50.0))
+    for i in range(6):
+        [pull] = only(Pull, announce(core, "a", [d(i)], 0.0))
+        succeed(core, pull, 0.1)
+        core.handle(AdmissionResult("a", d(i), False, "completion_too_long", charged=False), 0.1)
+    assert not core.is_banned("a", 0.2) and core.stats.peers_shunned == 0 and core.stats.rejected == 6
+    [pull] = only(Pull, announce(core, "a", [d(10)], 0.2))  # still pulled from
+    assert pull.peer == "a"
+    # the same count of charged rejections shuns it
+    succeed(core, pull, 0.3)
+    core.handle(AdmissionResult("a", d(10), False, "invalid_payload"), 0.3)
+    [pull] = only(Pull, announce(core, "a", [d(11)], 0.3))
+    succeed(core, pull, 0.4)
+    core.handle(AdmissionResult("a", d(11), False, "invalid_payload"), 0.4)
+    assert core.is_banned("a", 0.5) and core.stats.peers_shunned == 1
+
+
+def test_a_peer_that_sends_only_items_we_cannot_use_is_paused_not_banned() -> None:
+    # A peer on another mixture sends items admission refuses as task_not_allowed, charged to
+    # nobody: after max_unusable in a row we stop downloading them for a while, still serving it.
+    core = started(cfg(max_unusable=3, rejection_shun_seconds=50.0))
+    core.handle(Publish(d(0), 1), 0.0)
+    verdicts = [False, False, True, False, False, False]  # the acceptance resets the count
+    for i, accepted in enumerate(verdicts):
+        [pull] = only(Pull, announce(core, "a", [d(1 + i)], 0.0))
+        succeed(core, pull, 0.1)
+        core.handle(
+            AdmissionResult("a", d(1 + i), accepted, "ok" if accepted else "task_not_allowed", charged=False),
+            0.1,
+        )
+    assert core.stats.peers_paused == 1 and core.stats.peers_shunned == 0
+    assert not core.is_banned("a", 0.2)
+    assert only(Pull, announce(core, "a", [d(20)], 0.2)) == []  # not pulled from
+    assert only(Serve, core.handle(PullRequest("a", (d(0),)), 0.3)) == [Serve("a", (d(0),))]  # served
+    after = core.poll(50.2) + announce(core, "a", [d(21)], 50.2)
+    assert [p.peer for p in only(Pull, after)] == ["a"]  # pulled again after the pause
+
+
 def test_a_banned_peer_is_neither_pulled_from_nor_served_until_the_ban_ends() -> None:
     core = started()
     core.handle(Publish(d(0), 1), 0.0)

@@ -136,6 +136,34 @@ def test_a_rejection_that_left_a_ban_stops_the_core_pulling_from_the_delivering_
     assert verdict_events("p", b"d", verdict, None) == [refused]
 
 
+RECEIVER_DEPENDENT = (
+    RejectReason.COMPLETION_TOO_LONG,
+    RejectReason.STALE_POLICY,
+    RejectReason.TASK_NOT_ALLOWED,
+)
+
+
+def test_a_rejection_admission_charges_to_nobody_is_reported_uncharged() -> None:
+    # Receiver-dependent reasons (admit.reasons.CHARGE: nobody) must not count toward the core
+    # shunning the server; every charged one does.
+    for reason in RECEIVER_DEPENDENT:
+        verdict = Rejected(reason, "receiver-dependent", sender="s")
+        assert verdict_events("p", b"d", verdict, None) == [
+            AdmissionResult("p", b"d", False, reason.value, charged=False)
+        ]
+    charged = Rejected(RejectReason.INVALID_PAYLOAD, "bad", sender="s", charged="s")
+    assert verdict_events("p", b"d", charged, None) == [AdmissionResult("p", b"d", False, "invalid_payload")]
+
+
+def test_admission_charges_nobody_for_each_reason_the_core_then_ignores() -> None:
+    # The pipeline's Rejected.charged is what verdict_events reads: None exactly for CHARGE nobody.
+    from swarmnode.admit.reasons import CHARGE, Charge
+
+    uncharged = {r for r, c in CHARGE.items() if c is Charge.NOBODY}
+    assert set(RECEIVER_DEPENDENT) <= uncharged
+    assert RejectReason.INVALID_PAYLOAD not in uncharged
+
+
 def test_bytes_that_were_no_envelope_report_only_the_ban_they_left() -> None:
     verdict = Rejected(RejectReason.MALFORMED, "not an Envelope", charged="p")
     assert verdict_events("p", None, verdict, T0 + 60) == [PeerBanned("p", T0 + 60)]

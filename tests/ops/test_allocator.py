@@ -43,5 +43,5 @@ def test_the_threshold_makes_glibc_map_blocks_it_would_keep_in_its_heap() -> Non
 
 @pytest.mark.parametrize("kib", [-1, 32 * 1024 + 1])
 def test_a_threshold_glibc_cannot_take_is_refused_naming_the_key(kib: int) -> None:
-    with pytest.raises(ConfigError, match="node.malloc_mmap_threshold_kib"):
+    with pytest.raises(ConfigError, match=r"node\.malloc_mmap_threshold_kib"):
         set_mmap_threshold(kib)

@@ -191,3 +191,35 @@ def _one_thread() -> Any:
     threads = torch.get_num_threads()
     yield
     torch.set_num_threads(threads)  # run_learning sets the thread count for the whole process
+
+
+@pytest.mark.slow
+def test_warm_starts_built_ahead_in_parallel_are_the_ones_every_run_then_reads(tmp_path: Path) -> None:
+    # simulations/*.py build a study's warm starts first (``warm_all``, one per distinct start, in
+    # ``--jobs`` processes), so its runs never build the same one at once; each run then reads them.
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "simulations"))
+    from learning_runs import warm_all
+
+    from swarmnode.sim.learning import cache_of, warm_policy_dir, warm_start_keys
+
+    cache = tmp_path / "cache"
+    specialists = scenario(cache, datasets=FAMILIES, specialists=True, warm_start_steps=5, heldout_size=0)
+    mixture = scenario(cache, datasets=FAMILIES, warm_start_steps=5, heldout_size=0)
+    spec = parse_learning(specialists)
+    keys = warm_start_keys(spec)
+    assert keys == [("tiny", "chain_sum"), ("tiny", "products")]
+    assert warm_start_keys(parse_learning(mixture)) == [("tiny", None)]
+    warm_all([specialists, mixture, specialists], jobs=2)  # the repeated scenario adds nothing
+    built = sorted((cache / "models").iterdir())
+    expected = sorted(
+        [warm_policy_dir(spec, key, cache_of(spec, tmp_path)) for key in keys]
+        + [warm_policy_dir(parse_learning(mixture), ("tiny", None), cache)]
+    )
+    assert built == expected
+    stamps = {path: path.stat().st_mtime_ns for path in built}
+    result = run_learning(specialists, tmp_path / "run")
+    assert sorted((cache / "models").iterdir()) == built  # read, none built again
+    assert {path: path.stat().st_mtime_ns for path in built} == stamps
+    assert result["timing"]["warm_start_seconds"] < 5.0

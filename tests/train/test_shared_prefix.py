@@ -166,6 +166,39 @@ def test_rows_are_packed_only_with_neighbours_that_share_their_prompt() -> None:
     torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5)
 
 
+def test_short_groups_share_one_forward_sequence_and_never_see_each_other() -> None:
+    # The batch's three groups (7 to 23 tokens) are binned into one sequence, so every
+    # exactness test above runs packs side by side in one sequence; a group's log-probs do not
+    # move when its neighbour's tokens change.
+    prompts, completions, _ = batch()
+    packs = batch_module._packs(prompts, completions)
+    assert len(packs) == 3 and batch_module._sequences(packs) == [[1, 2, 0]]  # longest first
+    model = small_model("tiny-llama")
+    changed = [c if i >= 3 else [(t % 20) + 3 for t in reversed(c)] for i, c in enumerate(completions)]
+    with torch.no_grad():
+        before, _ = shared_prefix_logprobs(model, prompts, completions)
+        after, _ = shared_prefix_logprobs(model, prompts, changed)
+    assert not torch.equal(before[:3], after[:3])
+    torch.testing.assert_close(after[3:], before[3:], rtol=1e-6, atol=1e-6)
+
+
+def test_packs_are_binned_first_fit_decreasing_within_the_sequence_length() -> None:
+    cap = batch_module.SEQUENCE_TOKENS
+    group = batch_module._Pack
+    half = cap // 2
+    packs = [
+        group([1], [0], half - 4),
+        group([2], [1], half + 6),
+        group([3], [2], half - 4),
+        group([4], [3], 10),
+    ]
+    # the longest (half + 6) takes the last one (10), not a half - 4 (its sum passes cap by 2)
+    assert batch_module._sequences(packs) == [[1, 3], [0, 2]]
+    # a pack longer than SEQUENCE_TOKENS sets the length: shorter ones join it up to its length
+    packs = [group([1], [0], 3 * cap), group([2], [1], 2 * cap), group([3], [2], cap)]
+    assert batch_module._sequences(packs) == [[0], [1, 2]]
+
+
 def test_a_group_past_the_pack_limit_is_split_into_packs_that_each_repeat_the_prompt() -> None:
     prompt = list(range(10))
     group = [prompt] * 4
