@@ -110,6 +110,11 @@ class GossipConfig:
     # mixture, version or length limit) before we stop pulling from the peer for
     # rejection_shun_seconds. Not a ban: it is still served. An accepted item resets the count.
     max_unusable: int = 16
+    # Items refused for reasons of our own a peer may serve per rejection_shun_seconds, however many
+    # accepted items come between them (red team rt21: one accepted item, which a peer can relay
+    # from an honest signer for free, every 15 otherwise reset max_unusable for good, so junk
+    # flowed at the full pull rate). Past it the peer is paused as above.
+    max_unusable_per_window: int = 64
     rejection_shun_seconds: float = 600.0
     remember_rounds: int = 4  # how long a handled digest is remembered (dedupe)
     max_remembered: int = 65536  # rejected, given up, timed out, own expired: the oldest is forgotten first
@@ -164,6 +169,7 @@ class GossipConfig:
             "max_pending_admissions",
             "max_rejections",
             "max_unusable",
+            "max_unusable_per_window",
             "remember_rounds",
             "max_remembered",
             "max_remembered_admitted",
@@ -452,6 +458,8 @@ class _Peer:
     rejections: int = 0  # rejected items since the last shun
     unusable: int = 0  # items in a row refused for reasons charged to nobody
     paused_until: float = -math.inf  # not pulled from before (max_unusable); a pull's success keeps it
+    unusable_window: int = 0  # items refused for reasons of ours since window_start (accepts do not reset it)
+    window_start: float = -math.inf
     score: int = 0
 
     def adjust(self, delta: int) -> None:
@@ -1107,10 +1115,16 @@ class GossipCore:
         state = self._peers.get(peer)
         if state is None:
             return
+        c = self.config
+        if now - state.window_start >= c.rejection_shun_seconds:
+            state.window_start, state.unusable_window = now, 0
         state.unusable += 1
-        if state.unusable < self.config.max_unusable:
+        state.unusable_window += 1
+        if state.unusable < c.max_unusable and state.unusable_window < c.max_unusable_per_window:
             return
         state.unusable = 0
+        state.unusable_window = 0
+        state.window_start = now
         self.stats.peers_paused += 1
         state.paused_until = now + self.config.rejection_shun_seconds
 

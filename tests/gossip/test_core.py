@@ -1158,3 +1158,23 @@ def test_every_item_published_by_one_of_five_cores_reaches_all_others_exactly_on
         assert swarm.pulls_to[forger] <= 2 * len(swarm.cores)
     if loss:
         assert sum(core.stats.pulls_failed for core in swarm.cores.values()) > 0
+
+
+def test_accepted_items_between_them_do_not_let_unusable_items_flow_for_good() -> None:
+    # Red team rt21: one accepted item (relayable from an honest signer) every max_unusable - 1
+    # reset the count, so a peer could keep us downloading items we refuse at the full pull rate.
+    core = started(cfg(max_unusable=16, rejection_shun_seconds=600.0))  # max_unusable_per_window 64
+    refused = 0
+    for i in range(200):
+        t = 1.0 + i
+        pulls = only(Pull, core.poll(t) + announce(core, "a", [d(1 + i)], t))
+        if not pulls:
+            continue
+        succeed(core, pulls[0], t)
+        accepted = i % 16 == 15
+        refused += not accepted
+        verdict = AdmissionResult(
+            "a", d(1 + i), accepted, "ok" if accepted else "task_not_allowed", charged=False
+        )
+        core.handle(verdict, t)
+    assert refused <= 64 and core.stats.peers_paused == 1 and not core.is_banned("a", 201.0)
