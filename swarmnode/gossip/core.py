@@ -384,7 +384,7 @@ class GossipStats:
     rejected: int = 0
     admission_timeouts: int = 0
     peers_shunned: int = 0
-    peers_paused: int = 0  # max_unusable items in a row: not pulled from for a while, still served
+    peers_paused: int = 0  # max_unusable in a row or max_unusable_per_window: not pulled from, still served
     bans: int = 0
     serve_requests: int = 0
     serve_refused: int = 0
@@ -457,7 +457,7 @@ class _Peer:
     backoff_until: float = -math.inf
     rejections: int = 0  # rejected items since the last shun
     unusable: int = 0  # items in a row refused for reasons charged to nobody
-    paused_until: float = -math.inf  # not pulled from before (max_unusable); a pull's success keeps it
+    paused_until: float = -math.inf  # not pulled from before (_count_unusable); a pull's success keeps it
     unusable_window: int = 0  # items refused for reasons of ours since window_start (accepts do not reset it)
     window_start: float = -math.inf
     score: int = 0
@@ -1126,7 +1126,7 @@ class GossipCore:
         state.unusable_window = 0
         state.window_start = now
         self.stats.peers_paused += 1
-        state.paused_until = now + self.config.rejection_shun_seconds
+        state.paused_until = now + c.rejection_shun_seconds
 
     def _count_rejection(self, peer: PeerId, now: float) -> list[GossipAction]:
         state = self._peers.get(peer)
