@@ -59,6 +59,10 @@ LAYER0_TABLE_LIMIT = 4_000_000
 #: Finished rows leave the decode batch once the running ones are at most this share of the
 #: cache's rows: each compaction copies the cache, so it is done in few large steps.
 COMPACT_AT = 0.75
+#: Decode attends over the cache's slots up to the next multiple of this past the newest
+#: written one, not over every slot: with 128 new tokens most of the cache is still empty
+#: for most steps. Steps of 16 keep softmax rows long enough to run at full speed on CPU.
+ATTENTION_WIDTH_STEP = 16
 
 
 def _norm_eps(norm: nn.Module | None, default: float) -> float:
@@ -271,10 +275,12 @@ class _Runner:
       real matrix product over the group's n queries instead of n matrix-vector
       products: best for long prompts.
 
-    Decode attends over every slot of the cache, with an additive mask (-inf) on
-    left padding and on slots not generated yet: fixed-width, contiguous operands
-    are faster than growing slices, and CPU softmax is several times slower on
-    rows shorter than 16. Unwritten slots are zeros, so masked scores stay finite.
+    Decode attends over the cache's slots up to the newest written one, rounded up to
+    a multiple of ``ATTENTION_WIDTH_STEP``, with an additive mask (-inf) on left
+    padding and on slots not generated yet: a width that changes only every 16 steps
+    keeps the operands few distinct shapes, and CPU softmax is several times slower
+    on rows shorter than 16. Unwritten slots inside the width are zeroed, so masked scores stay finite.
+    A slice over slots keeps (rows, Hkv) one batch dimension, so it costs no copy.
     """
 
     def __init__(
@@ -301,9 +307,13 @@ class _Runner:
 
         def tensors(rows: int, length: int) -> list[torch.Tensor]:
             shape = (rows, kv_heads, length, head_dim)
-            return [torch.zeros(shape, device=device, dtype=dtype) for _ in weights.layers]
+            return [torch.empty(shape, device=device, dtype=dtype) for _ in weights.layers]
 
+        # Every slot is written before it is read except the unwritten ones inside decode's
+        # attention width, which ``_zero_to`` zeroes as the width grows (a full memset of a
+        # 128-token cache cost more than the short decodes that never reach its end).
         self.k_cache, self.v_cache = tensors(batch, slots), tensors(batch, slots)
+        self.zeroed = 0 if grouped else prompt_len  # slots [0, zeroed) hold K/V or zeros
         self.prompt_k, self.prompt_v = (
             (tensors(prompts, prompt_len), tensors(prompts, prompt_len)) if grouped else ([], [])
         )
@@ -424,10 +434,23 @@ class _Runner:
         self.prompts = int(groups.numel())
         return rows
 
-    def _step_bias(self, step: int) -> torch.Tensor:
-        """(B or 1, 1, 1, slots): the additive mask over the per-row cache at decode ``step``."""
-        future = self.future[step].view(1, 1, 1, -1)
-        return future if self.row_bias is None else self.row_bias + future
+    def _width(self, step: int) -> int:
+        """How many of the per-row cache's slots decode ``step`` attends over (the rest are unwritten)."""
+        written = step + 1 if self.grouped else self.prompt_len + step + 1
+        rounded = -(-written // ATTENTION_WIDTH_STEP) * ATTENTION_WIDTH_STEP
+        return min(rounded, self.future.shape[1])
+
+    def _zero_to(self, width: int) -> None:
+        """Zero the per-row cache's slots [zeroed, width), so masked scores stay finite."""
+        if width > self.zeroed:
+            for cache in (*self.k_cache, *self.v_cache):
+                cache[:, :, self.zeroed : width].zero_()
+            self.zeroed = width
+
+    def _step_bias(self, step: int, width: int) -> torch.Tensor:
+        """(B or 1, 1, 1, width): the additive mask over the per-row cache at decode ``step``."""
+        future = self.future[step, :width].view(1, 1, 1, -1)
+        return future if self.row_bias is None else self.row_bias[..., :width] + future
 
     def decode(self, tokens: torch.Tensor, step: int, positions: torch.Tensor) -> torch.Tensor:
         """Feed generated token ``step`` (B,) of every row; returns next-token logits (B, vocab)."""
@@ -437,7 +460,9 @@ class _Runner:
         group = heads // kv_heads
         rotation = self.rotation[positions].unsqueeze(1)  # (B, 1, D/2)
         slot = step if self.grouped else self.prompt_len + step
-        bias = self._step_bias(step)
+        width = self._width(step)
+        self._zero_to(width)
+        bias = self._step_bias(step, width)
         x = F.embedding(tokens, w.embed)  # (B, hidden)
         for index, layer in enumerate(w.layers):
             qkv = self._qkv(index, layer, x, tokens)  # (B, H + 2Hkv, D)
@@ -447,11 +472,12 @@ class _Runner:
             v_cache[:, :, slot] = qkv[:, heads + kv_heads :]
             # GQA without repeating K/V: the q heads sharing a kv head are its query rows.
             q = qkv[:, :heads].view(batch, kv_heads, group, head_dim)
-            scores = torch.matmul(q, k_cache.transpose(-1, -2)).float() + bias  # (B, Hkv, g, slots)
+            keys, values = k_cache[:, :, :width], v_cache[:, :, :width]
+            scores = torch.matmul(q, keys.transpose(-1, -2)).float() + bias  # (B, Hkv, g, width)
             if self.grouped:
-                attn = self._grouped_attention(index, q, scores, v_cache)
+                attn = self._grouped_attention(index, q, scores, values)
             else:
-                attn = torch.matmul(scores.softmax(dim=-1).to(self.dtype), v_cache)  # (B, Hkv, g, D)
+                attn = torch.matmul(scores.softmax(dim=-1).to(self.dtype), values)  # (B, Hkv, g, D)
             x = self._block_tail(layer, x, attn.reshape(batch, -1))
         return self._logits(x)
 

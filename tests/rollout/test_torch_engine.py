@@ -333,3 +333,23 @@ def test_finished_rows_leaving_the_decode_batch_changes_no_sample(
             assert x.token_ids == y.token_ids
             assert x.logprobs == pytest.approx(y.logprobs, abs=1e-5)
     assert_logprobs_exact(policy, compacted, 1.0)
+
+
+@pytest.mark.parametrize("grouped", [False, True], ids=["expanded-cache", "grouped-cache"])
+def test_decodes_past_several_attention_widths_stay_exact_whatever_the_fresh_cache_held(
+    tiny: Policy, grouped: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Decode attends over a width that grows in steps of ATTENTION_WIDTH_STEP, and the cache is
+    # allocated uninitialised: NaN in every fresh slot shows that no unwritten slot is ever read
+    # unzeroed (NaN * 0 is NaN, so one such read would poison the log-probs).
+    def nan_empty(*shape: int, **kwargs: object) -> torch.Tensor:
+        return torch.full(shape[0] if len(shape) == 1 else shape, float("nan"), **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(torch_engine.torch, "empty", nan_empty)
+    engine = TorchEngine(tiny)
+    engine.grouped_min_prompt = 1 if grouped else 10_000
+    params = SamplingParams(temperature=1.0, max_new_tokens=40)  # widths 16, 32, 48 (+ prompt)
+    result = engine.generate(PROMPTS + LONG_PROMPTS, 2, params, torch.Generator().manual_seed(2))
+    longest = max(len(c.token_ids) for g in result.completions for c in g)
+    assert longest > 2 * torch_engine.ATTENTION_WIDTH_STEP
+    assert_logprobs_exact(tiny, result, params.temperature)
