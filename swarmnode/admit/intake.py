@@ -43,6 +43,9 @@ class Judged:
 
     verdict: Verdict
     banned_until: float | None = None
+    #: Refused unjudged because this node's admission queue was full (``cpu_budget``): our own
+    #: load, not anything the bytes or their deliverer did.
+    busy: bool = False
 
 
 class Intake:
@@ -160,7 +163,7 @@ class Intake:
         if self.pending >= self.max_pending or waiting >= self.max_pending_per_peer:
             self.overloaded += 1
             detail = f"{self.pending} admissions waiting, {waiting} from {via}"
-            return Judged(Rejected(RejectReason.CPU_BUDGET, detail))
+            return Judged(Rejected(RejectReason.CPU_BUDGET, detail), busy=True)
         self.pending += 1
         try:
             return await self._run(key, lambda: self._admit_here(data, via, solicited, envelope, message))

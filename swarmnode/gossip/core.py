@@ -262,7 +262,11 @@ class AdmissionResult:
     peer's valid item meets them, so they do not count toward shunning its server
     (``max_rejections``). Before, they did: in a swarm of chat models, three "too long"
     completions got honest peers shunned, and refused service, for 10 minutes, until no node
-    received anything."""
+    received anything.
+
+    ``busy``: refused unjudged because this node's own admission queue was full. Nothing about
+    the item or its server: it counts toward no shun and no pause (``_count_unusable``), and the
+    digest closes (pulling it again, from anyone, would meet the same queue)."""
 
     peer: PeerId
     digest: Digest
@@ -270,6 +274,7 @@ class AdmissionResult:
     reason: str
     copy_refused: bool = False
     charged: bool = True
+    busy: bool = False
 
 
 @dataclass(frozen=True)
@@ -385,6 +390,7 @@ class GossipStats:
     admission_timeouts: int = 0
     peers_shunned: int = 0
     peers_paused: int = 0  # max_unusable in a row or max_unusable_per_window: not pulled from, still served
+    refused_busy: int = 0  # refused unjudged: our own admission queue was full (AdmissionResult.busy)
     bans: int = 0
     serve_requests: int = 0
     serve_refused: int = 0
@@ -1093,6 +1099,10 @@ class GossipCore:
                 state.unusable = 0
             return []
         self.stats.rejected += 1
+        if event.busy:
+            self.stats.refused_busy += 1
+            self._remember(event.digest, now, admitted=False)
+            return []
         if event.charged:
             actions = self._count_rejection(event.peer, now)
         else:

@@ -293,7 +293,9 @@ class GossipDriver:
         fault_point("receive", may_pause=False)  # on the event loop: a pause would stall the node
         judged = await self.intake.judge(action.payload, via=action.peer, solicited=True, envelope=envelope)
         verdict, now = judged.verdict, time.time()
-        for event in verdict_events(action.peer, action.digest, verdict, judged.banned_until):
+        for event in verdict_events(
+            action.peer, action.digest, verdict, judged.banned_until, busy=judged.busy
+        ):
             self._feed(event)
         if isinstance(verdict, Rejected):
             self._rejected(verdict, judged.banned_until)

@@ -149,6 +149,7 @@ def admission_events(
     banned_until: float | None,
     copy_refused: bool = False,
     charged: bool = True,
+    busy: bool = False,
 ) -> list[GossipEvent]:
     """The core's events for a verdict on an item ``peer`` delivered (``digest`` None: bytes that
     were no envelope, which the core never asked to admit). A rejection that left a ban (on the
@@ -156,11 +157,14 @@ def admission_events(
     pulling from the delivering peer until then. ``copy_refused``: the rejection judged only these
     bytes or their deliverer (``refuses_only_the_copy``), so the core keeps the digest open for
     another announcer. ``charged``: admission lowered someone's score for it (False: a reason
-    that depends on the receiver, which the core does not hold against the server either)."""
+    that depends on the receiver, which the core does not hold against the server either).
+    ``busy``: refused unjudged because this node's admission queue was full (``Judged.busy``)."""
     events: list[GossipEvent] = []
     if digest is not None:
         events.append(
-            AdmissionResult(peer, digest, accepted, reason, copy_refused=copy_refused, charged=charged)
+            AdmissionResult(
+                peer, digest, accepted, reason, copy_refused=copy_refused, charged=charged, busy=busy
+            )
         )
     if not accepted and banned_until is not None:
         events.append(PeerBanned(peer, banned_until))
@@ -168,9 +172,10 @@ def admission_events(
 
 
 def verdict_events(
-    peer: PeerId, digest: Digest | None, verdict: Verdict, banned_until: float | None
+    peer: PeerId, digest: Digest | None, verdict: Verdict, banned_until: float | None, *, busy: bool = False
 ) -> list[GossipEvent]:
-    """``admission_events`` for a pipeline verdict (``banned_until``: its ``ban_left_by``)."""
+    """``admission_events`` for a pipeline verdict (``banned_until``: its ``ban_left_by``; ``busy``:
+    ``Judged.busy``, refused because our admission queue was full)."""
     if isinstance(verdict, Rejected):
         return admission_events(
             peer,
@@ -178,8 +183,9 @@ def verdict_events(
             accepted=False,
             reason=verdict.reason.value,
             banned_until=banned_until,
-            copy_refused=refuses_only_the_copy(verdict),
+            copy_refused=not busy and refuses_only_the_copy(verdict),
             charged=verdict.charged is not None,
+            busy=busy,
         )
     return admission_events(peer, digest, accepted=True, reason="accepted", banned_until=None)
 

@@ -365,3 +365,24 @@ def test_a_signer_pays_for_each_envelope_it_signed_whoever_delivers_it() -> None
     assert set(reasons[1:20]) == {RejectReason.REPLAY}  # ... then refused by its id, charged to the deliverer
     level = pipeline.cpu.level(mallory.peer_id)
     assert level is not None and level < pipeline.config.cpu_initial  # the signer paid for its 20 envelopes
+
+
+def test_a_full_admission_queue_refuses_unjudged_and_says_it_was_our_load() -> None:
+    # The gossip core must not pause or shun the peer whose item met our own overload
+    # (Judged.busy -> AdmissionResult.busy), nor pull the id again from someone else.
+    from swarmnode.gossip.core import AdmissionResult
+    from swarmnode.gossip.intake import verdict_events
+
+    pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=FAMILIES), now=time.time())
+    intake = Intake(pipeline, max_pending=0)
+    data = envelope(batch(make_group(1)), ALICE, at=time.time())
+    try:
+        judged = asyncio.run(intake.judge(data, via="bob", solicited=True))
+    finally:
+        intake.close()
+    assert judged.busy and isinstance(judged.verdict, Rejected)
+    assert judged.verdict.reason is RejectReason.CPU_BUDGET and judged.verdict.charged is None
+    assert intake.overloaded == 1 and pipeline.cpu.level(ALICE.peer_id) is None  # nothing judged
+    assert verdict_events("bob", b"d", judged.verdict, None, busy=True) == [
+        AdmissionResult("bob", b"d", False, "cpu_budget", copy_refused=False, charged=False, busy=True)
+    ]

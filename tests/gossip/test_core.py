@@ -405,6 +405,22 @@ def test_a_peer_that_sends_only_items_we_cannot_use_is_paused_not_banned() -> No
     assert [p.peer for p in only(Pull, after)] == ["a"]  # pulled again after the pause
 
 
+def test_refusals_for_our_own_full_admission_queue_neither_pause_nor_shun_the_server() -> None:
+    # Admission refused these unjudged (cpu_budget, busy): our queue was full, whoever filled it.
+    # An honest peer whose items met our overload must not be paused for 10 minutes for it.
+    core = started(cfg(max_unusable=3, max_rejections=2, rejection_shun_seconds=50.0))
+    for i in range(10):
+        [pull] = only(Pull, announce(core, "a", [d(i)], 0.0))
+        succeed(core, pull, 0.1)
+        core.handle(AdmissionResult("a", d(i), False, "cpu_budget", charged=False, busy=True), 0.1)
+    assert core.stats.refused_busy == 10
+    assert core.stats.peers_paused == 0 and core.stats.peers_shunned == 0
+    [pull] = only(Pull, announce(core, "a", [d(20)], 0.2))  # still pulled from
+    assert pull.peer == "a"
+    # the digest closes: another announcer's copy would meet the same queue
+    assert only(Pull, announce(core, "b", [d(0)], 0.3)) == []
+
+
 def test_a_banned_peer_is_neither_pulled_from_nor_served_until_the_ban_ends() -> None:
     core = started()
     core.handle(Publish(d(0), 1), 0.0)
