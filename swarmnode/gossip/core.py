@@ -471,6 +471,27 @@ class _Peer:
     def adjust(self, delta: int) -> None:
         self.score = max(-_SCORE_LIMIT, min(_SCORE_LIMIT, self.score + delta))
 
+    def grudge(self, now: float, window: float) -> _Grudge | None:
+        """What this peer has against it that forgetting it would wipe, if anything."""
+        window_open = self.unusable_window > 0 and now - self.window_start < window
+        if self.paused_until <= now and not window_open and self.rejections == 0 and self.unusable == 0:
+            return None
+        return _Grudge(
+            self.paused_until, self.window_start, self.unusable_window, self.unusable, self.rejections
+        )
+
+
+@dataclass(frozen=True)
+class _Grudge:
+    """A forgotten peer's pause and counts toward the next one (red team: a paused peer forgotten
+    from a full table came back unpaused, and its refusals counted from zero again)."""
+
+    paused_until: float
+    window_start: float
+    unusable_window: int
+    unusable: int
+    rejections: int
+
 
 @dataclass
 class _Batch:
@@ -520,6 +541,8 @@ class GossipCore:
         self._refused_copies: ExpiringMap[Digest, _Candidate] = ExpiringMap(c.max_refused_copies)
         self._peers: dict[PeerId, _Peer] = {}
         self._bans: dict[PeerId, float] = {}
+        # Forgotten peers' pauses and counts, restored if they come back (``_Peer.grudge``).
+        self._grudges: ExpiringMap[PeerId, _Grudge] = ExpiringMap(c.max_bans)
         # The round of the last ``current_round`` call and its [start, end): most calls fall in
         # the same round, and ``round_at`` validates and corrects at boundaries on every call.
         self._round = 0
@@ -1194,15 +1217,26 @@ class GossipCore:
                 serve_bucket=TokenBucket(c.serve_rate, c.serve_burst, updated=now),
                 last_seen=now,
             )
+            self._grudges.pop_expired(now)
+            grudge = self._grudges.pop(peer)
+            if grudge is not None:
+                state.paused_until, state.window_start = grudge.paused_until, grudge.window_start
+                state.unusable_window, state.unusable = grudge.unusable_window, grudge.unusable
+                state.rejections = grudge.rejections
             self._peers[peer] = state
         state.last_seen = now
         return state
 
     def _forget_idle_peer(self, now: float) -> bool:
         """Forget the least recently seen peer whose state is back to a fresh one's (nothing in
-        flight or waiting, no backoff, both buckets full), so forgetting it loosens no limit."""
+        flight or waiting, no backoff, both buckets full), so forgetting it loosens no limit.
+        Peers with nothing held against them go first; a pause or a count toward one is kept
+        aside (``_grudges``, bounded like the bans) and restored if the peer comes back. Held
+        peers stay forgettable: otherwise identities that got themselves paused would pin the
+        table and keep newcomers out."""
+        window = self.config.rejection_shun_seconds
         idle = [
-            (state.last_seen, peer)
+            (state.grudge(now, window) is not None, state.last_seen, peer)
             for peer, state in self._peers.items()
             if state.inflight == 0
             and state.candidates == 0
@@ -1212,5 +1246,8 @@ class GossipCore:
         ]
         if not idle:
             return False
-        del self._peers[min(idle)[1]]
+        peer = min(idle)[2]
+        grudge = self._peers.pop(peer).grudge(now, window)
+        if grudge is not None:  # a pause and a window both end within ``window`` from now
+            self._grudges.put(peer, grudge, now + window)
         return True

@@ -524,6 +524,25 @@ def test_an_idle_peer_is_forgotten_to_make_room_for_a_new_one() -> None:
     assert [p.peer for p in only(Pull, announce(core, "b", [d(2)], 10.0))] == ["b"]
 
 
+def test_a_paused_peer_forgotten_to_make_room_comes_back_still_paused() -> None:
+    # Forgetting an idle peer wiped its pause: a peer on other families (or a junk server) could
+    # get forgotten and start over at zero refusals. Its pause is kept aside and restored.
+    core = started(cfg(max_peers=1, max_unusable=2, rejection_shun_seconds=100.0))
+    for i in range(2):
+        [pull] = only(Pull, core.poll(10.0 * i) + announce(core, "a", [d(1 + i)], 10.0 * i))
+        succeed(core, pull, 10.0 * i)
+        core.handle(AdmissionResult("a", d(1 + i), False, "task_not_allowed", charged=False), 10.0 * i)
+    assert core.stats.peers_paused == 1
+    # a is idle, so b takes its place in the table of one...
+    [pull] = only(Pull, announce(core, "b", [d(10)], 30.0))
+    assert pull.peer == "b" and core.sizes().peers == 1
+    succeed(core, pull, 31.0)  # (b's pull done, so that b can be forgotten in turn)
+    core.handle(AdmissionResult("b", d(10), True, "ok"), 31.0)
+    # ...and a, back before its pause ends, is still not pulled from; after it, it is.
+    assert only(Pull, announce(core, "a", [d(20)], 50.0)) == []
+    assert [p.peer for p in only(Pull, core.poll(111.0) + announce(core, "a", [d(21)], 111.0))] == ["a"]
+
+
 # --- refused copies (red team F2) and memory under junk (red team F6) ------------------------
 
 
