@@ -1236,18 +1236,19 @@ class GossipCore:
         table and keep newcomers out."""
         window = self.config.rejection_shun_seconds
         idle = [
-            (state.grudge(now, window) is not None, state.last_seen, peer)
+            (grudge is not None, state.last_seen, peer, grudge)
             for peer, state in self._peers.items()
             if state.inflight == 0
             and state.candidates == 0
             and state.backoff_until <= now
             and state.pull_bucket.is_full(now)
             and state.serve_bucket.is_full(now)
+            for grudge in (state.grudge(now, window),)
         ]
         if not idle:
             return False
-        peer = min(idle)[2]
-        grudge = self._peers.pop(peer).grudge(now, window)
+        _, _, peer, grudge = min(idle, key=lambda entry: entry[:3])
+        del self._peers[peer]
         if grudge is not None:  # a pause and a window both end within ``window`` from now
             self._grudges.put(peer, grudge, now + window)
         return True
