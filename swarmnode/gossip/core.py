@@ -264,7 +264,9 @@ class AdmissionResult:
     completions got honest peers shunned, and refused service, for 10 minutes, until no node
     received anything.
 
-    ``busy``: refused unjudged because this node's own admission queue was full. Nothing about
+    ``busy``: refused for this node's own state, shared by every peer: its admission queue was
+    full, or its new-identity budget or replay cache (``gossip.intake.RECEIVER_STATE_REASONS``).
+    Nothing about
     the item or its server: it counts toward no shun and no pause (``_count_unusable``), and the
     digest closes (pulling it again, from anyone, would meet the same queue)."""
 

@@ -52,6 +52,12 @@ COPY_REASONS: frozenset[RejectReason] = frozenset(STEPS["size"] + STEPS["decode"
 #: Rejections that, without an authenticated signer (``Rejected.sender`` None), are about the
 #: delivering peer (banned, or out of CPU budget, at step 0), not about the id either.
 DELIVERER_REASONS: frozenset[RejectReason] = frozenset({RejectReason.BANNED, RejectReason.CPU_BUDGET})
+#: Rejections for the receiver's own state, shared by every peer (the new-identity budget, a full
+#: replay cache): like a full admission queue (``Judged.busy``), not held against the server
+#: (red team rt23: draining the new-identity budget got an honest newcomer paused for 10 min).
+RECEIVER_STATE_REASONS: frozenset[RejectReason] = frozenset(
+    {RejectReason.NEW_IDENTITY_LIMIT, RejectReason.REPLAY_CACHE_FULL}
+)
 
 
 def refuses_only_the_copy(verdict: Rejected) -> bool:
@@ -175,8 +181,10 @@ def verdict_events(
     peer: PeerId, digest: Digest | None, verdict: Verdict, banned_until: float | None, *, busy: bool = False
 ) -> list[GossipEvent]:
     """``admission_events`` for a pipeline verdict (``banned_until``: its ``ban_left_by``; ``busy``:
-    ``Judged.busy``, refused because our admission queue was full)."""
+    ``Judged.busy``, refused because our admission queue was full). A reason in
+    ``RECEIVER_STATE_REASONS`` is reported busy too."""
     if isinstance(verdict, Rejected):
+        busy = busy or verdict.reason in RECEIVER_STATE_REASONS
         return admission_events(
             peer,
             digest,

@@ -274,3 +274,16 @@ def test_only_rejections_of_the_bytes_or_their_deliverer_leave_the_id_open() -> 
     assert not refused(RejectReason.CPU_BUDGET, sender="signer")
     for reason in (RejectReason.REPLAY, RejectReason.TOO_OLD, RejectReason.PROMPT_MISMATCH):
         assert not refused(reason)  # these name the id's own signed content
+
+
+def test_refusals_for_the_receivers_shared_state_are_reported_busy() -> None:
+    # Red team rt23: an attacker drained the new-identity budget, and an honest newcomer's items,
+    # refused new_identity_limit, got it paused for 10 minutes. Busy results pause nobody.
+    for reason in (RejectReason.NEW_IDENTITY_LIMIT, RejectReason.REPLAY_CACHE_FULL):
+        assert verdict_events("p", b"d", Rejected(reason, "ours"), None) == [
+            AdmissionResult("p", b"d", False, reason.value, charged=False, busy=True)
+        ]
+    refused = Rejected(RejectReason.TASK_NOT_ALLOWED, "another family", sender="s")
+    assert verdict_events("p", b"d", refused, None) == [
+        AdmissionResult("p", b"d", False, "task_not_allowed", charged=False)
+    ]
