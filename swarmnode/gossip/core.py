@@ -56,6 +56,10 @@ from swarmnode.core.limits import ExpiringMap, TokenBucket
 from swarmnode.core.rounds import round_at, round_start
 from swarmnode.errors import ConfigError
 
+# Why pulled bytes were no envelope, when a peer on a newer protocol may have served them honestly
+# (``WireReason`` values; the core does not import the wire format).
+_NEWER_PROTOCOL = frozenset({"unsupported_version", "unknown_kind"})
+
 # Peer history, used to prefer peers whose items were delivered and accepted.
 _SCORE_ACCEPTED = 1
 _SCORE_FAILED = -2
@@ -230,11 +234,19 @@ class Announced:
 
 @dataclass(frozen=True)
 class PullSucceeded:
-    """``peer`` answered pull ``request_id`` with these ``(digest, payload)`` items (any subset)."""
+    """``peer`` answered pull ``request_id`` with these ``(digest, payload)`` items (any subset).
+
+    ``unreadable``: why each other item of the answer is no envelope at all (a ``WireReason``
+    value per item; it has no id, so it is not among ``items``). An honest server serves only
+    envelopes it holds: ``unsupported_version`` and ``unknown_kind`` (a newer protocol) count
+    toward a pause like items refused for our own reasons, anything else (malformed, too large)
+    as a rejection of its server (red team rt23 F2: before, the core never saw them, and one
+    identity sent ~100 2-MiB blobs before admission's score alone stopped pulling from it)."""
 
     request_id: int
     peer: PeerId
     items: tuple[tuple[Digest, bytes], ...]
+    unreadable: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -384,6 +396,7 @@ class GossipStats:
     items_missing: int = 0
     items_unrequested: int = 0
     items_corrupt: int = 0
+    items_unreadable: int = 0  # bytes in an answer that were no envelope (PullSucceeded.unreadable)
     copies_refused: int = 0
     gave_up: int = 0
     admits: int = 0
@@ -977,6 +990,12 @@ class GossipCore:
             self.stats.admits += 1
         if unrequested:  # an honest server sends only what was asked, once
             actions += self._count_rejection(event.peer, now)
+        for reason in event.unreadable:
+            self.stats.items_unreadable += 1
+            if reason in _NEWER_PROTOCOL:
+                self._count_unusable(event.peer, now)
+            else:
+                actions += self._count_rejection(event.peer, now)
         # An honest server stops adding items at its byte cap: what such an answer leaves out is
         # retried, not held against the server (red team R9-4: 2-MiB items lost half of a pull).
         # Counted over the requested items it served intact only: padding an answer with items

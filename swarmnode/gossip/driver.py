@@ -32,6 +32,7 @@ from swarmnode.gossip.core import (
     Announce,
     Announced,
     CancelPull,
+    GossipConfig,
     GossipCore,
     Pull,
     PullFailed,
@@ -64,7 +65,16 @@ log = logging.getLogger(__name__)
 PULL_HANDLER = "swarmnode.pull.v1"
 DIGEST_BYTES = 32
 MAX_PULL_REQUEST = 64 * DIGEST_BYTES
-MAX_PULL_RESPONSE = 32 * 1024 * 1024
+ITEM_PREFIX_BYTES = 4  # each item of a pull's answer is a uint32 length, then the envelope
+
+
+def max_pull_response(max_serve_bytes: int, digests: int) -> int:
+    """The most bytes an honest answer to a pull of ``digests`` ids holds (SPEC 1.4a): a server stops
+    adding items at its byte cap, so reading beyond it only lets a peer make us download junk."""
+    return max_serve_bytes + ITEM_PREFIX_BYTES * digests
+
+
+MAX_PULL_RESPONSE = max_pull_response(GossipConfig().max_serve_bytes, MAX_PULL_REQUEST // DIGEST_BYTES)
 DHT_TIMEOUT = 10.0
 
 
@@ -73,7 +83,7 @@ def announcement_key(swarm: str, round_index: int) -> str:
 
 
 def encode_items(items: Sequence[bytes]) -> bytes:
-    return b"".join(struct.pack(">I", len(item)) + item for item in items)
+    return b"".join(struct.pack(">I", len(item)) + item for item in items)  # ITEM_PREFIX_BYTES
 
 
 def decode_items(data: bytes, max_items: int) -> list[bytes]:
@@ -271,7 +281,7 @@ class GossipDriver:
                 PULL_HANDLER,
                 b"".join(action.digests),
                 timeout=action.timeout,
-                max_response_bytes=MAX_PULL_RESPONSE,
+                max_response_bytes=max_pull_response(self.core.config.max_serve_bytes, len(action.digests)),
             )
             payloads = decode_items(response, len(action.digests))
         except (PeerCallError, NetError, ValueError, OSError) as exc:
@@ -284,7 +294,7 @@ class GossipDriver:
         for payload in pulled.not_envelopes:
             self._spawn(self._refuse_non_envelope(action.peer, payload), "refuse")
         self.metrics.inc("groups_received_batches", "Rollout batches received from peers", len(pulled.items))
-        self._feed(PullSucceeded(action.request_id, action.peer, pulled.items))
+        self._feed(PullSucceeded(action.request_id, action.peer, pulled.items, pulled.unreadable))
 
     async def _admit(self, action: Admit, envelope: Envelope | None = None) -> None:
         # Pulled by id, so solicited: the per-sender rate bucket is for unsolicited pushes; the CPU
@@ -350,6 +360,7 @@ class GossipDriver:
 __all__ = [
     "DHT_TIMEOUT",
     "DIGEST_BYTES",
+    "ITEM_PREFIX_BYTES",
     "MAX_PULL_REQUEST",
     "MAX_PULL_RESPONSE",
     "PULL_HANDLER",
@@ -357,4 +368,5 @@ __all__ = [
     "announcement_key",
     "decode_items",
     "encode_items",
+    "max_pull_response",
 ]

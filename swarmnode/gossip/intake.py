@@ -122,24 +122,28 @@ class Pulled:
 
     items: tuple[tuple[Digest, bytes], ...]  # (envelope id, the bytes as received), for PullSucceeded
     not_envelopes: tuple[bytes, ...]
+    unreadable: tuple[str, ...]  # why each of ``not_envelopes`` is none (WireReason), for PullSucceeded
 
 
 def decode_pulled(payloads: Sequence[bytes], decoded: DecodedEnvelopes) -> Pulled:
     """Decode each pulled payload once; its decode waits in ``decoded`` for the ``Admit`` of it.
 
     A payload that is not an envelope (too large, malformed, ...) has no digest to tie it to a
-    request, so the core would drop it unseen: it is returned for admission to judge anyway, and
-    to charge the peer that sent it, as for any other bytes from a peer."""
+    request: its reason goes to the core (``PullSucceeded.unreadable``), which holds it against
+    the server, and its bytes to admission, to charge the peer that sent them, as for any other
+    bytes from a peer."""
     items: list[tuple[Digest, bytes]] = []
     refused: list[bytes] = []
+    reasons: list[str] = []
     for payload in payloads:
         envelope = decode_envelope(payload)
         if isinstance(envelope, WireError):
             refused.append(payload)
+            reasons.append(envelope.reason.value)
             continue
         decoded.put(payload, envelope)
         items.append((envelope.envelope_id(), payload))
-    return Pulled(tuple(items), tuple(refused))
+    return Pulled(tuple(items), tuple(refused), tuple(reasons))
 
 
 # ---------------------------------------------------------------------------------------------

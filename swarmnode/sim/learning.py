@@ -464,7 +464,7 @@ class Agent:
         pulled = decode_pulled(payloads, self.decoded)
         for payload in pulled.not_envelopes:
             self.judge(peer, None, payload, now)
-        self.pending.append(PullSucceeded(request_id, peer, pulled.items))
+        self.pending.append(PullSucceeded(request_id, peer, pulled.items, pulled.unreadable))
 
     def admit(self, action: Admit, now: float) -> None:
         self.judge(action.peer, action.digest, action.payload, now)

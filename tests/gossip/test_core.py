@@ -421,6 +421,29 @@ def test_refusals_for_our_own_full_admission_queue_neither_pause_nor_shun_the_se
     assert only(Pull, announce(core, "b", [d(0)], 0.3)) == []
 
 
+def answer_unreadable(core: GossipCore, peer: str, digest: bytes, reason: str, now: float) -> None:
+    """``peer`` announces ``digest`` and answers its pull with bytes that are no envelope."""
+    [pull] = only(Pull, announce(core, peer, [digest], now))
+    core.handle(PullSucceeded(pull.request_id, peer, (), unreadable=(reason,)), now)
+
+
+def test_bytes_that_are_no_envelope_count_against_their_server() -> None:
+    # Red team rt23 F2: they have no id, so before the core never saw them; one identity made a
+    # receiver download ~100 blobs of 2 MiB before admission's score alone stopped it.
+    core = started(cfg(max_rejections=2, max_unusable=3, rejection_shun_seconds=50.0))
+    answer_unreadable(core, "a", d(0), "malformed", 0.1)
+    assert not core.is_banned("a", 0.1)
+    answer_unreadable(core, "a", d(1), "too_large", 0.2)  # an honest server serves envelopes only
+    assert core.is_banned("a", 0.3) and core.stats.peers_shunned == 1
+    assert core.stats.items_unreadable == 2
+    # A newer protocol's envelope may come from an honest peer: paused like another mixture's items.
+    for i in range(3):
+        answer_unreadable(core, "b", d(10 + i), "unsupported_version", 0.3)
+    assert core.stats.peers_paused == 1 and not core.is_banned("b", 0.4)
+    assert only(Pull, announce(core, "b", [d(20)], 0.4)) == []
+    assert [p.peer for p in only(Pull, announce(core, "c", [d(20)], 0.4))] == ["c"]
+
+
 def test_a_banned_peer_is_neither_pulled_from_nor_served_until_the_ban_ends() -> None:
     core = started()
     core.handle(Publish(d(0), 1), 0.0)

@@ -74,6 +74,7 @@ def test_pulled_envelopes_reach_the_core_by_id_and_their_decode_waits_for_their_
     pulled = decode_pulled([first, b"\x08\x01 garbage", second], held)
     assert pulled.items == ((envelope_digest(first), first), (envelope_digest(second), second))
     assert pulled.not_envelopes == (b"\x08\x01 garbage",)  # still judged, and charged, by admission
+    assert pulled.unreadable == ("malformed",)  # and held against its server by the core
     assert held.take(first) == decoded(first)
     assert held.take(first) is None  # handed out once
     assert held.take(bytes(bytearray(second))) is None  # equal bytes are not these bytes

@@ -1,0 +1,38 @@
+"""The pull exchange's answer (SPEC 1.4a): how large an honest one can be, and how it is read."""
+
+from __future__ import annotations
+
+import pytest
+
+from swarmnode.gossip import GossipConfig, GossipCore, Publish, PullRequest, Serve
+from swarmnode.gossip.driver import MAX_PULL_RESPONSE, decode_items, encode_items, max_pull_response
+
+
+@pytest.mark.parametrize("item_bytes", [1024 * 1024, 1024 * 1024 + 1, 2 * 1024 * 1024 - 1])
+def test_the_largest_honest_answer_fits_the_pullers_limit_and_no_more(item_bytes: int) -> None:
+    # The puller reads at most max_pull_response (red team rt23 F2: it read 32 MiB, twice what any
+    # honest server sends, so junk answers cost twice the download).
+    config = GossipConfig()
+    server = GossipCore(config, "server")
+    digests = [bytes([i]) * 32 for i in range(16)]
+    for digest in digests:
+        server.handle(Publish(digest, item_bytes), 0.0)
+    [serve] = [a for a in server.handle(PullRequest("puller", tuple(digests)), 0.0) if isinstance(a, Serve)]
+    answer = encode_items([b"x" * item_bytes for _ in serve.digests])
+    limit = max_pull_response(config.max_serve_bytes, len(digests))
+    assert len(answer) <= limit
+    if len(serve.digests) < len(digests):
+        assert len(answer) + 4 + item_bytes > limit  # the server stopped at its cap, not before
+    else:
+        assert len(answer) == limit  # 16 items of 1 MiB: exactly the cap
+    assert MAX_PULL_RESPONSE == max_pull_response(config.max_serve_bytes, 64) < 17 * 1024 * 1024
+
+
+def test_an_answer_with_more_items_than_asked_or_a_cut_frame_is_refused_whole() -> None:
+    assert decode_items(encode_items([b"a", b"", b"bc"]), 3) == [b"a", b"", b"bc"]
+    with pytest.raises(ValueError, match="too many items"):
+        decode_items(encode_items([b"a", b"b"]), 1)
+    with pytest.raises(ValueError, match="longer than the response"):
+        decode_items(encode_items([b"abc"])[:-1], 1)
+    with pytest.raises(ValueError, match="cut length prefix"):
+        decode_items(b"\x00\x00", 1)
