@@ -166,24 +166,23 @@ def _packs(
     return packs
 
 
-#: Short packs share a forward sequence up to this many tokens (or the longest pack, if longer).
-#: A batch is padded to its longest sequence, so one sequence per pack pays for the difference
-#: between every group and the longest: 37% of the tokens of a specialists update (groups of 21
-#: to 53 tokens). Binned into sequences of 128 tokens, a specialists agent-round took 9% less
-#: CPU (0.077 -> 0.070 s, anchored, 150 rounds, alone on this 2-core machine). Attention's work
-#: grows with the sequence, about L / (8 x hidden size) of the linear layers' per token (12% at
-#: 128 tokens on the tiny model, the worst case); a longer pack (real models' long completions)
-#: sets the length itself, as before.
+#: Short packs share a forward sequence up to this many tokens. A batch is padded to its longest
+#: sequence, so one sequence per pack pays for the difference between every group and the
+#: longest: 37% of the tokens of a specialists update (groups of 21 to 53 tokens). Binned into
+#: sequences of 128 tokens, a specialists agent-round took 9% less CPU (0.077 -> 0.070 s,
+#: anchored, 150 rounds, alone on this 2-core machine). Attention's work grows with the sequence,
+#: about L / (8 x hidden size) of the linear layers' per token (12% at 128 tokens on the tiny
+#: model, the worst case). A longer pack (real models' long completions, or a peer's group) has a
+#: sequence of its own, in a forward of sequences of about its length (``_forwards``).
 SEQUENCE_TOKENS = 128
 
 
 def _sequences(packs: Sequence[_Pack]) -> list[list[int]]:
     """The packs (indices) each packed forward sequence holds, several short packs to a sequence.
 
-    First-fit decreasing into sequences of ``max(SEQUENCE_TOKENS, longest pack)`` tokens. Packs in
-    one sequence never attend to each other (the mask's ``owner`` term) and each restarts its
-    positions, so every token sees what it saw in a sequence of its own."""
-    capacity = max(max((pack.length for pack in packs), default=0), SEQUENCE_TOKENS)
+    First-fit decreasing into sequences of ``SEQUENCE_TOKENS`` tokens; a longer pack is a sequence
+    of its own. Packs in one sequence never attend to each other (the mask's ``owner`` term) and
+    each restarts its positions, so every token sees what it saw in a sequence of its own."""
     order = sorted(range(len(packs)), key=lambda k: -packs[k].length)  # stable: ties in batch order
     sequences: list[list[int]] = []
     free: list[int] = []
@@ -191,11 +190,26 @@ def _sequences(packs: Sequence[_Pack]) -> list[list[int]]:
         slot = next((s for s, room in enumerate(free) if room >= packs[k].length), None)
         if slot is None:
             sequences.append([k])
-            free.append(capacity - packs[k].length)
+            free.append(max(SEQUENCE_TOKENS - packs[k].length, 0))
         else:
             sequences[slot].append(k)
             free[slot] -= packs[k].length
     return sequences
+
+
+def _forwards(packs: Sequence[_Pack]) -> list[list[list[int]]]:
+    """The sequences (``_sequences``) each forward pass runs, shortest first: those of one length
+    class, ``SEQUENCE_TOKENS`` or the power of two a longer sequence rounds up to, side by side.
+
+    A forward pads every sequence to its longest, and attention's work per token grows with it,
+    so one long pack in one forward with the short ones made every honest group pay for its
+    length: one admitted 2,048-token group made 64 short groups' update cost 2.8x (red team rt23
+    F3). Within a class a sequence is padded by less than its own length."""
+    classes: dict[int, list[list[int]]] = {}
+    for sequence in _sequences(packs):
+        length = sum(packs[k].length for k in sequence)
+        classes.setdefault(max(SEQUENCE_TOKENS, 1 << (length - 1).bit_length()), []).append(sequence)
+    return [classes[length] for length in sorted(classes)]
 
 
 def pack_rows(
@@ -246,7 +260,12 @@ def shared_prefix_logprobs(
         return _logprobs_of(picked, targets, temperature) * mask, mask
     decoder, head = heads
     hidden, targets, mask = _packed_outputs(decoder, prompt_ids, completion_ids, pad_token_id, pack_tokens)
-    return token_logprobs(head, hidden, targets, temperature) * mask, mask
+    # The head on the completions' tokens only, not on the (B, T) padding: with one long group in
+    # the batch, T is its length for every row (red team rt23 F3).
+    scored = mask.bool()
+    logprobs = torch.zeros(mask.shape, dtype=torch.float32)
+    logprobs[scored] = token_logprobs(head, hidden[scored], targets[scored], temperature)
+    return logprobs, mask
 
 
 def completion_logits(
@@ -281,24 +300,55 @@ def _packed_outputs(
     pad_token_id: int = 0,
     pack_tokens: int = MAX_PACK_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One packed forward of ``model`` (a causal LM: its logits; its decoder: its hidden states):
+    """Packed forwards of ``model`` (a causal LM: its logits; its decoder: its hidden states):
     (B, T, ...) outputs at the positions that score each completion token, the (B, T) target
     tokens, and the (B, T) mask."""
     if len(prompt_ids) != len(completion_ids):
         raise ValueError(f"{len(prompt_ids)} prompts for {len(completion_ids)} completions")
+    if not prompt_ids:
+        raise ValueError("no completions to score")
     packs = _packs(prompt_ids, completion_ids, pack_tokens)
     width = max(max((len(c) for c in completion_ids), default=1), 1)
-    sequences = _sequences(packs)
+    targets = torch.full((len(completion_ids), width), pad_token_id, dtype=torch.long)
+    for row, tokens in enumerate(completion_ids):
+        targets[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+    rows: list[int] = []
+    pieces: list[torch.Tensor] = []
+    for sequences in _forwards(packs):
+        forward_rows, picked = _packed_forward(model, packs, sequences, completion_ids, width, pad_token_id)
+        rows += forward_rows
+        pieces.append(picked)
+    picked = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
+    if rows != list(range(len(rows))):  # back to batch order
+        inverse = torch.empty(len(rows), dtype=torch.long)
+        inverse[torch.tensor(rows)] = torch.arange(len(rows))
+        picked = picked[inverse]
+    row_lengths = torch.tensor([len(c) for c in completion_ids])
+    mask = (torch.arange(width).unsqueeze(0) < row_lengths.unsqueeze(1)).float()
+    return picked, targets, mask
+
+
+def _packed_forward(
+    model: torch.nn.Module,
+    packs: Sequence[_Pack],
+    sequences: list[list[int]],
+    completion_ids: list[list[int]],
+    width: int,
+    pad_token_id: int,
+) -> tuple[list[int], torch.Tensor]:
+    """One forward of ``sequences`` (lists of pack indices), side by side: the rows they hold, in
+    order, and for each the (width, ...) outputs at the positions that score its tokens."""
     length = max(sum(packs[k].length for k in seq) for seq in sequences)
     n = len(sequences)
     input_ids = torch.full((n, length), pad_token_id, dtype=torch.long)
     positions = torch.zeros((n, length), dtype=torch.long)
     owner = torch.full((n, length), -1, dtype=torch.long)  # the pack a token belongs to; -1 padding
     segment = torch.full((n, length), -2, dtype=torch.long)  # -2 padding, -1 prompt, j completion j
-    # Where each completion token is scored from: (sequence, position of the logits), and its target.
-    source_seq = torch.zeros((len(completion_ids), width), dtype=torch.long)
-    source_pos = torch.zeros((len(completion_ids), width), dtype=torch.long)
-    targets = torch.full((len(completion_ids), width), pad_token_id, dtype=torch.long)
+    rows = [row for seq in sequences for k in seq for row in packs[k].rows]
+    # Where each completion token is scored from: (sequence, position of the logits).
+    source_seq = torch.zeros((len(rows), width), dtype=torch.long)
+    source_pos = torch.zeros((len(rows), width), dtype=torch.long)
+    i = 0  # the row's place in ``rows``
     for s, seq in enumerate(sequences):
         start = 0
         for k in seq:
@@ -317,12 +367,12 @@ def _packed_outputs(
                     input_ids[s, start : start + m] = torch.tensor(tokens, dtype=torch.long)
                     positions[s, start : start + m] = torch.arange(p, p + m)
                     segment[s, start : start + m] = j
-                    source_seq[row, :m] = s
+                    source_seq[i, :m] = s
                     # token 0 from the prompt's last position, token t from the completion's token t - 1
-                    source_pos[row, 0] = last_prompt
-                    source_pos[row, 1:m] = torch.arange(start, start + m - 1)
-                    targets[row, :m] = torch.tensor(tokens, dtype=torch.long)
+                    source_pos[i, 0] = last_prompt
+                    source_pos[i, 1:m] = torch.arange(start, start + m - 1)
                 start += m
+                i += 1
     query, key = segment.unsqueeze(2), segment.unsqueeze(1)  # (n, L, 1), (n, 1, L)
     same_pack = (owner.unsqueeze(2) == owner.unsqueeze(1)) & (owner.unsqueeze(1) != -1)
     causal = torch.ones(length, length, dtype=torch.bool).tril()
@@ -333,10 +383,7 @@ def _packed_outputs(
     mask4d.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
     out = model(input_ids=input_ids, attention_mask=mask4d, position_ids=positions)
     values = out.logits if hasattr(out, "logits") else out.last_hidden_state
-    picked = values[source_seq, source_pos]  # (B, T, ...): only the positions that score a token
-    row_lengths = torch.tensor([len(c) for c in completion_ids])
-    mask = (torch.arange(width).unsqueeze(0) < row_lengths.unsqueeze(1)).float()
-    return picked, targets, mask
+    return rows, values[source_seq, source_pos]  # only the positions that score a token
 
 
 # ---------------------------------------------------------------------------------------------

@@ -194,9 +194,26 @@ def test_packs_are_binned_first_fit_decreasing_within_the_sequence_length() -> N
     ]
     # the longest (half + 6) takes the last one (10), not a half - 4 (its sum passes cap by 2)
     assert batch_module._sequences(packs) == [[1, 3], [0, 2]]
-    # a pack longer than SEQUENCE_TOKENS sets the length: shorter ones join it up to its length
-    packs = [group([1], [0], 3 * cap), group([2], [1], 2 * cap), group([3], [2], cap)]
-    assert batch_module._sequences(packs) == [[0], [1, 2]]
+    # a pack longer than SEQUENCE_TOKENS is a sequence of its own: no shorter one joins it
+    packs = [group([1], [0], 3 * cap), group([2], [1], 2 * cap), group([3], [2], cap), group([4], [3], 5)]
+    assert batch_module._sequences(packs) == [[0], [1], [2], [3]]
+
+
+def test_a_long_group_runs_in_a_forward_of_its_own_length_class_and_never_pads_the_short_ones() -> None:
+    # Red team rt23 F3: one admitted 2,048-token group set every sequence's length, and 64 honest
+    # short groups' update cost 2.8x. Now each length class runs in a forward of its own.
+    cap = batch_module.SEQUENCE_TOKENS
+    group = batch_module._Pack
+    packs = [group([i], [i], 20 + i % 30) for i in range(64)]
+    packs.insert(30, group([99], [64], 2048))
+    packs.insert(10, group([98], [65], 3 * cap))
+    packs.append(group([97], [66], 2 * cap + 1))
+    forwards = batch_module._forwards(packs)
+    lengths = [[sum(packs[k].length for k in seq) for seq in forward] for forward in forwards]
+    assert len(forwards) == 3
+    assert all(length <= cap for length in lengths[0]) and len(forwards[0]) < 64  # still binned
+    assert lengths[1:] == [[3 * cap, 2 * cap + 1], [2048]]  # 384 and 257 share the 512 class
+    assert sorted(k for f in forwards for seq in f for k in seq) == list(range(len(packs)))
 
 
 def test_a_group_past_the_pack_limit_is_split_into_packs_that_each_repeat_the_prompt() -> None:
@@ -220,6 +237,24 @@ def test_a_long_group_scores_the_same_split_as_in_one_row_each() -> None:
         plain, _ = completion_logprobs(model, prompts, completions)
         packed, _ = shared_prefix_logprobs(model, prompts, completions)
     torch.testing.assert_close(packed, plain, rtol=1e-4, atol=1e-4)
+
+
+def test_groups_scored_in_several_forwards_keep_their_rows_and_values() -> None:
+    # A long group between short ones: two forwards, rows gathered back into batch order.
+    model = build_tiny_policy(0).model
+    g = torch.Generator().manual_seed(5)
+    prompts, completions, _ = batch()
+    long_prompt = [1, *torch.randint(3, VOCAB, (11,), generator=g).tolist()]
+    long_rows = [torch.randint(3, VOCAB, (n,), generator=g).tolist() for n in (150, 0, 90)]
+    prompts = prompts[:3] + [long_prompt] * 3 + prompts[3:]
+    completions = completions[:3] + long_rows + completions[3:]
+    packs = batch_module._packs(prompts, completions)
+    assert len(batch_module._forwards(packs)) == 2
+    with torch.no_grad():
+        plain, plain_mask = completion_logprobs(model, prompts, completions)
+        packed, packed_mask = shared_prefix_logprobs(model, prompts, completions)
+    assert torch.equal(plain_mask, packed_mask)
+    torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5)
 
 
 class _NoConfig(nn.Module):
