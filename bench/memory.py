@@ -69,6 +69,9 @@ CASES: dict[str, dict[str, Any]] = {
     "lora+ckpt+micro+mmap64k": {**LORA, **CKPT, **MICRO, "node.malloc_mmap_threshold_kib": 64},
     "lora+ckpt+micro+mmap1m": {**LORA, **CKPT, **MICRO, "node.malloc_mmap_threshold_kib": 1024},
     "full+ckpt+micro+mmap64k": {**CKPT, **MICRO, "node.malloc_mmap_threshold_kib": 64},
+    # the update's forward and backward in bfloat16, float32 weights (learn.precision)
+    "lora+ckpt+micro+bf16": {**LORA, **CKPT, **MICRO, "learn.precision": "bf16"},
+    "full+ckpt+micro+bf16": {**CKPT, **MICRO, "learn.precision": "bf16"},
 }
 GROUPS, GROUP_SIZE, PROMPT_TOKENS, COMPLETION_TOKENS = 8, 8, 64, 128
 GIB = 1024**3

@@ -54,6 +54,7 @@ from swarmnode.rollout.types import RolloutEngine, SamplingParams
 from swarmnode.store import CheckpointState, CheckpointStore, Ledger, RoundRecord
 from swarmnode.tasks import Task, TaskMixture
 from swarmnode.train.batch import ScoredGroup, completion_logprobs, micro_batches, pad_right
+from swarmnode.train.precision import check_precision, update_precision
 from swarmnode.verify import GroupScorer, Scored, score_in_process
 
 log = logging.getLogger(__name__)
@@ -135,6 +136,8 @@ class Trainer:
         self.checkpoints = checkpoints
         self.eval_every = eval_every
         learn = config.learn
+        self.device = next(policy.model.parameters()).device
+        check_precision(learn.precision, self.device)
         self.optimizer = torch.optim.AdamW(
             # The trainable parameters: all of them, or the LoRA adapters alone (learn.lora_rank).
             [p for p in policy.model.parameters() if p.requires_grad],
@@ -449,7 +452,7 @@ class Trainer:
             advantages = self._advantages(groups)
         ref_logp = None
         if self.reference is not None:
-            with torch.no_grad():
+            with torch.no_grad(), update_precision(learn.precision, self.device):
                 ref_logp, _ = completion_logprobs(
                     self.reference, prompts, completions, temperature, pad, shared_prefix=shared
                 )
@@ -461,14 +464,15 @@ class Trainer:
         micro = micro_batches(prompts, completions, learn.micro_batch_tokens)
 
         def score(rows: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-            return completion_logprobs(
-                self.policy.model,
-                [prompts[i] for i in rows],
-                [completions[i] for i in rows],
-                temperature,
-                pad,
-                shared_prefix=shared,
-            )
+            with update_precision(learn.precision, self.device):  # log-probs come out float32
+                return completion_logprobs(
+                    self.policy.model,
+                    [prompts[i] for i in rows],
+                    [completions[i] for i in rows],
+                    temperature,
+                    pad,
+                    shared_prefix=shared,
+                )
 
         for step in range(learn.updates_per_round):
             self.optimizer.zero_grad(set_to_none=True)
