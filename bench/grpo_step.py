@@ -1,10 +1,13 @@
-"""One full GRPO iteration (generate, score, update) on the tiny model: ours vs TRL's GRPOTrainer.
+"""One full GRPO iteration (generate, score, update) on a built-in model: ours vs TRL's GRPOTrainer.
 
 Same model weights, same tokenizer, same prompts per step (8), group size (8),
 completion cap, temperature 1, one AdamW step per iteration, no KL, every group
-trained on. Two prompt formats: ``compact`` (``58+26=``, what the tiny model
+trained on. Three prompt formats: ``compact`` (``58+26=``, what the tiny model
 trains on; 8 new tokens) and ``question`` (reasoning-gym's chain_sum question,
-about 70 tokens; 16 new tokens). Ours runs twice, with the shared-prefix update
+about 70 tokens; 16 new tokens) on the tiny model, and ``chat`` (the question as the user
+turn after the default system prompt, through the built-in chat model's ChatML template;
+128 new tokens: at random init rows run to the cap, the long completions of a real model).
+Ours runs twice, with the shared-prefix update
 (``learn.shared_prefix``, the default: each group's prompt scored once) and
 without it (one row per completion), alternating iteration by iteration so both
 see the same background load. Reports completions per second (median over the
@@ -42,20 +45,26 @@ from common import (
     write_json,
 )
 
-from swarmnode.config import Config, load_config
+from swarmnode.config import DEFAULT_SYSTEM_PROMPT, Config, load_config
 from swarmnode.policy import build_tiny_policy, load_policy, save_policy
+from swarmnode.policy.chat import chat_messages
+from swarmnode.policy.chat_model import build_chat_policy
 from swarmnode.rollout import make_engine
 from swarmnode.store import CheckpointStore, Ledger
 from swarmnode.tasks import DatasetSpec, TaskMixture, score_completion
 from swarmnode.train import Trainer
 
 PROMPTS, G = 8, 8
-NEW_TOKENS = {"compact": 8, "question": 16}
+NEW_TOKENS = {"compact": 8, "question": 16, "chat": 128}
+#: The task prompt format of each bench format: ``chat`` asks reasoning-gym's question through the
+#: built-in chat model's template and default system prompt (our policy renders it; TRL gets the
+#: same system and user turns as a conversational dataset and renders it with the same template).
+TASK_FORMAT = {"compact": "compact", "question": "question", "chat": "question"}
 CHAIN_SUM = {"min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2}
 
 
 def mixture(prompt_format: str) -> TaskMixture:
-    return TaskMixture([DatasetSpec("chain_sum", CHAIN_SUM, 1.0, prompt_format)], seed=0)
+    return TaskMixture([DatasetSpec("chain_sum", CHAIN_SUM, 1.0, TASK_FORMAT[prompt_format])], seed=0)
 
 
 def ours_config(max_new: int, shared: bool) -> Config:
@@ -128,10 +137,20 @@ def bench_trl(model_dir: Path, prompt_format: str, repeats: int, warmup: int) ->
     policy = load_policy(model_dir)
     tasks = [t for r in range(warmup + repeats + 2) for t in mixture(prompt_format).sample(r + 1, PROMPTS)]
     by_prompt = {t.prompt: t for t in tasks}
-    dataset = Dataset.from_list([{"prompt": t.prompt} for t in tasks])
+    if prompt_format == "chat":  # conversational: TRL renders the turns with the model's template
+        dataset = Dataset.from_list(
+            [{"prompt": chat_messages(t.prompt, DEFAULT_SYSTEM_PROMPT)} for t in tasks]
+        )
+    else:
+        dataset = Dataset.from_list([{"prompt": t.prompt} for t in tasks])
 
-    def reward(prompts: list[str], completions: list[str], **_: object) -> list[float]:
-        return [score_completion(by_prompt[p], c) for p, c in zip(prompts, completions, strict=True)]
+    def text(turns: Any) -> str:  # a conversational prompt or completion is a list of turns
+        return str(turns if isinstance(turns, str) else turns[-1]["content"])
+
+    def reward(prompts: list[Any], completions: list[Any], **_: object) -> list[float]:
+        return [
+            score_completion(by_prompt[text(p)], text(c)) for p, c in zip(prompts, completions, strict=True)
+        ]
 
     class StepTimer(TrainerCallback):
         def __init__(self) -> None:
@@ -186,7 +205,9 @@ def model_shape(model_dir: Path) -> tuple[int, int, int]:
 def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--formats", default="compact,question", help="comma list of: compact, question")
+    parser.add_argument(
+        "--formats", default="compact,question,chat", help="comma list of: compact, question, chat"
+    )
     parser.set_defaults(repeats=7)
     args = parser.parse_args()
     if args.threads:
@@ -199,13 +220,17 @@ def main() -> None:
     info = machine()
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        model_dir = Path(tmp) / "tiny"
-        tiny = build_tiny_policy(0)
-        # Question prompts run past the tiny config's 64 positions; RoPE has no table limit.
-        tiny.model.config.max_position_embeddings = 256
-        save_policy(tiny, model_dir)
-        params, hidden, intermediate = model_shape(model_dir)
         for prompt_format in formats:
+            model_dir = Path(tmp) / ("chat" if prompt_format == "chat" else "tiny")
+            if not model_dir.exists():
+                # chat: the built-in chat model (random init: rows run to the 128-token cap on both sides)
+                built = build_chat_policy(0) if prompt_format == "chat" else build_tiny_policy(0)
+                # Question prompts run past the tiny config's 64 positions; RoPE has no table limit.
+                built.model.config.max_position_embeddings = max(
+                    built.model.config.max_position_embeddings, 512
+                )
+                save_policy(built, model_dir)
+            params, hidden, intermediate = model_shape(model_dir)
             ours = bench_ours(model_dir, prompt_format, args.repeats, args.warmup)
             trl = bench_trl(model_dir, prompt_format, args.repeats, args.warmup)
             tokens = int(median([float(t) for t in ours["shared"]["tokens_run"]]))
@@ -215,6 +240,7 @@ def main() -> None:
             trl_sps = n / median(trl)
             row: dict[str, Any] = {
                 "prompt_format": prompt_format,
+                "model": "built-in chat" if prompt_format == "chat" else "tiny",
                 "max_new_tokens": NEW_TOKENS[prompt_format],
                 "trl_seconds": trl,
                 "trl_samples_per_s": trl_sps,
@@ -241,7 +267,8 @@ def main() -> None:
             results.append(row)
     for row in results:
         print_table(
-            f"GRPO iteration, tiny model, {PROMPTS} prompts x {G} samples, {row['prompt_format']} prompts, "
+            f"GRPO iteration, {row['model']} model, {PROMPTS} prompts x {G} samples, "
+            f"{row['prompt_format']} prompts, "
             f"{row['max_new_tokens']} new tokens max",
             ["implementation", "s/iter", "samples/s", "vs TRL", "update s", "update GFLOP/s", "of roofline"],
             [
