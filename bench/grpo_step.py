@@ -67,7 +67,7 @@ def mixture(prompt_format: str) -> TaskMixture:
     return TaskMixture([DatasetSpec("chain_sum", CHAIN_SUM, 1.0, TASK_FORMAT[prompt_format])], seed=0)
 
 
-def ours_config(max_new: int, shared: bool) -> Config:
+def ours_config(max_new: int, shared: bool, precision: str = "fp32") -> Config:
     return load_config(
         None,
         environ={},
@@ -79,11 +79,14 @@ def ours_config(max_new: int, shared: bool) -> Config:
             "checkpoint.every_rounds": 10**6,
             "learn.drop_zero_advantage": False,  # TRL trains on every group; so do we here
             "learn.shared_prefix": shared,
+            "learn.precision": precision,
         },
     )
 
 
-def bench_ours(model_dir: Path, prompt_format: str, repeats: int, warmup: int) -> dict[str, dict[str, Any]]:
+def bench_ours(
+    model_dir: Path, prompt_format: str, repeats: int, warmup: int, precision: str = "fp32"
+) -> dict[str, dict[str, Any]]:
     """Per variant: seconds per iteration, per update, and the tokens each update scored."""
     max_new = NEW_TOKENS[prompt_format]
     variants = {"shared": True, "unshared": False}
@@ -97,7 +100,7 @@ def bench_ours(model_dir: Path, prompt_format: str, repeats: int, warmup: int) -
             ledger = Ledger(Path(tmp) / f"{name}.sqlite")
             trainers[name] = (
                 Trainer(
-                    ours_config(max_new, shared),
+                    ours_config(max_new, shared, precision),
                     policy,
                     make_engine("torch", policy),
                     mixture(prompt_format),
@@ -129,7 +132,9 @@ def bench_ours(model_dir: Path, prompt_format: str, repeats: int, warmup: int) -
     return out
 
 
-def bench_trl(model_dir: Path, prompt_format: str, repeats: int, warmup: int) -> list[float]:
+def bench_trl(
+    model_dir: Path, prompt_format: str, repeats: int, warmup: int, precision: str = "fp32"
+) -> list[float]:
     from datasets import Dataset
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
@@ -178,7 +183,7 @@ def bench_trl(model_dir: Path, prompt_format: str, repeats: int, warmup: int) ->
             save_strategy="no",
             report_to="none",
             use_cpu=True,
-            bf16=False,
+            bf16=precision == "bf16",  # autocast on CPU, as ours
             shuffle_dataset=False,
             dataloader_num_workers=0,
             disable_tqdm=True,
@@ -206,6 +211,12 @@ def main() -> None:
     parser = base_parser(__doc__.splitlines()[0])
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument(
+        "--precision",
+        choices=["fp32", "bf16"],
+        default="fp32",
+        help="the updates' arithmetic, both sides (ours: learn.precision; TRL: bf16=True)",
+    )
+    parser.add_argument(
         "--formats", default="compact,question,chat", help="comma list of: compact, question, chat"
     )
     parser.set_defaults(repeats=7)
@@ -231,8 +242,8 @@ def main() -> None:
                 )
                 save_policy(built, model_dir)
             params, hidden, intermediate = model_shape(model_dir)
-            ours = bench_ours(model_dir, prompt_format, args.repeats, args.warmup)
-            trl = bench_trl(model_dir, prompt_format, args.repeats, args.warmup)
+            ours = bench_ours(model_dir, prompt_format, args.repeats, args.warmup, args.precision)
+            trl = bench_trl(model_dir, prompt_format, args.repeats, args.warmup, args.precision)
             tokens = int(median([float(t) for t in ours["shared"]["tokens_run"]]))
             roofline_shape = matmul_gflops(tokens, hidden, intermediate)
             roofline_peak = matmul_gflops(1024, 1024, 1024)
@@ -299,7 +310,8 @@ def main() -> None:
                 f"matmul roofline {row['roofline_gflops_model_shape']:.1f} GFLOP/s at "
                 f"{'x'.join(map(str, row['roofline_shape']))}, {row['roofline_gflops_1024']:.1f} at 1024^3",
                 f"machine: {info['cores']} cores, torch {info['torch']} ({info['torch_threads']} threads), "
-                f"{args.repeats} timed iterations after {args.warmup} warm-up",
+                f"{args.repeats} timed iterations after {args.warmup} warm-up; updates in {args.precision} "
+                "(the roofline is float32 torch.mm's)",
                 "",
             ],
         )
@@ -307,7 +319,12 @@ def main() -> None:
         args.json,
         {
             "bench": "grpo_step",
-            "settings": {"prompts": PROMPTS, "group_size": G, "max_new_tokens": NEW_TOKENS},
+            "settings": {
+                "prompts": PROMPTS,
+                "group_size": G,
+                "max_new_tokens": NEW_TOKENS,
+                "precision": args.precision,
+            },
             "machine": info,
             "non_embedding_parameters": params,
             "results": results,
