@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from swarmnode.tasks import Task
+from swarmnode.train import split_attention
 
 
 @dataclass
@@ -175,6 +176,13 @@ def _packs(
 #: model, the worst case). A longer pack (real models' long completions, or a peer's group) has a
 #: sequence of its own, in a forward of sequences of about its length (``_forwards``).
 SEQUENCE_TOKENS = 128
+
+#: Sequences (one pack each) longer than this run their attention split (``split_attention``).
+#: Measured alone, forward + backward of 8 groups x 8 completions, 2 threads, split vs masked:
+#: tiny model, 69 + 8 x 16 = 197-token packs 0.105 vs 0.097 s (the gathers cost more than they
+#: save); 69 + 8 x 64 = 581 tokens 0.30 vs 0.38 s; the chat model, 100 + 8 x 105 = 940 tokens
+#: 0.55 vs 0.77 s.
+SPLIT_ATTENTION_TOKENS = 256
 
 
 def _sequences(packs: Sequence[_Pack]) -> list[list[int]]:
@@ -381,9 +389,26 @@ def _packed_forward(
     dtype = next(model.parameters()).dtype
     mask4d = torch.zeros((n, 1, length, length), dtype=dtype)
     mask4d.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
-    out = model(input_ids=input_ids, attention_mask=mask4d, position_ids=positions)
+    if length > SPLIT_ATTENTION_TOKENS and split_attention.usable(model):
+        # One long pack per sequence: attention split by what each token sees (split_attention);
+        # the 4D mask stays for whatever runs the plain path (a layer recomputed in the backward).
+        spans = [_spans(packs[seq[0]], completion_ids) for seq in sequences]
+        with split_attention.running(split_attention.layout(length, spans)):
+            out = model(input_ids=input_ids, attention_mask=mask4d, position_ids=positions)
+    else:
+        out = model(input_ids=input_ids, attention_mask=mask4d, position_ids=positions)
     values = out.logits if hasattr(out, "logits") else out.last_hidden_state
     return rows, values[source_seq, source_pos]  # only the positions that score a token
+
+
+def _spans(pack: _Pack, completion_ids: list[list[int]]) -> tuple[int, list[tuple[int, int]]]:
+    """A pack's prompt length and each completion's (start, tokens) within its sequence."""
+    start = len(pack.prompt)
+    spans = []
+    for row in pack.rows:
+        spans.append((start, len(completion_ids[row])))
+        start += len(completion_ids[row])
+    return len(pack.prompt), spans
 
 
 # ---------------------------------------------------------------------------------------------

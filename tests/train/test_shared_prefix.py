@@ -30,6 +30,7 @@ from swarmnode.store import CheckpointStore, Ledger
 from swarmnode.tasks import default_mixture
 from swarmnode.train import Trainer
 from swarmnode.train import batch as batch_module
+from swarmnode.train import split_attention as split_attention_module
 from swarmnode.train.batch import completion_logprobs, shared_prefix_logprobs, supports_packed_attention
 
 VOCAB = 23
@@ -255,6 +256,54 @@ def test_groups_scored_in_several_forwards_keep_their_rows_and_values() -> None:
         packed, packed_mask = shared_prefix_logprobs(model, prompts, completions)
     assert torch.equal(plain_mask, packed_mask)
     torch.testing.assert_close(packed, plain, rtol=1e-5, atol=1e-5)
+
+
+def long_groups(vocab: int) -> tuple[list[list[int]], list[list[int]]]:
+    """Groups whose packs pass SPLIT_ATTENTION_TOKENS (an empty completion among them) beside short ones."""
+    g = torch.Generator().manual_seed(11)
+    prompts: list[list[int]] = []
+    completions: list[list[int]] = []
+    for length, sizes in ((30, [100, 0, 90, 80]), (7, [300, 3]), (50, [10, 20, 40, 50, 60, 90]), (5, [3, 5])):
+        prompt = [1, *torch.randint(3, vocab, (length - 1,), generator=g).tolist()]
+        for n in sizes:
+            prompts.append(prompt)
+            completions.append(torch.randint(3, vocab, (n,), generator=g).tolist())
+    return prompts, completions
+
+
+@pytest.mark.parametrize("kind", ["tiny-llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("checkpointing", [False, True])
+def test_long_packs_split_their_attention_and_keep_every_log_prob_and_gradient(
+    kind: str, checkpointing: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A long pack's attention runs split (the prompt once; each completion over the prompt and
+    # itself: split_attention), not over the whole pack. Exact on every architecture; with
+    # gradient checkpointing the masked path stays (and stays exact).
+    model = small_model(kind)
+    if checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.train()
+    prompts, completions = long_groups(int(model.config.vocab_size))
+    calls: list[int] = []
+    real = split_attention_module.split_attention
+
+    def counting(*args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(split_attention_module, "split_attention", counting)
+    weights = torch.randn(len(prompts), 300, generator=torch.Generator().manual_seed(2))
+    plain, mask = completion_logprobs(model, prompts, completions)
+    plain_grads = gradients(model, (plain * weights[:, : plain.shape[1]] * mask).sum())
+    packed, packed_mask = shared_prefix_logprobs(model, prompts, completions)
+    # checkpointed layers are recomputed after the forward, on the masked path: they keep it
+    assert bool(calls) == (not checkpointing)
+    packed_grads = gradients(model, (packed * weights[:, : packed.shape[1]] * packed_mask).sum())
+    assert torch.equal(mask, packed_mask)
+    torch.testing.assert_close(packed.detach(), plain.detach(), rtol=1e-5, atol=1e-5)
+    scale = max(float(g.abs().max()) for g in plain_grads.values())
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(packed_grads[name], grad, rtol=1e-4, atol=1e-5 * scale, msg=name)
 
 
 class _NoConfig(nn.Module):
