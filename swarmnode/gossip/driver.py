@@ -68,13 +68,15 @@ MAX_PULL_REQUEST = 64 * DIGEST_BYTES
 ITEM_PREFIX_BYTES = 4  # each item of a pull's answer is a uint32 length, then the envelope
 
 
-def max_pull_response(max_serve_bytes: int, digests: int) -> int:
-    """The most bytes an honest answer to a pull of ``digests`` ids holds (SPEC 1.4a): a server stops
-    adding items at its byte cap, so reading beyond it only lets a peer make us download junk."""
-    return max_serve_bytes + ITEM_PREFIX_BYTES * digests
+def max_pull_response(config: GossipConfig, digests: int) -> int:
+    """The most bytes an honest answer to a pull of ``digests`` ids holds (SPEC 1.4a): at most one
+    envelope of ``max_item_bytes`` per id, and a server stops adding items at its byte cap, so
+    reading beyond it only lets a peer make us download junk (red team rt26: a single 16-MiB item
+    was downloaded whole to learn it was too large)."""
+    return min(config.max_serve_bytes, digests * config.max_item_bytes) + ITEM_PREFIX_BYTES * digests
 
 
-MAX_PULL_RESPONSE = max_pull_response(GossipConfig().max_serve_bytes, MAX_PULL_REQUEST // DIGEST_BYTES)
+MAX_PULL_RESPONSE = max_pull_response(GossipConfig(), MAX_PULL_REQUEST // DIGEST_BYTES)
 DHT_TIMEOUT = 10.0
 
 
@@ -281,7 +283,7 @@ class GossipDriver:
                 PULL_HANDLER,
                 b"".join(action.digests),
                 timeout=action.timeout,
-                max_response_bytes=max_pull_response(self.core.config.max_serve_bytes, len(action.digests)),
+                max_response_bytes=max_pull_response(self.core.config, len(action.digests)),
             )
             payloads = decode_items(response, len(action.digests))
         except (PeerCallError, NetError, ValueError, OSError) as exc:

@@ -205,19 +205,24 @@ def _sequences(packs: Sequence[_Pack]) -> list[list[int]]:
     return sequences
 
 
-def _forwards(packs: Sequence[_Pack]) -> list[list[list[int]]]:
-    """The sequences (``_sequences``) each forward pass runs, shortest first: those of one length
-    class, ``SEQUENCE_TOKENS`` or the power of two a longer sequence rounds up to, side by side.
+def _forwards(packs: Sequence[_Pack], completion_ids: Sequence[Sequence[int]]) -> list[list[list[int]]]:
+    """The sequences (``_sequences``) each forward pass runs, shortest first: those of one class
+    side by side. A class is the sequence's length (``SEQUENCE_TOKENS`` or the power of two a
+    longer one rounds up to) and its longest completion's (the power of two it rounds up to).
 
     A forward pads every sequence to its longest, and attention's work per token grows with it,
     so one long pack in one forward with the short ones made every honest group pay for its
     length: one admitted 2,048-token group made 64 short groups' update cost 2.8x (red team rt23
-    F3). Within a class a sequence is padded by less than its own length."""
-    classes: dict[int, list[list[int]]] = {}
+    F3). Split attention pads every completion of a forward to the longest one there, so one
+    long completion in a pack of the honest packs' length made their update 4-6x dearer (red
+    team rt26). Within a class both are padded by less than their own length."""
+    classes: dict[tuple[int, int], list[list[int]]] = {}
     for sequence in _sequences(packs):
         length = sum(packs[k].length for k in sequence)
-        classes.setdefault(max(SEQUENCE_TOKENS, 1 << (length - 1).bit_length()), []).append(sequence)
-    return [classes[length] for length in sorted(classes)]
+        longest = max((len(completion_ids[row]) for k in sequence for row in packs[k].rows), default=0)
+        key = (max(SEQUENCE_TOKENS, 1 << (length - 1).bit_length()), 1 << max(longest - 1, 0).bit_length())
+        classes.setdefault(key, []).append(sequence)
+    return [classes[key] for key in sorted(classes)]
 
 
 def pack_rows(
@@ -322,7 +327,7 @@ def _packed_outputs(
         targets[row, : len(tokens)] = torch.tensor(tokens, dtype=torch.long)
     rows: list[int] = []
     pieces: list[torch.Tensor] = []
-    for sequences in _forwards(packs):
+    for sequences in _forwards(packs, completion_ids):
         forward_rows, picked = _packed_forward(model, packs, sequences, completion_ids, width, pad_token_id)
         rows += forward_rows
         pieces.append(picked)
@@ -391,7 +396,7 @@ def _packed_forward(
     mask4d.masked_fill_(~allowed.unsqueeze(1), torch.finfo(dtype).min)
     if length > SPLIT_ATTENTION_TOKENS and split_attention.usable(model):
         # One long pack per sequence: attention split by what each token sees (split_attention);
-        # the 4D mask stays for whatever runs the plain path (a layer recomputed in the backward).
+        # the 4D mask stays for any other attention call (split_attention falls back to it).
         spans = [_spans(packs[seq[0]], completion_ids) for seq in sequences]
         with split_attention.running(split_attention.layout(length, spans)):
             out = model(input_ids=input_ids, attention_mask=mask4d, position_ids=positions)

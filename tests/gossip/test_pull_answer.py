@@ -19,13 +19,21 @@ def test_the_largest_honest_answer_fits_the_pullers_limit_and_no_more(item_bytes
         server.handle(Publish(digest, item_bytes), 0.0)
     [serve] = [a for a in server.handle(PullRequest("puller", tuple(digests)), 0.0) if isinstance(a, Serve)]
     answer = encode_items([b"x" * item_bytes for _ in serve.digests])
-    limit = max_pull_response(config.max_serve_bytes, len(digests))
+    limit = max_pull_response(config, len(digests))
     assert len(answer) <= limit
     if len(serve.digests) < len(digests):
         assert len(answer) + 4 + item_bytes > limit  # the server stopped at its cap, not before
     else:
         assert len(answer) == limit  # 16 items of 1 MiB: exactly the cap
-    assert MAX_PULL_RESPONSE == max_pull_response(config.max_serve_bytes, 64) < 17 * 1024 * 1024
+    assert MAX_PULL_RESPONSE == max_pull_response(config, 64) < 17 * 1024 * 1024
+
+
+def test_a_pull_of_few_ids_reads_no_more_than_their_envelopes_can_hold() -> None:
+    # Red team rt26: a pull of one id read up to 16 MiB, so one oversized item cost 16 MiB to
+    # find out it was too large. At most one envelope (2 MiB) per id asked.
+    config = GossipConfig()
+    assert max_pull_response(config, 1) == config.max_item_bytes + 4
+    assert max_pull_response(config, 3) == 3 * config.max_item_bytes + 12
 
 
 def test_an_answer_with_more_items_than_asked_or_a_cut_frame_is_refused_whole() -> None:

@@ -209,12 +209,28 @@ def test_a_long_group_runs_in_a_forward_of_its_own_length_class_and_never_pads_t
     packs.insert(30, group([99], [64], 2048))
     packs.insert(10, group([98], [65], 3 * cap))
     packs.append(group([97], [66], 2 * cap + 1))
-    forwards = batch_module._forwards(packs)
+    forwards = batch_module._forwards(packs, [[5] * 8] * 67)  # one 8-token completion each
     lengths = [[sum(packs[k].length for k in seq) for seq in forward] for forward in forwards]
     assert len(forwards) == 3
     assert all(length <= cap for length in lengths[0]) and len(forwards[0]) < 64  # still binned
     assert lengths[1:] == [[3 * cap, 2 * cap + 1], [2048]]  # 384 and 257 share the 512 class
     assert sorted(k for f in forwards for seq in f for k in seq) == list(range(len(packs)))
+
+
+def test_a_long_completion_never_shares_a_forward_with_packs_of_short_ones() -> None:
+    # Red team rt26: split attention pads every completion of a forward to the longest there, so
+    # one admitted completion at the receiver's cap, in a pack of the honest packs' length, made
+    # 64 honest groups' update 4-6x dearer. Packs are also classed by their longest completion.
+    prompts: list[list[int]] = []
+    completions: list[list[int]] = []
+    for i in range(4):  # honest: 60-token prompt, 8 completions of 32 tokens (316-token packs)
+        prompts += [[1, 2 + i, *([3] * 58)]] * 8
+        completions += [[4] * 32] * 8
+    prompts += [[1, 9, *([3] * 58)]] * 3  # hostile: 60 + 256 + 2 x 8 = 332 tokens, the same class
+    completions += [[4] * 256, [4] * 8, [4] * 8]
+    packs = batch_module._packs(prompts, completions)
+    forwards = batch_module._forwards(packs, completions)
+    assert [sorted(k for seq in forward for k in seq) for forward in forwards] == [[0, 1, 2, 3], [4]]
 
 
 def test_a_group_past_the_pack_limit_is_split_into_packs_that_each_repeat_the_prompt() -> None:
@@ -250,7 +266,7 @@ def test_groups_scored_in_several_forwards_keep_their_rows_and_values() -> None:
     prompts = prompts[:3] + [long_prompt] * 3 + prompts[3:]
     completions = completions[:3] + long_rows + completions[3:]
     packs = batch_module._packs(prompts, completions)
-    assert len(batch_module._forwards(packs)) == 2
+    assert len(batch_module._forwards(packs, completions)) == 2
     with torch.no_grad():
         plain, plain_mask = completion_logprobs(model, prompts, completions)
         packed, packed_mask = shared_prefix_logprobs(model, prompts, completions)
