@@ -47,6 +47,7 @@ Driving it
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
@@ -69,6 +70,9 @@ _SCORE_REJECTED = -5
 # others and never bans it (red team R8-3).
 _SCORE_UNSERVED = -2
 _SCORE_LIMIT = 100
+# Candidates a full table looks at, oldest first, for one to evict (``_evict_for``): under attack
+# the oldest are the ones nobody serves; the bound keeps each announced digest's cost constant.
+_EVICTION_SCAN = 32
 _BACKOFF_MAX_DOUBLINGS = 30  # 2**30 * any sane backoff_base is past backoff_max already
 # The admission reason (swarmnode.admit.reasons.RejectReason.REPLAY) for an id it already holds as seen.
 _REPLAY = "replay"
@@ -97,6 +101,10 @@ class GossipConfig:
     max_digests_per_pull: int = 16
     max_inflight_pulls: int = 16
     max_inflight_pulls_per_peer: int = 2
+    # Of max_inflight_pulls, how many may go to peers not proven (no accepted items yet, or a
+    # failed last pull): the rest wait for proven ones (red team rt24 F1: free ids whose pulls
+    # time out held all 16 slots, 10 s each, and starved an honest announcer).
+    max_unproven_pulls: int = 8
     pull_timeout: float = 10.0
     pull_rate: float = 8.0  # per peer; keep it below peers' serve_rate
     pull_burst: float = 32.0
@@ -169,6 +177,7 @@ class GossipConfig:
             "max_digests_per_pull",
             "max_inflight_pulls",
             "max_inflight_pulls_per_peer",
+            "max_unproven_pulls",
             "max_attempts",
             "max_pending_admissions",
             "max_rejections",
@@ -251,11 +260,18 @@ class PullSucceeded:
 
 @dataclass(frozen=True)
 class PullFailed:
-    """Pull ``request_id`` to ``peer`` failed (connection error, bad response, driver timeout)."""
+    """Pull ``request_id`` to ``peer`` failed (connection error, bad response, driver timeout).
+
+    ``charged``: the server's own bytes broke the exchange (an answer over the size an honest one
+    can have, broken stream or item framing), which an honest server never sends: a rejection of
+    the server, besides the backoff. Before, such an answer cost its server only backoff, which
+    one empty answer in between reset (red team rt24: 40 MiB per minute per identity forever,
+    853 MiB alternating with empty answers). A timeout or an unreachable peer is never charged."""
 
     request_id: int
     peer: PeerId
     reason: str
+    charged: bool = False
 
 
 @dataclass(frozen=True)
@@ -387,10 +403,12 @@ class GossipStats:
     announcements_ignored: int = 0
     digests_ignored: int = 0
     candidates_dropped: int = 0
+    candidates_evicted: int = 0  # a full table made room from peers over their share (_evict_for)
     pulls_started: int = 0
     pulls_succeeded: int = 0
     pulls_failed: int = 0
     pulls_timed_out: int = 0
+    pulls_refused: int = 0  # failed for the server's own bytes (PullFailed.charged): a rejection
     pulls_cancelled: int = 0
     results_ignored: int = 0
     items_missing: int = 0
@@ -509,6 +527,14 @@ class _Grudge:
 
 
 @dataclass
+class _Slots:
+    """Pull slots left in one scheduling pass: in all, and for peers not proven (``_proven``)."""
+
+    free: int
+    unproven: int
+
+
+@dataclass
 class _Batch:
     """A pull being assembled during one scheduling pass."""
 
@@ -555,6 +581,7 @@ class GossipCore:
         self._admitted: ExpiringMap[Digest, None] = ExpiringMap(c.max_remembered_admitted)
         self._refused_copies: ExpiringMap[Digest, _Candidate] = ExpiringMap(c.max_refused_copies)
         self._peers: dict[PeerId, _Peer] = {}
+        self._holders = 0  # peers holding announcer slots in the candidate table (``_hold``)
         self._bans: dict[PeerId, float] = {}
         # Forgotten peers' pauses and counts, restored if they come back (``_Peer.grudge``).
         self._grudges: ExpiringMap[PeerId, _Grudge] = ExpiringMap(c.max_bans)
@@ -569,6 +596,7 @@ class GossipCore:
         # so that free ids filling every slot before the honest announcer's record is read cannot
         # close the digest (red team R8-3); bounded, so one id cannot be pulled without end.
         self._max_unserved = 2 * c.max_announcers_per_digest
+        self._unproven_slots = min(c.max_unproven_pulls, c.max_inflight_pulls)
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -590,7 +618,7 @@ class GossipCore:
                 case PullSucceeded():
                     actions += self._on_pull_succeeded(event, now)
                 case PullFailed():
-                    self._on_pull_failed(event, now)
+                    actions += self._on_pull_failed(event, now)
                 case AdmissionResult():
                     actions += self._on_admission_result(event, now)
                 case PeerBanned():
@@ -800,9 +828,7 @@ class GossipCore:
                 self.stats.candidates_dropped += 1
                 continue
             if candidate is None:
-                if self._candidates.full:
-                    # Refuse rather than evict: entries leave within candidate_ttl, and honest
-                    # announcements are read again every read_interval.
+                if self._candidates.full and not self._evict_for(event.peer, state):
                     self.stats.candidates_dropped += 1
                     continue
                 expires_at = now + c.candidate_ttl
@@ -816,7 +842,7 @@ class GossipCore:
                     candidate.expires_at = expires_at
                 self._candidates.put(digest, candidate, expires_at)
             if self._take_slot(candidate, event.peer, in_table=True):
-                state.candidates += 1
+                self._hold(state, 1)
 
     def _take_slot(self, candidate: _Candidate, peer: PeerId, *, in_table: bool) -> bool:
         """Make ``peer`` an announcer of ``candidate`` if there is a slot. When all are taken, a
@@ -830,7 +856,7 @@ class GossipCore:
             del candidate.announcers[failed]
             state = self._peers.get(failed)
             if in_table and state is not None:
-                state.candidates -= 1
+                self._hold(state, -1)
         candidate.announcers[peer] = None
         return True
 
@@ -855,14 +881,18 @@ class GossipCore:
         self._wake_at = None
         if not self._candidates:
             return []  # the common case: every announced digest is pulled or known already
-        free_slots = c.max_inflight_pulls - len(self._inflight)
+        slots = _Slots(
+            free=c.max_inflight_pulls - len(self._inflight),
+            unproven=self._unproven_slots
+            - sum(1 for _, pull in self._inflight.items() if not self._proven(pull.peer)),
+        )
         budget = c.max_pending_admissions - len(self._awaiting) - len(self._inflight_digests)
         open_batches: dict[PeerId, _Batch] = {}
         actions: list[GossipAction] = []
         for digest, candidate in self._candidates.items():
-            if budget <= 0 or (free_slots <= 0 and not open_batches):
+            if budget <= 0 or (slots.free <= 0 and not open_batches):
                 break  # freed by an event (result, verdict) or a timer already in next_deadline
-            peer = self._choose_peer(candidate, now, open_batches, free_slots)
+            peer = self._choose_peer(candidate, now, open_batches, slots)
             if peer is None:
                 self._note_blocked(candidate, now)
                 continue
@@ -872,7 +902,8 @@ class GossipCore:
                 capacity = min(c.max_digests_per_pull, math.floor(state.pull_bucket.available(now)))
                 batch = open_batches[peer] = _Batch(peer, capacity)
                 state.inflight += 1
-                free_slots -= 1
+                slots.free -= 1
+                slots.unproven -= not self._proven(peer)
             self._candidates.pop(digest)
             self._release_announcers(candidate)
             batch.digests[digest] = candidate
@@ -883,7 +914,7 @@ class GossipCore:
         return actions
 
     def _choose_peer(
-        self, candidate: _Candidate, now: float, open_batches: dict[PeerId, _Batch], free_slots: int
+        self, candidate: _Candidate, now: float, open_batches: dict[PeerId, _Batch], slots: _Slots
     ) -> PeerId | None:
         """Untried announcers first, then the best history; ties go to the earliest announcer.
 
@@ -895,18 +926,24 @@ class GossipCore:
         best: PeerId | None = None
         best_key: tuple[bool, int] | None = None
         for peer in candidate.announcers:  # in the order they announced it
-            if peer not in open_batches and not self._can_open_pull(peer, now, free_slots):
+            if peer not in open_batches and not self._can_open_pull(peer, now, slots):
                 continue
             key = (peer in candidate.tried, -self._peers[peer].score)
             if best_key is None or key < best_key:
                 best, best_key = peer, key
         return best
 
-    def _can_open_pull(self, peer: PeerId, now: float, free_slots: int) -> bool:
+    def _proven(self, peer: PeerId) -> bool:
+        """Its items were accepted more than it failed us, and its last pull did not fail."""
+        state = self._peers.get(peer)
+        return state is not None and state.score > 0 and state.failures == 0
+
+    def _can_open_pull(self, peer: PeerId, now: float, slots: _Slots) -> bool:
         state = self._peers.get(peer)
         return (
             state is not None
-            and free_slots > 0
+            and slots.free > 0
+            and (slots.unproven > 0 or self._proven(peer))
             and not self.is_banned(peer, now)
             and state.backoff_until <= now
             and state.paused_until <= now
@@ -1013,11 +1050,16 @@ class GossipCore:
                 self._not_served(digest, candidate, event.peer, now)
         return actions
 
-    def _on_pull_failed(self, event: PullFailed, now: float) -> None:
+    def _on_pull_failed(self, event: PullFailed, now: float) -> list[GossipAction]:
         pull = self._take_inflight(event.request_id, event.peer)
-        if pull is not None:
-            self.stats.pulls_failed += 1
-            self._pull_failed(pull, now)
+        if pull is None:
+            return []
+        self.stats.pulls_failed += 1
+        self._pull_failed(pull, now)
+        if not event.charged:
+            return []
+        self.stats.pulls_refused += 1
+        return self._count_rejection(event.peer, now)
 
     def _pull_failed(self, pull: _InFlight, now: float) -> None:
         c = self.config
@@ -1102,14 +1144,49 @@ class GossipCore:
             return
         candidate.announcers = announcers
         for p in announcers:
-            self._peers[p].candidates += 1
+            self._hold(self._peers[p], 1)
         self._candidates.put(digest, candidate, candidate.expires_at)
 
     def _release_announcers(self, candidate: _Candidate) -> None:
         for peer in candidate.announcers:
             state = self._peers.get(peer)
             if state is not None:
-                state.candidates -= 1
+                self._hold(state, -1)
+
+    def _hold(self, state: _Peer, delta: int) -> None:
+        """Change how many announcer slots ``state`` holds in the table; counts the holders."""
+        before = state.candidates
+        state.candidates += delta
+        self._holders += (state.candidates > 0) - (before > 0)
+
+    def _evict_for(self, peer: PeerId, state: _Peer) -> bool:
+        """The table is full and ``state``'s peer announces a new digest: make room by evicting a
+        candidate whose every announcer holds at least two slots more than this peer, looking at
+        the oldest few only (max-min fairness: slots even out across announcers, and no peer
+        takes room from one that holds as few as itself). Whether there was room.
+
+        Before, a full table refused every new digest: 8 free ids announcing 1,024 digests each
+        that they never serve filled it, and an honest peer read after them got nothing pulled
+        (red team rt24 F1). An honest peer's candidates are pulled soon after they are read, so
+        it holds few, and the oldest candidates are the ones nobody serves.
+
+        A proven peer (``_proven``) may also evict any candidate no proven peer announces: a
+        thousand free ids announcing 9 digests each hold as few slots as an honest peer, and
+        left it 1% of its items (red team rt27). An honest newcomer still competes by max-min
+        until its first accepted items prove it."""
+        floor = state.candidates + 1
+        proven = self._proven(peer)
+        for digest in itertools.islice(self._candidates, _EVICTION_SCAN):
+            candidate = self._candidates.get(digest)
+            assert candidate is not None
+            if (proven and not any(self._proven(p) for p in candidate.announcers)) or all(
+                (held := self._peers.get(p)) is None or held.candidates > floor for p in candidate.announcers
+            ):
+                self._candidates.pop(digest)
+                self._release_announcers(candidate)
+                self.stats.candidates_evicted += 1
+                return True
+        return False
 
     def _forget_remote(self, digest: Digest) -> None:
         candidate = self._candidates.pop(digest)
@@ -1219,7 +1296,7 @@ class GossipCore:
             if peer in candidate.announcers:
                 del candidate.announcers[peer]
                 if state is not None:
-                    state.candidates -= 1
+                    self._hold(state, -1)
                 if not candidate.announcers:
                     self._candidates.pop(digest)
         return actions

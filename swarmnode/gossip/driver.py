@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import struct
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
@@ -51,7 +52,7 @@ from swarmnode.gossip.intake import (
     verdict_events,
 )
 from swarmnode.gossip.records import AnnouncementStores
-from swarmnode.net.errors import NetError, PeerCallError
+from swarmnode.net.errors import CallFailure, NetError, PeerCallError
 from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.ops.faults import fault_point
 from swarmnode.ops.metrics import Metrics
@@ -78,6 +79,21 @@ def max_pull_response(config: GossipConfig, digests: int) -> int:
 
 MAX_PULL_RESPONSE = max_pull_response(GossipConfig(), MAX_PULL_REQUEST // DIGEST_BYTES)
 DHT_TIMEOUT = 10.0
+_SHUFFLE = random.SystemRandom()
+
+
+#: Failures of a pull that only the server's own bytes cause: an honest server's answer fits
+#: ``max_pull_response`` and keeps the stream's framing (SPEC 1.4a).
+_SERVERS_BYTES = frozenset({CallFailure.TOO_LARGE, CallFailure.PROTOCOL})
+
+
+def pull_failure_charged(exc: BaseException) -> bool:
+    """Whether a failed pull is the server's fault (``PullFailed.charged``): an answer too large or
+    with broken framing (stream or items). Not a timeout, an unreachable peer, or the server's
+    refusal (an error frame costs us a few bytes, and an honest server's handler can fail)."""
+    if isinstance(exc, PeerCallError):
+        return exc.reason in _SERVERS_BYTES
+    return isinstance(exc, ValueError)  # decode_items: the items' framing is broken
 
 
 def announcement_key(swarm: str, round_index: int) -> str:
@@ -273,6 +289,9 @@ class GossipDriver:
                     continue
                 if isinstance(message, AnnounceMessage):
                     events.append(Announced(record.owner, message.round, tuple(message.rollout_digests)))
+            # In no order a peer can choose: the DHT returns records by owner, and peers choose
+            # their ids, so free ids sorted first had their digests in the table first (red team rt24 F1).
+            _SHUFFLE.shuffle(events)
             for event in events:
                 self._feed(event)
 
@@ -289,7 +308,8 @@ class GossipDriver:
         except (PeerCallError, NetError, ValueError, OSError) as exc:
             self._pulls.pop(action.request_id, None)
             reason = exc.reason.value if isinstance(exc, PeerCallError) else type(exc).__name__
-            self._feed(PullFailed(action.request_id, action.peer, str(reason)))
+            charged = pull_failure_charged(exc)
+            self._feed(PullFailed(action.request_id, action.peer, str(reason), charged=charged))
             return
         self._pulls.pop(action.request_id, None)
         pulled = decode_pulled(payloads, self._decoded)
@@ -371,4 +391,5 @@ __all__ = [
     "decode_items",
     "encode_items",
     "max_pull_response",
+    "pull_failure_charged",
 ]

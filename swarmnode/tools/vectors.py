@@ -533,6 +533,15 @@ def build() -> VectorSet:
         "valid heartbeat envelope plus 11 unknown fields (17 > 16): refused before parsing",
         "malformed",
     )
+    # Field 20, length-delimited (tag 0xa2 0x01), 1,100 bytes (length varint 0xcc 0x08).
+    padding = b"\xa2\x01\xcc\x08" + bytes(1100)
+    vs.add(
+        "envelope_padded_beyond_its_fields",
+        hb_bytes + padding,
+        "valid heartbeat envelope plus an unknown field of 1,100 bytes (> 1,024 beyond its fields): "
+        "the envelope id does not cover it, so it could pad an honest envelope to 2 MiB",
+        "malformed",
+    )
     vs.add(
         "envelope_with_group_field",
         hb_bytes + b"\xa3\x01\xa4\x01",  # field 20 as an (empty) group: start 0xa3 0x01, end 0xa4 0x01

@@ -174,7 +174,8 @@ def decode_envelope(data: bytes) -> Envelope | WireError:
     top-level fields (at most ``MAX_ENVELOPE_FIELDS``, no group encoding: a
     megabyte of one-byte fields would otherwise cost the parser ~20 ms), then
     parse, then version, kind, key and signature lengths, then the payload's
-    per-kind cap. The payload itself stays opaque bytes here.
+    per-kind cap, then the bytes beyond the fields' canonical encoding. The
+    payload itself stays opaque bytes here.
     """
     if len(data) > limits.MAX_ENVELOPE_BYTES:
         return WireError(
@@ -201,6 +202,13 @@ def decode_envelope(data: bytes) -> Envelope | WireError:
         return WireError(
             WireReason.TOO_LARGE,
             f"{kind.label} payload is {len(msg.payload)} bytes; limit {MAX_PAYLOAD_BYTES[kind]}",
+        )
+    msg.DiscardUnknownFields()  # what remains is the fields as parsed, which re-encode canonically
+    extra = len(data) - msg.ByteSize()
+    if extra > limits.MAX_ENVELOPE_EXTRA_BYTES:
+        return WireError(
+            WireReason.MALFORMED,
+            f"envelope carries {extra} bytes beyond its fields; limit {limits.MAX_ENVELOPE_EXTRA_BYTES}",
         )
     return Envelope(msg.version, kind, msg.sender_key, msg.sent_at_ms, msg.payload, msg.signature)
 

@@ -24,6 +24,11 @@ MAX_ENVELOPE_BYTES = 2 * MIB
 #: scan before parsing, as is the absence of group-encoded fields.
 MAX_ENVELOPE_FIELDS = 16
 
+#: Envelope bytes beyond the canonical encoding of its fields (unknown fields, repeated or
+#: mistyped known fields, over-long varints). The envelope id does not cover them, so without a
+#: cap anyone could serve an honest envelope padded to 2 MiB under its id (red team rt24 F3).
+MAX_ENVELOPE_EXTRA_BYTES = 1 * KIB
+
 PUBLIC_KEY_BYTES = 32
 SIGNATURE_BYTES = 64
 DIGEST_BYTES = 32

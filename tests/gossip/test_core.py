@@ -444,6 +444,68 @@ def test_bytes_that_are_no_envelope_count_against_their_server() -> None:
     assert [p.peer for p in only(Pull, announce(core, "c", [d(20)], 0.4))] == ["c"]
 
 
+def test_a_pull_broken_by_its_servers_bytes_counts_against_it_and_an_empty_answer_forgives_nothing() -> None:
+    # Red team rt24 F2: an answer with broken item framing, or over the size an honest one can
+    # have, failed the pull and cost its server only backoff, which an empty answer in between
+    # reset: 853 MiB per minute per identity. Now it is a rejection, and rejections add up.
+    core = started(cfg(max_rejections=2, backoff_base=0.1, backoff_max=0.1))
+    [pull] = only(Pull, announce(core, "a", [d(0)], 0.0))
+    core.handle(PullFailed(pull.request_id, "a", "protocol", charged=True), 0.1)
+    assert not core.is_banned("a", 0.2) and core.stats.pulls_refused == 1
+    [pull] = only(Pull, announce(core, "a", [d(1)], 0.3))
+    succeed(core, Pull(pull.request_id, "a", (), pull.timeout), 0.4)  # an empty answer between
+    [pull] = only(Pull, announce(core, "a", [d(2)], 0.5))
+    actions = core.handle(PullFailed(pull.request_id, "a", "ValueError", charged=True), 0.6)
+    assert core.is_banned("a", 0.7) and core.stats.peers_shunned == 1
+    assert only(Pull, announce(core, "a", [d(3)], 0.8)) == [] and only(Pull, actions) == []
+    # A timeout or an unreachable peer is nobody's fault: backoff only, never a ban.
+    for i in range(5):
+        [pull] = only(Pull, announce(core, "b", [d(10 + i)], 10.0 * (i + 1)))
+        core.handle(PullFailed(pull.request_id, "b", "timeout"), 10.0 * (i + 1) + 0.1)
+    assert not core.is_banned("b", 60.0) and core.stats.pulls_refused == 2
+
+
+def test_a_full_candidate_table_makes_room_from_the_peers_that_hold_the_most() -> None:
+    # Red team rt24 F1: a full table refused every new digest, so 8 free ids x 1,024 unserved
+    # digests shut an honest announcer out. Now slots even out (max-min fairness).
+    core = started(cfg(max_candidates=8, max_inflight_pulls=1))
+    only(Pull, announce(core, "slow", [d(100)], 0.0))  # holds the one pull slot: nothing leaves
+    announce(core, "hog", [d(i) for i in range(8)], 0.1)
+    assert core.sizes().candidates == 8
+    announce(core, "new", [d(10), d(11)], 0.2)  # holds 0, then 1; "hog" 8, then 7
+    assert core.stats.candidates_evicted == 2 and core.sizes().candidates == 8
+    announce(core, "new", [d(12), d(13), d(14), d(15)], 0.3)  # until both hold 4: the last is dropped
+    assert core.stats.candidates_evicted == 4 and core.sizes().candidates == 8
+
+
+def test_a_proven_peer_takes_room_from_digests_no_proven_peer_announces() -> None:
+    # Red team rt27: 1,000 ids announcing 9 digests each hold as few slots as an honest peer, so
+    # max-min alone left it 1% of its items. A peer with accepted items evicts theirs.
+    core = started(cfg(max_candidates=8, max_inflight_pulls=1))
+    [pull] = only(Pull, announce(core, "good", [d(40)], 0.0))
+    succeed(core, pull, 0.1)
+    core.handle(AdmissionResult("good", d(40), True, "ok"), 0.2)
+    only(Pull, announce(core, "slow", [d(100)], 0.3))  # holds the one pull slot
+    for i in range(8):
+        announce(core, f"thin{i}", [d(20 + i)], 0.4)
+    announce(core, "thin8", [d(30)], 0.5)
+    assert core.stats.candidates_dropped == 1 and core.stats.candidates_evicted == 0
+    announce(core, "good", [d(41)], 0.6)
+    assert core.stats.candidates_evicted == 1 and core.stats.candidates_dropped == 1
+
+
+def test_peers_not_proven_share_a_part_of_the_pull_slots_and_proven_peers_keep_the_rest() -> None:
+    core = started(cfg(max_inflight_pulls=3, max_unproven_pulls=2, max_inflight_pulls_per_peer=1))
+    [first] = only(Pull, announce(core, "good", [d(0)], 0.0))
+    succeed(core, first, 0.1)
+    core.handle(AdmissionResult("good", d(0), True, "ok"), 0.2)
+    pulls = [p.peer for p in only(Pull, announce(core, "x", [d(1)], 0.3))]
+    pulls += [p.peer for p in only(Pull, announce(core, "y", [d(2)], 0.3))]
+    pulls += [p.peer for p in only(Pull, announce(core, "z", [d(3)], 0.3))]
+    assert pulls == ["x", "y"]  # "z" waits: the last slot is kept for proven peers
+    assert [p.peer for p in only(Pull, announce(core, "good", [d(4)], 0.4))] == ["good"]
+
+
 def test_a_banned_peer_is_neither_pulled_from_nor_served_until_the_ban_ends() -> None:
     core = started()
     core.handle(Publish(d(0), 1), 0.0)

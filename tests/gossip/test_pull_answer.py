@@ -5,7 +5,14 @@ from __future__ import annotations
 import pytest
 
 from swarmnode.gossip import GossipConfig, GossipCore, Publish, PullRequest, Serve
-from swarmnode.gossip.driver import MAX_PULL_RESPONSE, decode_items, encode_items, max_pull_response
+from swarmnode.gossip.driver import (
+    MAX_PULL_RESPONSE,
+    decode_items,
+    encode_items,
+    max_pull_response,
+    pull_failure_charged,
+)
+from swarmnode.net.errors import CallFailure, PeerCallError
 
 
 @pytest.mark.parametrize("item_bytes", [1024 * 1024, 1024 * 1024 + 1, 2 * 1024 * 1024 - 1])
@@ -44,3 +51,23 @@ def test_an_answer_with_more_items_than_asked_or_a_cut_frame_is_refused_whole() 
         decode_items(encode_items([b"abc"])[:-1], 1)
     with pytest.raises(ValueError, match="cut length prefix"):
         decode_items(b"\x00\x00", 1)
+
+
+@pytest.mark.parametrize(
+    ("failure", "charged"),
+    [
+        (PeerCallError(CallFailure.TOO_LARGE, "p", "pull", "response over its limit"), True),
+        (PeerCallError(CallFailure.PROTOCOL, "p", "pull", "bad frame"), True),
+        (ValueError("pull response: item longer than the response"), True),
+        (PeerCallError(CallFailure.TIMEOUT, "p", "pull", "slow"), False),
+        (PeerCallError(CallFailure.UNREACHABLE, "p", "pull", "no route"), False),
+        (PeerCallError(CallFailure.REMOTE_ERROR, "p", "pull", "handler failed"), False),
+        (OSError("connection reset"), False),
+    ],
+)
+def test_a_failed_pull_is_charged_to_its_server_only_when_its_own_bytes_broke_it(
+    failure: Exception, charged: bool
+) -> None:
+    # Red team rt24 F2: broken framing and oversize answers cost their server only backoff.
+    # Slowness or a lost connection can happen to an honest server; they stay uncharged.
+    assert pull_failure_charged(failure) is charged

@@ -209,3 +209,31 @@ def test_an_envelope_verifies_its_signature_once_and_a_changed_copy_is_judged_af
     assert len(checks) == 2
     assert forged != decoded and replace(forged, signature=decoded.signature) == decoded
     assert "_verified" not in repr(decoded)
+
+
+def _padded(data: bytes, extra: int) -> bytes:
+    """``data`` plus one unknown length-delimited field (number 20) of ``extra`` zero bytes."""
+    length = bytearray()
+    n = extra
+    while True:
+        length.append(n & 0x7F | (0x80 if n > 0x7F else 0))
+        n >>= 7
+        if not n:
+            return data + b"\xa2\x01" + bytes(length) + bytes(extra)
+
+
+def test_bytes_beyond_an_envelopes_fields_are_capped_because_its_id_does_not_cover_them() -> None:
+    # Red team rt24 F3: an honest envelope padded with an unknown field to 2 MiB kept its id and
+    # was admitted, so any relay could make every pulled item cost 2 MiB.
+    env = seal(ME, BEAT, 5_000)
+    raw = encode_envelope(env)
+    assert decode_envelope(_padded(raw, limits.MAX_ENVELOPE_EXTRA_BYTES - 4)) == env  # newer fields
+    for padded in (
+        _padded(raw, limits.MAX_ENVELOPE_EXTRA_BYTES),
+        _padded(raw, limits.MAX_ENVELOPE_BYTES - len(raw) - 8),
+        # A known field twice: the parser keeps the last, so the first is padding too.
+        pb.Envelope(payload=b"\x00" * 4096).SerializeToString() + raw,
+    ):
+        result = decode_envelope(padded)
+        assert isinstance(result, WireError) and result.reason is WireReason.MALFORMED
+        assert "beyond its fields" in result.detail
