@@ -145,6 +145,15 @@ class GossipConfig:
     max_item_bytes: int = 2 * 1024 * 1024
     serve_rate: float = 16.0  # per peer
     serve_burst: float = 64.0
+    # Upload budgets in bytes per second: per peer (its burst is one full answer) and for all
+    # peers together (burst: two full answers). Before, one leeching id was served ~1 GiB of our
+    # own items a minute, limited only by items per second (red team rt24 F4).
+    serve_bytes_rate: float = 2.0 * 1024 * 1024
+    serve_bytes_rate_total: float = 8.0 * 1024 * 1024
+    # Peers whose serving budgets are kept, apart from the peer table. Past it the least recently
+    # served is forgotten and, should it come back, starts with full buckets: the per-peer rates
+    # hold for up to this many pullers at once, the total byte rate always.
+    max_serving_peers: int = 4096
     # Peers.
     max_peers: int = 1024
     max_bans: int = 4096
@@ -162,6 +171,8 @@ class GossipConfig:
             "rejection_shun_seconds",
             "serve_rate",
             "serve_burst",
+            "serve_bytes_rate",
+            "serve_bytes_rate_total",
         )
         for name in positive:
             value = getattr(self, name)
@@ -191,6 +202,7 @@ class GossipConfig:
             "max_serve_bytes",
             "max_item_bytes",
             "max_peers",
+            "max_serving_peers",
             "max_bans",
         )
         for name in at_least_one:
@@ -429,6 +441,7 @@ class GossipStats:
     serve_refused: int = 0
     serve_limited: int = 0
     items_served: int = 0
+    bytes_served: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -488,7 +501,6 @@ class _InFlight:
 @dataclass
 class _Peer:
     pull_bucket: TokenBucket
-    serve_bucket: TokenBucket
     last_seen: float
     inflight: int = 0  # pulls to this peer
     candidates: int = 0  # announcer slots this peer holds in the candidate table
@@ -524,6 +536,14 @@ class _Grudge:
     unusable_window: int
     unusable: int
     rejections: int
+
+
+@dataclass
+class _ServeState:
+    """What a peer that pulls from us may still take: items and bytes (``GossipConfig.serve_*``)."""
+
+    items: TokenBucket
+    bytes: TokenBucket
 
 
 @dataclass
@@ -581,6 +601,8 @@ class GossipCore:
         self._admitted: ExpiringMap[Digest, None] = ExpiringMap(c.max_remembered_admitted)
         self._refused_copies: ExpiringMap[Digest, _Candidate] = ExpiringMap(c.max_refused_copies)
         self._peers: dict[PeerId, _Peer] = {}
+        self._serving: dict[PeerId, _ServeState] = {}  # least recently served first, <= max_serving_peers
+        self._serve_bytes_total = TokenBucket(c.serve_bytes_rate_total, 2 * c.max_serve_bytes)
         self._holders = 0  # peers holding announcer slots in the candidate table (``_hold``)
         self._bans: dict[PeerId, float] = {}
         # Forgotten peers' pauses and counts, restored if they come back (``_Peer.grudge``).
@@ -765,24 +787,32 @@ class GossipCore:
     def _on_pull_request(self, event: PullRequest, now: float) -> Serve:
         c = self.config
         self.stats.serve_requests += 1
-        state = None if self.is_banned(event.peer, now) else self._peer(event.peer, now)
-        if state is None:
+        if self.is_banned(event.peer, now):
             self.stats.serve_refused += 1
             return Serve(event.peer, ())
-        allowance = min(c.max_serve_batch, math.floor(state.serve_bucket.available(now)))
+        state = self._serve_state(event.peer, now)
+        allowance = min(c.max_serve_batch, math.floor(state.items.available(now)))
+        byte_allowance = min(
+            c.max_serve_bytes, state.bytes.available(now), self._serve_bytes_total.available(now)
+        )
         found: list[Digest] = []
         total = 0
         for digest in dict.fromkeys(event.digests[: c.max_serve_batch]):  # dedupe, keep order
             item = self._own.get(digest)
             if item is None:
                 continue  # unknown or expired: just omitted
-            if len(found) >= allowance or total + item.size > c.max_serve_bytes:
+            if len(found) >= allowance or total + item.size > byte_allowance:
                 self.stats.serve_limited += 1
                 break
             found.append(digest)
             total += item.size
-        taken = state.serve_bucket.take(now, len(found))
-        assert taken  # found is capped at the allowance read above
+        taken = (
+            state.items.take(now, len(found))
+            and state.bytes.take(now, total)
+            and self._serve_bytes_total.take(now, total)
+        )
+        assert taken  # found is capped at the allowances read above
+        self.stats.bytes_served += total
         self.stats.items_served += len(found)
         return Serve(event.peer, tuple(found))
 
@@ -1303,6 +1333,23 @@ class GossipCore:
 
     # -- peer table ---------------------------------------------------------------------------
 
+    def _serve_state(self, peer: PeerId, now: float) -> _ServeState:
+        """The serving budgets of ``peer``, kept apart from the peer table: peers that only pull
+        from us, each within its budgets, pinned that table's 1,024 entries and shut honest
+        announcers out (red team rt24 F5). Full, the least recently served peer is forgotten;
+        one that comes back starts with full buckets, which the shared byte budget bounds."""
+        state = self._serving.pop(peer, None)
+        if state is None:
+            c = self.config
+            state = _ServeState(
+                TokenBucket(c.serve_rate, c.serve_burst, updated=now),
+                TokenBucket(c.serve_bytes_rate, c.max_serve_bytes, updated=now),
+            )
+            if len(self._serving) >= self.config.max_serving_peers:
+                del self._serving[next(iter(self._serving))]
+        self._serving[peer] = state  # most recent last
+        return state
+
     def _peer(self, peer: PeerId, now: float) -> _Peer | None:
         """The peer's state, created if the table has room (after forgetting an idle peer)."""
         state = self._peers.get(peer)
@@ -1312,7 +1359,6 @@ class GossipCore:
             c = self.config
             state = _Peer(
                 pull_bucket=TokenBucket(c.pull_rate, c.pull_burst, updated=now),
-                serve_bucket=TokenBucket(c.serve_rate, c.serve_burst, updated=now),
                 last_seen=now,
             )
             self._grudges.pop_expired(now)
@@ -1327,7 +1373,7 @@ class GossipCore:
 
     def _forget_idle_peer(self, now: float) -> bool:
         """Forget the least recently seen peer whose state is back to a fresh one's (nothing in
-        flight or waiting, no backoff, both buckets full), so forgetting it loosens no limit.
+        flight or waiting, no backoff, its pull bucket full), so forgetting it loosens no limit.
         Peers with nothing held against them go first; a pause or a count toward one is kept
         aside (``_grudges``, bounded like the bans) and restored if the peer comes back. Held
         peers stay forgettable: otherwise identities that got themselves paused would pin the
@@ -1340,7 +1386,6 @@ class GossipCore:
             and state.candidates == 0
             and state.backoff_until <= now
             and state.pull_bucket.is_full(now)
-            and state.serve_bucket.is_full(now)
             for grudge in (state.grudge(now, window),)
         ]
         if not idle:

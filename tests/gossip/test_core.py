@@ -573,6 +573,36 @@ def test_serving_is_rate_limited_per_peer() -> None:
     assert len(core.handle(PullRequest("q", digests), 2.0)[0].digests) == 3  # q has its own bucket
 
 
+def test_serving_spends_byte_budgets_per_peer_and_for_all_peers_together() -> None:
+    # Red team rt24 F4: one leeching id was served ~1 GiB of our own items a minute; only items
+    # per second limited it. Now bytes too: 100 B/s per peer (burst: one 300-byte answer) and
+    # 150 B/s for all (burst: two answers).
+    core = started(cfg(max_serve_bytes=300, serve_bytes_rate=100.0, serve_bytes_rate_total=150.0))
+    digests = tuple(d(i) for i in range(6))
+    for digest in digests:
+        core.handle(Publish(digest, 100), 0.0)
+    assert len(core.handle(PullRequest("p", digests), 0.0)[0].digests) == 3  # its 300-byte burst
+    assert core.handle(PullRequest("p", digests), 0.5)[0].digests == ()  # 50 B refilled: < one item
+    assert len(core.handle(PullRequest("p", digests), 1.0)[0].digests) == 1
+    assert len(core.handle(PullRequest("q", digests), 1.0)[0].digests) == 3  # its own burst
+    assert core.handle(PullRequest("r", digests), 1.0)[0].digests == ()  # 50 B left for all
+    assert len(core.handle(PullRequest("r", digests), 2.0)[0].digests) == 2  # 150 B more for all
+    assert core.stats.bytes_served == 900
+
+
+def test_peers_that_only_pull_from_us_never_keep_an_announcer_out_of_the_peer_table() -> None:
+    # Red team rt24 F5: 1,024 ids pulling our items every 0.5 s kept their serve buckets below
+    # full, so none could be forgotten, and an honest announcer's records were ignored.
+    core = started(cfg(max_peers=4))
+    core.handle(Publish(d(0), 10), 0.0)
+    for t in range(20):
+        for i in range(8):
+            core.handle(PullRequest(f"leech{i}", (d(0),)), t * 0.5)
+    [pull] = only(Pull, announce(core, "honest", [d(1)], 10.0))
+    assert pull.peer == "honest" and core.stats.announcements_ignored == 0
+    assert core.sizes().peers <= 4
+
+
 # --- memory ----------------------------------------------------------------------------------
 
 
