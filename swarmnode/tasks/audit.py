@@ -13,7 +13,11 @@ What counts as unsafe (each is a way a peer's answer has hurt a node):
 - ``sympy`` ``sympify`` / ``parse_expr``: they ``eval`` their input;
 - recursion: a function of the scorer's call graph that can call itself,
   where nesting in the answer becomes stack depth (propositional_logic
-  raised ``RecursionError`` at 3,500 parentheses).
+  raised ``RecursionError`` at 3,500 parentheses);
+- ``fractions.Fraction`` on text: it builds the exact integer an exponent
+  names (coin_flip's ``float(Fraction(answer))`` spent 6.8 s of CPU on
+  ``1e10000000``, red team rt24). ``Decimal`` keeps the exponent apart and
+  ``int()`` refuses over 4,300 digits, so they are left to the probes.
 
 The walk over-approximates on purpose: a method called on an unknown object is
 followed into every class of the same module that defines that name, and a
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import fractions
 import inspect
 import textwrap
 import types
@@ -112,6 +117,8 @@ def _code_construct(obj: Any) -> str | None:
         return None
     if obj in (builtins.eval, builtins.exec, builtins.compile, builtins.__import__):
         return str(obj.__name__)
+    if obj is fractions.Fraction:
+        return "fractions.Fraction"
     module = getattr(obj, "__module__", None) or ""
     name = getattr(obj, "__name__", "")
     for prefix, attribute in _CODE_FUNCTIONS:

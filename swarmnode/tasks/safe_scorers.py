@@ -21,11 +21,18 @@ is in the README's Reliability section):
   answer naming symbols the premises do not have is not a conclusion from them:
   reward 0.0, where upstream could pay 0.05-1.0), and then call upstream's own
   scoring on what remains, so well-formed answers score exactly as upstream.
+- ``coin_flip``: upstream runs ``float(Fraction(answer))``, and ``Fraction``
+  builds the exact integer an exponent names: ``1e10000000`` cost 6.8 s of CPU
+  (red team rt24). We pass upstream only a plain number or a fraction of at most
+  64 digits each, with an exponent of at most 3 digits; anything else scores
+  0.0 (upstream pays 0.0 for any answer that is no number, and no probability
+  needs more digits).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -41,6 +48,14 @@ PROPOSITION_MAX_CHARS = 256
 PROPOSITION_MAX_DEPTH = 16  # parentheses
 PROPOSITION_MAX_NEGATIONS = 16
 PROPOSITION_MAX_OPERATORS = 16
+
+# A probability as coin_flip's upstream parses it (``Fraction``'s grammar), within bounds that keep
+# the exact number it builds small: at most 64 digits per part, an exponent of at most 999.
+_BOUNDED_NUMBER = re.compile(
+    r"\s*[+-]?(?:\d{1,64}(?:\.\d{0,64})?|\.\d{1,64})(?:[eE][+-]?\d{1,3})?\s*"
+    r"|\s*[+-]?\d{1,64}\s*/\s*\d{1,64}\s*"
+)
+COIN_FLIP_MAX_CHARS = 256
 
 _NEGATION = "¬"
 _OPERATORS = ("∧", "∨", "→", "↔")
@@ -109,10 +124,20 @@ def score_propositional_logic(answer: str | None, entry: dict[str, Any]) -> floa
     return float(upstream_scorer("propositional_logic")(answer, entry))
 
 
+def score_coin_flip(answer: str | None, entry: dict[str, Any]) -> float:
+    """Upstream's reward for a bounded number or fraction; 0.0 for anything else."""
+    if not isinstance(answer, str) or len(answer) > COIN_FLIP_MAX_CHARS:
+        return 0.0
+    if _BOUNDED_NUMBER.fullmatch(answer.replace(",", "")) is None:  # upstream drops commas first
+        return 0.0
+    return float(upstream_scorer("coin_flip")(answer, entry))
+
+
 #: family -> the project's scorer; these replace upstream's for every completion we score.
 SAFE_SCORERS: dict[str, Callable[[str | None, dict[str, Any]], float]] = {
     "binary_matrix": score_binary_matrix,
     "propositional_logic": score_propositional_logic,
+    "coin_flip": score_coin_flip,
 }
 
 #: family -> why its own scorer is safe (the audit table's last column).
@@ -122,6 +147,10 @@ SAFE_SCORER_NOTES: dict[str, str] = {
         f"own scorer: <= {PROPOSITION_MAX_CHARS} chars, nesting <= {PROPOSITION_MAX_DEPTH}, "
         f"<= {PROPOSITION_MAX_NEGATIONS} negations, <= {PROPOSITION_MAX_OPERATORS} operators, "
         "atoms must be the task's variables; then upstream"
+    ),
+    "coin_flip": (
+        f"own scorer: <= {COIN_FLIP_MAX_CHARS} chars, a number or fraction of <= 64 digits a part "
+        "and an exponent <= 999; then upstream"
     ),
 }
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import time
+from fractions import Fraction
+
 import pytest
 
 from swarmnode.tasks import TaskId, TaskMixture, UnsafeScorerError, regenerate, score_completion
 from swarmnode.tasks.audit import all_families, audit_family
 from swarmnode.tasks.mixture import SAPO_DATASETS, DatasetSpec, default_mixture
 from swarmnode.tasks.safe_scorers import SAFE_SCORERS
+from swarmnode.tasks.upstream import upstream_scorer
 
 MIXTURE_FAMILIES = sorted({*SAPO_DATASETS, *(s.name for s in default_mixture().specs)})
 
@@ -66,3 +70,20 @@ def test_propositional_logic_is_bounded_and_keeps_upstreams_rewards() -> None:
         " ∧ ".join("abcdefghijklmnopqrstuvwxyz"),
     ):
         assert score_completion(task, hostile) == 0.0
+
+
+def test_coin_flip_is_bounded_and_keeps_upstreams_rewards() -> None:
+    # Red team rt24 F6: upstream's float(Fraction(answer)) spent 6.8 s of CPU on "1e10000000",
+    # and the audit did not look for Fraction.
+    assert any(item.startswith("fractions.Fraction") for item in audit_family("coin_flip").unsafe)
+    task = regenerate(TaskId("coin_flip", "{}", 0, 3, "question"))
+    oracle = task.entry["answer"]
+    upstream = upstream_scorer("coin_flip")
+    probability = float(Fraction(oracle.replace(",", "")))
+    for honest in (oracle, str(probability), f" {Fraction(probability).limit_denominator()} ", "0.9", "abc"):
+        assert score_completion(task, honest) == upstream(honest, task.entry), honest
+    assert score_completion(task, oracle) == 1.0
+    for hostile in ("1e10000000", "0e10000000", "1e-10000000", "1" * 65, "1e1000", "1" * 300):
+        started = time.process_time()
+        assert score_completion(task, hostile) == 0.0
+        assert time.process_time() - started < 0.5
