@@ -73,6 +73,7 @@ _SCORE_LIMIT = 100
 # Candidates a full table looks at, oldest first, for one to evict (``_evict_for``): under attack
 # the oldest are the ones nobody serves; the bound keeps each announced digest's cost constant.
 _EVICTION_SCAN = 32
+_PULL_EXPIRY_GRACE = 1.1  # the core expires a pull this many pull_timeouts after it started
 _BACKOFF_MAX_DOUBLINGS = 30  # 2**30 * any sane backoff_base is past backoff_max already
 # The admission reason (swarmnode.admit.reasons.RejectReason.REPLAY) for an id it already holds as seen.
 _REPLAY = "replay"
@@ -1001,7 +1002,11 @@ class GossipCore:
         self._next_request_id += 1
         taken = self._peers[batch.peer].pull_bucket.take(now, len(batch.digests))
         assert taken  # a batch holds at most the tokens its peer had when it opened, at this now
-        self._inflight.put(request_id, _InFlight(batch.peer, batch.digests), now + self.config.pull_timeout)
+        # The driver gives up after pull_timeout and reports why (a stalled answer is charged,
+        # ``PullFailed.charged``); the core's own expiry waits a little longer, so that report is
+        # not pre-empted by a CancelPull (red team rt27).
+        expires_at = now + self.config.pull_timeout * _PULL_EXPIRY_GRACE
+        self._inflight.put(request_id, _InFlight(batch.peer, batch.digests), expires_at)
         for digest in batch.digests:
             self._inflight_digests[digest] = request_id
         self.stats.pulls_started += 1
@@ -1029,9 +1034,6 @@ class GossipCore:
             return []
         self.stats.pulls_succeeded += 1
         state = self._peers.get(event.peer)
-        if state is not None:
-            state.failures = 0
-            state.backoff_until = -math.inf
         actions: list[GossipAction] = []
         delivered: set[Digest] = set()
         corrupt: set[Digest] = set()
@@ -1055,6 +1057,11 @@ class GossipCore:
             self._awaiting.put(digest, waiting, now + self.config.admission_timeout)
             actions.append(Admit(event.peer, digest, payload))
             self.stats.admits += 1
+        if delivered and state is not None:
+            # Only an answer that delivered something ends a run of failures: an empty one in
+            # between reset the backoff of a peer whose pulls all failed (red team rt27).
+            state.failures = 0
+            state.backoff_until = -math.inf
         if unrequested:  # an honest server sends only what was asked, once
             actions += self._count_rejection(event.peer, now)
         for reason in event.unreadable:

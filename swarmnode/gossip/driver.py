@@ -87,11 +87,20 @@ _SHUFFLE = random.SystemRandom()
 _SERVERS_BYTES = frozenset({CallFailure.TOO_LARGE, CallFailure.PROTOCOL})
 
 
+#: A pull that times out after this much of its answer arrived is charged: a server that sends
+#: most of a full answer and then stalls chose to (red team rt27: 16 MiB per pull, uncharged,
+#: 88 MiB a minute per identity, 1.3 GiB with 16). Below it a slow or lost peer only backs off.
+STALLED_ANSWER_BYTES = 1024 * 1024
+
+
 def pull_failure_charged(exc: BaseException) -> bool:
-    """Whether a failed pull is the server's fault (``PullFailed.charged``): an answer too large or
-    with broken framing (stream or items). Not a timeout, an unreachable peer, or the server's
-    refusal (an error frame costs us a few bytes, and an honest server's handler can fail)."""
+    """Whether a failed pull is the server's fault (``PullFailed.charged``): an answer too large,
+    with broken framing (stream or items), or stalled after ``STALLED_ANSWER_BYTES``. Not a plain
+    timeout, an unreachable peer, or the server's refusal (an error frame costs us a few bytes,
+    and an honest server's handler can fail)."""
     if isinstance(exc, PeerCallError):
+        if exc.reason is CallFailure.TIMEOUT:
+            return exc.received >= STALLED_ANSWER_BYTES
         return exc.reason in _SERVERS_BYTES
     return isinstance(exc, ValueError)  # decode_items: the items' framing is broken
 
@@ -386,6 +395,7 @@ __all__ = [
     "MAX_PULL_REQUEST",
     "MAX_PULL_RESPONSE",
     "PULL_HANDLER",
+    "STALLED_ANSWER_BYTES",
     "GossipDriver",
     "announcement_key",
     "decode_items",

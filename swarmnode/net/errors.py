@@ -29,9 +29,12 @@ class CallFailure(enum.Enum):
 class PeerCallError(NetError):
     """A call to a peer failed; ``reason`` says how, ``peer_id`` and ``name`` say which call."""
 
-    def __init__(self, reason: CallFailure, peer_id: str, name: str, detail: str) -> None:
+    def __init__(
+        self, reason: CallFailure, peer_id: str, name: str, detail: str, *, received: int = 0
+    ) -> None:
         super().__init__(f"call {name!r} to peer {peer_id} failed ({reason.value}): {detail}")
         self.reason = reason
         self.peer_id = peer_id
         self.name = name
         self.detail = detail
+        self.received = received  # bytes of the answer that had arrived (whole frames)

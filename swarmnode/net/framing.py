@@ -86,12 +86,24 @@ async def write_error(writer: asyncio.StreamWriter, text: str) -> None:
     await writer.drain()
 
 
-async def read_message(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
+class ReadProgress:
+    """How many payload bytes of a message have arrived so far (read by a caller that timed out)."""
+
+    __slots__ = ("received",)
+
+    def __init__(self) -> None:
+        self.received = 0
+
+
+async def read_message(
+    reader: asyncio.StreamReader, max_bytes: int, progress: ReadProgress | None = None
+) -> bytes:
     """Read one message of at most ``max_bytes`` bytes.
 
     Raises MessageTooLarge as soon as a frame header announces more than the
     limit allows (before its payload is read), RemoteRefused on an ERROR
-    frame, FramingError on anything malformed.
+    frame, FramingError on anything malformed. ``progress``, when given,
+    counts the payload bytes of whole frames read so far.
     """
     parts: list[bytes] = []
     total = 0
@@ -118,6 +130,8 @@ async def read_message(reader: asyncio.StreamReader, max_bytes: int) -> bytes:
             raise MessageTooLarge(max_bytes)
         parts.append(await _read_payload(reader, length))
         total += length
+        if progress is not None:
+            progress.received = total
 
 
 async def _read_payload(reader: asyncio.StreamReader, length: int) -> bytes:

@@ -66,6 +66,7 @@ from swarmnode.net.framing import (
     MAX_CHUNK,
     FramingError,
     MessageTooLarge,
+    ReadProgress,
     RemoteRefused,
     read_message,
     write_error,
@@ -645,6 +646,7 @@ class HivemindRuntime:
         target = _peer(peer_id, name)
         writer: asyncio.StreamWriter | None = None
         sending: asyncio.Task[None] | None = None
+        progress = ReadProgress()
         try:
             async with asyncio.timeout(timeout):
                 try:
@@ -654,7 +656,7 @@ class HivemindRuntime:
                 # Send and receive at once: a peer that refuses early (too large) answers while we still send.
                 sending = asyncio.create_task(write_message(writer, request))
                 try:
-                    response = await read_message(reader, max_response_bytes)
+                    response = await read_message(reader, max_response_bytes, progress)
                 except RemoteRefused as e:
                     raise _refusal(peer_id, name, str(e)) from e
                 except MessageTooLarge as e:
@@ -675,7 +677,11 @@ class HivemindRuntime:
                 return response
         except TimeoutError as e:
             raise PeerCallError(
-                CallFailure.TIMEOUT, peer_id, name, f"no complete answer within {timeout} s"
+                CallFailure.TIMEOUT,
+                peer_id,
+                name,
+                f"no complete answer within {timeout} s ({progress.received} bytes of it arrived)",
+                received=progress.received,
             ) from e
         finally:
             if sending is not None:

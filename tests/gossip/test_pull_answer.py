@@ -7,6 +7,7 @@ import pytest
 from swarmnode.gossip import GossipConfig, GossipCore, Publish, PullRequest, Serve
 from swarmnode.gossip.driver import (
     MAX_PULL_RESPONSE,
+    STALLED_ANSWER_BYTES,
     decode_items,
     encode_items,
     max_pull_response,
@@ -60,6 +61,9 @@ def test_an_answer_with_more_items_than_asked_or_a_cut_frame_is_refused_whole() 
         (PeerCallError(CallFailure.PROTOCOL, "p", "pull", "bad frame"), True),
         (ValueError("pull response: item longer than the response"), True),
         (PeerCallError(CallFailure.TIMEOUT, "p", "pull", "slow"), False),
+        (PeerCallError(CallFailure.TIMEOUT, "p", "pull", "slow", received=STALLED_ANSWER_BYTES - 1), False),
+        # rt27: most of a full answer, then a stall until our timeout: the server chose it.
+        (PeerCallError(CallFailure.TIMEOUT, "p", "pull", "stalled", received=STALLED_ANSWER_BYTES), True),
         (PeerCallError(CallFailure.UNREACHABLE, "p", "pull", "no route"), False),
         (PeerCallError(CallFailure.REMOTE_ERROR, "p", "pull", "handler failed"), False),
         (OSError("connection reset"), False),

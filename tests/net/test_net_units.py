@@ -21,6 +21,7 @@ from swarmnode.net.framing import (
     MAX_CHUNK,
     FramingError,
     MessageTooLarge,
+    ReadProgress,
     RemoteRefused,
     read_message,
     write_error,
@@ -68,6 +69,22 @@ def _framed(payload: bytes, chunk: int = MAX_CHUNK) -> bytes:
         return bytes(sink.data)
 
     return asyncio.run(go())
+
+
+def test_a_reader_that_gives_up_knows_how_much_of_the_message_had_arrived() -> None:
+    # Red team rt27: a server sent most of a full answer, never its END, and the puller's timeout
+    # looked like a slow peer's. The bytes that arrived say it chose to stall.
+    whole = _framed(b"x" * 3000, chunk=1000)
+
+    async def go() -> int:
+        reader = asyncio.StreamReader()
+        reader.feed_data(whole[: len(whole) - 3])  # everything but the END frame's last bytes
+        progress = ReadProgress()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(read_message(reader, 10_000, progress), 0.2)
+        return progress.received
+
+    assert asyncio.run(go()) == 3000
 
 
 @settings(max_examples=60, deadline=None)
