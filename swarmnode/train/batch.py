@@ -268,16 +268,16 @@ def shared_prefix_logprobs(
     ordered by group shares each prompt.
     """
     heads = _decoder_and_head(model)
-    if heads is None:
-        picked, targets, mask = _packed_outputs(model, prompt_ids, completion_ids, pad_token_id, pack_tokens)
-        return _logprobs_of(picked, targets, temperature) * mask, mask
-    decoder, head = heads
-    hidden, targets, mask = _packed_outputs(decoder, prompt_ids, completion_ids, pad_token_id, pack_tokens)
-    # The head on the completions' tokens only, not on the (B, T) padding: with one long group in
-    # the batch, T is its length for every row (red team rt23 F3).
+    scorer = model if heads is None else heads[0]
+    tokens, targets, mask = _packed_outputs(scorer, prompt_ids, completion_ids, pad_token_id, pack_tokens)
+    # Outputs at the completions' tokens only, never at (B, T) padding: with one long group in the
+    # batch, T is its length for every row (red teams rt23 F3, rt24 F7).
     scored = mask.bool()
     logprobs = torch.zeros(mask.shape, dtype=torch.float32)
-    logprobs[scored] = token_logprobs(head, hidden[scored], targets[scored], temperature)
+    if heads is None:
+        logprobs[scored] = _logprobs_of(tokens, targets[scored], temperature)
+    else:
+        logprobs[scored] = token_logprobs(heads[1], tokens, targets[scored], temperature)
     return logprobs, mask
 
 
@@ -295,11 +295,12 @@ def completion_logits(
     pack per group)."""
     heads = _decoder_and_head(model)
     if supports_packed_attention(model):
-        if heads is not None:  # the head on the scoring positions only (``token_logprobs``)
-            hidden, _, mask = _packed_outputs(heads[0], prompt_ids, completion_ids, pad_token_id, pack_tokens)
-            return heads[1](hidden).float(), mask
-        picked, _, mask = _packed_outputs(model, prompt_ids, completion_ids, pad_token_id, pack_tokens)
-        return picked.float(), mask
+        scorer = model if heads is None else heads[0]  # the head on the scoring tokens only
+        tokens, _, mask = _packed_outputs(scorer, prompt_ids, completion_ids, pad_token_id, pack_tokens)
+        logits = (tokens if heads is None else heads[1](tokens)).float()
+        out = logits.new_zeros((*mask.shape, logits.shape[-1]))
+        out[mask.bool()] = logits
+        return out, mask
     input_ids, attention, index, mask = _unpacked(prompt_ids, completion_ids, pad_token_id)
     logits = model(input_ids=input_ids, attention_mask=attention).logits.float()
     rows = torch.arange(len(prompt_ids)).unsqueeze(1)
@@ -314,8 +315,8 @@ def _packed_outputs(
     pack_tokens: int = MAX_PACK_TOKENS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Packed forwards of ``model`` (a causal LM: its logits; its decoder: its hidden states):
-    (B, T, ...) outputs at the positions that score each completion token, the (B, T) target
-    tokens, and the (B, T) mask."""
+    (N, ...) outputs at the positions that score each completion token, row by row in batch order
+    (``mask.bool()``'s order: N tokens in all), the (B, T) target tokens, and the (B, T) mask."""
     if len(prompt_ids) != len(completion_ids):
         raise ValueError(f"{len(prompt_ids)} prompts for {len(completion_ids)} completions")
     if not prompt_ids:
@@ -328,13 +329,17 @@ def _packed_outputs(
     rows: list[int] = []
     pieces: list[torch.Tensor] = []
     for sequences in _forwards(packs, completion_ids):
-        forward_rows, picked = _packed_forward(model, packs, sequences, completion_ids, width, pad_token_id)
+        forward_rows, picked = _packed_forward(model, packs, sequences, completion_ids, pad_token_id)
         rows += forward_rows
         pieces.append(picked)
     picked = pieces[0] if len(pieces) == 1 else torch.cat(pieces)
-    if rows != list(range(len(rows))):  # back to batch order
-        inverse = torch.empty(len(rows), dtype=torch.long)
-        inverse[torch.tensor(rows)] = torch.arange(len(rows))
+    if rows != list(range(len(rows))):  # back to batch order, token by token
+        offsets = [0]
+        for tokens in completion_ids:
+            offsets.append(offsets[-1] + len(tokens))
+        order = [t for row in rows for t in range(offsets[row], offsets[row + 1])]
+        inverse = torch.empty(len(order), dtype=torch.long)
+        inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
         picked = picked[inverse]
     row_lengths = torch.tensor([len(c) for c in completion_ids])
     mask = (torch.arange(width).unsqueeze(0) < row_lengths.unsqueeze(1)).float()
@@ -346,11 +351,10 @@ def _packed_forward(
     packs: Sequence[_Pack],
     sequences: list[list[int]],
     completion_ids: list[list[int]],
-    width: int,
     pad_token_id: int,
 ) -> tuple[list[int], torch.Tensor]:
     """One forward of ``sequences`` (lists of pack indices), side by side: the rows they hold, in
-    order, and for each the (width, ...) outputs at the positions that score its tokens."""
+    order, and the (tokens, ...) outputs at the positions that score their tokens, row by row."""
     length = max(sum(packs[k].length for k in seq) for seq in sequences)
     n = len(sequences)
     input_ids = torch.full((n, length), pad_token_id, dtype=torch.long)
@@ -358,10 +362,9 @@ def _packed_forward(
     owner = torch.full((n, length), -1, dtype=torch.long)  # the pack a token belongs to; -1 padding
     segment = torch.full((n, length), -2, dtype=torch.long)  # -2 padding, -1 prompt, j completion j
     rows = [row for seq in sequences for k in seq for row in packs[k].rows]
-    # Where each completion token is scored from: (sequence, position of the logits).
-    source_seq = torch.zeros((len(rows), width), dtype=torch.long)
-    source_pos = torch.zeros((len(rows), width), dtype=torch.long)
-    i = 0  # the row's place in ``rows``
+    # Where each completion token is scored from: (sequence, position of the logits), row by row.
+    source_seq: list[int] = []
+    source_pos: list[int] = []
     for s, seq in enumerate(sequences):
         start = 0
         for k in seq:
@@ -380,12 +383,11 @@ def _packed_forward(
                     input_ids[s, start : start + m] = torch.tensor(tokens, dtype=torch.long)
                     positions[s, start : start + m] = torch.arange(p, p + m)
                     segment[s, start : start + m] = j
-                    source_seq[i, :m] = s
+                    source_seq += [s] * m
                     # token 0 from the prompt's last position, token t from the completion's token t - 1
-                    source_pos[i, 0] = last_prompt
-                    source_pos[i, 1:m] = torch.arange(start, start + m - 1)
+                    source_pos.append(last_prompt)
+                    source_pos += range(start, start + m - 1)
                 start += m
-                i += 1
     query, key = segment.unsqueeze(2), segment.unsqueeze(1)  # (n, L, 1), (n, 1, L)
     same_pack = (owner.unsqueeze(2) == owner.unsqueeze(1)) & (owner.unsqueeze(1) != -1)
     causal = torch.ones(length, length, dtype=torch.bool).tril()
@@ -403,7 +405,10 @@ def _packed_forward(
     else:
         out = model(input_ids=input_ids, attention_mask=mask4d, position_ids=positions)
     values = out.logits if hasattr(out, "logits") else out.last_hidden_state
-    return rows, values[source_seq, source_pos]  # only the positions that score a token
+    # Only the positions that score a token: no (rows, longest completion, ...) padding (red team
+    # rt24 F7: one long admitted group padded every honest row to its length).
+    where = (torch.tensor(source_seq, dtype=torch.long), torch.tensor(source_pos, dtype=torch.long))
+    return rows, values[where]
 
 
 def _spans(pack: _Pack, completion_ids: list[list[int]]) -> tuple[int, list[tuple[int, int]]]:

@@ -233,6 +233,31 @@ def test_a_long_completion_never_shares_a_forward_with_packs_of_short_ones() -> 
     assert [sorted(k for seq in forward for k in seq) for forward in forwards] == [[0, 1, 2, 3], [4]]
 
 
+def test_a_forward_gathers_outputs_at_real_tokens_only_never_at_the_longest_completions_width() -> None:
+    # Red team rt24 F7: outputs were gathered as (rows, longest completion, hidden), so one admitted
+    # group at the receiver's cap padded every honest row of the batch to its length.
+    policy = build_tiny_policy(0)
+    prompts = [[1, 2, 3]] * 4 + [[1, 5]] * 2
+    completions = [[4] * 3, [4] * 2, [4] * 3, [], [6] * 40, [6]]
+    seen: list[tuple[int, ...]] = []
+    real = batch_module._packed_forward
+
+    def spying(*args: Any, **kwargs: Any) -> tuple[list[int], torch.Tensor]:
+        rows, values = real(*args, **kwargs)
+        seen.append(tuple(values.shape[:-1]))
+        return rows, values
+
+    batch_module._packed_forward = spying  # type: ignore[assignment]
+    try:
+        logprobs, mask = batch_module.shared_prefix_logprobs(policy.model, prompts, completions)
+    finally:
+        batch_module._packed_forward = real  # type: ignore[assignment]
+    assert sum(shape[0] for shape in seen) == 49 and all(len(shape) == 1 for shape in seen)
+    unshared, unshared_mask = batch_module.completion_logprobs(policy.model, prompts, completions)
+    assert torch.equal(mask, unshared_mask)
+    assert torch.allclose(logprobs, unshared, atol=1e-5)
+
+
 def test_a_group_past_the_pack_limit_is_split_into_packs_that_each_repeat_the_prompt() -> None:
     prompt = list(range(10))
     group = [prompt] * 4
