@@ -146,14 +146,14 @@ class GossipConfig:
     max_item_bytes: int = 2 * 1024 * 1024
     serve_rate: float = 16.0  # per peer
     serve_burst: float = 64.0
-    # Upload budgets in bytes per second: per peer (its burst is one full answer) and for all
-    # peers together (burst: two full answers). Before, one leeching id was served ~1 GiB of our
-    # own items a minute, limited only by items per second (red team rt24 F4).
+    # Upload budget per peer in bytes per second (its burst is one full answer). Before, one
+    # leeching id was served ~1 GiB of our own items a minute, limited only by items per second
+    # (red team rt24 F4). No budget for all peers together: one shared first-come, anyone's ids
+    # took it all, and honest pullers' short answers then charged us as "not served" (rt28 F1).
     serve_bytes_rate: float = 2.0 * 1024 * 1024
-    serve_bytes_rate_total: float = 8.0 * 1024 * 1024
     # Peers whose serving budgets are kept, apart from the peer table. Past it the least recently
     # served is forgotten and, should it come back, starts with full buckets: the per-peer rates
-    # hold for up to this many pullers at once, the total byte rate always.
+    # hold for up to this many pullers at once.
     max_serving_peers: int = 4096
     # Peers.
     max_peers: int = 1024
@@ -173,7 +173,6 @@ class GossipConfig:
             "serve_rate",
             "serve_burst",
             "serve_bytes_rate",
-            "serve_bytes_rate_total",
         )
         for name in positive:
             value = getattr(self, name)
@@ -603,7 +602,6 @@ class GossipCore:
         self._refused_copies: ExpiringMap[Digest, _Candidate] = ExpiringMap(c.max_refused_copies)
         self._peers: dict[PeerId, _Peer] = {}
         self._serving: dict[PeerId, _ServeState] = {}  # least recently served first, <= max_serving_peers
-        self._serve_bytes_total = TokenBucket(c.serve_bytes_rate_total, 2 * c.max_serve_bytes)
         self._holders = 0  # peers holding announcer slots in the candidate table (``_hold``)
         self._bans: dict[PeerId, float] = {}
         # Forgotten peers' pauses and counts, restored if they come back (``_Peer.grudge``).
@@ -793,9 +791,7 @@ class GossipCore:
             return Serve(event.peer, ())
         state = self._serve_state(event.peer, now)
         allowance = min(c.max_serve_batch, math.floor(state.items.available(now)))
-        byte_allowance = min(
-            c.max_serve_bytes, state.bytes.available(now), self._serve_bytes_total.available(now)
-        )
+        byte_allowance = min(c.max_serve_bytes, state.bytes.available(now))
         found: list[Digest] = []
         total = 0
         for digest in dict.fromkeys(event.digests[: c.max_serve_batch]):  # dedupe, keep order
@@ -807,11 +803,7 @@ class GossipCore:
                 break
             found.append(digest)
             total += item.size
-        taken = (
-            state.items.take(now, len(found))
-            and state.bytes.take(now, total)
-            and self._serve_bytes_total.take(now, total)
-        )
+        taken = state.items.take(now, len(found)) and state.bytes.take(now, total)
         assert taken  # found is capped at the allowances read above
         self.stats.bytes_served += total
         self.stats.items_served += len(found)
@@ -1344,7 +1336,7 @@ class GossipCore:
         """The serving budgets of ``peer``, kept apart from the peer table: peers that only pull
         from us, each within its budgets, pinned that table's 1,024 entries and shut honest
         announcers out (red team rt24 F5). Full, the least recently served peer is forgotten;
-        one that comes back starts with full buckets, which the shared byte budget bounds."""
+        one that comes back starts with full buckets."""
         state = self._serving.pop(peer, None)
         if state is None:
             c = self.config
