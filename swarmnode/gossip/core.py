@@ -275,10 +275,11 @@ class PullFailed:
     """Pull ``request_id`` to ``peer`` failed (connection error, bad response, driver timeout).
 
     ``charged``: the server's own bytes broke the exchange (an answer over the size an honest one
-    can have, broken stream or item framing), which an honest server never sends: a rejection of
-    the server, besides the backoff. Before, such an answer cost its server only backoff, which
-    one empty answer in between reset (red team rt24: 40 MiB per minute per identity forever,
-    853 MiB alternating with empty answers). A timeout or an unreachable peer is never charged."""
+    can have, broken stream or item framing, a stall after much of it arrived: the driver's
+    ``pull_failure_charged``): a rejection of the server, besides the backoff. Before, such an
+    answer cost its server only backoff, which one empty answer in between reset (red team rt24:
+    40 MiB per minute per identity forever, 853 MiB alternating with empty answers). A plain
+    timeout or an unreachable peer is never charged."""
 
     request_id: int
     peer: PeerId
@@ -415,7 +416,7 @@ class GossipStats:
     announcements_ignored: int = 0
     digests_ignored: int = 0
     candidates_dropped: int = 0
-    candidates_evicted: int = 0  # a full table made room from peers over their share (_evict_for)
+    candidates_evicted: int = 0  # a full table made room for a new digest (_evict_for)
     pulls_started: int = 0
     pulls_succeeded: int = 0
     pulls_failed: int = 0
@@ -602,7 +603,6 @@ class GossipCore:
         self._refused_copies: ExpiringMap[Digest, _Candidate] = ExpiringMap(c.max_refused_copies)
         self._peers: dict[PeerId, _Peer] = {}
         self._serving: dict[PeerId, _ServeState] = {}  # least recently served first, <= max_serving_peers
-        self._holders = 0  # peers holding announcer slots in the candidate table (``_hold``)
         self._bans: dict[PeerId, float] = {}
         # Forgotten peers' pauses and counts, restored if they come back (``_Peer.grudge``).
         self._grudges: ExpiringMap[PeerId, _Grudge] = ExpiringMap(c.max_bans)
@@ -1183,10 +1183,8 @@ class GossipCore:
                 self._hold(state, -1)
 
     def _hold(self, state: _Peer, delta: int) -> None:
-        """Change how many announcer slots ``state`` holds in the table; counts the holders."""
-        before = state.candidates
+        """Change how many announcer slots ``state`` holds in the candidate table."""
         state.candidates += delta
-        self._holders += (state.candidates > 0) - (before > 0)
 
     def _evict_for(self, peer: PeerId, state: _Peer) -> bool:
         """The table is full and ``state``'s peer announces a new digest: make room by evicting a
