@@ -865,7 +865,7 @@ class GossipCore:
                     candidate.expires_at = expires_at
                 self._candidates.put(digest, candidate, expires_at)
             if self._take_slot(candidate, event.peer, in_table=True):
-                self._hold(state, 1)
+                state.candidates += 1
 
     def _take_slot(self, candidate: _Candidate, peer: PeerId, *, in_table: bool) -> bool:
         """Make ``peer`` an announcer of ``candidate`` if there is a slot. When all are taken, a
@@ -879,7 +879,7 @@ class GossipCore:
             del candidate.announcers[failed]
             state = self._peers.get(failed)
             if in_table and state is not None:
-                self._hold(state, -1)
+                state.candidates -= 1
         candidate.announcers[peer] = None
         return True
 
@@ -1173,18 +1173,14 @@ class GossipCore:
             return
         candidate.announcers = announcers
         for p in announcers:
-            self._hold(self._peers[p], 1)
+            self._peers[p].candidates += 1
         self._candidates.put(digest, candidate, candidate.expires_at)
 
     def _release_announcers(self, candidate: _Candidate) -> None:
         for peer in candidate.announcers:
             state = self._peers.get(peer)
             if state is not None:
-                self._hold(state, -1)
-
-    def _hold(self, state: _Peer, delta: int) -> None:
-        """Change how many announcer slots ``state`` holds in the candidate table."""
-        state.candidates += delta
+                state.candidates -= 1
 
     def _evict_for(self, peer: PeerId, state: _Peer) -> bool:
         """The table is full and ``state``'s peer announces a new digest: make room by evicting a
@@ -1323,7 +1319,7 @@ class GossipCore:
             if peer in candidate.announcers:
                 del candidate.announcers[peer]
                 if state is not None:
-                    self._hold(state, -1)
+                    state.candidates -= 1
                 if not candidate.announcers:
                     self._candidates.pop(digest)
         return actions

@@ -233,7 +233,9 @@ def test_a_long_completion_never_shares_a_forward_with_packs_of_short_ones() -> 
     assert [sorted(k for seq in forward for k in seq) for forward in forwards] == [[0, 1, 2, 3], [4]]
 
 
-def test_a_forward_gathers_outputs_at_real_tokens_only_never_at_the_longest_completions_width() -> None:
+def test_a_forward_gathers_outputs_at_real_tokens_only_never_at_the_longest_completions_width(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     # Red team rt24 F7: outputs were gathered as (rows, longest completion, hidden), so one admitted
     # group at the receiver's cap padded every honest row of the batch to its length.
     policy = build_tiny_policy(0)
@@ -247,11 +249,8 @@ def test_a_forward_gathers_outputs_at_real_tokens_only_never_at_the_longest_comp
         seen.append(tuple(values.shape[:-1]))
         return rows, values
 
-    batch_module._packed_forward = spying  # type: ignore[assignment]
-    try:
-        logprobs, mask = batch_module.shared_prefix_logprobs(policy.model, prompts, completions)
-    finally:
-        batch_module._packed_forward = real  # type: ignore[assignment]
+    monkeypatch.setattr(batch_module, "_packed_forward", spying)
+    logprobs, mask = batch_module.shared_prefix_logprobs(policy.model, prompts, completions)
     assert sum(shape[0] for shape in seen) == 49 and all(len(shape) == 1 for shape in seen)
     unshared, unshared_mask = batch_module.completion_logprobs(policy.model, prompts, completions)
     assert torch.equal(mask, unshared_mask)
