@@ -611,11 +611,12 @@ def test_serving_spends_a_byte_budget_per_peer() -> None:
 def test_peers_that_only_pull_from_us_never_keep_an_announcer_out_of_the_peer_table() -> None:
     # Red team rt24 F5: 1,024 ids pulling our items every 0.5 s kept their serve buckets below
     # full, so none could be forgotten, and an honest announcer's records were ignored.
-    core = started(cfg(max_peers=4))
+    core = started(cfg(max_peers=4, serve_rate=1.0, serve_burst=2.0))
     core.handle(Publish(d(0), 10), 0.0)
-    for t in range(20):
+    core.handle(Publish(d(2), 10), 0.0)
+    for t in range(21):  # each takes what its bucket holds: never full, never idle
         for i in range(8):
-            core.handle(PullRequest(f"leech{i}", (d(0),)), t * 0.5)
+            core.handle(PullRequest(f"leech{i}", (d(0), d(2))), t * 0.5)
     [pull] = only(Pull, announce(core, "honest", [d(1)], 10.0))
     assert pull.peer == "honest" and core.stats.announcements_ignored == 0
     assert core.sizes().peers <= 4
