@@ -57,6 +57,10 @@ from swarmnode.core.limits import ExpiringMap, TokenBucket
 from swarmnode.core.rounds import round_at, round_start
 from swarmnode.errors import ConfigError
 
+# Each item of a pull's answer is a uint32 length, then the envelope (SPEC 1.4a): counted in the
+# most bytes an answer may hold (``max_pull_response``).
+ITEM_PREFIX_BYTES = 4
+
 # Why pulled bytes were no envelope, when a peer on a newer protocol may have served them honestly
 # (``WireReason`` values; the core does not import the wire format).
 _NEWER_PROTOCOL = frozenset({"unsupported_version", "unknown_kind"})
@@ -106,6 +110,14 @@ class GossipConfig:
     # failed last pull): the rest wait for proven ones (red team rt24 F1: free ids whose pulls
     # time out held all 16 slots, 10 s each, and starved an honest announcer).
     max_unproven_pulls: int = 8
+    # Bytes that peers not proven may make us download, all of them together: a pull to one
+    # reserves the most its answer may hold (``max_pull_response``), and gives back what did not
+    # arrive. A proven peer's pull reserves nothing, but what it wastes (a failed pull, bytes no
+    # requested item) is spent too, and ends its standing. Before, each free identity made us
+    # download ~32 MiB of 2-MiB envelopes of an unknown version before a pause, or 10 MiB a
+    # minute stalling just under the charged size (red team rt28: 512 ids, ~8 GiB a minute).
+    unproven_download_rate: float = 1.0 * 1024 * 1024
+    unproven_download_burst: float = 32.0 * 1024 * 1024
     pull_timeout: float = 10.0
     pull_rate: float = 8.0  # per peer; keep it below peers' serve_rate
     pull_burst: float = 32.0
@@ -173,6 +185,7 @@ class GossipConfig:
             "serve_rate",
             "serve_burst",
             "serve_bytes_rate",
+            "unproven_download_rate",
         )
         for name in positive:
             value = getattr(self, name)
@@ -216,6 +229,12 @@ class GossipConfig:
             raise ConfigError("gossip.keep_rounds and gossip.read_back_rounds must be >= 0")
         if self.pull_burst < 1 or self.serve_burst < 1:
             raise ConfigError("gossip.pull_burst and gossip.serve_burst must be >= 1 (one item)")
+        if not self.unproven_download_burst >= self.max_item_bytes + ITEM_PREFIX_BYTES:
+            raise ConfigError(
+                "gossip.unproven_download_burst must hold one item (gossip.max_item_bytes + "
+                f"{ITEM_PREFIX_BYTES}), or no peer could ever prove itself, "
+                f"got {self.unproven_download_burst!r}"
+            )
         if self.remember_rounds <= self.read_back_rounds:
             raise ConfigError(
                 "gossip.remember_rounds must exceed gossip.read_back_rounds: a digest must be remembered "
@@ -230,6 +249,14 @@ class GossipConfig:
     @property
     def remember_ttl(self) -> float:
         return self.remember_rounds * self.round_seconds
+
+
+def max_pull_response(config: GossipConfig, digests: int) -> int:
+    """The most bytes an honest answer to a pull of ``digests`` ids holds (SPEC 1.4a): at most one
+    envelope of ``max_item_bytes`` per id, and a server stops adding items at its byte cap, so
+    reading beyond it only lets a peer make us download junk (red team rt26: a single 16-MiB item
+    was downloaded whole to learn it was too large)."""
+    return min(config.max_serve_bytes, digests * config.max_item_bytes) + ITEM_PREFIX_BYTES * digests
 
 
 # ---------------------------------------------------------------------------------------------
@@ -268,6 +295,10 @@ class PullSucceeded:
     peer: PeerId
     items: tuple[tuple[Digest, bytes], ...]
     unreadable: tuple[str, ...] = ()
+    # Bytes of the answer as read (item prefixes included), spent from the download budget
+    # (``GossipConfig.unproven_download_rate``). None: the items' own, and each unreadable item
+    # counted as the largest an item may be.
+    received: int | None = None
 
 
 @dataclass(frozen=True)
@@ -285,6 +316,7 @@ class PullFailed:
     peer: PeerId
     reason: str
     charged: bool = False
+    received: int | None = None  # bytes of the answer read before it failed; None: unknown, the most
 
 
 @dataclass(frozen=True)
@@ -422,6 +454,8 @@ class GossipStats:
     pulls_failed: int = 0
     pulls_timed_out: int = 0
     pulls_refused: int = 0  # failed for the server's own bytes (PullFailed.charged): a rejection
+    bytes_pulled: int = 0  # answers' bytes, as the driver read them
+    bytes_unvouched: int = 0  # of them, spent from the download budget (unproven_download_rate)
     pulls_cancelled: int = 0
     results_ignored: int = 0
     items_missing: int = 0
@@ -497,6 +531,7 @@ class _Awaiting:
 class _InFlight:
     peer: PeerId
     digests: dict[Digest, _Candidate]
+    reserved: int = 0  # bytes taken from the download budget at its start (a peer not proven)
 
 
 @dataclass
@@ -506,6 +541,8 @@ class _Peer:
     inflight: int = 0  # pulls to this peer
     candidates: int = 0  # announcer slots this peer holds in the candidate table
     failures: int = 0  # consecutive failed pulls
+    delivered: int = 0  # requested items it served intact, ever (while it is in the table)
+    wasted: bool = False  # its last answer held bytes that were no requested item, served intact
     backoff_until: float = -math.inf
     rejections: int = 0  # rejected items since the last shun
     unusable: int = 0  # items in a row refused for reasons charged to nobody
@@ -561,6 +598,7 @@ class _Batch:
 
     peer: PeerId
     capacity: int
+    reserved: int  # download budget taken for ``capacity`` items (0 for a proven peer)
     digests: dict[Digest, _Candidate] = field(default_factory=dict)
 
 
@@ -618,6 +656,10 @@ class GossipCore:
         # close the digest (red team R8-3); bounded, so one id cannot be pulled without end.
         self._max_unserved = 2 * c.max_announcers_per_digest
         self._unproven_slots = min(c.max_unproven_pulls, c.max_inflight_pulls)
+        # Bytes peers not proven may still make us download (``GossipConfig.unproven_download_rate``).
+        self._download = TokenBucket(c.unproven_download_rate, c.unproven_download_burst)
+        self._reserved = 0  # of it, held by pulls in flight and batches being assembled
+        self._item_reservation = c.max_item_bytes + ITEM_PREFIX_BYTES
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -726,6 +768,7 @@ class GossipCore:
             self.stats.pulls_timed_out += 1
             actions.append(CancelPull(request_id, pull.peer))
             self._release_pull(pull)
+            self._settle(pull, None, now)
             self._pull_failed(pull, now)
         return actions
 
@@ -899,45 +942,81 @@ class GossipCore:
     # -- pulling ------------------------------------------------------------------------------
 
     def _schedule_pulls(self, now: float) -> list[GossipAction]:
-        """Assign waiting candidates (oldest first) to the best eligible announcer, in batches."""
+        """Assign waiting candidates (oldest first) to the best eligible announcer, in batches.
+
+        Two passes: the first opens no pull to a suspect peer (``_suspect``), the second, only
+        when the first left candidates to one, lets them have what slots remain. Free ids that
+        wasted a pull each then no longer come before an honest newcomer read after them: in a
+        table they flooded, its candidates waited behind theirs until they expired (red team
+        rt28: 512 ids, 0 of 480 honest items pulled)."""
         c = self.config
         self._wake_at = None
         if not self._candidates:
             return []  # the common case: every announced digest is pulled or known already
         slots = _Slots(
             free=c.max_inflight_pulls - len(self._inflight),
-            unproven=self._unproven_slots
-            - sum(1 for _, pull in self._inflight.items() if not self._proven(pull.peer)),
+            unproven=self._unproven_slots - sum(1 for _, pull in self._inflight.items() if pull.reserved),
         )
         budget = c.max_pending_admissions - len(self._awaiting) - len(self._inflight_digests)
         open_batches: dict[PeerId, _Batch] = {}
         actions: list[GossipAction] = []
-        for digest, candidate in self._candidates.items():
-            if budget <= 0 or (slots.free <= 0 and not open_batches):
-                break  # freed by an event (result, verdict) or a timer already in next_deadline
-            peer = self._choose_peer(candidate, now, open_batches, slots)
-            if peer is None:
-                self._note_blocked(candidate, now)
-                continue
-            batch = open_batches.get(peer)
-            if batch is None:
-                state = self._peers[peer]
-                capacity = min(c.max_digests_per_pull, math.floor(state.pull_bucket.available(now)))
-                batch = open_batches[peer] = _Batch(peer, capacity)
-                state.inflight += 1
-                slots.free -= 1
-                slots.unproven -= not self._proven(peer)
-            self._candidates.pop(digest)
-            self._release_announcers(candidate)
-            batch.digests[digest] = candidate
-            budget -= 1
-            if len(batch.digests) >= batch.capacity:
-                actions.append(self._start_pull(open_batches.pop(peer), now))
+        for allow_suspect in (False, True):
+            deferred = False
+            for digest, candidate in self._candidates.items():
+                if budget <= 0 or (slots.free <= 0 and not open_batches):
+                    break  # freed by an event (result, verdict) or a timer already in next_deadline
+                peer = self._choose_peer(candidate, now, open_batches, slots, allow_suspect=allow_suspect)
+                if peer is None:
+                    if allow_suspect or not self._waits_for_suspect(candidate, now, slots):
+                        self._note_blocked(candidate, now)
+                    else:
+                        deferred = True
+                    continue
+                batch = open_batches.get(peer)
+                if batch is None:
+                    batch = open_batches[peer] = self._open_batch(peer, now)
+                    slots.free -= 1
+                    slots.unproven -= not self._proven(peer)
+                self._candidates.pop(digest)
+                self._release_announcers(candidate)
+                batch.digests[digest] = candidate
+                budget -= 1
+                if len(batch.digests) >= batch.capacity:
+                    actions.append(self._start_pull(open_batches.pop(peer), now))
+            if not deferred:
+                break
         actions += [self._start_pull(batch, now) for batch in open_batches.values()]
         return actions
 
+    def _open_batch(self, peer: PeerId, now: float) -> _Batch:
+        """A batch to ``peer`` (``_can_open_pull`` held): as many items as its pull bucket allows,
+        and for a peer not proven, as the download budget does; once half of that is spent (not
+        merely reserved), one item to a peer that never served one intact, so that each free id
+        that serves junk costs one item's bytes, not a full answer's."""
+        c = self.config
+        state = self._peers[peer]
+        state.inflight += 1
+        capacity = min(c.max_digests_per_pull, math.floor(state.pull_bucket.available(now)))
+        if self._proven(peer):
+            return _Batch(peer, capacity, reserved=0)
+        left = self._download.available(now)
+        if state.delivered == 0 and left + self._reserved < c.unproven_download_burst / 2:
+            capacity = 1  # half of it spent: a fresh id costs one item, not a full answer
+        capacity = min(capacity, math.floor(left / self._item_reservation))
+        reserved = max_pull_response(c, capacity)
+        taken = self._download.take(now, reserved)
+        assert taken  # capacity items of _item_reservation each, at most what the budget holds
+        self._reserved += reserved
+        return _Batch(peer, capacity, reserved)
+
     def _choose_peer(
-        self, candidate: _Candidate, now: float, open_batches: dict[PeerId, _Batch], slots: _Slots
+        self,
+        candidate: _Candidate,
+        now: float,
+        open_batches: dict[PeerId, _Batch],
+        slots: _Slots,
+        *,
+        allow_suspect: bool,
     ) -> PeerId | None:
         """Untried announcers first, then the best history; ties go to the earliest announcer.
 
@@ -945,28 +1024,56 @@ class GossipCore:
         when its announcement is read relative to the others'. Score can be farmed (serve other
         signers' intact envelopes), so it may decide who is asked first, never who is asked at
         all: an announcer that fails a digest is dropped for it without using up its tries
-        (``_drop_announcer``, red team R9-3)."""
+        (``_drop_announcer``, red team R9-3). ``allow_suspect``: a new pull may go to a suspect peer."""
         best: PeerId | None = None
         best_key: tuple[bool, int] | None = None
         for peer in candidate.announcers:  # in the order they announced it
-            if peer not in open_batches and not self._can_open_pull(peer, now, slots):
+            if peer not in open_batches and (
+                not self._can_open_pull(peer, now, slots) or (not allow_suspect and self._suspect(peer))
+            ):
                 continue
             key = (peer in candidate.tried, -self._peers[peer].score)
             if best_key is None or key < best_key:
                 best, best_key = peer, key
         return best
 
+    def _waits_for_suspect(self, candidate: _Candidate, now: float, slots: _Slots) -> bool:
+        """Whether a suspect announcer of ``candidate`` could take a pull now (the second pass)."""
+        return any(self._suspect(p) and self._can_open_pull(p, now, slots) for p in candidate.announcers)
+
     def _proven(self, peer: PeerId) -> bool:
-        """Its items were accepted more than it failed us, and its last pull did not fail."""
+        """Its items were accepted more than it failed us; its last pull neither failed nor held
+        bytes other than requested items; no item of it was refused since its last accepted one.
+
+        Not "wasted": an answer of one valid item and 14 MiB of junk was proven again by that
+        item's acceptance, so every next pull was free of the download budget (rt28's repro
+        ``dl_per_id.py unkacc``: 392 MiB a minute from 64 ids, past a 120 MiB budget)."""
         state = self._peers.get(peer)
-        return state is not None and state.score > 0 and state.failures == 0
+        return (
+            state is not None
+            and state.score > 0
+            and state.failures == 0
+            and state.unusable == 0
+            and not state.wasted
+        )
+
+    def _suspect(self, peer: PeerId) -> bool:
+        """Its last pull failed or wasted bytes, or an item of it was refused since its last accepted
+        one (so not proven), or it was charged a rejection since its last shun."""
+        state = self._peers.get(peer)
+        return state is not None and (
+            state.failures > 0 or state.wasted or state.unusable > 0 or state.rejections > 0
+        )
 
     def _can_open_pull(self, peer: PeerId, now: float, slots: _Slots) -> bool:
         state = self._peers.get(peer)
         return (
             state is not None
             and slots.free > 0
-            and (slots.unproven > 0 or self._proven(peer))
+            and (
+                self._proven(peer)
+                or (slots.unproven > 0 and self._download.available(now) >= self._item_reservation)
+            )
             and not self.is_banned(peer, now)
             and state.backoff_until <= now
             and state.paused_until <= now
@@ -994,11 +1101,16 @@ class GossipCore:
         self._next_request_id += 1
         taken = self._peers[batch.peer].pull_bucket.take(now, len(batch.digests))
         assert taken  # a batch holds at most the tokens its peer had when it opened, at this now
+        reserved = 0
+        if batch.reserved:
+            reserved = max_pull_response(self.config, len(batch.digests))
+            self._download.give(now, batch.reserved - reserved)  # what a fuller batch would have held
+            self._reserved -= batch.reserved - reserved
         # The driver gives up after pull_timeout and reports why (a stalled answer is charged,
         # ``PullFailed.charged``); the core's own expiry waits a little longer, so that report is
         # not pre-empted by a CancelPull (red team rt27).
         expires_at = now + self.config.pull_timeout * _PULL_EXPIRY_GRACE
-        self._inflight.put(request_id, _InFlight(batch.peer, batch.digests), expires_at)
+        self._inflight.put(request_id, _InFlight(batch.peer, batch.digests, reserved), expires_at)
         for digest in batch.digests:
             self._inflight_digests[digest] = request_id
         self.stats.pulls_started += 1
@@ -1049,7 +1161,13 @@ class GossipCore:
             self._awaiting.put(digest, waiting, now + self.config.admission_timeout)
             actions.append(Admit(event.peer, digest, payload))
             self.stats.admits += 1
+        received = event.received
+        if received is None:
+            received = sum(len(payload) + ITEM_PREFIX_BYTES for _, payload in event.items)
+            received += len(event.unreadable) * self._item_reservation
+        self._settle(pull, received, now, useful=answered + ITEM_PREFIX_BYTES * len(delivered))
         if delivered and state is not None:
+            state.delivered += len(delivered)
             # Only an answer that delivered something ends a run of failures: an empty one in
             # between reset the backoff of a peer whose pulls all failed (red team rt27).
             state.failures = 0
@@ -1084,11 +1202,30 @@ class GossipCore:
         if pull is None:
             return []
         self.stats.pulls_failed += 1
+        self._settle(pull, event.received, now)
         self._pull_failed(pull, now)
         if not event.charged:
             return []
         self.stats.pulls_refused += 1
         return self._count_rejection(event.peer, now)
+
+    def _settle(self, pull: _InFlight, received: int | None, now: float, *, useful: int = 0) -> None:
+        """Spend the bytes an ended pull cost from the download budget (``unproven_download_rate``):
+        all of them for a peer not proven when it started (its reservation back), else those of
+        no requested item (``useful``: the rest). ``received`` None: unknown, as much as it
+        could have been."""
+        most = max_pull_response(self.config, len(pull.digests))
+        got = most if received is None else max(0, received)
+        self.stats.bytes_pulled += got
+        wasted = max(0, got - useful)
+        spent = got if pull.reserved else wasted
+        state = self._peers.get(pull.peer)
+        if state is not None:
+            state.wasted = wasted > 0
+        self._download.give(now, pull.reserved)
+        self._reserved -= pull.reserved
+        self._download.spend(now, spent)
+        self.stats.bytes_unvouched += spent
 
     def _pull_failed(self, pull: _InFlight, now: float) -> None:
         c = self.config
@@ -1310,6 +1447,7 @@ class GossipCore:
             if pull.peer == peer:
                 self._inflight.pop(request_id)
                 self._release_pull(pull)
+                self._settle(pull, None, now)
                 self.stats.pulls_cancelled += 1
                 actions.append(CancelPull(request_id, peer))
                 for digest, candidate in pull.digests.items():

@@ -29,6 +29,7 @@ from typing import Any
 from swarmnode.admit import AdmissionPipeline, Rejected, RejectReason
 from swarmnode.admit.intake import Intake
 from swarmnode.gossip.core import (
+    ITEM_PREFIX_BYTES,
     Admit,
     Announce,
     Announced,
@@ -42,6 +43,7 @@ from swarmnode.gossip.core import (
     ReadAnnouncements,
     Retire,
     Serve,
+    max_pull_response,
 )
 from swarmnode.gossip.intake import (
     DecodedEnvelopes,
@@ -66,17 +68,6 @@ log = logging.getLogger(__name__)
 PULL_HANDLER = "swarmnode.pull.v1"
 DIGEST_BYTES = 32
 MAX_PULL_REQUEST = 64 * DIGEST_BYTES
-ITEM_PREFIX_BYTES = 4  # each item of a pull's answer is a uint32 length, then the envelope
-
-
-def max_pull_response(config: GossipConfig, digests: int) -> int:
-    """The most bytes an honest answer to a pull of ``digests`` ids holds (SPEC 1.4a): at most one
-    envelope of ``max_item_bytes`` per id, and a server stops adding items at its byte cap, so
-    reading beyond it only lets a peer make us download junk (red team rt26: a single 16-MiB item
-    was downloaded whole to learn it was too large)."""
-    return min(config.max_serve_bytes, digests * config.max_item_bytes) + ITEM_PREFIX_BYTES * digests
-
-
 MAX_PULL_RESPONSE = max_pull_response(GossipConfig(), MAX_PULL_REQUEST // DIGEST_BYTES)
 DHT_TIMEOUT = 10.0
 _SHUFFLE = random.SystemRandom()
@@ -313,19 +304,29 @@ class GossipDriver:
                 timeout=action.timeout,
                 max_response_bytes=max_pull_response(self.core.config, len(action.digests)),
             )
-            payloads = decode_items(response, len(action.digests))
-        except (PeerCallError, NetError, ValueError, OSError) as exc:
+        except (PeerCallError, NetError, OSError) as exc:
             self._pulls.pop(action.request_id, None)
             reason = exc.reason.value if isinstance(exc, PeerCallError) else type(exc).__name__
-            charged = pull_failure_charged(exc)
-            self._feed(PullFailed(action.request_id, action.peer, str(reason), charged=charged))
+            received = exc.received if isinstance(exc, PeerCallError) else 0  # else: failed here, not there
+            failed = PullFailed(
+                action.request_id, action.peer, reason, charged=pull_failure_charged(exc), received=received
+            )
+            self._feed(failed)
+            return
+        try:
+            payloads = decode_items(response, len(action.digests))
+        except ValueError as exc:  # the items' framing is broken
+            self._pulls.pop(action.request_id, None)
+            charged, got = pull_failure_charged(exc), len(response)
+            self._feed(PullFailed(action.request_id, action.peer, "bad_items", charged=charged, received=got))
             return
         self._pulls.pop(action.request_id, None)
         pulled = decode_pulled(payloads, self._decoded)
         for payload in pulled.not_envelopes:
             self._spawn(self._refuse_non_envelope(action.peer, payload), "refuse")
         self.metrics.inc("groups_received_batches", "Rollout batches received from peers", len(pulled.items))
-        self._feed(PullSucceeded(action.request_id, action.peer, pulled.items, pulled.unreadable))
+        answer = PullSucceeded(action.request_id, action.peer, pulled.items, pulled.unreadable, len(response))
+        self._feed(answer)
 
     async def _admit(self, action: Admit, envelope: Envelope | None = None) -> None:
         # Pulled by id, so solicited: the per-sender rate bucket is for unsolicited pushes; the CPU

@@ -655,23 +655,25 @@ class HivemindRuntime:
                     raise PeerCallError(CallFailure.UNREACHABLE, peer_id, name, str(e)) from e
                 # Send and receive at once: a peer that refuses early (too large) answers while we still send.
                 sending = asyncio.create_task(write_message(writer, request))
+
+                # Each failure says how much of the answer arrived: the caller spends it from a
+                # download budget (an ERROR frame after 15 MiB of data cost us the 15 MiB).
+                def failed(reason: CallFailure, detail: str) -> PeerCallError:
+                    return PeerCallError(reason, peer_id, name, detail, received=progress.received)
+
                 try:
                     response = await read_message(reader, max_response_bytes, progress)
                 except RemoteRefused as e:
-                    raise _refusal(peer_id, name, str(e)) from e
+                    raise _refusal(peer_id, name, str(e), received=progress.received) from e
                 except MessageTooLarge as e:
-                    raise PeerCallError(
-                        CallFailure.TOO_LARGE, peer_id, name, f"response exceeds {e.limit} bytes"
-                    ) from e
+                    raise failed(CallFailure.TOO_LARGE, f"response exceeds {e.limit} bytes") from e
                 except FramingError as e:
                     lost = _send_failure(sending)  # the stream broke while we were still sending
                     if lost is not None:
-                        raise PeerCallError(CallFailure.UNREACHABLE, peer_id, name, lost) from e
-                    raise PeerCallError(CallFailure.PROTOCOL, peer_id, name, str(e)) from e
+                        raise failed(CallFailure.UNREACHABLE, lost) from e
+                    raise failed(CallFailure.PROTOCOL, str(e)) from e
                 except OSError as e:
-                    raise PeerCallError(
-                        CallFailure.UNREACHABLE, peer_id, name, f"connection lost: {e}"
-                    ) from e
+                    raise failed(CallFailure.UNREACHABLE, f"connection lost: {e}") from e
                 # A complete answer: the exchange succeeded, even if a (misbehaving) peer
                 # answered before reading all of the request.
                 return response
@@ -786,10 +788,10 @@ def _peer(peer_id: str, name: str) -> PeerID:
         raise PeerCallError(CallFailure.UNREACHABLE, peer_id, name, "not a libp2p peer id") from e
 
 
-def _refusal(peer_id: str, name: str, text: str) -> PeerCallError:
+def _refusal(peer_id: str, name: str, text: str, *, received: int = 0) -> PeerCallError:
     code = text.split(":", 1)[0].strip()
     reason = CallFailure.TOO_LARGE if code == _TOO_LARGE else CallFailure.REMOTE_ERROR
-    return PeerCallError(reason, peer_id, name, text)
+    return PeerCallError(reason, peer_id, name, text, received=received)
 
 
 async def _linger(reader: asyncio.StreamReader) -> None:
