@@ -79,6 +79,8 @@ _SCORE_LIMIT = 100
 _EVICTION_SCAN = 32
 _PULL_EXPIRY_GRACE = 1.1  # the core expires a pull this many pull_timeouts after it started
 _BACKOFF_MAX_DOUBLINGS = 30  # 2**30 * any sane backoff_base is past backoff_max already
+# ``PullFailed.reason`` of an answer over the bytes the puller reads (net.errors.CallFailure.TOO_LARGE).
+_TOO_LARGE = "too_large"
 # The admission reason (swarmnode.admit.reasons.RejectReason.REPLAY) for an id it already holds as seen.
 _REPLAY = "replay"
 
@@ -118,6 +120,11 @@ class GossipConfig:
     # minute stalling just under the charged size (red team rt28: 512 ids, ~8 GiB a minute).
     unproven_download_rate: float = 1.0 * 1024 * 1024
     unproven_download_burst: float = 32.0 * 1024 * 1024
+    # Once half that burst is spent, a pull to a peer that never served an item intact asks for
+    # one and reads at most this much of the answer (a probe): 512 free ids serving junk cost
+    # 2 MiB each before, and an honest newcomer read after them waited ~17 minutes (rt28). An
+    # answer over it is not the server's fault: its next pulls are full size, after others'.
+    probe_answer_bytes: int = 128 * 1024
     pull_timeout: float = 10.0
     pull_rate: float = 8.0  # per peer; keep it below peers' serve_rate
     pull_burst: float = 32.0
@@ -214,6 +221,7 @@ class GossipConfig:
             "max_serve_batch",
             "max_serve_bytes",
             "max_item_bytes",
+            "probe_answer_bytes",
             "max_peers",
             "max_serving_peers",
             "max_bans",
@@ -386,12 +394,17 @@ class ReadAnnouncements:
 
 @dataclass(frozen=True)
 class Pull:
-    """Ask ``peer`` for the payloads of ``digests``, giving up after ``timeout`` seconds."""
+    """Ask ``peer`` for the payloads of ``digests``, giving up after ``timeout`` seconds.
+
+    ``max_bytes``: read at most this much of the answer; None: ``max_pull_response``. Set only
+    for a probe (``GossipConfig.probe_answer_bytes``): an honest answer may exceed it, so that
+    failure (``PullFailed`` reason ``"too_large"``) must not be charged."""
 
     request_id: int
     peer: PeerId
     digests: tuple[Digest, ...]
     timeout: float
+    max_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -532,6 +545,7 @@ class _InFlight:
     peer: PeerId
     digests: dict[Digest, _Candidate]
     reserved: int = 0  # bytes taken from the download budget at its start (a peer not proven)
+    probe: bool = False  # reads at most probe_answer_bytes (Pull.max_bytes)
 
 
 @dataclass
@@ -543,6 +557,7 @@ class _Peer:
     failures: int = 0  # consecutive failed pulls
     delivered: int = 0  # requested items it served intact, ever (while it is in the table)
     wasted: bool = False  # its last answer held bytes that were no requested item, served intact
+    outgrew_probe: bool = False  # answered a probe with more than probe_answer_bytes
     backoff_until: float = -math.inf
     rejections: int = 0  # rejected items since the last shun
     unusable: int = 0  # items in a row refused for reasons charged to nobody
@@ -599,6 +614,7 @@ class _Batch:
     peer: PeerId
     capacity: int
     reserved: int  # download budget taken for ``capacity`` items (0 for a proven peer)
+    probe: bool = False  # one item, read up to probe_answer_bytes (``_probes``)
     digests: dict[Digest, _Candidate] = field(default_factory=dict)
 
 
@@ -660,6 +676,7 @@ class GossipCore:
         self._download = TokenBucket(c.unproven_download_rate, c.unproven_download_burst)
         self._reserved = 0  # of it, held by pulls in flight and batches being assembled
         self._item_reservation = c.max_item_bytes + ITEM_PREFIX_BYTES
+        self._probe_bytes = min(c.probe_answer_bytes, self._item_reservation)  # a probe reads at most this
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -990,24 +1007,38 @@ class GossipCore:
 
     def _open_batch(self, peer: PeerId, now: float) -> _Batch:
         """A batch to ``peer`` (``_can_open_pull`` held): as many items as its pull bucket allows,
-        and for a peer not proven, as the download budget does; once half of that is spent (not
-        merely reserved), one item to a peer that never served one intact, so that each free id
-        that serves junk costs one item's bytes, not a full answer's."""
+        and for a peer not proven, as the download budget does, or a probe (``_probes``), so that
+        each free id that serves junk costs a probe's bytes, not a full answer's."""
         c = self.config
         state = self._peers[peer]
         state.inflight += 1
         capacity = min(c.max_digests_per_pull, math.floor(state.pull_bucket.available(now)))
         if self._proven(peer):
             return _Batch(peer, capacity, reserved=0)
-        left = self._download.available(now)
-        if state.delivered == 0 and left + self._reserved < c.unproven_download_burst / 2:
-            capacity = 1  # half of it spent: a fresh id costs one item, not a full answer
-        capacity = min(capacity, math.floor(left / self._item_reservation))
-        reserved = max_pull_response(c, capacity)
+        probe = self._probes(state, now)
+        if probe:
+            capacity, reserved = 1, self._probe_bytes
+        else:
+            capacity = min(capacity, math.floor(self._download.available(now) / self._item_reservation))
+            reserved = max_pull_response(c, capacity)
         taken = self._download.take(now, reserved)
-        assert taken  # capacity items of _item_reservation each, at most what the budget holds
+        assert taken  # _can_open_pull saw this much in the budget (_unproven_need)
         self._reserved += reserved
-        return _Batch(peer, capacity, reserved)
+        return _Batch(peer, capacity, reserved, probe)
+
+    def _probes(self, state: _Peer, now: float) -> bool:
+        """Whether a pull to this peer, not proven, is a probe: half the download budget is spent
+        (not merely reserved) and it never served an item intact nor outgrew a probe."""
+        spent = self.config.unproven_download_burst - self._download.available(now) - self._reserved
+        return (
+            state.delivered == 0
+            and not state.outgrew_probe
+            and spent > self.config.unproven_download_burst / 2
+        )
+
+    def _unproven_need(self, state: _Peer, now: float) -> float:
+        """The download budget a pull to this peer, not proven, must find: a probe's or one item's."""
+        return self._probe_bytes if self._probes(state, now) else self._item_reservation
 
     def _choose_peer(
         self,
@@ -1072,7 +1103,7 @@ class GossipCore:
             and slots.free > 0
             and (
                 self._proven(peer)
-                or (slots.unproven > 0 and self._download.available(now) >= self._item_reservation)
+                or (slots.unproven > 0 and self._download.available(now) >= self._unproven_need(state, now))
             )
             and not self.is_banned(peer, now)
             and state.backoff_until <= now
@@ -1101,8 +1132,8 @@ class GossipCore:
         self._next_request_id += 1
         taken = self._peers[batch.peer].pull_bucket.take(now, len(batch.digests))
         assert taken  # a batch holds at most the tokens its peer had when it opened, at this now
-        reserved = 0
-        if batch.reserved:
+        reserved = batch.reserved
+        if batch.reserved and not batch.probe:
             reserved = max_pull_response(self.config, len(batch.digests))
             self._download.give(now, batch.reserved - reserved)  # what a fuller batch would have held
             self._reserved -= batch.reserved - reserved
@@ -1110,11 +1141,14 @@ class GossipCore:
         # ``PullFailed.charged``); the core's own expiry waits a little longer, so that report is
         # not pre-empted by a CancelPull (red team rt27).
         expires_at = now + self.config.pull_timeout * _PULL_EXPIRY_GRACE
-        self._inflight.put(request_id, _InFlight(batch.peer, batch.digests, reserved), expires_at)
+        self._inflight.put(
+            request_id, _InFlight(batch.peer, batch.digests, reserved, batch.probe), expires_at
+        )
         for digest in batch.digests:
             self._inflight_digests[digest] = request_id
         self.stats.pulls_started += 1
-        return Pull(request_id, batch.peer, tuple(batch.digests), self.config.pull_timeout)
+        limit = self._probe_bytes if batch.probe else None
+        return Pull(request_id, batch.peer, tuple(batch.digests), self.config.pull_timeout, limit)
 
     def _take_inflight(self, request_id: int, peer: PeerId) -> _InFlight | None:
         pull = self._inflight.get(request_id)
@@ -1203,8 +1237,12 @@ class GossipCore:
             return []
         self.stats.pulls_failed += 1
         self._settle(pull, event.received, now)
+        state = self._peers.get(pull.peer)
+        outgrown = pull.probe and event.reason == _TOO_LARGE
+        if outgrown and state is not None:
+            state.outgrew_probe = True  # an honest peer's item may be larger: its next pull is full size
         self._pull_failed(pull, now)
-        if not event.charged:
+        if not event.charged or outgrown:  # ``Pull.max_bytes``: not the server's fault
             return []
         self.stats.pulls_refused += 1
         return self._count_rejection(event.peer, now)
@@ -1214,7 +1252,7 @@ class GossipCore:
         all of them for a peer not proven when it started (its reservation back), else those of
         no requested item (``useful``: the rest). ``received`` None: unknown, as much as it
         could have been."""
-        most = max_pull_response(self.config, len(pull.digests))
+        most = self._probe_bytes if pull.probe else max_pull_response(self.config, len(pull.digests))
         got = most if received is None else max(0, received)
         self.stats.bytes_pulled += got
         wasted = max(0, got - useful)

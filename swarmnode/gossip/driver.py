@@ -296,21 +296,27 @@ class GossipDriver:
                 self._feed(event)
 
     async def _pull(self, action: Pull) -> None:
+        limit = action.max_bytes
         try:
             response = await self.runtime.call_stream(
                 action.peer,
                 PULL_HANDLER,
                 b"".join(action.digests),
                 timeout=action.timeout,
-                max_response_bytes=max_pull_response(self.core.config, len(action.digests)),
+                max_response_bytes=max_pull_response(self.core.config, len(action.digests))
+                if limit is None
+                else limit,
             )
         except (PeerCallError, NetError, OSError) as exc:
             self._pulls.pop(action.request_id, None)
             reason = exc.reason.value if isinstance(exc, PeerCallError) else type(exc).__name__
             received = exc.received if isinstance(exc, PeerCallError) else 0  # else: failed here, not there
-            failed = PullFailed(
-                action.request_id, action.peer, reason, charged=pull_failure_charged(exc), received=received
+            # An honest item may be larger than a probe reads (Pull.max_bytes): not charged.
+            probe_outgrown = (
+                limit is not None and isinstance(exc, PeerCallError) and exc.reason is CallFailure.TOO_LARGE
             )
+            charged = pull_failure_charged(exc) and not probe_outgrown
+            failed = PullFailed(action.request_id, action.peer, reason, charged=charged, received=received)
             self._feed(failed)
             return
         try:

@@ -200,6 +200,9 @@ def test_stream_response_over_the_callers_limit_raises_too_large(trio: Trio) -> 
         with pytest.raises(PeerCallError) as caught:
             await b.call_stream(a.peer_id, "big", b"", timeout=T, max_response_bytes=300 * 1024)
         assert caught.value.reason is CallFailure.TOO_LARGE
+        # What had arrived before the frame over the limit: the puller spends it from its
+        # download budget (GossipConfig.unproven_download_rate); before, only a timeout said.
+        assert 0 < caught.value.received <= 300 * 1024
 
     trio.run(scenario())
 

@@ -1,0 +1,169 @@
+"""Specification of the download budget for peers not proven (GossipConfig.unproven_download_*).
+
+Red team rt28: 2-MiB envelopes of an unknown protocol version count only toward a pause, so each
+free identity made a node download ~32 MiB before it stopped pulling from it (512 ids: ~8 GiB a
+minute); stalling just under the charged size cost ~10 MiB a minute per id for ever. All peers
+not proven now share one byte budget, and a free id that served nothing intact comes after one
+that did not fail us."""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+
+import pytest
+
+from swarmnode.errors import ConfigError
+from swarmnode.gossip import (
+    AdmissionResult,
+    Announced,
+    GossipAction,
+    GossipConfig,
+    GossipCore,
+    GossipEvent,
+    Pull,
+    PullFailed,
+    PullSucceeded,
+)
+
+MiB = 1024 * 1024
+ITEM = 2 * MiB + 4  # the most one asked-for item may cost: max_item_bytes and its length prefix
+_ids = itertools.count()
+
+
+def fresh(n: int) -> tuple[bytes, ...]:
+    return tuple(hashlib.sha256(b"digest-%d" % next(_ids)).digest() for _ in range(n))
+
+
+def pulls(actions: list[GossipAction]) -> list[Pull]:
+    return [a for a in actions if isinstance(a, Pull)]
+
+
+def core_with(**overrides: float) -> GossipCore:
+    times = dict(round_seconds=10.0, read_interval=1.0, pull_timeout=5.0, backoff_max=8.0)
+    config = GossipConfig(**times, **overrides)
+    core = GossipCore(config, "me")
+    core.poll(0.0)
+    return core
+
+
+def announce(core: GossipCore, peer: str, digests: tuple[bytes, ...], now: float) -> list[Pull]:
+    return pulls(core.handle(Announced(peer, core.current_round(now), digests), now))
+
+
+def serve_valid(core: GossipCore, pull: Pull, now: float) -> list[Pull]:
+    """``pull``'s server answers with every asked-for item, each of 100 bytes, all accepted."""
+    items = tuple((digest, b"v" * 100) for digest in pull.digests)
+    actions = core.handle(PullSucceeded(pull.request_id, pull.peer, items, received=104 * len(items)), now)
+    for digest in pull.digests:
+        actions += core.handle(AdmissionResult(pull.peer, digest, True, "accepted"), now)
+    return pulls(actions)
+
+
+def proven(core: GossipCore, peer: str, now: float) -> None:
+    """``peer`` serves an item that is accepted, and nothing of it failed: it is proven."""
+    [first] = announce(core, peer, fresh(1), now)
+    assert serve_valid(core, first, now) == []
+    assert core._proven(peer)
+
+
+def test_the_budget_must_hold_one_item_or_no_peer_could_prove_itself() -> None:
+    with pytest.raises(ConfigError, match="unproven_download_burst"):
+        GossipConfig(unproven_download_burst=2 * MiB)
+    with pytest.raises(ConfigError, match="unproven_download_rate"):
+        GossipConfig(unproven_download_rate=0.0)
+    GossipConfig(unproven_download_burst=ITEM)
+
+
+def test_free_ids_serving_envelopes_of_an_unknown_version_download_no_more_than_the_budget() -> None:
+    core = core_with(unproven_download_rate=MiB, unproven_download_burst=8 * MiB)
+    ids = [f"free{i}" for i in range(32)]
+    served = 0
+    seconds = 60
+    for now in range(seconds):
+        waiting = []
+        for peer in ids:  # every id announces new digests each second and answers each pull at once
+            waiting += announce(core, peer, fresh(8), float(now))
+        while waiting:
+            pull = waiting.pop()
+            n = len(pull.digests)  # one 2-MiB envelope of version 9 per asked-for id
+            if pull.max_bytes is not None:  # a probe: the driver stops reading at its limit
+                served += pull.max_bytes
+                rid, peer = pull.request_id, pull.peer
+                answer: GossipEvent = PullFailed(rid, peer, "too_large", False, pull.max_bytes)
+            else:
+                served += n * ITEM
+                answer = PullSucceeded(pull.request_id, pull.peer, (), ("unsupported_version",) * n, n * ITEM)
+            waiting += pulls(core.handle(answer, float(now)))
+    budget = 8 * MiB + seconds * MiB
+    assert core.stats.bytes_pulled == served
+    assert budget - 2 * ITEM <= served <= budget  # without it: 16 in a row each before a pause, ~1 GiB
+
+
+def test_an_answer_of_one_valid_item_and_junk_ends_its_servers_standing() -> None:
+    # Its valid item is accepted, so its score rises and no item of it stays refused; before the
+    # standing counted the bytes of the last answer, that made the next pull free of the budget.
+    core = core_with(unproven_download_rate=1.0, unproven_download_burst=2 * ITEM)
+    proven(core, "honest", 0.0)
+    proven(core, "a", 0.0)
+    [pull] = announce(core, "a", fresh(1), 1.0)  # free of the budget: "a" is proven
+    [(digest,)] = [pull.digests]
+    junk = ("unsupported_version",)
+    answer = PullSucceeded(pull.request_id, "a", ((digest, b"v" * 100),), junk, 104 + ITEM)
+    core.handle(answer, 1.0)
+    core.handle(AdmissionResult("a", digest, True, "accepted"), 1.0)
+    # The junk was spent from the budget: less than one item is left, so a peer not proven waits.
+    assert announce(core, "a", fresh(1), 2.0) == []
+    assert [p.peer for p in announce(core, "honest", fresh(1), 2.0)] == ["honest"]  # a proven peer does not
+
+
+def test_a_peer_whose_last_pull_failed_is_pulled_after_a_fresh_announcer_read_later() -> None:
+    core = core_with(max_unproven_pulls=1)
+    [pull] = announce(core, "stalls", fresh(1), 0.0)
+    core.handle(PullFailed(pull.request_id, "stalls", "timeout", received=STALL), 5.0)
+    [busy] = announce(core, "busy", fresh(1), 6.5)  # its backoff is over; the one slot is taken
+    assert announce(core, "stalls", fresh(4), 7.0) == []
+    assert announce(core, "newcomer", fresh(1), 7.5) == []
+    [first] = serve_valid(core, busy, 8.0)  # the slot is free again...
+    assert first.peer == "newcomer"  # ...and goes to the newcomer; before, to the oldest candidates'
+    assert [p.peer for p in serve_valid(core, first, 8.1)] == ["stalls"]  # then "stalls" gets its turn
+
+
+STALL = MiB - 1  # just under what the driver charges as a stall (driver.STALLED_ANSWER_BYTES)
+
+
+def test_once_half_the_budget_is_spent_a_peer_that_never_served_an_item_is_sent_a_probe() -> None:
+    core = core_with(unproven_download_rate=1.0, unproven_download_burst=16 * ITEM)
+    [junk] = announce(core, "junk", fresh(9), 0.0)
+    assert len(junk.digests) == 9 and junk.max_bytes is None  # the budget is full: a whole batch
+    core.handle(PullSucceeded(junk.request_id, "junk", (), ("unsupported_version",) * 9, 9 * ITEM), 0.5)
+    probes = announce(core, "newcomer", fresh(6), 1.0)
+    # 7 items left: one item a pull (two in flight), reading at most 128 KiB of the answer.
+    assert [(len(p.digests), p.max_bytes) for p in probes] == [(1, 128 * 1024)] * 2
+    [batch] = serve_valid(core, probes[0], 1.1)
+    assert (len(batch.digests), batch.max_bytes) == (4, None)  # it served one intact: the rest at once
+
+
+def test_an_honest_item_larger_than_a_probe_costs_its_server_nothing_but_the_wait() -> None:
+    core = core_with(unproven_download_rate=1.0, unproven_download_burst=5 * ITEM)
+    [junk] = announce(core, "junk", fresh(3), 0.0)
+    core.handle(PullSucceeded(junk.request_id, "junk", (), ("unsupported_version",) * 3, 3 * ITEM), 0.5)
+    [probe] = announce(core, "big", fresh(1), 1.0)
+    assert probe.max_bytes == 128 * 1024
+    # The driver read 128 KiB of a 1-MiB envelope and gave up (CallFailure.TOO_LARGE), uncharged.
+    core.handle(PullFailed(probe.request_id, "big", "too_large", received=probe.max_bytes), 1.2)
+    assert core.stats.pulls_refused == 0 and core._peers["big"].rejections == 0
+    [full] = pulls(core.poll(2.5))  # after its backoff: the whole item, if the budget holds it
+    assert full.peer == "big" and full.max_bytes is None
+
+
+def test_a_pull_that_fails_with_nothing_read_gives_its_reservation_back() -> None:
+    core = core_with(unproven_download_rate=1.0, unproven_download_burst=ITEM)
+    for now in (0.0, 20.0):  # after the backoff, the one item of budget is there again
+        [pull] = announce(core, "slow", fresh(1), now)
+        core.handle(PullFailed(pull.request_id, "slow", "timeout", received=0), now + 5.0)
+    assert core.stats.bytes_unvouched == 0
+    [pull] = announce(core, "slow", fresh(1), 40.0)
+    core.handle(PullFailed(pull.request_id, "slow", "unreachable"), 45.0)  # bytes read unknown: the most
+    assert core.stats.bytes_unvouched == ITEM
+    assert announce(core, "other", fresh(1), 46.0) == []
