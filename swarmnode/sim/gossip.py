@@ -140,7 +140,7 @@ class GossipPeer:
             self.sim.after(
                 2 * net.latency(self.node.host, target),
                 self.feed,
-                [PullFailed(action.request_id, action.peer, "unreachable")],
+                [PullFailed(action.request_id, action.peer, "unreachable", received=0)],  # nothing arrived
             )
             return
         net.send(
