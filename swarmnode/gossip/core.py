@@ -22,7 +22,8 @@ Driving it
     ``handle(event, now)``, ``handle_all(events, now)`` (e.g. all records of one read) and
     ``poll(now)`` return actions; the driver performs every action it gets back, from whichever
     call, and feeds results back as events. Each ``PullRequest`` yields exactly one ``Serve`` in
-    the same call (the request's answer), beside any other actions. ``next_deadline()`` says
+    the same call (the request's answer), beside any other actions; a call with pull requests only
+    returns their answers alone. ``next_deadline()`` says
     when to call ``poll`` at the latest (a value in the past means "now"; ``None`` means "only
     when an event arrives"). ``now`` is one clock for all calls: wall-clock seconds in the node
     (rounds are wall-clock epochs), virtual seconds in the simulator; if it ever goes backwards
@@ -125,6 +126,12 @@ class GossipConfig:
     # 2 MiB each before, and an honest newcomer read after them waited ~17 minutes (rt28). An
     # answer over it is not the server's fault: its next pulls are full size, after others'.
     probe_answer_bytes: int = 128 * 1024
+    # Bytes a peer made us download for nothing (a failed pull's, an answer's beyond its asked-for
+    # items served intact, items admission refused busy) it must repay at this rate, per peer,
+    # before it is proven again. Before, one accepted item re-proved it at once: a proven peer
+    # served 2-MiB envelopes of fresh signers that the new-identity budget refused, one accepted
+    # now and then, ~480 MiB a minute free of the download budget (red team rt29 F1).
+    waste_repay_rate: float = 64.0 * 1024
     pull_timeout: float = 10.0
     pull_rate: float = 8.0  # per peer; keep it below peers' serve_rate
     pull_burst: float = 32.0
@@ -193,6 +200,7 @@ class GossipConfig:
             "serve_burst",
             "serve_bytes_rate",
             "unproven_download_rate",
+            "waste_repay_rate",
         )
         for name in positive:
             value = getattr(self, name)
@@ -538,6 +546,8 @@ class _Awaiting:
 
     peer: PeerId
     candidate: _Candidate
+    size: int  # its bytes in the answer, prefix included: wasted if admission refuses it busy
+    spent: bool  # from the download budget already (a pull to a peer not proven)
 
 
 @dataclass
@@ -551,6 +561,7 @@ class _InFlight:
 @dataclass
 class _Peer:
     pull_bucket: TokenBucket
+    waste: TokenBucket  # bytes downloaded for nothing, in debt until repaid (waste_repay_rate)
     last_seen: float
     inflight: int = 0  # pulls to this peer
     candidates: int = 0  # announcer slots this peer holds in the candidate table
@@ -686,8 +697,14 @@ class GossipCore:
     def handle_all(self, events: Iterable[GossipEvent], now: float) -> list[GossipAction]:
         """Several events at one instant, e.g. every record of one read. Like ``handle`` for each
         in turn, except that pulls are scheduled once, at the end: cheaper, and batches fill
-        better. Serve actions come out in the order of their PullRequest events."""
+        better. Serve actions come out in the order of their PullRequest events.
+
+        Events that are all ``PullRequest`` are answered and nothing else is done: serving changes
+        nothing the scheduler reads, and a scheduling pass over a full candidate table cost ~50 ms
+        of CPU, which any peer could ask for with 32 bytes (red team rt29 F2)."""
         now = self._advance(now)
+        if all(isinstance(event, PullRequest) for event in events):
+            return [self._on_pull_request(event, now) for event in events if isinstance(event, PullRequest)]
         actions = self._expire(now)
         for event in events:
             match event:
@@ -785,7 +802,7 @@ class GossipCore:
             self.stats.pulls_timed_out += 1
             actions.append(CancelPull(request_id, pull.peer))
             self._release_pull(pull)
-            self._settle(pull, None, now)
+            self._settle(pull, 0, now)  # unknown, but the driver's report comes first (pull_timeout)
             self._pull_failed(pull, now)
         return actions
 
@@ -975,6 +992,8 @@ class GossipCore:
             unproven=self._unproven_slots - sum(1 for _, pull in self._inflight.items() if pull.reserved),
         )
         budget = c.max_pending_admissions - len(self._awaiting) - len(self._inflight_digests)
+        if not self._anyone_can_open(slots, now):
+            return []  # nothing to scan for (red team rt29 F2: a pass over 8,192 candidates cost ~50 ms)
         open_batches: dict[PeerId, _Batch] = {}
         actions: list[GossipAction] = []
         for allow_suspect in (False, True):
@@ -1004,6 +1023,25 @@ class GossipCore:
                 break
         actions += [self._start_pull(batch, now) for batch in open_batches.values()]
         return actions
+
+    def _anyone_can_open(self, slots: _Slots, now: float) -> bool:
+        """Whether some peer holding candidates could take a new pull now: what the scan looks
+        for, found at the cost of the peer table instead of the candidate table's (8,192 ids of
+        8 announcers each). When none can, note when the first frees up by time (``_wake_at``):
+        its backoff, pause or rate, or the download budget."""
+        if slots.free <= 0:
+            return False
+        if slots.unproven > 0:
+            left = self._download.available(now)
+            if left < self._item_reservation:  # some pulls may wait for the budget alone
+                need = self._probe_bytes if left < self._probe_bytes else self._item_reservation
+                self._wake_at = self._download.ready_at(now, need)
+        for peer, state in self._peers.items():
+            if state.candidates > 0:
+                if self._can_open_pull(peer, now, slots):
+                    return True
+                self._note_ready(peer, state, now)
+        return False
 
     def _open_batch(self, peer: PeerId, now: float) -> _Batch:
         """A batch to ``peer`` (``_can_open_pull`` held): as many items as its pull bucket allows,
@@ -1078,7 +1116,9 @@ class GossipCore:
 
         Not "wasted": an answer of one valid item and 14 MiB of junk was proven again by that
         item's acceptance, so every next pull was free of the download budget (rt28's repro
-        ``dl_per_id.py unkacc``: 392 MiB a minute from 64 ids, past a 120 MiB budget)."""
+        ``dl_per_id.py unkacc``: 392 MiB a minute from 64 ids, past a 120 MiB budget). Nor
+        in debt for bytes wasted before (``waste_repay_rate``): an accepted item between two
+        wasting answers re-proved it at once (rt29 F1)."""
         state = self._peers.get(peer)
         return (
             state is not None
@@ -1086,6 +1126,7 @@ class GossipCore:
             and state.failures == 0
             and state.unusable == 0
             and not state.wasted
+            and state.waste.available(self._now) >= 0
         )
 
     def _suspect(self, peer: PeerId) -> bool:
@@ -1093,7 +1134,11 @@ class GossipCore:
         one (so not proven), or it was charged a rejection since its last shun."""
         state = self._peers.get(peer)
         return state is not None and (
-            state.failures > 0 or state.wasted or state.unusable > 0 or state.rejections > 0
+            state.failures > 0
+            or state.wasted
+            or state.unusable > 0
+            or state.rejections > 0
+            or state.waste.available(self._now) < 0
         )
 
     def _can_open_pull(self, peer: PeerId, now: float, slots: _Slots) -> bool:
@@ -1116,16 +1161,20 @@ class GossipCore:
         """Remember when the earliest announcer blocked only by time (backoff, rate) frees up."""
         for peer in candidate.announcers:
             state = self._peers.get(peer)
-            if state is None or state.inflight >= self.config.max_inflight_pulls_per_peer:
-                continue  # freed by an event, not by time
-            ready = max(
-                state.backoff_until,
-                state.paused_until,
-                self._bans.get(peer, -math.inf),
-                state.pull_bucket.ready_at(now, 1),
-            )
-            if ready > now and (self._wake_at is None or ready < self._wake_at):
-                self._wake_at = ready
+            if state is not None:
+                self._note_ready(peer, state, now)
+
+    def _note_ready(self, peer: PeerId, state: _Peer, now: float) -> None:
+        if state.inflight >= self.config.max_inflight_pulls_per_peer:
+            return  # freed by an event, not by time
+        ready = max(
+            state.backoff_until,
+            state.paused_until,
+            self._bans.get(peer, -math.inf),
+            state.pull_bucket.ready_at(now, 1),
+        )
+        if ready > now and (self._wake_at is None or ready < self._wake_at):
+            self._wake_at = ready
 
     def _start_pull(self, batch: _Batch, now: float) -> Pull:
         request_id = self._next_request_id
@@ -1191,7 +1240,8 @@ class GossipCore:
             answered += len(payload)
             if self._known(digest):
                 continue  # published by ourselves meanwhile
-            waiting = _Awaiting(event.peer, pull.digests[digest])
+            size = len(payload) + ITEM_PREFIX_BYTES
+            waiting = _Awaiting(event.peer, pull.digests[digest], size, spent=bool(pull.reserved))
             self._awaiting.put(digest, waiting, now + self.config.admission_timeout)
             actions.append(Admit(event.peer, digest, payload))
             self.stats.admits += 1
@@ -1260,6 +1310,7 @@ class GossipCore:
         state = self._peers.get(pull.peer)
         if state is not None:
             state.wasted = wasted > 0
+            state.waste.spend(now, wasted)
         self._download.give(now, pull.reserved)
         self._reserved -= pull.reserved
         self._download.spend(now, spent)
@@ -1419,8 +1470,19 @@ class GossipCore:
             return []
         self.stats.rejected += 1
         if event.busy:
+            # Downloaded for nothing: its bytes are spent from the download budget and its
+            # server's standing ends, whoever it is. Before, a proven peer served 2-MiB envelopes
+            # of fresh signers that the new-identity budget refused, busy: ~1 GiB a minute, free
+            # of the budget and still proven (red team rt29 F1).
             self.stats.refused_busy += 1
             self._remember(event.digest, now, admitted=False)
+            if not waiting.spent:
+                self._download.spend(now, waiting.size)
+                self.stats.bytes_unvouched += waiting.size
+            state = self._peers.get(event.peer)
+            if state is not None:
+                state.wasted = True
+                state.waste.spend(now, waiting.size)
             return []
         if event.charged:
             actions = self._count_rejection(event.peer, now)
@@ -1485,7 +1547,9 @@ class GossipCore:
             if pull.peer == peer:
                 self._inflight.pop(request_id)
                 self._release_pull(pull)
-                self._settle(pull, None, now)
+                # Its bytes are unknown, and spending the most a ban's cancelled pulls could hold
+                # let a free id empty the budget with 15 bytes of junk (red team rt29 F3).
+                self._settle(pull, 0, now)
                 self.stats.pulls_cancelled += 1
                 actions.append(CancelPull(request_id, peer))
                 for digest, candidate in pull.digests.items():
@@ -1528,6 +1592,7 @@ class GossipCore:
             c = self.config
             state = _Peer(
                 pull_bucket=TokenBucket(c.pull_rate, c.pull_burst, updated=now),
+                waste=TokenBucket(c.waste_repay_rate, 0.0, updated=now),
                 last_seen=now,
             )
             self._grudges.pop_expired(now)
@@ -1555,6 +1620,7 @@ class GossipCore:
             and state.candidates == 0
             and state.backoff_until <= now
             and state.pull_bucket.is_full(now)
+            and state.waste.is_full(now)  # its waste repaid: forgetting it must not wipe a debt
             for grudge in (state.grudge(now, window),)
         ]
         if not idle:

@@ -191,8 +191,8 @@ class GossipDriver:
                         pass
                 now = time.time()
                 events, self._pending = self._pending, []
-                actions = self.core.handle_all(events, now) if events else []  # type: ignore[arg-type]
-                actions += self.core.poll(now)
+                # One scheduling pass a wake: handle_all polls too (red team rt29 F2).
+                actions = self.core.handle_all(events, now) if events else self.core.poll(now)  # type: ignore[arg-type]
                 for action in actions:
                     self._perform(action)
                 # Every Admit of these pull results was just performed; the rest the core dropped.

@@ -23,7 +23,9 @@ from swarmnode.gossip import (
     GossipEvent,
     Pull,
     PullFailed,
+    PullRequest,
     PullSucceeded,
+    Serve,
 )
 
 MiB = 1024 * 1024
@@ -167,3 +169,73 @@ def test_a_pull_that_fails_with_nothing_read_gives_its_reservation_back() -> Non
     core.handle(PullFailed(pull.request_id, "slow", "unreachable"), 45.0)  # bytes read unknown: the most
     assert core.stats.bytes_unvouched == ITEM
     assert announce(core, "other", fresh(1), 46.0) == []
+
+
+def test_items_refused_busy_spend_the_budget_and_end_their_servers_standing() -> None:
+    # Red team rt29 F1: a proven peer served 2-MiB envelopes of fresh signers that the
+    # new-identity budget refused (busy, held against nobody): ~1 GiB a minute, budget untouched.
+    core = core_with(unproven_download_rate=1.0, unproven_download_burst=2 * ITEM)
+    proven(core, "a", 0.0)
+    [pull] = announce(core, "a", fresh(1), 1.0)
+    [(digest,)] = [pull.digests]
+    core.handle(PullSucceeded(pull.request_id, "a", ((digest, b"v" * (2 * MiB)),), received=ITEM), 1.0)
+    assert core._proven("a")  # every byte of the answer was an asked-for item
+    core.handle(AdmissionResult("a", digest, False, "new_identity_limit", charged=False, busy=True), 1.1)
+    assert not core._proven("a")
+    assert announce(core, "a", fresh(1), 2.0) == []  # less than an item left: it waits for the budget
+
+
+def test_a_pull_request_is_answered_without_a_scheduling_pass() -> None:
+    # Red team rt29 F2: each 32-byte request ran a pass over the candidate table, ~50 ms of CPU
+    # when it is full: about 21 requests a second took a core.
+    core = core_with()
+    [pull] = announce(core, "a", fresh(1), 0.0)
+    core.handle(PullFailed(pull.request_id, "a", "timeout", received=0), 1.0)  # backs off for 1 s
+    answer = core.handle(PullRequest("b", fresh(1)), 2.5)
+    assert [type(a) for a in answer] == [Serve]  # the backoff is over, yet no pull opens here...
+    assert [p.peer for p in pulls(core.poll(2.5))] == ["a"]  # ...but at the next poll
+
+
+def test_a_pull_that_waits_only_for_the_budget_wakes_the_core_when_it_is_there() -> None:
+    core = core_with(unproven_download_rate=MiB, unproven_download_burst=ITEM)
+    [junk] = announce(core, "junk", fresh(1), 0.0)
+    core.handle(PullSucceeded(junk.request_id, "junk", (), ("unsupported_version",), ITEM), 0.1)
+    assert announce(core, "newcomer", fresh(1), 0.2) == []  # the budget is spent
+    wake = core.next_deadline()
+    assert (
+        wake is not None and 0.2 < wake <= 0.1 + 128 * 1024 / MiB + 1e-6
+    )  # a probe's worth, not a read later
+    [probe] = pulls(core.poll(wake))
+    assert (probe.peer, probe.max_bytes) == ("newcomer", 128 * 1024)
+
+
+def test_pulls_cancelled_by_a_ban_spend_only_what_arrived() -> None:
+    # Red team rt29 F3: a free id whose third rejection shunned it while two pulls were in flight
+    # spent 30 MiB of the budget with ~15 bytes: a cancelled pull was charged the most it could hold.
+    core = core_with(max_inflight_pulls_per_peer=3, max_digests_per_pull=4)
+    first, *others = announce(core, "junk", fresh(12), 0.0)
+    assert len(others) == 2
+    items = tuple((digest, b"j") for digest in first.digests[:3])
+    core.handle(PullSucceeded(first.request_id, "junk", items, received=15), 0.1)
+    for digest, _ in items:
+        core.handle(AdmissionResult("junk", digest, False, "bad_group"), 0.2)  # charged: the third shuns it
+    assert core.stats.pulls_cancelled == 2
+    assert core.stats.bytes_unvouched == 15
+
+
+def test_an_accepted_item_proves_a_peer_again_only_once_its_waste_is_repaid() -> None:
+    # Red team rt29 F1: one item of the attacker's own accepted now and then, between answers
+    # refused busy, kept it proven: ~480 MiB a minute free of the budget.
+    core = core_with(waste_repay_rate=MiB)
+    proven(core, "a", 0.0)
+    [pull] = announce(core, "a", fresh(2), 1.0)
+    small, large = pull.digests
+    items = ((small, b"v" * 100), (large, b"v" * (2 * MiB)))
+    core.handle(PullSucceeded(pull.request_id, "a", items, received=104 + ITEM), 1.0)
+    core.handle(AdmissionResult("a", large, False, "new_identity_limit", charged=False, busy=True), 1.0)
+    core.handle(AdmissionResult("a", small, True, "accepted"), 1.0)
+    [clean] = announce(core, "a", fresh(1), 1.1)
+    serve_valid(core, clean, 1.2)  # accepted, and nothing of the answer wasted
+    assert not core._proven("a")  # 2 MiB to repay at 1 MiB/s
+    core.poll(3.1)
+    assert core._proven("a")

@@ -87,6 +87,22 @@ def test_a_reader_that_gives_up_knows_how_much_of_the_message_had_arrived() -> N
     assert asyncio.run(go()) == 3000
 
 
+def test_the_bytes_of_a_frame_cut_short_count_as_arrived() -> None:
+    # Red team rt29 F4: a frame one byte short of 256 KiB, then a stall, counted as nothing, so
+    # each failed pull downloaded ~256 KiB that no budget saw and no stall rule charged.
+    whole = _framed(b"x" * 3000, chunk=1000)
+
+    async def go() -> int:
+        reader = asyncio.StreamReader()
+        reader.feed_data(whole[: 2 * (1000 + 5) + 5 + 999])  # two whole frames, then 999 of the third
+        progress = ReadProgress()
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(read_message(reader, 10_000, progress), 0.2)
+        return progress.received
+
+    assert asyncio.run(go()) == 2999
+
+
 @settings(max_examples=60, deadline=None)
 @given(payload=st.binary(max_size=5000), chunk=st.integers(min_value=1, max_value=700))
 def test_a_framed_message_reads_back_unchanged(payload: bytes, chunk: int) -> None:
