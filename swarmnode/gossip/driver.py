@@ -296,16 +296,15 @@ class GossipDriver:
                 self._feed(event)
 
     async def _pull(self, action: Pull) -> None:
-        limit = action.max_bytes
+        limit = action.max_bytes  # a probe's; else what an honest answer may hold
+        most = max_pull_response(self.core.config, len(action.digests)) if limit is None else limit
         try:
             response = await self.runtime.call_stream(
                 action.peer,
                 PULL_HANDLER,
                 b"".join(action.digests),
                 timeout=action.timeout,
-                max_response_bytes=max_pull_response(self.core.config, len(action.digests))
-                if limit is None
-                else limit,
+                max_response_bytes=most,
             )
         except (PeerCallError, NetError, OSError) as exc:
             self._pulls.pop(action.request_id, None)
