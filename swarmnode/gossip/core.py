@@ -1050,7 +1050,9 @@ class GossipCore:
         c = self.config
         state = self._peers[peer]
         state.inflight += 1
-        capacity = min(c.max_digests_per_pull, math.floor(state.pull_bucket.available(now)))
+        # Never more than it announces: a batch's reservation is given back only when it starts,
+        # so 16 items reserved for one left 7 peers of one item each waiting (red team rt30 F4).
+        capacity = min(c.max_digests_per_pull, math.floor(state.pull_bucket.available(now)), state.candidates)
         if self._proven(peer):
             return _Batch(peer, capacity, reserved=0)
         probe = self._probes(state, now)
@@ -1219,6 +1221,14 @@ class GossipCore:
         pull = self._take_inflight(event.request_id, event.peer)
         if pull is None:
             return []
+        received = event.received
+        if received is None:
+            received = sum(len(payload) + ITEM_PREFIX_BYTES for _, payload in event.items)
+            received += len(event.unreadable) * self._item_reservation
+        if self.is_banned(event.peer, now):  # cancelled (``_ban``), but its answer came first
+            self._settle(pull, received, now)
+            self._pull_failed(pull, now)
+            return []
         self.stats.pulls_succeeded += 1
         state = self._peers.get(event.peer)
         actions: list[GossipAction] = []
@@ -1245,10 +1255,6 @@ class GossipCore:
             self._awaiting.put(digest, waiting, now + self.config.admission_timeout)
             actions.append(Admit(event.peer, digest, payload))
             self.stats.admits += 1
-        received = event.received
-        if received is None:
-            received = sum(len(payload) + ITEM_PREFIX_BYTES for _, payload in event.items)
-            received += len(event.unreadable) * self._item_reservation
         self._settle(pull, received, now, useful=answered + ITEM_PREFIX_BYTES * len(delivered))
         if delivered and state is not None:
             state.delivered += len(delivered)
@@ -1545,15 +1551,12 @@ class GossipCore:
         actions: list[GossipAction] = []
         for request_id, pull in self._inflight.items():
             if pull.peer == peer:
-                self._inflight.pop(request_id)
-                self._release_pull(pull)
-                # Its bytes are unknown, and spending the most a ban's cancelled pulls could hold
-                # let a free id empty the budget with 15 bytes of junk (red team rt29 F3).
-                self._settle(pull, 0, now)
+                # Stays in flight until the driver says what it read: spending nothing let a server
+                # that got itself banned mid-answer send 16 MiB free (red team rt30 F1), spending
+                # the most let a free id empty the budget with 15 bytes (rt29 F3). Its answer, if
+                # one comes first, admits nothing (``_on_pull_succeeded``).
                 self.stats.pulls_cancelled += 1
                 actions.append(CancelPull(request_id, peer))
-                for digest, candidate in pull.digests.items():
-                    self._retry_elsewhere(digest, candidate, peer, now)
         state = self._peers.get(peer)
         for digest, candidate in self._candidates.items():
             if peer in candidate.announcers:

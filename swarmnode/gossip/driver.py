@@ -55,6 +55,7 @@ from swarmnode.gossip.intake import (
 )
 from swarmnode.gossip.records import AnnouncementStores
 from swarmnode.net.errors import CallFailure, NetError, PeerCallError
+from swarmnode.net.framing import ReadProgress
 from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.ops.faults import fault_point
 from swarmnode.ops.metrics import Metrics
@@ -298,6 +299,7 @@ class GossipDriver:
     async def _pull(self, action: Pull) -> None:
         limit = action.max_bytes  # a probe's; else what an honest answer may hold
         most = max_pull_response(self.core.config, len(action.digests)) if limit is None else limit
+        progress = ReadProgress()
         try:
             response = await self.runtime.call_stream(
                 action.peer,
@@ -305,7 +307,13 @@ class GossipDriver:
                 b"".join(action.digests),
                 timeout=action.timeout,
                 max_response_bytes=most,
+                progress=progress,
             )
+        except asyncio.CancelledError:
+            # CancelPull (a ban): the core waits for what the bytes read so far cost (red team
+            # rt30 F1: a server that got itself banned mid-answer read 16 MiB for nothing).
+            self._feed(PullFailed(action.request_id, action.peer, "cancelled", received=progress.received))
+            raise
         except (PeerCallError, NetError, OSError) as exc:
             self._pulls.pop(action.request_id, None)
             reason = exc.reason.value if isinstance(exc, PeerCallError) else type(exc).__name__

@@ -633,8 +633,12 @@ class HivemindRuntime:
         *,
         timeout: float,
         max_response_bytes: int = DEFAULT_STREAM_MAX_BYTES,
+        progress: ReadProgress | None = None,
     ) -> bytes:
         """Send ``request`` to ``peer_id``'s handler ``name`` over a new stream; return its response.
+
+        ``progress``, when given, counts the answer's bytes as they arrive: a caller that cancels
+        the call still learns what it cost.
 
         Raises PeerCallError: TIMEOUT after ``timeout`` seconds for the whole
         exchange, UNREACHABLE if no stream opens, TOO_LARGE if either side's
@@ -646,7 +650,7 @@ class HivemindRuntime:
         target = _peer(peer_id, name)
         writer: asyncio.StreamWriter | None = None
         sending: asyncio.Task[None] | None = None
-        progress = ReadProgress()
+        progress = ReadProgress() if progress is None else progress
         try:
             async with asyncio.timeout(timeout):
                 try:

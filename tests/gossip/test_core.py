@@ -533,6 +533,8 @@ def test_a_banned_peer_is_neither_pulled_from_nor_served_until_the_ban_ends() ->
     announce(core, "b", [d(1)], 0.0)
     actions = core.handle(PeerBanned("a", until=29.5), 0.1)
     assert CancelPull(pull.request_id, "a") in actions
+    # Its digest is pulled from "b" once the cancelled call reports what it cost (rt30 F1).
+    actions = core.handle(PullFailed(pull.request_id, "a", "cancelled", received=0), 0.1)
     assert [(p.peer, p.digests) for p in only(Pull, actions)] == [("b", (d(1),))]
     assert only(Pull, announce(core, "a", [d(2)], 0.2)) == []
     assert only(Serve, core.handle(PullRequest("a", (d(0),)), 0.3)) == [Serve("a", ())]
@@ -1075,6 +1077,7 @@ class GossipMachine(RuleBasedStateMachine):
 
     def apply(self, actions: list[GossipAction]) -> None:
         c = SM_CONFIG
+        cancelled: list[GossipEvent] = []
         for action in actions:
             match action:
                 case Pull(request_id=rid, peer=peer, digests=digests):
@@ -1092,6 +1095,8 @@ class GossipMachine(RuleBasedStateMachine):
                     assert within_rate(self.pulled[peer], c.pull_rate, c.pull_burst), "pull rate limit"
                 case CancelPull(request_id=rid):
                     assert self.inflight.pop(rid).peer == action.peer
+                    # As the driver: a cancelled call reports what it had read (nothing here).
+                    cancelled.append(PullFailed(rid, action.peer, "cancelled", received=0))
                 case Admit(peer=peer, digest=digest):
                     assert digest not in self.own
                     previous = self.last_admit.get(digest)
@@ -1111,6 +1116,8 @@ class GossipMachine(RuleBasedStateMachine):
                         self.core.current_round(self.now),
                         self.core.current_round(self.now) - 1,
                     )
+        if cancelled:
+            self.apply(self.core.handle_all(cancelled, self.now))
         self.assert_bounds()
 
     def assert_bounds(self) -> None:

@@ -17,6 +17,7 @@ from swarmnode.errors import ConfigError
 from swarmnode.gossip import (
     AdmissionResult,
     Announced,
+    CancelPull,
     GossipAction,
     GossipConfig,
     GossipCore,
@@ -209,18 +210,33 @@ def test_a_pull_that_waits_only_for_the_budget_wakes_the_core_when_it_is_there()
     assert (probe.peer, probe.max_bytes) == ("newcomer", 128 * 1024)
 
 
-def test_pulls_cancelled_by_a_ban_spend_only_what_arrived() -> None:
+def test_pulls_cancelled_by_a_ban_spend_what_arrived_when_the_driver_reports_it() -> None:
     # Red team rt29 F3: a free id whose third rejection shunned it while two pulls were in flight
-    # spent 30 MiB of the budget with ~15 bytes: a cancelled pull was charged the most it could hold.
+    # spent 30 MiB of the budget with ~15 bytes: a cancelled pull was charged the most it could
+    # hold. Red team rt30 F1: charged nothing, a pull streamed to near its end and then cancelled
+    # by its server's own ban read 16 MiB free. Its cost is what the cancelled call had read.
     core = core_with(max_inflight_pulls_per_peer=3, max_digests_per_pull=4)
     first, *others = announce(core, "junk", fresh(12), 0.0)
     assert len(others) == 2
     items = tuple((digest, b"j") for digest in first.digests[:3])
     core.handle(PullSucceeded(first.request_id, "junk", items, received=15), 0.1)
-    for digest, _ in items:
-        core.handle(AdmissionResult("junk", digest, False, "bad_group"), 0.2)  # charged: the third shuns it
-    assert core.stats.pulls_cancelled == 2
-    assert core.stats.bytes_unvouched == 15
+    cancels: list[GossipAction] = []
+    for digest, _ in items:  # charged: the third rejection shuns it
+        cancels += core.handle(AdmissionResult("junk", digest, False, "bad_group"), 0.2)
+    assert {a.request_id for a in cancels if isinstance(a, CancelPull)} == {p.request_id for p in others}
+    assert core.stats.bytes_unvouched == 15  # nothing known yet of the cancelled two
+    core.handle(PullFailed(others[0].request_id, "junk", "cancelled", received=8 * MiB), 0.3)
+    core.handle(PullSucceeded(others[1].request_id, "junk", items[:1], received=5), 0.3)  # came first
+    assert core.stats.bytes_unvouched == 15 + 8 * MiB + 5
+    assert core.stats.admits == 3  # nothing from an answer of a banned peer
+
+
+def test_a_scheduling_pass_reserves_no_more_than_each_peer_announces() -> None:
+    # Red team rt30 F4: a batch reserved 16 items for the one its peer announced, and gave the rest
+    # back only when it started: of 8 peers of one item each, a pass opened pulls to 2.
+    core = core_with()
+    read = [Announced(f"p{i}", 0, fresh(1)) for i in range(8)]
+    assert len(pulls(core.handle_all(read, 0.0))) == 8
 
 
 def test_an_accepted_item_proves_a_peer_again_only_once_its_waste_is_repaid() -> None:
