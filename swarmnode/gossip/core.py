@@ -132,6 +132,12 @@ class GossipConfig:
     # served 2-MiB envelopes of fresh signers that the new-identity budget refused, one accepted
     # now and then, ~480 MiB a minute free of the download budget (red team rt29 F1).
     waste_repay_rate: float = 64.0 * 1024
+    # A proven peer's pull reads at most this many bytes per byte of its items we accepted (its
+    # credit, at most two full answers): proven is cheap (one accepted heartbeat), and each free
+    # id proven so read a 16-MiB answer of junk outside the download budget, ~1 GiB in 2 minutes
+    # from 64 ids, leaving the budget 869 MiB in debt (red team rt30 F2). An honest answer over
+    # its credit is not charged; the next pull goes through the budget.
+    credit_per_accepted_byte: float = 32.0
     pull_timeout: float = 10.0
     pull_rate: float = 8.0  # per peer; keep it below peers' serve_rate
     pull_burst: float = 32.0
@@ -201,6 +207,7 @@ class GossipConfig:
             "serve_bytes_rate",
             "unproven_download_rate",
             "waste_repay_rate",
+            "credit_per_accepted_byte",
         )
         for name in positive:
             value = getattr(self, name)
@@ -556,6 +563,7 @@ class _InFlight:
     digests: dict[Digest, _Candidate]
     reserved: int = 0  # bytes taken from the download budget at its start (a peer not proven)
     probe: bool = False  # reads at most probe_answer_bytes (Pull.max_bytes)
+    limit: int = 0  # the most the driver reads of its answer (``Pull.max_bytes``, or all it may hold)
 
 
 @dataclass
@@ -565,6 +573,7 @@ class _Peer:
     last_seen: float
     inflight: int = 0  # pulls to this peer
     candidates: int = 0  # announcer slots this peer holds in the candidate table
+    credit: float = 0.0  # bytes a proven pull to it may read (credit_per_accepted_byte)
     failures: int = 0  # consecutive failed pulls
     delivered: int = 0  # requested items it served intact, ever (while it is in the table)
     wasted: bool = False  # its last answer held bytes that were no requested item, served intact
@@ -1183,23 +1192,27 @@ class GossipCore:
         self._next_request_id += 1
         taken = self._peers[batch.peer].pull_bucket.take(now, len(batch.digests))
         assert taken  # a batch holds at most the tokens its peer had when it opened, at this now
+        most = max_pull_response(self.config, len(batch.digests))
         reserved = batch.reserved
-        if batch.reserved and not batch.probe:
-            reserved = max_pull_response(self.config, len(batch.digests))
+        if batch.probe:
+            limit = self._probe_bytes
+        elif batch.reserved:
+            limit = reserved = most
             self._download.give(now, batch.reserved - reserved)  # what a fuller batch would have held
             self._reserved -= batch.reserved - reserved
+        else:  # proven: as far as its credit goes
+            limit = max(1, min(most, math.floor(self._peers[batch.peer].credit)))
         # The driver gives up after pull_timeout and reports why (a stalled answer is charged,
         # ``PullFailed.charged``); the core's own expiry waits a little longer, so that report is
         # not pre-empted by a CancelPull (red team rt27).
         expires_at = now + self.config.pull_timeout * _PULL_EXPIRY_GRACE
-        self._inflight.put(
-            request_id, _InFlight(batch.peer, batch.digests, reserved, batch.probe), expires_at
-        )
+        pull = _InFlight(batch.peer, batch.digests, reserved, batch.probe, limit)
+        self._inflight.put(request_id, pull, expires_at)
         for digest in batch.digests:
             self._inflight_digests[digest] = request_id
         self.stats.pulls_started += 1
-        limit = self._probe_bytes if batch.probe else None
-        return Pull(request_id, batch.peer, tuple(batch.digests), self.config.pull_timeout, limit)
+        cut = None if limit == most else limit  # Pull.max_bytes
+        return Pull(request_id, batch.peer, tuple(batch.digests), self.config.pull_timeout, cut)
 
     def _take_inflight(self, request_id: int, peer: PeerId) -> _InFlight | None:
         pull = self._inflight.get(request_id)
@@ -1308,7 +1321,7 @@ class GossipCore:
         all of them for a peer not proven when it started (its reservation back), else those of
         no requested item (``useful``: the rest). ``received`` None: unknown, as much as it
         could have been."""
-        most = self._probe_bytes if pull.probe else max_pull_response(self.config, len(pull.digests))
+        most = pull.limit
         got = most if received is None else max(0, received)
         self.stats.bytes_pulled += got
         wasted = max(0, got - useful)
@@ -1317,6 +1330,7 @@ class GossipCore:
         if state is not None:
             state.wasted = wasted > 0
             state.waste.spend(now, wasted)
+            state.credit = max(0.0, state.credit - wasted)
         self._download.give(now, pull.reserved)
         self._reserved -= pull.reserved
         self._download.spend(now, spent)
@@ -1473,6 +1487,8 @@ class GossipCore:
             if state is not None:
                 state.adjust(_SCORE_ACCEPTED)
                 state.unusable = 0
+                earned = state.credit + self.config.credit_per_accepted_byte * waiting.size
+                state.credit = min(earned, 2.0 * self.config.max_serve_bytes)
             return []
         self.stats.rejected += 1
         if event.busy:
@@ -1489,6 +1505,7 @@ class GossipCore:
             if state is not None:
                 state.wasted = True
                 state.waste.spend(now, waiting.size)
+                state.credit = max(0.0, state.credit - waiting.size)
             return []
         if event.charged:
             actions = self._count_rejection(event.peer, now)

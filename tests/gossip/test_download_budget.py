@@ -255,3 +255,20 @@ def test_an_accepted_item_proves_a_peer_again_only_once_its_waste_is_repaid() ->
     assert not core._proven("a")  # 2 MiB to repay at 1 MiB/s
     core.poll(3.1)
     assert core._proven("a")
+
+
+def test_a_proven_pull_reads_no_more_than_the_peer_earned_with_accepted_items() -> None:
+    # Red team rt30 F2: proven is cheap (one accepted heartbeat), and each free id proven so read a
+    # 16-MiB answer of junk outside the budget: ~1 GiB in 2 minutes from 64 ids.
+    core = core_with(credit_per_accepted_byte=32.0)
+    proven(core, "a", 0.0)  # one accepted item of 100 bytes (104 with its prefix)
+    [pull] = announce(core, "a", fresh(16), 1.0)
+    assert len(pull.digests) == 16 and pull.max_bytes == 32 * 104  # not 16 MiB
+    # An honest answer over it is the peer's bad luck, not its fault: uncharged, and the next pull
+    # goes through the download budget, reading what it may hold.
+    core.handle(PullFailed(pull.request_id, "a", "too_large", received=32 * 104), 1.5)
+    assert core.stats.pulls_refused == 0
+    again = pulls(core.poll(2.6))
+    assert [(p.peer, p.max_bytes) for p in again] == [("a", None)] * len(again) and again
+    rest = serve_valid(core, again[0], 2.7)  # all accepted: its credit now covers answers of them
+    assert core._proven("a") and all(p.max_bytes is None or p.max_bytes >= 104 * len(p.digests) for p in rest)
