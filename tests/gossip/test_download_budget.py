@@ -272,3 +272,17 @@ def test_a_proven_pull_reads_no_more_than_the_peer_earned_with_accepted_items() 
     assert [(p.peer, p.max_bytes) for p in again] == [("a", None)] * len(again) and again
     rest = serve_valid(core, again[0], 2.7)  # all accepted: its credit now covers answers of them
     assert core._proven("a") and all(p.max_bytes is None or p.max_bytes >= 104 * len(p.digests) for p in rest)
+
+
+def test_a_peer_with_a_long_record_is_pulled_before_ids_proven_by_one_item() -> None:
+    # Red team rt30 F3: ids proven by one accepted heartbeat each took every pull slot with stalled
+    # pulls, oldest candidates first: 1,000 of them delayed an honest proven peer's items 34 s.
+    core = core_with(max_inflight_pulls=1)
+    for _ in range(8):
+        proven(core, "honest", 0.0)  # 8 items accepted: an established score
+    proven(core, "cheap", 0.0)
+    [busy] = announce(core, "busy", fresh(1), 1.0)  # the one slot is taken
+    assert announce(core, "cheap", fresh(1), 1.1) == []
+    assert announce(core, "honest", fresh(1), 1.2) == []
+    [first] = serve_valid(core, busy, 1.3)
+    assert first.peer == "honest"  # before: "cheap", whose candidate is older
