@@ -558,7 +558,6 @@ class _Awaiting:
     peer: PeerId
     candidate: _Candidate
     size: int  # its bytes in the answer, prefix included: wasted if admission refuses it busy
-    spent: bool  # from the download budget already (a pull to a peer not proven)
 
 
 @dataclass
@@ -568,6 +567,7 @@ class _InFlight:
     reserved: int = 0  # bytes taken from the download budget at its start (a peer not proven)
     probe: bool = False  # reads at most probe_answer_bytes (Pull.max_bytes)
     limit: int = 0  # the most the driver reads of its answer (``Pull.max_bytes``, or all it may hold)
+    credit: float = 0.0  # of its peer's credit, held while it runs (a proven peer's pull)
 
 
 @dataclass
@@ -1214,13 +1214,24 @@ class GossipCore:
             limit = reserved = most
             self._download.give(now, batch.reserved - reserved)  # what a fuller batch would have held
             self._reserved -= batch.reserved - reserved
-        else:  # proven: as far as its credit goes
-            limit = max(1, min(most, math.floor(self._peers[batch.peer].credit)))
+        else:  # proven: as far as its credit goes, held while it runs (rt31 F1: two pulls
+            # in flight each read the whole credit)
+            state = self._peers[batch.peer]
+            limit = max(1, min(most, math.floor(state.credit)))
+            held = min(state.credit, float(limit))
+            state.credit -= held
         # The driver gives up after pull_timeout and reports why (a stalled answer is charged,
         # ``PullFailed.charged``); the core's own expiry waits a little longer, so that report is
         # not pre-empted by a CancelPull (red team rt27).
         expires_at = now + self.config.pull_timeout * _PULL_EXPIRY_GRACE
-        pull = _InFlight(batch.peer, batch.digests, reserved, batch.probe, limit)
+        pull = _InFlight(
+            batch.peer,
+            batch.digests,
+            reserved,
+            batch.probe,
+            limit,
+            0.0 if batch.reserved or batch.probe else held,
+        )
         self._inflight.put(request_id, pull, expires_at)
         for digest in batch.digests:
             self._inflight_digests[digest] = request_id
@@ -1278,7 +1289,7 @@ class GossipCore:
             if self._known(digest):
                 continue  # published by ourselves meanwhile
             size = len(payload) + ITEM_PREFIX_BYTES
-            waiting = _Awaiting(event.peer, pull.digests[digest], size, spent=bool(pull.reserved))
+            waiting = _Awaiting(event.peer, pull.digests[digest], size)
             self._awaiting.put(digest, waiting, now + self.config.admission_timeout)
             actions.append(Admit(event.peer, digest, payload))
             self.stats.admits += 1
@@ -1331,24 +1342,27 @@ class GossipCore:
         return self._count_rejection(event.peer, now)
 
     def _settle(self, pull: _InFlight, received: int | None, now: float, *, useful: int = 0) -> None:
-        """Spend the bytes an ended pull cost from the download budget (``unproven_download_rate``):
-        all of them for a peer not proven when it started (its reservation back), else those of
-        no requested item (``useful``: the rest). ``received`` None: unknown, as much as it
+        """Account for the bytes an ended pull read. A pull to a peer not proven when it started
+        gives its reservation back and spends all of them from the download budget
+        (``unproven_download_rate``); a proven peer's gives its credit back. Either way, the bytes
+        of no requested item served intact (the rest are ``useful``) are its server's waste:
+        its debt (``waste_repay_rate``), and its credit less. Proven waste never reaches the
+        download budget (rt31 F1: farmed credit read 256 MiB of junk and left it 226 MiB in
+        debt, shutting out every peer not proven). ``received`` None: unknown, the most it
         could have been."""
-        most = pull.limit
-        got = most if received is None else max(0, received)
+        got = pull.limit if received is None else max(0, received)
         self.stats.bytes_pulled += got
         wasted = max(0, got - useful)
-        spent = got if pull.reserved else wasted
         state = self._peers.get(pull.peer)
         if state is not None:
             state.wasted = wasted > 0
             state.waste.spend(now, wasted)
-            state.credit = max(0.0, state.credit - wasted)
-        self._download.give(now, pull.reserved)
-        self._reserved -= pull.reserved
-        self._download.spend(now, spent)
-        self.stats.bytes_unvouched += spent
+            state.credit = max(0.0, state.credit + pull.credit - wasted)
+        if pull.reserved:
+            self._download.give(now, pull.reserved)
+            self._reserved -= pull.reserved
+            self._download.spend(now, got)
+            self.stats.bytes_unvouched += got
 
     def _pull_failed(self, pull: _InFlight, now: float) -> None:
         c = self.config
@@ -1506,15 +1520,12 @@ class GossipCore:
             return []
         self.stats.rejected += 1
         if event.busy:
-            # Downloaded for nothing: its bytes are spent from the download budget and its
-            # server's standing ends, whoever it is. Before, a proven peer served 2-MiB envelopes
-            # of fresh signers that the new-identity budget refused, busy: ~1 GiB a minute, free
-            # of the budget and still proven (red team rt29 F1).
+            # Downloaded for nothing: waste of its server's, whoever it is (its debt and credit;
+            # a pull to a peer not proven paid the download budget already). Before, a proven
+            # peer served 2-MiB envelopes of fresh signers that the new-identity budget refused,
+            # busy: ~1 GiB a minute, free of the budget and still proven (red team rt29 F1).
             self.stats.refused_busy += 1
             self._remember(event.digest, now, admitted=False)
-            if not waiting.spent:
-                self._download.spend(now, waiting.size)
-                self.stats.bytes_unvouched += waiting.size
             state = self._peers.get(event.peer)
             if state is not None:
                 state.wasted = True
@@ -1647,8 +1658,11 @@ class GossipCore:
         peers stay forgettable: otherwise identities that got themselves paused would pin the
         table and keep newcomers out."""
         window = self.config.rejection_shun_seconds
+        # Peers with standing go last, the highest score last of all: empty announcements from a
+        # thousand free ids made an established honest peer forgotten, and it came back with no
+        # score or credit (red team rt31 F2).
         idle = [
-            (grudge is not None, state.last_seen, peer, grudge)
+            (grudge is not None, max(0, state.score), state.last_seen, peer, grudge)
             for peer, state in self._peers.items()
             if state.inflight == 0
             and state.candidates == 0
@@ -1659,7 +1673,7 @@ class GossipCore:
         ]
         if not idle:
             return False
-        _, _, peer, grudge = min(idle, key=lambda entry: entry[:3])
+        *_, peer, grudge = min(idle, key=lambda entry: entry[:4])
         del self._peers[peer]
         if grudge is not None:  # a pause and a window both end within ``window`` from now
             self._grudges.put(peer, grudge, now + window)

@@ -106,18 +106,20 @@ def test_free_ids_serving_envelopes_of_an_unknown_version_download_no_more_than_
 def test_an_answer_of_one_valid_item_and_junk_ends_its_servers_standing() -> None:
     # Its valid item is accepted, so its score rises and no item of it stays refused; before the
     # standing counted the bytes of the last answer, that made the next pull free of the budget.
-    core = core_with(unproven_download_rate=1.0, unproven_download_burst=2 * ITEM)
-    proven(core, "honest", 0.0)
+    core = core_with(credit_per_accepted_byte=1e5)  # credit enough for any answer
     proven(core, "a", 0.0)
     [pull] = announce(core, "a", fresh(1), 1.0)  # free of the budget: "a" is proven
+    assert pull.max_bytes is None
     [(digest,)] = [pull.digests]
     junk = ("unsupported_version",)
     answer = PullSucceeded(pull.request_id, "a", ((digest, b"v" * 100),), junk, 104 + ITEM)
     core.handle(answer, 1.0)
     core.handle(AdmissionResult("a", digest, True, "accepted"), 1.0)
-    # The junk was spent from the budget: less than one item is left, so a peer not proven waits.
-    assert announce(core, "a", fresh(1), 2.0) == []
-    assert [p.peer for p in announce(core, "honest", fresh(1), 2.0)] == ["honest"]  # a proven peer does not
+    assert not core._proven("a")
+    spent = core.stats.bytes_unvouched
+    [again] = announce(core, "a", fresh(1), 2.0)
+    serve_valid(core, again, 2.1)
+    assert core.stats.bytes_unvouched == spent + 104  # its next pull went through the download budget
 
 
 def test_a_peer_whose_last_pull_failed_is_pulled_after_a_fresh_announcer_read_later() -> None:
@@ -175,15 +177,18 @@ def test_a_pull_that_fails_with_nothing_read_gives_its_reservation_back() -> Non
 def test_items_refused_busy_spend_the_budget_and_end_their_servers_standing() -> None:
     # Red team rt29 F1: a proven peer served 2-MiB envelopes of fresh signers that the
     # new-identity budget refused (busy, held against nobody): ~1 GiB a minute, budget untouched.
-    core = core_with(unproven_download_rate=1.0, unproven_download_burst=2 * ITEM)
+    core = core_with(credit_per_accepted_byte=1e5)  # credit enough for any answer
     proven(core, "a", 0.0)
     [pull] = announce(core, "a", fresh(1), 1.0)
     [(digest,)] = [pull.digests]
     core.handle(PullSucceeded(pull.request_id, "a", ((digest, b"v" * (2 * MiB)),), received=ITEM), 1.0)
     assert core._proven("a")  # every byte of the answer was an asked-for item
     core.handle(AdmissionResult("a", digest, False, "new_identity_limit", charged=False, busy=True), 1.1)
-    assert not core._proven("a")
-    assert announce(core, "a", fresh(1), 2.0) == []  # less than an item left: it waits for the budget
+    assert not core._proven("a")  # 2 MiB of waste to repay, at 64 KiB/s
+    spent = core.stats.bytes_unvouched
+    [again] = announce(core, "a", fresh(1), 2.0)
+    serve_valid(core, again, 2.1)
+    assert core.stats.bytes_unvouched == spent + 104  # its next pull went through the download budget
 
 
 def test_a_pull_request_is_answered_without_a_scheduling_pass() -> None:
@@ -286,3 +291,28 @@ def test_a_peer_with_a_long_record_is_pulled_before_ids_proven_by_one_item() -> 
     assert announce(core, "honest", fresh(1), 1.2) == []
     [first] = serve_valid(core, busy, 1.3)
     assert first.peer == "honest"  # before: "cheap", whose candidate is older
+
+
+def test_two_pulls_in_flight_share_their_peers_credit_and_its_waste_stays_off_the_budget() -> None:
+    # Red team rt31 F1: each of a proven peer's two pulls in flight read its whole credit, and its
+    # junk was spent from the download budget: 256 MiB of junk left it 226 MiB in debt.
+    core = core_with(max_digests_per_pull=1)
+    proven(core, "a", 0.0)  # credit: 32 x 104 bytes
+    first, second = announce(core, "a", fresh(2), 1.0)
+    assert first.max_bytes == 32 * 104 and second.max_bytes == 1  # the first holds it all
+    spent = core.stats.bytes_unvouched
+    junk = ("unsupported_version",)
+    core.handle(PullSucceeded(first.request_id, "a", (), junk, received=32 * 104), 1.1)
+    assert core.stats.bytes_unvouched == spent  # its waste, its credit and debt: not the budget
+    assert not core._proven("a")
+
+
+def test_empty_announcements_from_many_ids_never_make_a_peer_with_standing_forgotten() -> None:
+    # Red team rt31 F2: a thousand free ids' empty records pushed an established honest peer out
+    # of the full peer table; it came back with no score and no credit.
+    core = core_with(max_peers=3)
+    for _ in range(8):
+        proven(core, "honest", 0.0)
+    for i in range(10):
+        core.handle(Announced(f"free{i}", 0, ()), 1.0 + i)
+    assert core._tier("honest") == 0 and core._peers["honest"].score == 8
