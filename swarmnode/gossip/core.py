@@ -1332,11 +1332,14 @@ class GossipCore:
         self.stats.pulls_failed += 1
         self._settle(pull, event.received, now)
         state = self._peers.get(pull.peer)
-        outgrown = pull.probe and event.reason == _TOO_LARGE
-        if outgrown and state is not None:
+        # Over ``Pull.max_bytes`` (a probe's, or a proven peer's credit), less than an honest answer
+        # may hold: not the server's fault.
+        honest_most = max_pull_response(self.config, len(pull.digests))
+        cut_short = event.reason == _TOO_LARGE and pull.limit < honest_most
+        if cut_short and pull.probe and state is not None:
             state.outgrew_probe = True  # an honest peer's item may be larger: its next pull is full size
         self._pull_failed(pull, now)
-        if not event.charged or outgrown:  # ``Pull.max_bytes``: not the server's fault
+        if not event.charged or cut_short:
             return []
         self.stats.pulls_refused += 1
         return self._count_rejection(event.peer, now)

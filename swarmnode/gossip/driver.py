@@ -318,11 +318,8 @@ class GossipDriver:
             self._pulls.pop(action.request_id, None)
             reason = exc.reason.value if isinstance(exc, PeerCallError) else type(exc).__name__
             received = exc.received if isinstance(exc, PeerCallError) else 0  # else: failed here, not there
-            # An honest item may be larger than a probe reads (Pull.max_bytes): not charged.
-            probe_outgrown = (
-                limit is not None and isinstance(exc, PeerCallError) and exc.reason is CallFailure.TOO_LARGE
-            )
-            charged = pull_failure_charged(exc) and not probe_outgrown
+            # The core forgives an answer over a cut-short limit (Pull.max_bytes), not the driver.
+            charged = pull_failure_charged(exc)
             failed = PullFailed(action.request_id, action.peer, reason, charged=charged, received=received)
             self._feed(failed)
             return

@@ -156,7 +156,7 @@ def test_an_honest_item_larger_than_a_probe_costs_its_server_nothing_but_the_wai
     [probe] = announce(core, "big", fresh(1), 1.0)
     assert probe.max_bytes == 128 * 1024
     # The driver read 128 KiB of a 1-MiB envelope and gave up (CallFailure.TOO_LARGE), uncharged.
-    core.handle(PullFailed(probe.request_id, "big", "too_large", received=probe.max_bytes), 1.2)
+    core.handle(PullFailed(probe.request_id, "big", "too_large", charged=True, received=probe.max_bytes), 1.2)
     assert core.stats.pulls_refused == 0 and core._peers["big"].rejections == 0
     [full] = pulls(core.poll(2.5))  # after its backoff: the whole item, if the budget holds it
     assert full.peer == "big" and full.max_bytes is None
@@ -271,7 +271,7 @@ def test_a_proven_pull_reads_no_more_than_the_peer_earned_with_accepted_items() 
     assert len(pull.digests) == 16 and pull.max_bytes == 32 * 104  # not 16 MiB
     # An honest answer over it is the peer's bad luck, not its fault: uncharged, and the next pull
     # goes through the download budget, reading what it may hold.
-    core.handle(PullFailed(pull.request_id, "a", "too_large", received=32 * 104), 1.5)
+    core.handle(PullFailed(pull.request_id, "a", "too_large", charged=True, received=32 * 104), 1.5)
     assert core.stats.pulls_refused == 0
     again = pulls(core.poll(2.6))
     assert [(p.peer, p.max_bytes) for p in again] == [("a", None)] * len(again) and again
