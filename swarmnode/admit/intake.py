@@ -46,6 +46,9 @@ class Judged:
     #: Refused unjudged because this node's admission queue was full (``cpu_budget``): our own
     #: load, not anything the bytes or their deliverer did.
     busy: bool = False
+    #: (With ``busy``.) Full with every peer's work while the deliverer's own share was not: its
+    #: share full means its envelopes outlast the gossip core's wait, and it wasted our download.
+    overloaded: bool = False
 
 
 class Intake:
@@ -160,10 +163,11 @@ class Intake:
         passed along so that admission does not decode the same bytes again (``AdmissionPipeline.admit``)."""
         key = via or ""
         waiting = self._waiting(key)
-        if self.pending >= self.max_pending or waiting >= self.max_pending_per_peer:
+        own_share_full = waiting >= self.max_pending_per_peer
+        if self.pending >= self.max_pending or own_share_full:
             self.overloaded += 1
             detail = f"{self.pending} admissions waiting, {waiting} from {via}"
-            return Judged(Rejected(RejectReason.CPU_BUDGET, detail), busy=True)
+            return Judged(Rejected(RejectReason.CPU_BUDGET, detail), busy=True, overloaded=not own_share_full)
         self.pending += 1
         try:
             return await self._run(key, lambda: self._admit_here(data, via, solicited, envelope, message))

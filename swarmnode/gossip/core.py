@@ -153,6 +153,14 @@ class GossipConfig:
     backoff_max: float = 60.0
     # Admission.
     max_pending_admissions: int = 256  # in flight + awaiting a verdict; pulls wait beyond it
+    # The same, per delivering peer: admission queues at most 32 envelopes per peer
+    # (``admit.intake.MAX_PENDING_PER_PEER``) and refuses the rest unjudged. Before, the core
+    # pulled up to 256 from one fast honest peer; all past 32 were refused busy, lost, and counted
+    # as that peer's waste, so it fell behind every other (red team rt31 F3).
+    max_pending_admissions_per_peer: int = 32
+    # How long no pull opens after admission refused an item for its queue being full with every
+    # peer's work (``AdmissionResult.overloaded``): anything pulled meanwhile would meet it too.
+    overload_pause: float = 1.0
     admission_timeout: float = 60.0
     max_rejections: int = 3  # rejected items before this core stops pulling from the peer
     # Items in a row that admission refused for reasons of our own (charged to nobody: another
@@ -212,6 +220,7 @@ class GossipConfig:
             "unproven_download_rate",
             "waste_repay_rate",
             "credit_per_accepted_byte",
+            "overload_pause",
         )
         for name in positive:
             value = getattr(self, name)
@@ -230,6 +239,7 @@ class GossipConfig:
             "max_unproven_pulls",
             "max_attempts",
             "max_pending_admissions",
+            "max_pending_admissions_per_peer",
             "max_rejections",
             "max_unusable",
             "max_unusable_per_window",
@@ -368,7 +378,13 @@ class AdmissionResult:
     full, or its new-identity budget or replay cache (``gossip.intake.RECEIVER_STATE_REASONS``).
     Nothing about
     the item or its server: it counts toward no shun and no pause (``_count_unusable``), and the
-    digest closes (pulling it again, from anyone, would meet the same queue)."""
+    digest closes (pulling it again, from anyone, would meet the same queue). Its bytes were
+    downloaded for nothing, though, so they are its server's waste (a proven peer served 2-MiB
+    envelopes of fresh signers that the new-identity budget refused: red team rt29 F1)...
+
+    ``overloaded`` (with ``busy``): ...except when the queue was full with every peer's work while
+    this server's own share of it was not (``admit.intake.Judged.overloaded``). That is our load
+    alone: the server keeps its standing, and no pull opens for ``overload_pause``."""
 
     peer: PeerId
     digest: Digest
@@ -377,6 +393,7 @@ class AdmissionResult:
     copy_refused: bool = False
     charged: bool = True
     busy: bool = False
+    overloaded: bool = False
 
 
 @dataclass(frozen=True)
@@ -502,7 +519,8 @@ class GossipStats:
     admission_timeouts: int = 0
     peers_shunned: int = 0
     peers_paused: int = 0  # max_unusable in a row or max_unusable_per_window: not pulled from, still served
-    refused_busy: int = 0  # refused unjudged: our own admission queue was full (AdmissionResult.busy)
+    refused_busy: int = 0  # refused for our state: full queue, new-identity budget (AdmissionResult.busy)
+    refused_overloaded: int = 0  # of those, refused for a queue full with every peer's work (.overloaded)
     bans: int = 0
     serve_requests: int = 0
     serve_refused: int = 0
@@ -676,6 +694,10 @@ class GossipCore:
         self._inflight: ExpiringMap[int, _InFlight] = ExpiringMap(c.max_inflight_pulls)
         self._inflight_digests: dict[Digest, int] = {}
         self._awaiting: ExpiringMap[Digest, _Awaiting] = ExpiringMap(c.max_pending_admissions)
+        # Per delivering peer, its digests in flight and awaiting a verdict (of the two above):
+        # apart from the peer table, since a peer forgotten meanwhile may come back.
+        self._pending_by_peer: dict[PeerId, int] = {}
+        self._overloaded_until = -math.inf  # no pull opens before (``AdmissionResult.overloaded``)
         self._remembered: ExpiringMap[Digest, None] = ExpiringMap(c.max_remembered)
         self._admitted: ExpiringMap[Digest, None] = ExpiringMap(c.max_remembered_admitted)
         self._refused_copies: ExpiringMap[Digest, _Candidate] = ExpiringMap(c.max_refused_copies)
@@ -807,9 +829,10 @@ class GossipCore:
         self._remembered.pop_expired(now)
         self._admitted.pop_expired(now)
         self._refused_copies.pop_expired(now)
-        for digest, _ in self._awaiting.pop_expired(now):
+        for digest, waiting in self._awaiting.pop_expired(now):
             # No verdict in time: remember it anyway, so it is never admitted twice.
             self.stats.admission_timeouts += 1
+            self._add_pending(waiting.peer, -1)
             self._remember(digest, now)
         for request_id, pull in self._inflight.pop_expired(now):
             self.stats.pulls_timed_out += 1
@@ -1046,6 +1069,9 @@ class GossipCore:
         its backoff, pause or rate, or the download budget."""
         if slots.free <= 0:
             return False
+        if self._overloaded_until > now:
+            self._wake_at = self._overloaded_until
+            return False
         if slots.unproven > 0:
             left = self._download.available(now)
             if left < self._item_reservation:  # some pulls may wait for the budget alone
@@ -1067,7 +1093,12 @@ class GossipCore:
         state.inflight += 1
         # Never more than it announces: a batch's reservation is given back only when it starts,
         # so 16 items reserved for one left 7 peers of one item each waiting (red team rt30 F4).
-        capacity = min(c.max_digests_per_pull, math.floor(state.pull_bucket.available(now)), state.candidates)
+        capacity = min(
+            c.max_digests_per_pull,
+            math.floor(state.pull_bucket.available(now)),
+            state.candidates,
+            c.max_pending_admissions_per_peer - self._pending_by_peer.get(peer, 0),
+        )
         if self._proven(peer):
             return _Batch(peer, capacity, reserved=0)
         probe = self._probes(state, now)
@@ -1179,6 +1210,7 @@ class GossipCore:
             and state.backoff_until <= now
             and state.paused_until <= now
             and state.inflight < self.config.max_inflight_pulls_per_peer
+            and self._pending_by_peer.get(peer, 0) < self.config.max_pending_admissions_per_peer
             and state.pull_bucket.available(now) >= 1
         )
 
@@ -1190,7 +1222,10 @@ class GossipCore:
                 self._note_ready(peer, state, now)
 
     def _note_ready(self, peer: PeerId, state: _Peer, now: float) -> None:
-        if state.inflight >= self.config.max_inflight_pulls_per_peer:
+        if (
+            state.inflight >= self.config.max_inflight_pulls_per_peer
+            or self._pending_by_peer.get(peer, 0) >= self.config.max_pending_admissions_per_peer
+        ):
             return  # freed by an event, not by time
         ready = max(
             state.backoff_until,
@@ -1235,9 +1270,17 @@ class GossipCore:
         self._inflight.put(request_id, pull, expires_at)
         for digest in batch.digests:
             self._inflight_digests[digest] = request_id
+        self._add_pending(batch.peer, len(batch.digests))
         self.stats.pulls_started += 1
         cut = None if limit == most else limit  # Pull.max_bytes
         return Pull(request_id, batch.peer, tuple(batch.digests), self.config.pull_timeout, cut)
+
+    def _add_pending(self, peer: PeerId, count: int) -> None:
+        left = self._pending_by_peer.get(peer, 0) + count
+        if left > 0:
+            self._pending_by_peer[peer] = left
+        else:
+            self._pending_by_peer.pop(peer, None)
 
     def _take_inflight(self, request_id: int, peer: PeerId) -> _InFlight | None:
         pull = self._inflight.get(request_id)
@@ -1251,6 +1294,7 @@ class GossipCore:
     def _release_pull(self, pull: _InFlight) -> None:
         for digest in pull.digests:
             self._inflight_digests.pop(digest, None)
+        self._add_pending(pull.peer, -len(pull.digests))
         state = self._peers.get(pull.peer)
         if state is not None:
             state.inflight -= 1
@@ -1290,7 +1334,9 @@ class GossipCore:
                 continue  # published by ourselves meanwhile
             size = len(payload) + ITEM_PREFIX_BYTES
             waiting = _Awaiting(event.peer, pull.digests[digest], size)
-            self._awaiting.put(digest, waiting, now + self.config.admission_timeout)
+            for _, evicted in self._awaiting.put(digest, waiting, now + self.config.admission_timeout):
+                self._add_pending(evicted.peer, -1)  # never: a pull opens only within the budget
+            self._add_pending(event.peer, 1)
             actions.append(Admit(event.peer, digest, payload))
             self.stats.admits += 1
         self._settle(pull, received, now, useful=answered + ITEM_PREFIX_BYTES * len(delivered))
@@ -1511,6 +1557,7 @@ class GossipCore:
             self.stats.results_ignored += 1  # late (timed out) or never asked
             return []
         self._awaiting.pop(event.digest)
+        self._add_pending(event.peer, -1)
         if event.accepted:
             self._remember(event.digest, now, admitted=True)
             self.stats.accepted += 1
@@ -1527,10 +1574,15 @@ class GossipCore:
             # a pull to a peer not proven paid the download budget already). Before, a proven
             # peer served 2-MiB envelopes of fresh signers that the new-identity budget refused,
             # busy: ~1 GiB a minute, free of the budget and still proven (red team rt29 F1).
+            # Unless every peer's work filled our queue: then it is our load, and pulling more
+            # now would only meet it again (rt31 F3).
             self.stats.refused_busy += 1
             self._remember(event.digest, now, admitted=False)
             state = self._peers.get(event.peer)
-            if state is not None:
+            if event.overloaded:
+                self.stats.refused_overloaded += 1
+                self._overloaded_until = max(self._overloaded_until, now + self.config.overload_pause)
+            elif state is not None:
                 state.wasted = True
                 state.waste.spend(now, waiting.size)
                 state.credit = max(0.0, state.credit - waiting.size)

@@ -139,7 +139,13 @@ class GossipDriver:
         self.runtime = runtime
         self.admission = admission
         # Admission runs in its own thread (it regenerates, renders and scores): the loop only awaits.
-        self.intake = intake if intake is not None else Intake(admission)
+        # Its queue holds all the core may hand it, in all and per peer: items past either limit
+        # would be refused unjudged, lost, and held against their server (red team rt31 F3).
+        c = core.config
+        per_peer = c.max_pending_admissions_per_peer
+        self.intake = intake or Intake(
+            admission, max_pending=c.max_pending_admissions, max_pending_per_peer=per_peer
+        )
         self.pool = pool
         self.convert = convert
         self.metrics = metrics
@@ -345,8 +351,9 @@ class GossipDriver:
         fault_point("receive", may_pause=False)  # on the event loop: a pause would stall the node
         judged = await self.intake.judge(action.payload, via=action.peer, solicited=True, envelope=envelope)
         verdict, now = judged.verdict, time.time()
+        busy, overloaded = judged.busy, judged.overloaded
         for event in verdict_events(
-            action.peer, action.digest, verdict, judged.banned_until, busy=judged.busy
+            action.peer, action.digest, verdict, judged.banned_until, busy=busy, overloaded=overloaded
         ):
             self._feed(event)
         if isinstance(verdict, Rejected):

@@ -160,6 +160,7 @@ def admission_events(
     copy_refused: bool = False,
     charged: bool = True,
     busy: bool = False,
+    overloaded: bool = False,
 ) -> list[GossipEvent]:
     """The core's events for a verdict on an item ``peer`` delivered (``digest`` None: bytes that
     were no envelope, which the core never asked to admit). A rejection that left a ban (on the
@@ -168,12 +169,20 @@ def admission_events(
     bytes or their deliverer (``refuses_only_the_copy``), so the core keeps the digest open for
     another announcer. ``charged``: admission lowered someone's score for it (False: a reason
     that depends on the receiver, which the core does not hold against the server either).
-    ``busy``: refused unjudged because this node's admission queue was full (``Judged.busy``)."""
+    ``busy``: refused unjudged because this node's admission queue was full (``Judged.busy``);
+    ``overloaded``: full with every peer's work, not the deliverer's share (``Judged.overloaded``)."""
     events: list[GossipEvent] = []
     if digest is not None:
         events.append(
             AdmissionResult(
-                peer, digest, accepted, reason, copy_refused=copy_refused, charged=charged, busy=busy
+                peer,
+                digest,
+                accepted,
+                reason,
+                copy_refused=copy_refused,
+                charged=charged,
+                busy=busy,
+                overloaded=busy and overloaded,
             )
         )
     if not accepted and banned_until is not None:
@@ -182,12 +191,20 @@ def admission_events(
 
 
 def verdict_events(
-    peer: PeerId, digest: Digest | None, verdict: Verdict, banned_until: float | None, *, busy: bool = False
+    peer: PeerId,
+    digest: Digest | None,
+    verdict: Verdict,
+    banned_until: float | None,
+    *,
+    busy: bool = False,
+    overloaded: bool = False,
 ) -> list[GossipEvent]:
-    """``admission_events`` for a pipeline verdict (``banned_until``: its ``ban_left_by``; ``busy``:
-    ``Judged.busy``, refused because our admission queue was full). A reason in
-    ``RECEIVER_STATE_REASONS`` is reported busy too."""
+    """``admission_events`` for a pipeline verdict (``banned_until``: its ``ban_left_by``; ``busy``,
+    ``overloaded``: ``Judged``'s, refused because our admission queue was full). A reason in
+    ``RECEIVER_STATE_REASONS`` is reported busy too, never overloaded: a proven peer serving
+    envelopes of fresh signers drains the new-identity budget itself (red team rt29 F1)."""
     if isinstance(verdict, Rejected):
+        overloaded = overloaded and verdict.reason not in RECEIVER_STATE_REASONS
         busy = busy or verdict.reason in RECEIVER_STATE_REASONS
         return admission_events(
             peer,
@@ -198,6 +215,7 @@ def verdict_events(
             copy_refused=not busy and refuses_only_the_copy(verdict),
             charged=verdict.charged is not None,
             busy=busy,
+            overloaded=overloaded,
         )
     return admission_events(peer, digest, accepted=True, reason="accepted", banned_until=None)
 

@@ -383,6 +383,24 @@ def test_a_full_admission_queue_refuses_unjudged_and_says_it_was_our_load() -> N
     assert judged.busy and isinstance(judged.verdict, Rejected)
     assert judged.verdict.reason is RejectReason.CPU_BUDGET and judged.verdict.charged is None
     assert intake.overloaded == 1 and pipeline.cpu.level(ALICE.peer_id) is None  # nothing judged
-    assert verdict_events("bob", b"d", judged.verdict, None, busy=True) == [
-        AdmissionResult("bob", b"d", False, "cpu_budget", copy_refused=False, charged=False, busy=True)
+    # Full with every peer's work, bob's own share empty: our load alone, not bob's waste.
+    assert judged.overloaded
+    assert verdict_events("bob", b"d", judged.verdict, None, busy=True, overloaded=judged.overloaded) == [
+        AdmissionResult(
+            "bob", b"d", False, "cpu_budget", copy_refused=False, charged=False, busy=True, overloaded=True
+        )
     ]
+
+
+def test_a_peer_whose_own_share_of_the_queue_is_full_is_refused_busy_not_overloaded() -> None:
+    # The gossip core hands admission at most a peer's share (gossip.max_pending_admissions_per_peer):
+    # a full share means its envelopes outlast the core's wait, which is the peer's waste, not our load.
+    pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=FAMILIES), now=time.time())
+    intake = Intake(pipeline, max_pending_per_peer=0)
+    data = envelope(batch(make_group(1)), ALICE, at=time.time())
+    try:
+        judged = asyncio.run(intake.judge(data, via="bob", solicited=True))
+    finally:
+        intake.close()
+    assert judged.busy and not judged.overloaded
+    assert isinstance(judged.verdict, Rejected) and judged.verdict.reason is RejectReason.CPU_BUDGET

@@ -1037,6 +1037,8 @@ SM_CONFIG = cfg(
     pull_burst=4.0,
     max_attempts=3,
     max_pending_admissions=5,
+    max_pending_admissions_per_peer=3,
+    overload_pause=0.5,
     admission_timeout=4.0,
     max_rejections=2,
     rejection_shun_seconds=7.0,
@@ -1070,6 +1072,7 @@ class GossipMachine(RuleBasedStateMachine):
         self.awaiting: dict[bytes, str] = {}
         self.own: set[bytes] = set()
         self.bans: dict[str, float] = {}
+        self.overloaded_until = -1.0
         self.last_admit: dict[bytes, float] = {}
         self.pulled: dict[str, list[tuple[float, int]]] = defaultdict(list)
         self.served: dict[str, list[tuple[float, int]]] = defaultdict(list)
@@ -1085,6 +1088,7 @@ class GossipMachine(RuleBasedStateMachine):
                     assert 1 <= len(digests) <= c.max_digests_per_pull and len(set(digests)) == len(digests)
                     assert not set(digests) & self.own, "own items are never pulled"
                     assert self.bans.get(peer, -1.0) <= self.now, "banned peers are never pulled from"
+                    assert self.now >= self.overloaded_until, "no pull while our admission queue is full"
                     awaiting = {
                         x for x in self.awaiting if self.now - self.last_admit[x] < c.admission_timeout
                     }
@@ -1129,6 +1133,13 @@ class GossipMachine(RuleBasedStateMachine):
         assert sizes.inflight_pulls == len(self.inflight)
         assert sizes.own_items <= c.max_own_items and sizes.candidates <= c.max_candidates
         assert sizes.pending_admissions <= c.max_pending_admissions
+        pending = Counter(p.peer for p in self.inflight.values() for _ in p.digests)
+        pending.update(
+            peer
+            for digest, peer in self.awaiting.items()
+            if self.now - self.last_admit[digest] < c.admission_timeout
+        )
+        assert max(pending.values(), default=0) <= c.max_pending_admissions_per_peer
         assert (
             sizes.remembered <= c.max_remembered and sizes.peers <= c.max_peers and sizes.bans <= c.max_bans
         )
@@ -1178,11 +1189,19 @@ class GossipMachine(RuleBasedStateMachine):
             self.step(PullSucceeded(request_id, peer, ((DIGESTS[1], b"x"),)))
 
     @precondition(lambda self: self.awaiting)
-    @rule(data=st.data(), accepted=st.booleans())
-    def verdict(self, data: st.DataObject, accepted: bool) -> None:
+    @rule(data=st.data(), outcome=st.sampled_from(["ok", "bad_reward", "busy", "overloaded"]))
+    def verdict(self, data: st.DataObject, outcome: str) -> None:
         digest = data.draw(st.sampled_from(sorted(self.awaiting)))
         peer = self.awaiting.pop(digest)
-        self.step(AdmissionResult(peer, digest, accepted, "ok" if accepted else "bad_reward"))
+        accepted, overloaded = outcome == "ok", outcome == "overloaded"
+        busy = outcome in ("busy", "overloaded")
+        reason = "cpu_budget" if busy else outcome
+        result = AdmissionResult(
+            peer, digest, accepted, reason, charged=not busy, busy=busy, overloaded=overloaded
+        )
+        if overloaded:
+            self.overloaded_until = self.now + SM_CONFIG.overload_pause
+        self.step(result)
 
     @rule(peer=st.sampled_from(PEERS), duration=st.floats(0.0, 20.0))
     def banned(self, peer: str, duration: float) -> None:

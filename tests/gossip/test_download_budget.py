@@ -316,3 +316,43 @@ def test_empty_announcements_from_many_ids_never_make_a_peer_with_standing_forgo
     for i in range(10):
         core.handle(Announced(f"free{i}", 0, ()), 1.0 + i)
     assert core._tier("honest") == 0 and core._peers["honest"].score == 8
+
+
+def test_one_fast_peer_is_never_handed_more_than_admission_queues_for_it() -> None:
+    # Red team rt31 F3: the core capped pending admissions only in all (256) while admission queues
+    # 32 per peer: a fast honest peer's items past 32 were refused busy, lost, and counted as its
+    # waste, so it fell to the last tier. Its pulls now wait for verdicts past its share.
+    core = core_with(pull_rate=1000.0, pull_burst=1000.0, max_inflight_pulls_per_peer=8)
+    proven(core, "a", 0.0)
+    share = core.config.max_pending_admissions_per_peer
+    first = announce(core, "a", fresh(200), 1.0)
+    assert sum(len(p.digests) for p in first) == share  # not 8 pulls of 16
+    items = [(d, b"v" * 100) for p in first for d in p.digests]
+    for pull in first:
+        answer = tuple((d, b"v" * 100) for d in pull.digests)
+        answered = PullSucceeded(pull.request_id, "a", answer, received=104 * len(answer))
+        assert pulls(core.handle(answered, 1.1)) == []
+    assert core.sizes().pending_admissions == share  # all awaiting a verdict: nothing more pulled
+    [(digest, _), *_] = items
+    [more] = pulls(core.handle(AdmissionResult("a", digest, True, "accepted"), 1.2))
+    assert more.peer == "a" and len(more.digests) == 1  # one verdict frees one place
+    assert core._proven("a") and core.stats.refused_busy == 0
+
+
+def test_an_item_refused_for_our_overload_keeps_its_server_proven_and_holds_pulls_back() -> None:
+    # A queue full with every peer's work is our load, not the server's waste (rt31 F3); pulling
+    # more before it drains would only meet it again.
+    core = core_with(overload_pause=1.0)
+    proven(core, "a", 0.0)
+    credit = core._peers["a"].credit
+    [pull] = announce(core, "a", fresh(1), 1.0)
+    [(digest,)] = [pull.digests]
+    core.handle(PullSucceeded(pull.request_id, "a", ((digest, b"v" * 100),), received=104), 1.0)
+    refused = AdmissionResult("a", digest, False, "cpu_budget", charged=False, busy=True, overloaded=True)
+    assert core.handle(refused, 1.1) == []
+    assert core._proven("a") and core._peers["a"].credit == credit and core._tier("a") <= 1
+    assert core.stats.refused_overloaded == 1
+    assert announce(core, "a", fresh(1), 1.5) == []  # no pull while the pause lasts...
+    assert core.next_deadline() is not None and core.next_deadline() <= 2.1
+    [later] = pulls(core.poll(2.1))  # ...and the core wakes for the one waiting when it ends
+    assert later.peer == "a"

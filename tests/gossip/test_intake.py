@@ -280,11 +280,31 @@ def test_only_rejections_of_the_bytes_or_their_deliverer_leave_the_id_open() -> 
 def test_refusals_for_the_receivers_shared_state_are_reported_busy() -> None:
     # Red team rt23: an attacker drained the new-identity budget, and an honest newcomer's items,
     # refused new_identity_limit, got it paused for 10 minutes. Busy results pause nobody.
+    # Never reported as our overload, which would spare the server its waste: a proven peer
+    # serving envelopes of fresh signers drains the new-identity budget itself (rt29 F1).
     for reason in (RejectReason.NEW_IDENTITY_LIMIT, RejectReason.REPLAY_CACHE_FULL):
-        assert verdict_events("p", b"d", Rejected(reason, "ours"), None) == [
-            AdmissionResult("p", b"d", False, reason.value, charged=False, busy=True)
-        ]
+        for overloaded in (False, True):
+            assert verdict_events("p", b"d", Rejected(reason, "ours"), None, overloaded=overloaded) == [
+                AdmissionResult("p", b"d", False, reason.value, charged=False, busy=True)
+            ]
     refused = Rejected(RejectReason.TASK_NOT_ALLOWED, "another family", sender="s")
     assert verdict_events("p", b"d", refused, None) == [
         AdmissionResult("p", b"d", False, "task_not_allowed", charged=False)
     ]
+
+
+def test_the_drivers_admission_queue_holds_all_the_core_may_hand_it() -> None:
+    # Red team rt31 F3: items the core hands past admission's queue are refused unjudged, lost,
+    # and held against their server. Its limits are the core's, in all and per peer.
+    from swarmnode.gossip.driver import GossipDriver
+    from swarmnode.net.hivemind_runtime import HivemindRuntime
+    from swarmnode.ops.metrics import Metrics
+
+    config = GossipConfig(max_pending_admissions=100, max_pending_admissions_per_peer=7)
+    admission = AdmissionPipeline(AdmissionConfig(allowed_tasks=frozenset()), now=0.0)
+    runtime = cast(HivemindRuntime, None)  # not touched before start()
+    driver = GossipDriver(GossipCore(config, "me"), runtime, admission, ExternalPool(), print, Metrics(), "s")
+    try:
+        assert (driver.intake.max_pending, driver.intake.max_pending_per_peer) == (100, 7)
+    finally:
+        driver.intake.close()
