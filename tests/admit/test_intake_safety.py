@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from swarmnode.admit import Accepted, AdmissionConfig, AdmissionPipeline, Rejected, RejectReason, Verdict
-from swarmnode.admit.intake import Intake
+from swarmnode.admit.intake import Intake, Judged
 from swarmnode.identity import NodeIdentity
 from swarmnode.policy import Policy, build_tiny_policy
 from swarmnode.roles.convert import completion_token_rows, to_scored, trained_texts
@@ -367,19 +367,24 @@ def test_a_signer_pays_for_each_envelope_it_signed_whoever_delivers_it() -> None
     assert level is not None and level < pipeline.config.cpu_initial  # the signer paid for its 20 envelopes
 
 
+def judged_by_a_full_queue(**limits: int) -> tuple[Judged, Intake, AdmissionPipeline]:
+    """ALICE's envelope, delivered by bob, judged by an intake with these (full) queue limits."""
+    pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=FAMILIES), now=time.time())
+    intake = Intake(pipeline, **limits)
+    data = envelope(batch(make_group(1)), ALICE, at=time.time())
+    try:
+        return asyncio.run(intake.judge(data, via="bob", solicited=True)), intake, pipeline
+    finally:
+        intake.close()
+
+
 def test_a_full_admission_queue_refuses_unjudged_and_says_it_was_our_load() -> None:
     # The gossip core must not pause or shun the peer whose item met our own overload
     # (Judged.busy -> AdmissionResult.busy), nor pull the id again from someone else.
     from swarmnode.gossip.core import AdmissionResult
     from swarmnode.gossip.intake import verdict_events
 
-    pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=FAMILIES), now=time.time())
-    intake = Intake(pipeline, max_pending=0)
-    data = envelope(batch(make_group(1)), ALICE, at=time.time())
-    try:
-        judged = asyncio.run(intake.judge(data, via="bob", solicited=True))
-    finally:
-        intake.close()
+    judged, intake, pipeline = judged_by_a_full_queue(max_pending=0)
     assert judged.busy and isinstance(judged.verdict, Rejected)
     assert judged.verdict.reason is RejectReason.CPU_BUDGET and judged.verdict.charged is None
     assert intake.overloaded == 1 and pipeline.cpu.level(ALICE.peer_id) is None  # nothing judged
@@ -395,12 +400,6 @@ def test_a_full_admission_queue_refuses_unjudged_and_says_it_was_our_load() -> N
 def test_a_peer_whose_own_share_of_the_queue_is_full_is_refused_busy_not_overloaded() -> None:
     # The gossip core hands admission at most a peer's share (gossip.max_pending_admissions_per_peer):
     # a full share means its envelopes outlast the core's wait, which is the peer's waste, not our load.
-    pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=FAMILIES), now=time.time())
-    intake = Intake(pipeline, max_pending_per_peer=0)
-    data = envelope(batch(make_group(1)), ALICE, at=time.time())
-    try:
-        judged = asyncio.run(intake.judge(data, via="bob", solicited=True))
-    finally:
-        intake.close()
+    judged, _, _ = judged_by_a_full_queue(max_pending_per_peer=0)
     assert judged.busy and not judged.overloaded
     assert isinstance(judged.verdict, Rejected) and judged.verdict.reason is RejectReason.CPU_BUDGET
