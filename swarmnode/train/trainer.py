@@ -54,6 +54,7 @@ from swarmnode.rollout.types import RolloutEngine, SamplingParams
 from swarmnode.store import CheckpointState, CheckpointStore, Ledger, RoundRecord
 from swarmnode.tasks import Task, TaskMixture
 from swarmnode.train.batch import ScoredGroup, completion_logprobs, micro_batches, pad_right
+from swarmnode.train.optim import adamw, load_optimizer_state
 from swarmnode.train.precision import check_precision, update_precision
 from swarmnode.verify import GroupScorer, Scored, score_in_process
 
@@ -138,7 +139,7 @@ class Trainer:
         learn = config.learn
         self.device = next(policy.model.parameters()).device
         check_precision(learn.precision, self.device)
-        self.optimizer = torch.optim.AdamW(
+        self.optimizer = adamw(
             # The trainable parameters: all of them, or the LoRA adapters alone (learn.lora_rank).
             [p for p in policy.model.parameters() if p.requires_grad],
             lr=learn.lr,
@@ -171,7 +172,7 @@ class Trainer:
             self.ledger.truncate_after(0)
             return False
         self.policy.model.load_state_dict(state.model_state)
-        self.optimizer.load_state_dict(state.optimizer_state)
+        load_optimizer_state(self.optimizer, state.optimizer_state)
         self.generator.set_state(state.rng_state["generator"])
         torch.set_rng_state(state.rng_state["torch"])
         if "mixing" in state.rng_state:
