@@ -174,6 +174,14 @@ class Intake:
         finally:
             self.pending -= 1
 
+    async def judge_unreadable(self, data: bytes, *, via: str) -> Judged:
+        """The verdict on bytes a pull delivered that decode as no envelope (charged to ``via``),
+        judged first in line and outside the queue's count: they fail at decode, so each costs next
+        to nothing. Counted, they filled the queue that the gossip core sizes its pulls to, and
+        honest envelopes behind them were refused as overloaded (red team rt32 F2). Only for such
+        bytes: an envelope judged here would skip the queue's per-peer share."""
+        return await self._run(None, lambda: self._admit_here(data, via, True, None, None))
+
     async def admit(
         self,
         data: bytes,

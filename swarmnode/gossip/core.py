@@ -1577,12 +1577,20 @@ class GossipCore:
             # Unless every peer's work filled our queue: then it is our load, and pulling more
             # now would only meet it again (rt31 F3).
             self.stats.refused_busy += 1
-            self._remember(event.digest, now, admitted=False)
             state = self._peers.get(event.peer)
             if event.overloaded:
+                # The item goes back among the candidates, pulled again after the pause (up to
+                # max_attempts), and its bytes are spent from its server's credit, not its
+                # standing: a proven peer's items refused so were otherwise downloaded without
+                # end, ~1 GiB a minute (red team rt32 F3).
                 self.stats.refused_overloaded += 1
                 self._overloaded_until = max(self._overloaded_until, now + self.config.overload_pause)
-            elif state is not None:
+                if state is not None:
+                    state.credit = max(0.0, state.credit - waiting.size)
+                self._retry_elsewhere(event.digest, waiting.candidate, event.peer, now)
+                return []
+            self._remember(event.digest, now, admitted=False)
+            if state is not None:
                 state.wasted = True
                 state.waste.spend(now, waiting.size)
                 state.credit = max(0.0, state.credit - waiting.size)
@@ -1592,6 +1600,12 @@ class GossipCore:
         else:
             actions = []
             self._count_unusable(event.peer, now)
+            # Not its server's fault (an honest peer on another mixture sends such items), but
+            # useless to us: paid from its credit, so that credit earned by accepted items cannot
+            # buy unusable ones without end (red team rt32 F1: 75 MiB per 10 minutes per id).
+            state = self._peers.get(event.peer)
+            if state is not None:
+                state.credit = max(0.0, state.credit - waiting.size)
         if event.copy_refused:
             # Only this copy is refused: charge its server (above), and pull the digest from
             # another announcer, never again from this one (``_drop_announcer``).

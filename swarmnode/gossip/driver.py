@@ -371,7 +371,7 @@ class GossipDriver:
             self._senders.add(admitted.sender, scored.rewards, admitted.group, now)
 
     async def _refuse_non_envelope(self, peer: str, payload: bytes) -> None:
-        judged = await self.intake.judge(payload, via=peer, solicited=True)
+        judged = await self.intake.judge_unreadable(payload, via=peer)
         for event in verdict_events(peer, None, judged.verdict, judged.banned_until):
             self._feed(event)  # the ban it left, if any: the bytes never had a digest to admit
         if isinstance(judged.verdict, Rejected):  # always: the bytes do not decode as an envelope

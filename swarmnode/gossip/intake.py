@@ -35,6 +35,7 @@ from swarmnode.admit.verdict import Rejected, Verdict
 from swarmnode.core.events import Digest, PeerBanned, PeerId
 from swarmnode.gossip.core import AdmissionResult, GossipEvent, Publish
 from swarmnode.wire.envelope import Envelope, decode_envelope
+from swarmnode.wire.kinds import Kind
 from swarmnode.wire.reasons import WireError
 
 if TYPE_CHECKING:
@@ -116,13 +117,22 @@ class DecodedEnvelopes:
         return len(self._by_payload)
 
 
+#: Why a pulled envelope of another kind than a rollout batch is refused. Announcements list
+#: rollout batches only (SPEC.md §1.4), so an honest server never serves another kind; admitted,
+#: heartbeats and self-signed weight manifests (544 KiB each) bought their server score and pull
+#: credit that then downloaded unusable items free of the budget (red team rt32 F1, F4).
+NOT_A_ROLLOUT_BATCH = "not_rollout_batch"
+
+
 @dataclass(frozen=True)
 class Pulled:
-    """One pull response, decoded: items for the core, and bytes that are no envelope at all."""
+    """One pull response, decoded: items for the core, and bytes it refuses before admission."""
 
     items: tuple[tuple[Digest, bytes], ...]  # (envelope id, the bytes as received), for PullSucceeded
-    not_envelopes: tuple[bytes, ...]
-    unreadable: tuple[str, ...]  # why each of ``not_envelopes`` is none (WireReason), for PullSucceeded
+    not_envelopes: tuple[bytes, ...]  # for admission, which charges the peer that sent them
+    # Why each refused payload is refused, for PullSucceeded: the WireReason of each of
+    # ``not_envelopes``, then NOT_A_ROLLOUT_BATCH for each envelope of another kind.
+    unreadable: tuple[str, ...]
 
 
 def decode_pulled(payloads: Sequence[bytes], decoded: DecodedEnvelopes) -> Pulled:
@@ -131,19 +141,24 @@ def decode_pulled(payloads: Sequence[bytes], decoded: DecodedEnvelopes) -> Pulle
     A payload that is not an envelope (too large, malformed, ...) has no digest to tie it to a
     request: its reason goes to the core (``PullSucceeded.unreadable``), which holds it against
     the server, and its bytes to admission, to charge the peer that sent them, as for any other
-    bytes from a peer."""
+    bytes from a peer. An envelope of another kind than a rollout batch goes to the core alone
+    (``NOT_A_ROLLOUT_BATCH``): never admitted, so it earns nothing."""
     items: list[tuple[Digest, bytes]] = []
     refused: list[bytes] = []
     reasons: list[str] = []
+    other_kinds = 0
     for payload in payloads:
         envelope = decode_envelope(payload)
         if isinstance(envelope, WireError):
             refused.append(payload)
             reasons.append(envelope.reason.value)
             continue
+        if envelope.kind is not Kind.ROLLOUT_BATCH:
+            other_kinds += 1
+            continue
         decoded.put(payload, envelope)
         items.append((envelope.envelope_id(), payload))
-    return Pulled(tuple(items), tuple(refused), tuple(reasons))
+    return Pulled(tuple(items), tuple(refused), (*reasons, *[NOT_A_ROLLOUT_BATCH] * other_kinds))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -358,6 +373,7 @@ __all__ = [
     "COPY_REASONS",
     "DELIVERER_REASONS",
     "MAX_TALLIED_SENDERS",
+    "NOT_A_ROLLOUT_BATCH",
     "DecodedEnvelopes",
     "ExternalPool",
     "PoolEntry",

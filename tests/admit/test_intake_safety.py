@@ -403,3 +403,23 @@ def test_a_peer_whose_own_share_of_the_queue_is_full_is_refused_busy_not_overloa
     judged, _, _ = judged_by_a_full_queue(max_pending_per_peer=0)
     assert judged.busy and not judged.overloaded
     assert isinstance(judged.verdict, Rejected) and judged.verdict.reason is RejectReason.CPU_BUDGET
+
+
+def test_bytes_that_are_no_envelope_are_judged_outside_the_queues_count() -> None:
+    # Red team rt32 F2: junk items from free ids, counted in the queue the gossip core sizes its
+    # pulls to, filled it, and honest envelopes behind them were refused as overloaded and lost.
+    pipeline = AdmissionPipeline(AdmissionConfig(allowed_tasks=FAMILIES), now=time.time())
+    intake = Intake(pipeline, max_pending=0, max_pending_per_peer=0)  # full for every envelope
+
+    async def scenario() -> Judged:
+        judged = await intake.judge_unreadable(b"\x08\x01 no envelope", via="mallory")
+        assert intake.pending == 0
+        return judged
+
+    try:
+        judged = asyncio.run(scenario())
+    finally:
+        intake.close()
+    assert not judged.busy and isinstance(judged.verdict, Rejected)
+    assert judged.verdict.reason is RejectReason.MALFORMED  # judged, and charged to mallory
+    assert intake.overloaded == 0

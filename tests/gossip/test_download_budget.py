@@ -339,9 +339,11 @@ def test_one_fast_peer_is_never_handed_more_than_admission_queues_for_it() -> No
     assert core._proven("a") and core.stats.refused_busy == 0
 
 
-def test_an_item_refused_for_our_overload_keeps_its_server_proven_and_holds_pulls_back() -> None:
+def test_an_item_refused_for_our_overload_keeps_its_server_proven_and_is_pulled_again_later() -> None:
     # A queue full with every peer's work is our load, not the server's waste (rt31 F3); pulling
-    # more before it drains would only meet it again.
+    # more before it drains would only meet it again. The item is not lost: it goes back among the
+    # candidates. Its bytes are paid from the server's credit, or a proven peer whose items meet
+    # that load is downloaded without end, ~1 GiB a minute (rt32 F3).
     core = core_with(overload_pause=1.0)
     proven(core, "a", 0.0)
     credit = core._peers["a"].credit
@@ -350,9 +352,25 @@ def test_an_item_refused_for_our_overload_keeps_its_server_proven_and_holds_pull
     core.handle(PullSucceeded(pull.request_id, "a", ((digest, b"v" * 100),), received=104), 1.0)
     refused = AdmissionResult("a", digest, False, "cpu_budget", charged=False, busy=True, overloaded=True)
     assert core.handle(refused, 1.1) == []
-    assert core._proven("a") and core._peers["a"].credit == credit and core._tier("a") <= 1
+    assert core._proven("a") and core._tier("a") <= 1
+    assert core._peers["a"].credit == credit - 104
     assert core.stats.refused_overloaded == 1
     assert announce(core, "a", fresh(1), 1.5) == []  # no pull while the pause lasts...
-    assert core.next_deadline() is not None and core.next_deadline() <= 2.1
-    [later] = pulls(core.poll(2.1))  # ...and the core wakes for the one waiting when it ends
-    assert later.peer == "a"
+    deadline = core.next_deadline()
+    assert deadline is not None and deadline <= 2.1
+    [later] = pulls(core.poll(2.1))  # ...and the core wakes for what waits when it ends
+    assert later.peer == "a" and digest in later.digests  # the refused item among them
+
+
+def test_items_refused_for_the_receivers_own_reasons_are_paid_from_their_servers_credit() -> None:
+    # Red team rt32 F1: credit earned by accepted items bought unusable ones (another family, say)
+    # without end: ~75 MiB per 10 minutes per id, free of the download budget.
+    core = core_with()
+    proven(core, "a", 0.0)
+    credit = core._peers["a"].credit
+    [pull] = announce(core, "a", fresh(1), 1.0)
+    [(digest,)] = [pull.digests]
+    core.handle(PullSucceeded(pull.request_id, "a", ((digest, b"v" * 100),), received=104), 1.0)
+    core.handle(AdmissionResult("a", digest, False, "task_not_allowed", charged=False), 1.1)
+    assert core._peers["a"].credit == credit - 104
+    assert core.stats.peers_shunned == 0  # held against nobody

@@ -14,6 +14,7 @@ from swarmnode.admit import AdmissionConfig, AdmissionPipeline, Rejected, Reject
 from swarmnode.core import PeerBanned
 from swarmnode.gossip import AdmissionResult, Admit, Announced, GossipConfig, GossipCore, Pull, PullSucceeded
 from swarmnode.gossip.intake import (
+    NOT_A_ROLLOUT_BATCH,
     DecodedEnvelopes,
     ExternalPool,
     SenderTallies,
@@ -25,6 +26,7 @@ from swarmnode.gossip.intake import (
 )
 from swarmnode.identity import NodeIdentity
 from swarmnode.tools import vectors
+from swarmnode.tools.protocol_cli import pipeline_for_context
 from swarmnode.train.batch import ScoredGroup
 from swarmnode.wire import Envelope, Heartbeat, RolloutBatch, decode_envelope, encode_envelope, seal, to_ms
 
@@ -34,6 +36,18 @@ ALICE = NodeIdentity.from_seed(bytes(31) + b"\x01")
 
 def heartbeat_bytes(round: int = 1, at: float = T0) -> bytes:
     return encode_envelope(seal(ALICE, Heartbeat(round=round, model_id="tiny", policy_version=0), to_ms(at)))
+
+
+def batch_bytes(index: int = 0, at: float = T0) -> bytes:
+    """ALICE's rollout batch of one chain_sum group, which the vectors' receiver admits."""
+    task = vectors.vector_task(index)
+    group = vectors.vector_group(task, [str(task.entry["answer"]), "5"])
+    return encode_envelope(seal(ALICE, RolloutBatch(groups=(group,)), to_ms(at)))
+
+
+def vectors_receiver() -> AdmissionPipeline:
+    """A fresh receiver in the state every protocol vector is judged in."""
+    return pipeline_for_context(vectors.context())
 
 
 def decoded(data: bytes) -> Envelope:
@@ -69,7 +83,7 @@ def test_an_own_envelope_is_published_under_its_envelope_id_with_its_encoded_siz
 
 
 def test_pulled_envelopes_reach_the_core_by_id_and_their_decode_waits_for_their_admit() -> None:
-    first, second = heartbeat_bytes(1), heartbeat_bytes(2)
+    first, second = batch_bytes(1), batch_bytes(2)
     held = DecodedEnvelopes()
     pulled = decode_pulled([first, b"\x08\x01 garbage", second], held)
     assert pulled.items == ((envelope_digest(first), first), (envelope_digest(second), second))
@@ -85,7 +99,7 @@ def test_pulled_envelopes_reach_the_core_by_id_and_their_decode_waits_for_their_
 def test_two_payloads_with_one_envelope_id_each_keep_their_own_decode() -> None:
     # The envelope id does not cover the signature: a peer can send other bytes under an honest id.
     # Admission must judge the decode of exactly the bytes it is given, never its twin's.
-    honest = heartbeat_bytes()
+    honest = batch_bytes()
     twin = encode_envelope(replace(decoded(honest), signature=bytes(64)))
     held = DecodedEnvelopes()
     pulled = decode_pulled([honest, twin], held)
@@ -93,11 +107,27 @@ def test_two_payloads_with_one_envelope_id_each_keep_their_own_decode() -> None:
     assert held.take(twin) == decoded(twin) and held.take(honest) == decoded(honest)
 
 
+def test_a_pulled_envelope_of_another_kind_than_a_rollout_batch_is_never_admitted() -> None:
+    # Red team rt32 F1, F4: announcements list rollout batches only, yet heartbeats and self-signed
+    # weight manifests were admitted, and bought their server score and credit for free.
+    core = GossipCore(GossipConfig(round_seconds=30.0, epoch=T0 - 1.0, read_interval=1.0), "me")
+    beat = heartbeat_bytes()
+    held = DecodedEnvelopes()
+    pulled = decode_pulled([beat, batch_bytes()], held)
+    assert [payload for _, payload in pulled.items] == [batch_bytes()]
+    assert pulled.not_envelopes == () and pulled.unreadable == (NOT_A_ROLLOUT_BATCH,)
+    assert held.take(beat) is None  # nothing waits for an Admit of it
+    (pull,) = [a for a in core.handle(Announced("p", 0, (envelope_digest(beat),)), T0) if isinstance(a, Pull)]
+    actions = core.handle(PullSucceeded(pull.request_id, "p", (), unreadable=pulled.unreadable), T0)
+    assert not [a for a in actions if isinstance(a, Admit)]
+    assert core.stats.items_unreadable == 1 and core._peers["p"].score < 0  # held against its server
+
+
 def test_a_pulled_envelope_is_decoded_once_from_pull_to_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
     """Core, decode and admission driven by hand, as the driver does: one decode per envelope."""
     core = GossipCore(GossipConfig(round_seconds=30.0, epoch=T0 - 1.0, read_interval=1.0), "me")
-    admission = AdmissionPipeline(AdmissionConfig(allowed_tasks=frozenset(vectors.ALLOWED_TASKS)), now=T0)
-    data = heartbeat_bytes()
+    admission = vectors_receiver()
+    data = batch_bytes()
     digest = envelope_digest(data)
     (pull,) = [a for a in core.handle(Announced("relay", 0, (digest,)), T0) if isinstance(a, Pull)]
     calls: list[bytes] = []
@@ -236,8 +266,8 @@ def test_a_full_pool_drops_the_oldest_group_of_the_signer_holding_the_most() -> 
 def test_a_broken_copy_of_an_honest_envelope_does_not_keep_the_genuine_one_out() -> None:
     """Red team F2, driven as the node's driver does: core, decode once, real admission."""
     core = GossipCore(GossipConfig(round_seconds=30.0, epoch=T0 - 1.0, read_interval=1.0), "me")
-    admission = AdmissionPipeline(AdmissionConfig(allowed_tasks=frozenset(vectors.ALLOWED_TASKS)), now=T0)
-    genuine = heartbeat_bytes()
+    admission = vectors_receiver()
+    genuine = batch_bytes()
     digest = envelope_digest(genuine)
     envelope = decoded(genuine)
     forged = encode_envelope(
