@@ -137,7 +137,7 @@ class GossipConfig:
     # now and then, ~480 MiB a minute free of the download budget (red team rt29 F1).
     waste_repay_rate: float = 64.0 * 1024
     # A proven peer's pull reads at most this many bytes per byte of its items we accepted (its
-    # credit, at most two full answers): proven is cheap (one accepted heartbeat), and each free
+    # credit, at most two full answers): proven is cheap (one accepted item), and each free
     # id proven so read a 16-MiB answer of junk outside the download budget, ~1 GiB in 2 minutes
     # from 64 ids, leaving the budget 869 MiB in debt (red team rt30 F2). An honest answer over
     # its credit is not charged; the next pull goes through the budget.
