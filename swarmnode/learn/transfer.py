@@ -16,10 +16,12 @@ Rules (``swarm.mixing``; own groups with signal get the usual GRPO advantage in 
 external rows are scored under the receiver's own policy as SAPO does: ``pi_old`` is ours, no
 importance correction toward the sender)::
 
-    b_f            = receiver's success rate on family f: EWMA (weight ``alpha``) of the mean reward
-                     its verifier gave its *own* groups of f, one sample per round (``FamilyBaseline``)
-    receiver_baseline:  A(y) = R(y) - b_f                 every external completion
-    positive_only:      A(y) = max(R(y) - b_f, 0)         only foreign successes beyond our own rate
+    S(y)           = 1 if our verifier gave y full reward, else 0 (``success``)
+    b_f            = receiver's success rate on family f: EWMA (weight ``alpha``) of the share of
+                     full rewards among its *own* groups' completions of f, one sample per round
+                     (``FamilyBaseline``)
+    receiver_baseline:  A(y) = S(y) - b_f                 every external completion
+    positive_only:      A(y) = max(S(y) - b_f, 0)         only foreign successes beyond our own rate
     joint:              A(y) = (R(y) - mean(R_u)) / (std(R_u) + eps)
                         over the union u of our completions and the peers' on the same prompt
                         (the probe's joint groups; HACPO's joint baseline without its ratio band)
@@ -34,6 +36,12 @@ time a peer's correct answer gets +0.05 and its error -0.95, which protects our 
 mistakes. ``positive_only`` drops the negative half (rejection-sampling fine-tuning on foreign
 successes: RAFT, arXiv 2304.06767; ReST, arXiv 2308.08998): a peer's error says little about our
 policy, whose probability of it may be tiny. A family we have never answered has ``b_f = 0``.
+
+Success, not reward: some reasoning-gym scorers give partial credit to a wrong answer that contains
+the right one (``len(answer) / len(completion)``: "130" for 13 scores 0.67). With A = R - b_f such
+an answer is a lesson (+0.6 where we are weak), and a peer sending 59 wrong variants per group took
+every external slot and cost its receivers their own skill (red team rt33 F2: own family 0.77 ->
+0.07). A foreign completion teaches only when it is right.
 
 The own-skill anchor (``anchored``): a specialist's groups on its own family are all
 correct, so under the rules above nothing in an update speaks for that family while the J foreign
@@ -95,13 +103,13 @@ class FamilyBaseline:
         self._rate: dict[str, float] = {}
 
     def update(self, samples: Mapping[str, Sequence[float]]) -> None:
-        """One round's own rewards per family (each family's mean is one EWMA sample)."""
+        """One round's own rewards per family (the share of full rewards is one EWMA sample)."""
         for family, rewards in samples.items():
             if not rewards:
                 continue
-            mean = sum(rewards) / len(rewards)
-            if not math.isfinite(mean):
+            if not all(math.isfinite(r) for r in rewards):
                 raise ValueError(f"rewards of family {family!r} must be finite")
+            mean = sum(success(r) for r in rewards) / len(rewards)
             old = self._rate.get(family)
             self._rate[family] = mean if old is None else (1 - self.alpha) * old + self.alpha * mean
 
@@ -116,11 +124,16 @@ class FamilyBaseline:
         self._rate = {str(k): float(v) for k, v in state.items()}
 
 
+def success(reward: float) -> float:
+    """S(y): 1.0 for a full reward, else 0.0 (partial credit is no success)."""
+    return 1.0 if reward >= 1.0 else 0.0
+
+
 def receiver_advantages(rewards: Sequence[float], baseline: float, *, positive_only: bool) -> list[float]:
-    """A(y) = R(y) - b (or max(R(y) - b, 0)) for each external completion of one group."""
+    """A(y) = S(y) - b (or max(S(y) - b, 0)) for each external completion of one group."""
     if positive_only:
-        return [max(r - baseline, 0.0) for r in rewards]
-    return [r - baseline for r in rewards]
+        return [max(success(r) - baseline, 0.0) for r in rewards]
+    return [success(r) - baseline for r in rewards]
 
 
 def is_demonstration(rewards: Sequence[float]) -> bool:
@@ -138,14 +151,32 @@ def teaching_value(advantages: Sequence[float]) -> float:
     return sum(a for a in advantages if a > 0)
 
 
-def select_teaching(candidates: Sequence[tuple[T, float]], n: int, rng: random.Random) -> list[T]:
-    """The ``n`` items of largest value (> 0) among ``(item, value)``; ties in ``rng``'s order."""
+def select_teaching(candidates: Sequence[tuple[T, float, Hashable]], n: int, rng: random.Random) -> list[T]:
+    """The ``n`` items of largest value (> 0) among ``(item, value, sender)``, at most a fair share
+    (ceil(n / senders with any)) from each sender while others' remain; ties in ``rng``'s order.
+
+    Values come from our own verifier, but one sender may still hold every group of the largest
+    value (it sends more, or better): ranked alone, one peer's groups took all J places and the
+    honest peers' none (red team rt33 F1). What no one else fills is filled by value."""
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     order = list(range(len(candidates)))
     rng.shuffle(order)
     order.sort(key=lambda i: -candidates[i][1])  # stable: equal values keep the shuffled order
-    return [candidates[i][0] for i in order if candidates[i][1] > 0][:n]
+    valued = [i for i in order if candidates[i][1] > 0]
+    senders = {candidates[i][2] for i in valued}
+    share = -(-n // len(senders)) if senders else 0
+    taken: dict[Hashable, int] = {}
+    chosen: list[int] = []
+    for i in valued:
+        sender = candidates[i][2]
+        if len(chosen) < n and taken.get(sender, 0) < share:
+            taken[sender] = taken.get(sender, 0) + 1
+            chosen.append(i)
+    first = set(chosen)
+    rest = [i for i in valued if i not in first][: n - len(chosen)]
+    picked = set(chosen + rest)
+    return [candidates[i][0] for i in valued if i in picked]
 
 
 def joint_advantages(

@@ -120,7 +120,7 @@ from swarmnode.learn import zero_advantage
 from swarmnode.policy import Policy, load_policy
 from swarmnode.policy.evaluate import evaluate_accuracy
 from swarmnode.policy.warmstart import WarmStartSettings, warm_start, warm_start_dir
-from swarmnode.roles.convert import rollout_batch, to_scored
+from swarmnode.roles.convert import rollout_batch, to_scored, trained_texts
 from swarmnode.rollout import make_engine
 from swarmnode.store import CheckpointStore, Ledger
 from swarmnode.tasks import DatasetSpec, Task, TaskMixture, default_mixture, family_names, mixture_from_specs
@@ -422,6 +422,7 @@ class Agent:
             GossipConfig(round_seconds=spec.round_seconds, read_interval=min(5.0, spec.round_seconds / 6)),
             self.peer_id,
         )
+        max_new = spec.max_new_tokens
         self.admission = AdmissionPipeline(
             AdmissionConfig(
                 allowed_tasks=task_families(self.mixture),
@@ -429,6 +430,10 @@ class Agent:
                 local_peer_id=self.peer_id,
             ),
             now=EPOCH,
+            # As the node's: completions are rendered to the ids we train, and one longer than we
+            # generate is refused. Without it such a group was admitted, and ended the whole run
+            # when its conversion raised (red team rt33 F4).
+            render=lambda texts: trained_texts(policy, texts, max_new),
         )
         self.payloads: dict[bytes, bytes] = {}
         self.pending: list[GossipEvent] = []

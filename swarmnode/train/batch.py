@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -36,6 +36,19 @@ class ScoredGroup:
     @property
     def size(self) -> int:
         return len(self.completion_ids)
+
+    def first(self, n: int) -> ScoredGroup:
+        """This group with its first ``n`` completions only (itself when it has no more)."""
+        if self.size <= n:
+            return self
+        return replace(
+            self,
+            completion_ids=self.completion_ids[:n],
+            behaviour_logprobs=self.behaviour_logprobs[:n],
+            texts=self.texts[:n],
+            rewards=self.rewards[:n],
+            source_mean_logprobs=self.source_mean_logprobs[:n],
+        )
 
 
 def pad_right(rows: Sequence[Sequence[float]], value: float, dtype: torch.dtype) -> torch.Tensor:

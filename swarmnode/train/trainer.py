@@ -293,6 +293,10 @@ class Trainer:
     ) -> tuple[list[ScoredGroup], list[ScoredGroup]]:
         """Which groups this round trains on (ALGORITHMS.md §2 for SAPO)."""
         swarm = self.config.swarm
+        # A peer's group counts for no more completions than ours: the wire allows 64, and groups
+        # of 64 were worth 8 of ours in every rule's selection and loss, and 5x our update's CPU
+        # (red team rt33 F1).
+        external = [g.first(self.config.rollout.group_size) for g in external]
         if swarm.mixing == "none" or not external:
             keep = [
                 g for g in own if not (self.config.learn.drop_zero_advantage and zero_advantage(g.rewards))
@@ -309,7 +313,7 @@ class Trainer:
             # learn.transfer: I own groups as SAPO picks them, the J external ones that teach most;
             # anchored rules add up to I own demonstrations (all correct: SAPO's filter drops them).
             local, _ = select_groups(own, (), swarm.local_groups, 0, self.mixing_rng)
-            valued = [(g, teaching_value(self._external_advantages(g))) for g in external]
+            valued = [(g, teaching_value(self._external_advantages(g)), g.source) for g in external]
             ext = select_teaching(valued, swarm.external_groups, self.mixing_rng)
             if swarm.mixing in ANCHORED_RULES:
                 demos = [g for g in own if is_demonstration(g.rewards)]

@@ -33,6 +33,19 @@ def test_the_family_baseline_is_an_ewma_of_own_round_means_and_zero_for_an_unsee
         b.update({"x": [float("nan")]})
 
 
+def test_partial_credit_is_no_success_in_the_baseline_nor_in_a_foreign_completions_advantage() -> None:
+    # Red team rt33 F2: reasoning-gym's default scorer gives "130" for 13 a reward of 0.67. As
+    # A = R - b_f it was a lesson (+0.6 where we are weak): 59 wrong variants a group took every
+    # external slot, and the receivers' own family fell from 0.77 to 0.07.
+    assert receiver_advantages([0.67, 1.0, 0.0], 0.05, positive_only=False) == pytest.approx(
+        [-0.05, 0.95, -0.05]
+    )
+    assert teaching_value(receiver_advantages([0.67] * 8, 0.05, positive_only=True)) == 0.0
+    b = FamilyBaseline(alpha=1.0)
+    b.update({"products": [0.67, 0.5, 1.0, 0.0]})
+    assert b.rate("products") == 0.25  # one success in four
+
+
 def test_a_foreign_success_on_a_family_we_fail_teaches_much_and_on_one_we_master_little() -> None:
     # Receiver solves 10% of family f: a peer's right answer +0.9, its wrong one -0.1.
     assert receiver_advantages([1.0, 0.0], 0.1, positive_only=False) == pytest.approx([0.9, -0.1])
@@ -46,13 +59,25 @@ def test_a_foreign_success_on_a_family_we_fail_teaches_much_and_on_one_we_master
 
 def test_selection_takes_the_groups_that_teach_most_and_never_one_that_teaches_nothing() -> None:
     rng = random.Random(0)
-    picked = select_teaching([("a", 0.5), ("b", 3.0), ("c", 0.0), ("d", 1.0)], 2, rng)
+    picked = select_teaching([("a", 0.5, "p"), ("b", 3.0, "p"), ("c", 0.0, "p"), ("d", 1.0, "p")], 2, rng)
     assert picked == ["b", "d"]
-    assert select_teaching([("a", 0.5), ("c", 0.0)], 5, rng) == ["a"]
-    ties = {tuple(select_teaching([(x, 1.0) for x in "abcd"], 2, random.Random(s))) for s in range(20)}
+    assert select_teaching([("a", 0.5, "p"), ("c", 0.0, "p")], 5, rng) == ["a"]
+    ties = {tuple(select_teaching([(x, 1.0, "p") for x in "abcd"], 2, random.Random(s))) for s in range(20)}
     assert len(ties) > 1  # ties broken by the rng, not by arrival order
     with pytest.raises(ValueError):
         select_teaching([], -1, rng)
+
+
+def test_one_sender_takes_at_most_a_fair_share_of_the_places_while_others_have_lessons() -> None:
+    # Red team rt33 F1: ranked by value alone, one peer's groups took all J places, the honest
+    # peers' none. Each sender with a lesson gets ceil(J / senders) places; the rest go by value.
+    rng = random.Random(0)
+    loud = [(f"m{i}", 8.0, "mallory") for i in range(8)]
+    honest = [("h1", 1.0, "honest"), ("h2", 0.5, "honest"), ("h3", 0.0, "honest")]
+    picked = select_teaching([*loud, *honest], 4, rng)
+    assert sum(p.startswith("m") for p in picked) == 2 and {"h1", "h2"} <= set(picked)
+    # What no one else fills is filled by value.
+    assert sum(p.startswith("m") for p in select_teaching([*loud, ("h1", 1.0, "honest")], 4, rng)) == 3
 
 
 def test_joint_advantages_normalise_over_every_group_of_a_prompt() -> None:

@@ -270,6 +270,26 @@ def test_the_receiver_baseline_rule_trains_on_a_peers_all_correct_group_with_r_m
         assert loss == pytest.approx(-(1.0 - 0.25), abs=1e-5)
 
 
+@pytest.mark.parametrize("mixing", ["receiver_baseline", "sapo", "hacpo"])
+def test_a_peers_group_counts_for_no_more_completions_than_ours(
+    quick_model: Path, tmp_path: Path, mixing: str
+) -> None:
+    # Red team rt33 F1: the wire allows 64 completions a group; a peer's 64 were worth 8 of our
+    # groups in selection and loss, took every external place and cost 5x our update's CPU.
+    with rule_trainer(quick_model, tmp_path, mixing, 1, 1) as (trainer, own):
+        own = [dataclasses.replace(g, rewards=[0.0, 1.0, 0.0, 0.0]) for g in own]
+        g = own[0]
+        big = dataclasses.replace(
+            relabelled(g, [1.0, 0.0] * 32),
+            completion_ids=[g.completion_ids[i % 4] for i in range(64)],
+            texts=[g.texts[i % 4] for i in range(64)],
+            source_mean_logprobs=[-1.0] * 64,
+        )
+        _, ext = trainer.choose_groups(own, [big])
+        assert [e.size for e in ext] == [4]  # rollout.group_size
+        assert ext[0].rewards == [1.0, 0.0, 1.0, 0.0] and ext[0].texts == g.texts
+
+
 def test_the_anchored_rule_replays_our_all_correct_group_with_advantage_one_beside_the_peers_demo(
     quick_model: Path, tmp_path: Path
 ) -> None:
