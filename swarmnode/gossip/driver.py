@@ -83,6 +83,8 @@ _SERVERS_BYTES = frozenset({CallFailure.TOO_LARGE, CallFailure.PROTOCOL})
 #: most of a full answer and then stalls chose to (red team rt27: 16 MiB per pull, uncharged,
 #: 88 MiB a minute per identity, 1.3 GiB with 16). Below it a slow or lost peer only backs off.
 STALLED_ANSWER_BYTES = 1024 * 1024
+#: Of the core's admission timeout, how long the admission queue waits for a verdict.
+INTAKE_WAIT_SHARE = 0.9
 
 
 def pull_failure_charged(exc: BaseException) -> bool:
@@ -142,9 +144,13 @@ class GossipDriver:
         # Its queue holds all the core may hand it, in all and per peer: items past either limit
         # would be refused unjudged, lost, and held against their server (red team rt31 F3).
         c = core.config
-        per_peer = c.max_pending_admissions_per_peer
+        # It gives up a little before the core does, so that it never counts what the core no
+        # longer does (red team rt34 F1).
         self.intake = intake or Intake(
-            admission, max_pending=c.max_pending_admissions, max_pending_per_peer=per_peer
+            admission,
+            max_pending=c.max_pending_admissions,
+            max_pending_per_peer=c.max_pending_admissions_per_peer,
+            max_wait=INTAKE_WAIT_SHARE * c.admission_timeout,
         )
         self.pool = pool
         self.convert = convert

@@ -423,3 +423,67 @@ def test_bytes_that_are_no_envelope_are_judged_outside_the_queues_count() -> Non
     assert not judged.busy and isinstance(judged.verdict, Rejected)
     assert judged.verdict.reason is RejectReason.MALFORMED  # judged, and charged to mallory
     assert intake.overloaded == 0
+
+
+class BurningPipeline:
+    """Stands in for the pipeline: each admit burns the thread CPU its bytes name, and is logged."""
+
+    last_scoring_cpu_s = 0.0
+
+    def __init__(self) -> None:
+        self.judged: list[str] = []
+
+    def admit(self, data: bytes, now: float, *, via: str | None, **_: object) -> Verdict:
+        seconds = float(data.decode())
+        started = time.thread_time()
+        while time.thread_time() - started < seconds:
+            pass
+        self.judged.append(str(via))
+        return Rejected(RejectReason.MALFORMED, "stand-in")
+
+    def charge_cpu(self, *_: object) -> None:
+        pass
+
+    def ban_left_by(self, *_: object) -> None:
+        return None
+
+
+def test_the_next_envelope_judged_is_from_the_peer_that_used_the_least_admission_cpu() -> None:
+    # Red team rt34 F1: served one envelope per peer in turn, a peer whose envelopes cost 24x an
+    # honest one's took 24x its CPU; 16 such peers cut an honest peer's judged items to 8%.
+    pipeline = BurningPipeline()
+    intake = Intake(pipeline)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        costly = [intake.judge(b"0.02", via="mallory", solicited=True) for _ in range(6)]
+        cheap = [intake.judge(b"0.0", via="honest", solicited=True) for _ in range(6)]
+        await asyncio.gather(*costly, *cheap)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        intake.close()
+    last_honest = max(i for i, via in enumerate(pipeline.judged) if via == "honest")
+    assert pipeline.judged[: last_honest + 1].count("mallory") <= 2  # round-robin: 6
+
+
+def test_an_envelope_that_waits_past_max_wait_is_given_up_and_never_judged() -> None:
+    # The gossip core stops counting an item after its admission timeout; a queue that still held
+    # it filled behind the core's back and refused every peer's items as overloaded (rt34 F1).
+    pipeline = BurningPipeline()
+    intake = Intake(pipeline, max_wait=0.2)  # type: ignore[arg-type]
+
+    async def scenario() -> Judged:
+        blocker = asyncio.ensure_future(intake.call(lambda: pipeline.admit(b"0.5", 0.0, via="us")))
+        await asyncio.sleep(0.05)  # our own work runs first, for 0.5 s of CPU
+        waited = await intake.judge(b"0.0", via="b", solicited=True)
+        assert intake.pending == 0  # it no longer counts
+        await blocker
+        return waited
+
+    try:
+        waited = asyncio.run(scenario())
+    finally:
+        intake.close()
+    assert waited.busy and waited.overloaded  # our load: the core pulls it again
+    assert intake.gave_up == 1 and pipeline.judged == ["us"]  # b's envelope was never judged

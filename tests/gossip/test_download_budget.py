@@ -353,7 +353,7 @@ def test_an_item_refused_for_our_overload_keeps_its_server_proven_and_is_pulled_
     refused = AdmissionResult("a", digest, False, "cpu_budget", charged=False, busy=True, overloaded=True)
     assert core.handle(refused, 1.1) == []
     assert core._proven("a") and core._tier("a") <= 1
-    assert core._peers["a"].credit == credit - 104
+    assert core._peers["a"].credit == credit - 32 * 104  # as accepted bytes earn it
     assert core.stats.refused_overloaded == 1
     assert announce(core, "a", fresh(1), 1.5) == []  # no pull while the pause lasts...
     deadline = core.next_deadline()
@@ -372,5 +372,12 @@ def test_items_refused_for_the_receivers_own_reasons_are_paid_from_their_servers
     [(digest,)] = [pull.digests]
     core.handle(PullSucceeded(pull.request_id, "a", ((digest, b"v" * 100),), received=104), 1.0)
     core.handle(AdmissionResult("a", digest, False, "task_not_allowed", charged=False), 1.1)
-    assert core._peers["a"].credit == credit - 104
+    assert core._peers["a"].credit == credit - 32 * 104  # as accepted bytes earn it
     assert core.stats.peers_shunned == 0  # held against nobody
+    # What the credit does not cover is waste to repay before the peer is proven again (rt34 F2:
+    # one accepted MiB and 15 unusable ones per pull earned more credit than they spent).
+    [again] = announce(core, "a", fresh(1), 2.0)
+    [(other,)] = [again.digests]
+    core.handle(PullSucceeded(again.request_id, "a", ((other, b"v" * 2000),), received=2004), 2.0)
+    core.handle(AdmissionResult("a", other, False, "task_not_allowed", charged=False), 2.0)
+    assert core._peers["a"].waste.available(2.0) < 0 and not core._proven("a")
