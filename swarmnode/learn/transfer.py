@@ -86,6 +86,7 @@ from typing import TypeVar
 import torch
 
 from swarmnode.learn.advantages import Scale, group_advantages, zero_advantage
+from swarmnode.tasks.scoring import solved
 
 KeyT = TypeVar("KeyT", bound=Hashable)
 T = TypeVar("T")
@@ -125,8 +126,8 @@ class FamilyBaseline:
 
 
 def success(reward: float) -> float:
-    """S(y): 1.0 for a full reward, else 0.0 (partial credit is no success)."""
-    return 1.0 if reward >= 1.0 else 0.0
+    """S(y): 1.0 for a full reward, else 0.0 (partial credit is no success: ``solved``)."""
+    return 1.0 if solved(reward) else 0.0
 
 
 def receiver_advantages(rewards: Sequence[float], baseline: float, *, positive_only: bool) -> list[float]:
@@ -138,7 +139,7 @@ def receiver_advantages(rewards: Sequence[float], baseline: float, *, positive_o
 
 def is_demonstration(rewards: Sequence[float]) -> bool:
     """An own group whose every completion earned full reward (an anchor of ``anchored``)."""
-    return bool(rewards) and all(r >= 1.0 for r in rewards)
+    return bool(rewards) and all(solved(r) for r in rewards)
 
 
 def anchor_advantages(rewards: Sequence[float]) -> list[float]:

@@ -14,6 +14,7 @@ from swarmnode.errors import EngineUnavailable
 from swarmnode.policy.model import Policy
 from swarmnode.rollout.types import RolloutEngine, SamplingParams
 from swarmnode.tasks import Task, score_completion
+from swarmnode.tasks.scoring import solved
 
 #: Prompts per generate() call during evaluation (bounds the KV cache).
 EVAL_BATCH = 256
@@ -72,7 +73,8 @@ def evaluate_accuracy(
     max_new_tokens: int = 16,
     generator: torch.Generator | None = None,
 ) -> float:
-    """Mean verifier score of one completion per task (0.0 for no tasks); see ``task_scores``."""
+    """Share of tasks whose one completion solves them (full reward, ``tasks.scoring.solved``;
+    0.0 for no tasks); see ``task_scores``."""
     scores = task_scores(
         policy,
         tasks,
@@ -82,4 +84,4 @@ def evaluate_accuracy(
         max_new_tokens=max_new_tokens,
         generator=generator,
     )
-    return sum(scores) / len(scores) if scores else 0.0
+    return sum(solved(score) for score in scores) / len(scores) if scores else 0.0

@@ -108,6 +108,14 @@ def score_completion(task: Task, completion: str) -> float:
     return score_answer(task, extract_answer(completion))
 
 
+def solved(score: float) -> bool:
+    """Whether a completion that scored ``score`` solves its task: only the scorer's full reward.
+    Every family the built-in models learn gives partial credit to a wrong answer that contains
+    the right one ("160" for 16 scores 0.67): a reward for training, never a success (held-out
+    accuracy counted it as two thirds of one; red team rt33)."""
+    return score >= 1.0
+
+
 __all__ = [
     "ORDINARY_SCORER_ERRORS",
     "UnsafeScorerError",
@@ -117,5 +125,6 @@ __all__ = [
     "score_answer",
     "score_completion",
     "scorer_for",
+    "solved",
     "upstream_scorer",
 ]

@@ -53,6 +53,7 @@ from swarmnode.policy.lora import plain_copy
 from swarmnode.rollout.types import RolloutEngine, SamplingParams
 from swarmnode.store import CheckpointState, CheckpointStore, Ledger, RoundRecord
 from swarmnode.tasks import Task, TaskMixture
+from swarmnode.tasks.scoring import solved
 from swarmnode.train.batch import ScoredGroup, completion_logprobs, micro_batches, pad_right
 from swarmnode.train.optim import adamw, load_optimizer_state
 from swarmnode.train.precision import check_precision, update_precision
@@ -589,11 +590,12 @@ class Trainer:
         return torch.where(is_self, own_mean_logp, torch.tensor(source_mean, dtype=torch.float32))
 
     def evaluate(self) -> float:
-        """Greedy accuracy on the held-out set: with several families, the mean of each family's
-        accuracy (kept in ``heldout_by_family``), so every family counts the same."""
+        """Greedy accuracy on the held-out set (the share of tasks solved, ``solved``): with
+        several families, the mean of each family's accuracy (kept in ``heldout_by_family``), so
+        every family counts the same."""
         scores = iter(task_scores(self.policy, self.heldout, self.engine, True))
         by_family = {
-            family: sum(next(scores) for _ in tasks) / len(tasks)
+            family: sum(solved(next(scores)) for _ in tasks) / len(tasks)
             for family, tasks in self.heldout_sets.items()
             if tasks
         }

@@ -125,10 +125,17 @@ def _answers(tasks: list[Task], right: int) -> dict[str, str]:
     return {t.prompt: (str(t.entry["answer"]) if i < right else "x") for i, t in enumerate(tasks)}
 
 
-def test_evaluate_accuracy_is_the_mean_verifier_score() -> None:
+def test_evaluate_accuracy_is_the_share_of_tasks_solved_and_partial_credit_is_no_solution() -> None:
     tasks = list({t.prompt: t for t in default_mixture(0).heldout(40)}.values())[:20]
-    engine = _AnsweringEngine(_answers(tasks, 5))
-    assert evaluate_accuracy(build_tiny_policy(0), tasks, engine) == pytest.approx(5 / len(tasks))
+    answers = _answers(tasks, 5)
+    for t in tasks[5:10]:  # wrong answers that contain the right one: the scorer's partial credit
+        answers[t.prompt] = f"{t.entry['answer']}0"
+    engine = _AnsweringEngine(answers)
+    scores = task_scores(build_tiny_policy(0), tasks, engine)
+    assert all(0 < s < 1 for s in scores[5:10])  # rewards for training...
+    assert evaluate_accuracy(build_tiny_policy(0), tasks, engine) == pytest.approx(
+        5 / len(tasks)
+    )  # ...not solutions
     assert engine.calls[0][1].temperature == 0.0  # greedy by default
     assert task_scores(build_tiny_policy(0), [], engine) == []
 
