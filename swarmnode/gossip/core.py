@@ -142,6 +142,13 @@ class GossipConfig:
     # from 64 ids, leaving the budget 869 MiB in debt (red team rt30 F2). An honest answer over
     # its credit is not charged; the next pull goes through the budget.
     credit_per_accepted_byte: float = 32.0
+    # Bytes any one peer, proven or not, may make us download, per second (burst: two full
+    # answers). Accepted items are what proving and credit reward, but a peer can make accepted
+    # items of no value at will (a self-signed batch of wrong answers): 16 proven ids serving only
+    # those made a node download 18.8 GiB in 10 minutes (red team rt34). An honest peer publishes
+    # one batch a round, far below this. Demand-driven pulling (issue #18) is the lasting bound.
+    peer_download_rate: float = 512.0 * 1024
+    peer_download_burst: float = 32.0 * 1024 * 1024
     pull_timeout: float = 10.0
     pull_rate: float = 8.0  # per peer; keep it below peers' serve_rate
     pull_burst: float = 32.0
@@ -221,6 +228,8 @@ class GossipConfig:
             "waste_repay_rate",
             "credit_per_accepted_byte",
             "overload_pause",
+            "peer_download_rate",
+            "peer_download_burst",
         )
         for name in positive:
             value = getattr(self, name)
@@ -576,6 +585,10 @@ class _Awaiting:
     peer: PeerId
     candidate: _Candidate
     size: int  # its bytes in the answer, prefix included: wasted if admission refuses it busy
+    # Of its server's credit, what paying for it would take (credit_per_accepted_byte x size),
+    # held until the verdict: returned when it is accepted or held against the server, spent
+    # when it is refused for our own reasons (``_pay_from_credit``).
+    held: float = 0.0
 
 
 @dataclass
@@ -592,6 +605,7 @@ class _InFlight:
 class _Peer:
     pull_bucket: TokenBucket
     waste: TokenBucket  # bytes downloaded for nothing, in debt until repaid (waste_repay_rate)
+    download: TokenBucket  # bytes it made us download (peer_download_rate), in debt until refilled
     last_seen: float
     inflight: int = 0  # pulls to this peer
     candidates: int = 0  # announcer slots this peer holds in the candidate table
@@ -833,6 +847,9 @@ class GossipCore:
             # No verdict in time: remember it anyway, so it is never admitted twice.
             self.stats.admission_timeouts += 1
             self._add_pending(waiting.peer, -1)
+            state = self._peers.get(waiting.peer)
+            if state is not None:
+                state.credit += waiting.held
             self._remember(digest, now)
         for request_id, pull in self._inflight.pop_expired(now):
             self.stats.pulls_timed_out += 1
@@ -1212,6 +1229,7 @@ class GossipCore:
             and state.inflight < self.config.max_inflight_pulls_per_peer
             and self._pending_by_peer.get(peer, 0) < self.config.max_pending_admissions_per_peer
             and state.pull_bucket.available(now) >= 1
+            and state.download.available(now) > 0
         )
 
     def _note_blocked(self, candidate: _Candidate, now: float) -> None:
@@ -1232,6 +1250,7 @@ class GossipCore:
             state.paused_until,
             self._bans.get(peer, -math.inf),
             state.pull_bucket.ready_at(now, 1),
+            state.download.ready_at(now, 1),
         )
         if ready > now and (self._wake_at is None or ready < self._wake_at):
             self._wake_at = ready
@@ -1315,6 +1334,7 @@ class GossipCore:
         state = self._peers.get(event.peer)
         actions: list[GossipAction] = []
         delivered: set[Digest] = set()
+        handed: list[_Awaiting] = []  # to admission
         corrupt: set[Digest] = set()
         answered = 0  # bytes of the requested items it served intact
         unrequested = False
@@ -1334,12 +1354,20 @@ class GossipCore:
                 continue  # published by ourselves meanwhile
             size = len(payload) + ITEM_PREFIX_BYTES
             waiting = _Awaiting(event.peer, pull.digests[digest], size)
+            handed.append(waiting)
             for _, evicted in self._awaiting.put(digest, waiting, now + self.config.admission_timeout):
                 self._add_pending(evicted.peer, -1)  # never: a pull opens only within the budget
             self._add_pending(event.peer, 1)
             actions.append(Admit(event.peer, digest, payload))
             self.stats.admits += 1
         self._settle(pull, received, now, useful=answered + ITEM_PREFIX_BYTES * len(delivered))
+        if state is not None:
+            # Held until the verdicts: lent again at once, the credit read 64 MiB of items
+            # refused for our reasons per accepted MiB before any was charged (red team rt35 F2).
+            rate = self.config.credit_per_accepted_byte
+            for waiting in handed:
+                waiting.held = min(max(0.0, state.credit), rate * waiting.size)
+                state.credit -= waiting.held
         if delivered and state is not None:
             state.delivered += len(delivered)
             # Only an answer that delivered something ends a run of failures: an empty one in
@@ -1404,6 +1432,7 @@ class GossipCore:
         wasted = max(0, got - useful)
         state = self._peers.get(pull.peer)
         if state is not None:
+            state.download.spend(now, got)
             state.wasted = wasted > 0
             state.waste.spend(now, wasted)
             state.credit = max(0.0, state.credit + pull.credit - wasted)
@@ -1558,10 +1587,13 @@ class GossipCore:
             return []
         self._awaiting.pop(event.digest)
         self._add_pending(event.peer, -1)
+        state = self._peers.get(event.peer)
+        paid = (event.busy and event.overloaded) or not (event.accepted or event.busy or event.charged)
+        if state is not None and not paid:
+            state.credit += waiting.held  # not refused for our own reasons: nothing to pay
         if event.accepted:
             self._remember(event.digest, now, admitted=True)
             self.stats.accepted += 1
-            state = self._peers.get(event.peer)
             if state is not None:
                 state.adjust(_SCORE_ACCEPTED)
                 state.unusable = 0
@@ -1577,7 +1609,6 @@ class GossipCore:
             # Unless every peer's work filled our queue: then it is our load, and pulling more
             # now would only meet it again (rt31 F3).
             self.stats.refused_busy += 1
-            state = self._peers.get(event.peer)
             if event.overloaded:
                 # The item goes back among the candidates, pulled again after the pause (up to
                 # max_attempts), and its bytes are paid from its server's credit, not its
@@ -1585,7 +1616,7 @@ class GossipCore:
                 # end, ~1 GiB a minute (red team rt32 F3).
                 self.stats.refused_overloaded += 1
                 self._overloaded_until = max(self._overloaded_until, now + self.config.overload_pause)
-                self._pay_from_credit(state, waiting.size, now)
+                self._pay_from_credit(state, waiting, now)
                 self._retry_elsewhere(event.digest, waiting.candidate, event.peer, now)
                 return []
             self._remember(event.digest, now, admitted=False)
@@ -1601,7 +1632,7 @@ class GossipCore:
             self._count_unusable(event.peer, now)
             # Not its server's fault (an honest peer on another mixture sends such items), but
             # useless to us: paid from its credit (red team rt32 F1: 75 MiB per 10 minutes per id).
-            self._pay_from_credit(self._peers.get(event.peer), waiting.size, now)
+            self._pay_from_credit(state, waiting, now)
         if event.copy_refused:
             # Only this copy is refused: charge its server (above), and pull the digest from
             # another announcer, never again from this one (``_drop_announcer``).
@@ -1612,7 +1643,7 @@ class GossipCore:
             self._remember(event.digest, now, admitted=event.reason == _REPLAY)
         return actions
 
-    def _pay_from_credit(self, state: _Peer | None, size: int, now: float) -> None:
+    def _pay_from_credit(self, state: _Peer | None, waiting: _Awaiting, now: float) -> None:
         """An item of ``size`` bytes downloaded for nothing though by no fault of its server: its
         credit pays, at the rate accepted bytes earn it (``credit_per_accepted_byte``), and what
         the credit does not cover is waste to repay (``waste_repay_rate``) before the peer is
@@ -1622,9 +1653,12 @@ class GossipCore:
         if state is None:
             return
         rate = self.config.credit_per_accepted_byte
-        covered = min(float(size), max(0.0, state.credit) / rate)
-        state.credit -= covered * rate
-        state.waste.spend(now, size - covered)
+        size = float(waiting.size)
+        from_held = min(size, waiting.held / rate)
+        state.credit += waiting.held - from_held * rate  # (nothing left, unless credit ran short)
+        from_credit = min(size - from_held, max(0.0, state.credit) / rate)
+        state.credit -= from_credit * rate
+        state.waste.spend(now, size - from_held - from_credit)
 
     def _count_unusable(self, peer: PeerId, now: float) -> None:
         """An item refused for a reason of ours (``AdmissionResult.charged`` False): no score lost,
@@ -1717,6 +1751,7 @@ class GossipCore:
             state = _Peer(
                 pull_bucket=TokenBucket(c.pull_rate, c.pull_burst, updated=now),
                 waste=TokenBucket(c.waste_repay_rate, 0.0, updated=now),
+                download=TokenBucket(c.peer_download_rate, c.peer_download_burst, updated=now),
                 last_seen=now,
             )
             self._grudges.pop_expired(now)
@@ -1748,6 +1783,7 @@ class GossipCore:
             and state.backoff_until <= now
             and state.pull_bucket.is_full(now)
             and state.waste.is_full(now)  # its waste repaid: forgetting it must not wipe a debt
+            and state.download.available(now) > 0  # nor its download rate's
             for grudge in (state.grudge(now, window),)
         ]
         if not idle:

@@ -114,6 +114,20 @@ class RoundMetrics:
     heldout_by_family: dict[str, float] = field(default_factory=dict)
 
 
+def distinct(groups: Sequence[ScoredGroup]) -> list[ScoredGroup]:
+    """``groups`` without repeats of what they train (prompt and completions), first kept: signers
+    are free, and ten of them sending one group (or one signer ten groups that differ past our
+    group size) filled every external place with copies (red team rt35 F3)."""
+    seen: set[tuple[str, tuple[str, ...]]] = set()
+    out = []
+    for g in groups:
+        key = (g.task.id.key(), tuple(g.texts))
+        if key not in seen:
+            seen.add(key)
+            out.append(g)
+    return out
+
+
 class Trainer:
     """Owns the policy's optimizer, the round counter and their persistence."""
 
@@ -297,7 +311,7 @@ class Trainer:
         # A peer's group counts for no more completions than ours: the wire allows 64, and groups
         # of 64 were worth 8 of ours in every rule's selection and loss, and 5x our update's CPU
         # (red team rt33 F1).
-        external = [g.first(self.config.rollout.group_size) for g in external]
+        external = distinct([g.first(self.config.rollout.group_size) for g in external])
         if swarm.mixing == "none" or not external:
             keep = [
                 g for g in own if not (self.config.learn.drop_zero_advantage and zero_advantage(g.rewards))

@@ -487,3 +487,45 @@ def test_an_envelope_that_waits_past_max_wait_is_given_up_and_never_judged() -> 
         intake.close()
     assert waited.busy and waited.overloaded  # our load: the core pulls it again
     assert intake.gave_up == 1 and pipeline.judged == ["us"]  # b's envelope was never judged
+
+
+def test_fresh_ids_start_at_the_level_of_the_peer_served_last_not_at_zero() -> None:
+    # Red team rt35 F1: starting newcomers at the least queued peer's level (or 0) let fresh ids
+    # run ahead of a peer with a long history until they had used as much CPU as it ever had.
+    pipeline = BurningPipeline()
+    intake = Intake(pipeline)  # type: ignore[arg-type]
+
+    async def scenario() -> None:
+        for _ in range(4):  # the honest peer's history: 0.08 s of admission CPU
+            await intake.judge(b"0.02", via="honest", solicited=True)
+        pipeline.judged.clear()
+        fresh = [intake.judge(b"0.02", via=f"sybil{i % 3}", solicited=True) for i in range(12)]
+        honest = [intake.judge(b"0.0", via="honest", solicited=True) for _ in range(2)]
+        await asyncio.gather(*fresh, *honest)
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        intake.close()
+    # Started at 0, the three fresh ids would run all 12 of their envelopes (0.08 s each) first.
+    assert pipeline.judged.index("honest") <= 5  # about level with them: one each first
+
+
+def test_an_envelope_given_up_on_leaves_the_queue_at_once() -> None:
+    # Red team rt35 F1: dead jobs kept their payloads (up to 2 MiB each) until their peer's turn.
+    pipeline = BurningPipeline()
+    intake = Intake(pipeline, max_wait=0.1)  # type: ignore[arg-type]
+
+    async def scenario() -> int:
+        blocker = asyncio.ensure_future(intake.call(lambda: pipeline.admit(b"0.3", 0.0, via="us")))
+        await asyncio.sleep(0.02)
+        await asyncio.gather(*(intake.judge(b"0.0", via="b", solicited=True) for _ in range(5)))
+        queued = sum(len(q) for q in intake._queues.values())
+        await blocker
+        return queued
+
+    try:
+        queued = asyncio.run(scenario())
+    finally:
+        intake.close()
+    assert queued == 0 and intake.gave_up == 5

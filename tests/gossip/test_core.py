@@ -1199,8 +1199,9 @@ class GossipMachine(RuleBasedStateMachine):
         result = AdmissionResult(
             peer, digest, accepted, reason, charged=not busy, busy=busy, overloaded=overloaded
         )
-        if overloaded:
-            self.overloaded_until = self.now + SM_CONFIG.overload_pause
+        if overloaded and self.now - self.last_admit[digest] < SM_CONFIG.admission_timeout:
+            self.overloaded_until = self.now + SM_CONFIG.overload_pause  # (a late verdict is ignored)
+            del self.last_admit[digest]  # refused for our load alone: it is pulled and admitted again
         self.step(result)
 
     @rule(peer=st.sampled_from(PEERS), duration=st.floats(0.0, 20.0))

@@ -381,3 +381,40 @@ def test_items_refused_for_the_receivers_own_reasons_are_paid_from_their_servers
     core.handle(PullSucceeded(again.request_id, "a", ((other, b"v" * 2000),), received=2004), 2.0)
     core.handle(AdmissionResult("a", other, False, "task_not_allowed", charged=False), 2.0)
     assert core._peers["a"].waste.available(2.0) < 0 and not core._proven("a")
+
+
+def test_no_peer_makes_us_download_faster_than_its_own_rate_even_with_accepted_items() -> None:
+    # Red team rt34: a peer can make accepted items of no value at will (a self-signed batch of
+    # wrong answers); 16 proven ids serving only those made a node download 18.8 GiB in 10 minutes.
+    core = core_with(peer_download_rate=1000.0, peer_download_burst=3000.0)
+    proven(core, "a", 0.0)  # 104 bytes read
+    [pull] = announce(core, "a", fresh(1), 1.0)
+    [(digest,)] = [pull.digests]
+    big = ((digest, b"v" * 3000),)
+    core.handle(PullSucceeded(pull.request_id, "a", big, received=3004), 1.0)
+    core.handle(AdmissionResult("a", digest, True, "accepted"), 1.0)
+    assert core._proven("a")  # accepted, proven, with credit to spare...
+    assert announce(core, "a", fresh(1), 1.0) == []  # ...but its rate is spent
+    deadline = core.next_deadline()
+    assert deadline is not None and deadline <= 1.0 + 110 / 1000.0  # back in debt's refill time
+    [later] = pulls(core.poll(1.2))
+    assert later.peer == "a"
+
+
+def test_credit_that_would_pay_for_items_awaiting_a_verdict_is_held_until_it_comes() -> None:
+    # Red team rt35 F2: returned in full when the answer arrived, the credit was lent again before
+    # any verdict, and read ~64 MiB of items refused for our reasons per accepted MiB.
+    core = core_with(credit_per_accepted_byte=10.0)
+    proven(core, "a", 0.0)  # credit 10 x 104
+    credit = core._peers["a"].credit
+    [pull] = announce(core, "a", fresh(1), 1.0)
+    [(digest,)] = [pull.digests]
+    core.handle(PullSucceeded(pull.request_id, "a", ((digest, b"v" * 50),), received=54), 1.0)
+    assert core._peers["a"].credit == credit - 10 * 54  # held while admission judges it
+    core.handle(AdmissionResult("a", digest, False, "bad_reward"), 1.1)  # held against it: returned
+    assert core._peers["a"].credit == credit
+    [again] = announce(core, "a", fresh(1), 2.0)
+    [(other,)] = [again.digests]
+    core.handle(PullSucceeded(again.request_id, "a", ((other, b"v" * 50),), received=54), 2.0)
+    core.handle(AdmissionResult("a", other, False, "task_not_allowed", charged=False), 2.1)
+    assert core._peers["a"].credit == credit - 10 * 54  # refused for our reasons: the hold paid

@@ -18,6 +18,7 @@ from swarmnode.rollout import make_engine
 from swarmnode.store import CheckpointStore, Ledger
 from swarmnode.tasks import default_mixture
 from swarmnode.train import ScoredGroup, Trainer, completion_logprobs
+from swarmnode.train.trainer import distinct
 
 
 def config(**overrides: object) -> Config:
@@ -288,6 +289,14 @@ def test_a_peers_group_counts_for_no_more_completions_than_ours(
         _, ext = trainer.choose_groups(own, [big])
         assert [e.size for e in ext] == [4]  # rollout.group_size
         assert ext[0].rewards == [1.0, 0.0, 1.0, 0.0] and ext[0].texts == g.texts
+        # Red team rt35 F3: copies (from other signers, or differing only past our group size)
+        # are one group: they would fill every external place.
+        copy = dataclasses.replace(big, source="sybil", texts=[*big.texts[:63], "other"])
+        assert distinct([big.first(4), copy.first(4)]) == [big.first(4)]
+    with rule_trainer(quick_model, tmp_path / "j2", mixing, 1, 2) as (trainer, own):
+        own = [dataclasses.replace(g, rewards=[0.0, 1.0, 0.0, 0.0]) for g in own]
+        _, ext = trainer.choose_groups(own, [big, copy])
+        assert len(ext) == 1  # J = 2, but one group to train on
 
 
 def test_the_anchored_rule_replays_our_all_correct_group_with_advantage_one_beside_the_peers_demo(
