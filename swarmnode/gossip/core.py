@@ -1588,8 +1588,8 @@ class GossipCore:
         self._awaiting.pop(event.digest)
         self._add_pending(event.peer, -1)
         state = self._peers.get(event.peer)
-        paid = (event.busy and event.overloaded) or not (event.accepted or event.busy or event.charged)
-        if state is not None and not paid:
+        ours = not event.accepted and (event.overloaded if event.busy else not event.charged)
+        if state is not None and not ours:
             state.credit += waiting.held  # not refused for our own reasons: nothing to pay
         if event.accepted:
             self._remember(event.digest, now, admitted=True)
