@@ -152,13 +152,18 @@ def teaching_value(advantages: Sequence[float]) -> float:
     return sum(a for a in advantages if a > 0)
 
 
-def select_teaching(candidates: Sequence[tuple[T, float, Hashable]], n: int, rng: random.Random) -> list[T]:
-    """The ``n`` items of largest value (> 0) among ``(item, value, sender)``, at most a fair share
-    (ceil(n / senders with any)) from each sender while others' remain; ties in ``rng``'s order.
+def select_teaching(
+    candidates: Sequence[tuple[T, float, Hashable, Hashable]], n: int, rng: random.Random
+) -> list[T]:
+    """The ``n`` items of largest value (> 0) among ``(item, value, sender, prompt)``: at most one
+    per prompt, and at most a fair share (ceil(n / senders with any)) from each sender while
+    others' remain; ties in ``rng``'s order.
 
     Values come from our own verifier, but one sender may still hold every group of the largest
     value (it sends more, or better): ranked alone, one peer's groups took all J places and the
-    honest peers' none (red team rt33 F1). What no one else fills is filled by value."""
+    honest peers' none (red team rt33 F1). Signers are free, so one group sent by ten of them,
+    each copy a character apart, took every place as well (rt36 F2): a prompt teaches once. What
+    no one else fills is filled by value."""
     if n < 0:
         raise ValueError(f"n must be >= 0, got {n}")
     order = list(range(len(candidates)))
@@ -168,16 +173,17 @@ def select_teaching(candidates: Sequence[tuple[T, float, Hashable]], n: int, rng
     senders = {candidates[i][2] for i in valued}
     share = -(-n // len(senders)) if senders else 0
     taken: dict[Hashable, int] = {}
-    chosen: list[int] = []
-    for i in valued:
-        sender = candidates[i][2]
-        if len(chosen) < n and taken.get(sender, 0) < share:
+    prompts: set[Hashable] = set()
+    chosen: set[int] = set()
+    for fair in (True, False):  # within each sender's share first, then by value alone
+        for i in valued:
+            _, _, sender, prompt = candidates[i]
+            if len(chosen) >= n or prompt in prompts or (fair and taken.get(sender, 0) >= share):
+                continue
             taken[sender] = taken.get(sender, 0) + 1
-            chosen.append(i)
-    first = set(chosen)
-    rest = [i for i in valued if i not in first][: n - len(chosen)]
-    picked = set(chosen + rest)
-    return [candidates[i][0] for i in valued if i in picked]
+            prompts.add(prompt)
+            chosen.add(i)
+    return [candidates[i][0] for i in valued if i in chosen]
 
 
 def joint_advantages(

@@ -328,7 +328,9 @@ class Trainer:
             # learn.transfer: I own groups as SAPO picks them, the J external ones that teach most;
             # anchored rules add up to I own demonstrations (all correct: SAPO's filter drops them).
             local, _ = select_groups(own, (), swarm.local_groups, 0, self.mixing_rng)
-            valued = [(g, teaching_value(self._external_advantages(g)), g.source) for g in external]
+            valued = [
+                (g, teaching_value(self._external_advantages(g)), g.source, g.task.id.key()) for g in external
+            ]
             ext = select_teaching(valued, swarm.external_groups, self.mixing_rng)
             if swarm.mixing in ANCHORED_RULES:
                 demos = [g for g in own if is_demonstration(g.rewards)]

@@ -269,11 +269,11 @@ def test_a_proven_pull_reads_no_more_than_the_peer_earned_with_accepted_items() 
     proven(core, "a", 0.0)  # one accepted item of 100 bytes (104 with its prefix)
     [pull] = announce(core, "a", fresh(16), 1.0)
     assert len(pull.digests) == 16 and pull.max_bytes == 32 * 104  # not 16 MiB
-    # An honest answer over it is the peer's bad luck, not its fault: uncharged, and the next pull
-    # goes through the download budget, reading what it may hold.
-    core.handle(PullFailed(pull.request_id, "a", "too_large", charged=True, received=32 * 104), 1.5)
-    assert core.stats.pulls_refused == 0
-    again = pulls(core.poll(2.6))
+    # An honest answer over it is the peer's bad luck, not its fault: uncharged, no failure (rt36
+    # F1), and the next pull, at once, goes through the download budget, reading what it may hold.
+    cut = PullFailed(pull.request_id, "a", "too_large", charged=True, received=32 * 104)
+    again = pulls(core.handle(cut, 1.5))
+    assert core.stats.pulls_refused == 0 and core._peers["a"].failures == 0 and core._proven("a")
     assert [(p.peer, p.max_bytes) for p in again] == [("a", None)] * len(again) and again
     rest = serve_valid(core, again[0], 2.7)  # all accepted: its credit now covers answers of them
     assert core._proven("a") and all(p.max_bytes is None or p.max_bytes >= 104 * len(p.digests) for p in rest)
@@ -299,7 +299,8 @@ def test_two_pulls_in_flight_share_their_peers_credit_and_its_waste_stays_off_th
     core = core_with(max_digests_per_pull=1)
     proven(core, "a", 0.0)  # credit: 32 x 104 bytes
     first, second = announce(core, "a", fresh(2), 1.0)
-    assert first.max_bytes == 32 * 104 and second.max_bytes == 1  # the first holds it all
+    # The first holds it all; the second, with none left, goes through the download budget (rt36 F1)
+    assert first.max_bytes == 32 * 104 and second.max_bytes is None
     spent = core.stats.bytes_unvouched
     junk = ("unsupported_version",)
     core.handle(PullSucceeded(first.request_id, "a", (), junk, received=32 * 104), 1.1)
@@ -418,3 +419,20 @@ def test_credit_that_would_pay_for_items_awaiting_a_verdict_is_held_until_it_com
     core.handle(PullSucceeded(again.request_id, "a", ((other, b"v" * 50),), received=54), 2.0)
     core.handle(AdmissionResult("a", other, False, "task_not_allowed", charged=False), 2.1)
     assert core._peers["a"].credit == credit - 10 * 54  # refused for our reasons: the hold paid
+
+
+def test_a_peer_whose_credit_is_all_held_for_a_slow_verdict_is_pulled_through_the_budget() -> None:
+    # Red team rt36 F1: with its credit held for an item awaiting a verdict, an established honest
+    # peer's next pull read 1 byte, failed, and the peer became suspect: 28 of 39 batches lost.
+    core = core_with()
+    for _ in range(8):
+        proven(core, "h", 0.0)  # established, credit 8 x 32 x 104
+    [pull] = announce(core, "h", fresh(1), 1.0)
+    [(digest,)] = [pull.digests]
+    big = b"v" * int(core._peers["h"].credit // 32 + 1000)  # paying for it would take all the credit
+    core.handle(PullSucceeded(pull.request_id, "h", ((digest, big),), received=len(big) + 4), 1.0)
+    assert core._peers["h"].credit == 0  # held until the verdict
+    [nxt] = announce(core, "h", fresh(1), 1.1)
+    assert nxt.max_bytes is None  # read whole, through the download budget, not 1 byte
+    serve_valid(core, nxt, 1.2)
+    assert not core._suspect("h") and core._peers["h"].failures == 0

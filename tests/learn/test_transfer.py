@@ -59,10 +59,14 @@ def test_a_foreign_success_on_a_family_we_fail_teaches_much_and_on_one_we_master
 
 def test_selection_takes_the_groups_that_teach_most_and_never_one_that_teaches_nothing() -> None:
     rng = random.Random(0)
-    picked = select_teaching([("a", 0.5, "p"), ("b", 3.0, "p"), ("c", 0.0, "p"), ("d", 1.0, "p")], 2, rng)
+    picked = select_teaching(
+        [("a", 0.5, "p", 1), ("b", 3.0, "p", 2), ("c", 0.0, "p", 3), ("d", 1.0, "p", 4)], 2, rng
+    )
     assert picked == ["b", "d"]
-    assert select_teaching([("a", 0.5, "p"), ("c", 0.0, "p")], 5, rng) == ["a"]
-    ties = {tuple(select_teaching([(x, 1.0, "p") for x in "abcd"], 2, random.Random(s))) for s in range(20)}
+    assert select_teaching([("a", 0.5, "p", 1), ("c", 0.0, "p", 2)], 5, rng) == ["a"]
+    ties = {
+        tuple(select_teaching([(x, 1.0, "p", x) for x in "abcd"], 2, random.Random(s))) for s in range(20)
+    }
     assert len(ties) > 1  # ties broken by the rng, not by arrival order
     with pytest.raises(ValueError):
         select_teaching([], -1, rng)
@@ -72,12 +76,16 @@ def test_one_sender_takes_at_most_a_fair_share_of_the_places_while_others_have_l
     # Red team rt33 F1: ranked by value alone, one peer's groups took all J places, the honest
     # peers' none. Each sender with a lesson gets ceil(J / senders) places; the rest go by value.
     rng = random.Random(0)
-    loud = [(f"m{i}", 8.0, "mallory") for i in range(8)]
-    honest = [("h1", 1.0, "honest"), ("h2", 0.5, "honest"), ("h3", 0.0, "honest")]
+    loud = [(f"m{i}", 8.0, "mallory", f"pm{i}") for i in range(8)]
+    honest = [("h1", 1.0, "honest", "ph1"), ("h2", 0.5, "honest", "ph2"), ("h3", 0.0, "honest", "ph3")]
     picked = select_teaching([*loud, *honest], 4, rng)
     assert sum(p.startswith("m") for p in picked) == 2 and {"h1", "h2"} <= set(picked)
     # What no one else fills is filled by value.
-    assert sum(p.startswith("m") for p in select_teaching([*loud, ("h1", 1.0, "honest")], 4, rng)) == 3
+    assert sum(p.startswith("m") for p in select_teaching([*loud, ("h1", 1.0, "honest", "ph1")], 4, rng)) == 3
+    # A prompt teaches once, whoever sends it: ten sybils' near-copies of one group take one place.
+    copies = [(f"s{i}", 8.0, f"sybil{i}", "same") for i in range(10)]
+    picked = select_teaching([*copies, *honest], 3, rng)
+    assert sum(p.startswith("s") for p in picked) == 1 and {"h1", "h2"} <= set(picked)
 
 
 def test_joint_advantages_normalise_over_every_group_of_a_prompt() -> None:
