@@ -436,3 +436,22 @@ def test_a_peer_whose_credit_is_all_held_for_a_slow_verdict_is_pulled_through_th
     assert nxt.max_bytes is None  # read whole, through the download budget, not 1 byte
     serve_valid(core, nxt, 1.2)
     assert not core._suspect("h") and core._peers["h"].failures == 0
+
+
+def test_an_answer_cut_at_the_credit_sends_its_ids_to_another_announcer_first() -> None:
+    # Red team rt37 F1: a proven peer announced an honest peer's ids and answered each pull on
+    # credit with an oversized frame header; forgiven and put back as they were, the ids went to it
+    # again and again until they expired (48 of 160 honest items lost).
+    core = core_with()
+    for _ in range(3):
+        proven(core, "mallory", 0.0)  # outranks the honest announcer
+    proven(core, "honest", 0.0)
+    ids = fresh(1)
+    [first] = announce(core, "mallory", ids, 1.0)
+    assert announce(core, "honest", ids, 1.0) == [] and first.max_bytes is not None  # on credit
+    cut = PullFailed(first.request_id, "mallory", "too_large", charged=True, received=0)
+    [second] = pulls(core.handle(cut, 1.1))
+    assert second.peer == "honest" and second.digests == ids
+    assert core._peers["mallory"].failures == 0  # forgiven...
+    [on_budget] = announce(core, "mallory", fresh(1), 1.2)
+    assert on_budget.max_bytes is None  # ...but its next pull goes through the download budget
