@@ -67,7 +67,9 @@ its lr on its first steps, whatever the gradient.
 
 Selection (every baseline rule, i.e. all but joint): the J external groups with the largest
 *teaching value* ``sum_y max(A(y), 0)`` (ties in a random order from the trainer's rng), among
-those with value > 0. Values come from rewards our verifier gave, so a sender cannot inflate them;
+those with value > 0, at most one per prompt and at most ceil(J / senders) from each sender while
+others have any (``select_teaching``); every external group counts for at most our own group size
+(the trainer clips it). Values come from rewards our verifier gave, so a sender cannot inflate them;
 what it can do is send correct answers on families we are weak at, which is what we want from it.
 
 The joint rule needs the prompts the receiver answered itself (``learning.shared_tasks``, or a
