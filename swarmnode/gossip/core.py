@@ -65,6 +65,8 @@ ITEM_PREFIX_BYTES = 4
 # Why pulled bytes were no envelope, when a peer on a newer protocol may have served them honestly
 # (``WireReason`` values; the core does not import the wire format).
 _NEWER_PROTOCOL = frozenset({"unsupported_version", "unknown_kind"})
+#: ``PullFailed.reason`` of an answer whose own bytes broke the rules (too large, broken framing).
+_BROKEN_ANSWER = frozenset({"too_large", "protocol", "bad_items"})
 
 # Peer history, used to prefer peers whose items were delivered and accepted.
 _SCORE_ACCEPTED = 1
@@ -139,8 +141,8 @@ class GossipConfig:
     # A proven peer's pull reads at most this many bytes per byte of its items we accepted (its
     # credit, at most two full answers): proven is cheap (one accepted item), and each free
     # id proven so read a 16-MiB answer of junk outside the download budget, ~1 GiB in 2 minutes
-    # from 64 ids, leaving the budget 869 MiB in debt (red team rt30 F2). An honest answer over
-    # its credit is not charged; the next pull goes through the budget.
+    # from 64 ids, leaving the budget 869 MiB in debt (red team rt30 F2). A pull on credit asks
+    # for no more items than the credit covers whole (``_on_credit``).
     credit_per_accepted_byte: float = 32.0
     # Bytes any one peer, proven or not, may make us download, per second (burst: two full
     # answers). Accepted items are what proving and credit reward, but a peer can make accepted
@@ -614,7 +616,6 @@ class _Peer:
     delivered: int = 0  # requested items it served intact, ever (while it is in the table)
     wasted: bool = False  # its last answer held bytes that were no requested item, served intact
     outgrew_probe: bool = False  # answered a probe with more than probe_answer_bytes
-    outgrew_credit: bool = False  # answered a pull on credit with more: pulled through the budget next
     backoff_until: float = -math.inf
     rejections: int = 0  # rejected items since the last shun
     unusable: int = 0  # items in a row refused for reasons charged to nobody
@@ -1118,6 +1119,8 @@ class GossipCore:
             c.max_pending_admissions_per_peer - self._pending_by_peer.get(peer, 0),
         )
         if self._on_credit(peer):
+            while max_pull_response(c, capacity) > state.credit:  # read whole, never cut (_on_credit)
+                capacity -= 1
             return _Batch(peer, capacity, reserved=0)
         probe = self._probes(state, now)
         if probe:
@@ -1205,11 +1208,13 @@ class GossipCore:
 
     def _on_credit(self, peer: PeerId) -> bool:
         """Whether a pull to it reads on its credit, outside the download budget: it is proven and
-        has credit left (not all held for items awaiting a verdict, nor spent). Without credit, a
-        proven pull read 1 byte, failed, and an honest peer whose credit was held for a slow
-        verdict became suspect and lost 28 of 39 batches (red team rt36 F1)."""
-        state = self._peers[peer]
-        return self._proven(peer) and state.credit > 0 and not state.outgrew_credit
+        its credit (less what is held for items awaiting a verdict) covers one whole item. A pull
+        on credit asks for no more items than the credit covers whole (``_open_batch``), so it is
+        never cut short: an answer over its limit is the server's fault. Cut at the credit, a proven
+        pull read 1 byte and made an honest peer whose credit was held suspect (red team rt36 F1);
+        forgiven, a cut let free ids answer with an oversized header and keep honest ids from their
+        announcer (rt37 F1) or use up their tries (rt38 F1)."""
+        return self._proven(peer) and self._peers[peer].credit >= self._item_reservation
 
     def _suspect(self, peer: PeerId) -> bool:
         """Its last pull failed or wasted bytes, or an item of it was refused since its last accepted
@@ -1277,8 +1282,8 @@ class GossipCore:
             limit = reserved = most
             self._download.give(now, batch.reserved - reserved)  # what a fuller batch would have held
             self._reserved -= batch.reserved - reserved
-        else:  # proven: as far as its credit goes, held while it runs (rt31 F1: two pulls
-            # in flight each read the whole credit)
+        else:  # on credit: the whole answer, which the credit covers (_open_batch), held while it
+            # runs (rt31 F1: two pulls in flight each read the whole credit)
             state = self._peers[batch.peer]
             limit = max(1, min(most, math.floor(state.credit)))
             held = min(state.credit, float(limit))
@@ -1379,8 +1384,6 @@ class GossipCore:
                 state.credit -= waiting.held
         if delivered and state is not None:
             state.delivered += len(delivered)
-            if pull.reserved:
-                state.outgrew_credit = False  # read whole through the budget: on credit again
             # Only an answer that delivered something ends a run of failures: an empty one in
             # between reset the backoff of a peer whose pulls all failed (red team rt27).
             state.failures = 0
@@ -1416,36 +1419,21 @@ class GossipCore:
             return []
         self.stats.pulls_failed += 1
         state = self._peers.get(pull.peer)
-        # Over ``Pull.max_bytes`` (a probe's, or a proven peer's credit), less than an honest answer
-        # may hold: not the server's fault.
+        # Over ``Pull.max_bytes``, a probe's, less than an honest answer may hold: not the server's
+        # fault. (A pull on credit is never cut: ``_on_credit``.)
         honest_most = max_pull_response(self.config, len(pull.digests))
         cut_short = event.reason == _TOO_LARGE and pull.limit < honest_most
-        over_credit = cut_short and not pull.probe and not pull.reserved
-        self._settle(pull, event.received, now, over_credit=over_credit)
-        if over_credit:
-            # Our limit alone: its credit paid for what was read, with no failure, score or waste
-            # counted, and its next pull goes through the download budget (``outgrew_credit``).
-            # Counted as a failure, an honest peer whose credit was held for a slow verdict became
-            # suspect, and lost 28 of 39 batches (red team rt36 F1). The digests go to another
-            # announcer first, one try each: put back as they were, a peer that announced an honest
-            # peer's ids and answered each pull on credit with an oversized frame header stayed
-            # first choice until they expired (rt37 F1: 48 of 160 lost).
-            if state is not None:
-                state.outgrew_credit = True
-            for digest, candidate in pull.digests.items():
-                self._retry_elsewhere(digest, candidate, pull.peer, now)
-            return []
+        self._settle(pull, event.received, now)
         if cut_short and pull.probe and state is not None:
             state.outgrew_probe = True  # an honest peer's item may be larger: its next pull is full size
-        self._pull_failed(pull, now)
+        broken = event.charged and event.reason in _BROKEN_ANSWER and not cut_short
+        self._pull_failed(pull, now, dropped=broken)
         if not event.charged or cut_short:
             return []
         self.stats.pulls_refused += 1
         return self._count_rejection(event.peer, now)
 
-    def _settle(
-        self, pull: _InFlight, received: int | None, now: float, *, useful: int = 0, over_credit: bool = False
-    ) -> None:
+    def _settle(self, pull: _InFlight, received: int | None, now: float, *, useful: int = 0) -> None:
         """Account for the bytes an ended pull read. A pull to a peer not proven when it started
         gives its reservation back and spends all of them from the download budget
         (``unproven_download_rate``); a proven peer's gives its credit back. Either way, the bytes
@@ -1453,17 +1441,12 @@ class GossipCore:
         its debt (``waste_repay_rate``), and its credit less. Proven waste never reaches the
         download budget (rt31 F1: farmed credit read 256 MiB of junk and left it 226 MiB in
         debt, shutting out every peer not proven). ``received`` None: unknown, the most it
-        could have been. ``over_credit``: an answer cut at the credit limit, paid from the credit
-        alone (it is no waste of the server's)."""
+        could have been."""
         got = pull.limit if received is None else max(0, received)
         self.stats.bytes_pulled += got
         wasted = max(0, got - useful)
         state = self._peers.get(pull.peer)
-        if state is not None and over_credit:
-            state.download.spend(now, got)
-            state.wasted = False
-            state.credit = max(0.0, state.credit + pull.credit - got)
-        elif state is not None:
+        if state is not None:
             state.download.spend(now, got)
             state.wasted = wasted > 0
             state.waste.spend(now, wasted)
@@ -1474,7 +1457,13 @@ class GossipCore:
             self._download.spend(now, got)
             self.stats.bytes_unvouched += got
 
-    def _pull_failed(self, pull: _InFlight, now: float) -> None:
+    def _pull_failed(self, pull: _InFlight, now: float, *, dropped: bool = False) -> None:
+        """A failed pull: its server backs off; its digests go back. ``dropped``: the server's own
+        bytes broke the rules (an answer too large, broken framing), which an honest server never
+        sends and a free id can at will: it is dropped as an announcer of them (``_drop_announcer``),
+        and their tries are not used up. Counted as tries, three proven ids answering with an
+        oversized frame header turned one failed try of an honest item into its loss (red team
+        rt38 F1: 12 of 100 items)."""
         c = self.config
         state = self._peers.get(pull.peer)
         if state is not None:
@@ -1483,7 +1472,10 @@ class GossipCore:
             state.backoff_until = now + min(c.backoff_max, c.backoff_base * 2.0**doublings)
             state.adjust(_SCORE_FAILED)
         for digest, candidate in pull.digests.items():
-            self._retry_elsewhere(digest, candidate, pull.peer, now)
+            if dropped:
+                self._drop_announcer(digest, candidate, pull.peer, now)
+            else:
+                self._retry_elsewhere(digest, candidate, pull.peer, now)
 
     def _retry_elsewhere(self, digest: Digest, candidate: _Candidate, peer: PeerId, now: float) -> None:
         """Put an undelivered digest back among the candidates; ``peer`` now ranks after untried ones.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import heapq
 import itertools
@@ -515,7 +516,9 @@ def test_a_proven_peer_takes_room_from_digests_no_proven_peer_announces() -> Non
 
 
 def test_peers_not_proven_share_a_part_of_the_pull_slots_and_proven_peers_keep_the_rest() -> None:
-    core = started(cfg(max_inflight_pulls=3, max_unproven_pulls=2, max_inflight_pulls_per_peer=1))
+    # One accepted item earns "good" credit for whole answers (``_on_credit``).
+    config = cfg(max_inflight_pulls=3, max_unproven_pulls=2, max_inflight_pulls_per_peer=1)
+    core = started(dataclasses.replace(config, credit_per_accepted_byte=1e7))
     [first] = only(Pull, announce(core, "good", [d(0)], 0.0))
     succeed(core, first, 0.1)
     core.handle(AdmissionResult("good", d(0), True, "ok"), 0.2)

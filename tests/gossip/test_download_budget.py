@@ -262,21 +262,23 @@ def test_an_accepted_item_proves_a_peer_again_only_once_its_waste_is_repaid() ->
     assert core._proven("a")
 
 
-def test_a_proven_pull_reads_no_more_than_the_peer_earned_with_accepted_items() -> None:
-    # Red team rt30 F2: proven is cheap (one accepted heartbeat), and each free id proven so read a
-    # 16-MiB answer of junk outside the budget: ~1 GiB in 2 minutes from 64 ids.
-    core = core_with(credit_per_accepted_byte=32.0)
-    proven(core, "a", 0.0)  # one accepted item of 100 bytes (104 with its prefix)
-    [pull] = announce(core, "a", fresh(16), 1.0)
-    assert len(pull.digests) == 16 and pull.max_bytes == 32 * 104  # not 16 MiB
-    # An honest answer over it is the peer's bad luck, not its fault: uncharged, no failure (rt36
-    # F1), and the next pull, at once, goes through the download budget, reading what it may hold.
-    cut = PullFailed(pull.request_id, "a", "too_large", charged=True, received=32 * 104)
-    again = pulls(core.handle(cut, 1.5))
-    assert core.stats.pulls_refused == 0 and core._peers["a"].failures == 0 and core._proven("a")
-    assert [(p.peer, p.max_bytes) for p in again] == [("a", None)] * len(again) and again
-    rest = serve_valid(core, again[0], 2.7)  # all accepted: its credit now covers answers of them
-    assert core._proven("a") and all(p.max_bytes is None or p.max_bytes >= 104 * len(p.digests) for p in rest)
+def test_a_pull_on_credit_asks_for_no_more_items_than_the_credit_covers_whole() -> None:
+    # Red team rt30 F2: proven is cheap (one accepted item), and each free id proven so read a
+    # 16-MiB answer of junk outside the budget: ~1 GiB in 2 minutes from 64 ids. A pull on credit
+    # is never cut at the credit either (rt36 F1, rt37 F1, rt38 F1): it asks for fewer items.
+    core = core_with(credit_per_accepted_byte=65000.0)  # one 104-byte item: ~6.4 MiB, 3 whole items
+    proven(core, "a", 0.0)
+    pull, *through_budget = announce(core, "a", fresh(16), 1.0)
+    assert len(pull.digests) == 3 and pull.max_bytes is None
+    assert [core._inflight.get(p.request_id).reserved > 0 for p in through_budget] == [True]
+    spent = core.stats.bytes_unvouched
+    serve_valid(core, pull, 1.1)
+    assert core.stats.bytes_unvouched == spent  # on credit, outside the download budget
+    small = core_with()  # one 104-byte item: 3,328 bytes of credit, not one whole item
+    proven(small, "b", 0.0)
+    through_budget = announce(small, "b", fresh(16), 1.0)
+    assert through_budget and all(p.max_bytes is None for p in through_budget)
+    assert small._reserved > 0  # through the download budget
 
 
 def test_a_peer_with_a_long_record_is_pulled_before_ids_proven_by_one_item() -> None:
@@ -296,11 +298,12 @@ def test_a_peer_with_a_long_record_is_pulled_before_ids_proven_by_one_item() -> 
 def test_two_pulls_in_flight_share_their_peers_credit_and_its_waste_stays_off_the_budget() -> None:
     # Red team rt31 F1: each of a proven peer's two pulls in flight read its whole credit, and its
     # junk was spent from the download budget: 256 MiB of junk left it 226 MiB in debt.
-    core = core_with(max_digests_per_pull=1)
-    proven(core, "a", 0.0)  # credit: 32 x 104 bytes
+    core = core_with(max_digests_per_pull=1, credit_per_accepted_byte=30000.0)  # ~1.5 whole items
+    proven(core, "a", 0.0)
     first, second = announce(core, "a", fresh(2), 1.0)
-    # The first holds it all; the second, with none left, goes through the download budget (rt36 F1)
-    assert first.max_bytes == 32 * 104 and second.max_bytes is None
+    reserved = core._reserved
+    assert first.max_bytes is None and reserved > 0  # the first on credit, holding one item's worth;
+    assert core._inflight.get(second.request_id).reserved == reserved  # the second through the budget
     spent = core.stats.bytes_unvouched
     junk = ("unsupported_version",)
     core.handle(PullSucceeded(first.request_id, "a", (), junk, received=32 * 104), 1.1)
@@ -323,7 +326,10 @@ def test_one_fast_peer_is_never_handed_more_than_admission_queues_for_it() -> No
     # Red team rt31 F3: the core capped pending admissions only in all (256) while admission queues
     # 32 per peer: a fast honest peer's items past 32 were refused busy, lost, and counted as its
     # waste, so it fell to the last tier. Its pulls now wait for verdicts past its share.
-    core = core_with(pull_rate=1000.0, pull_burst=1000.0, max_inflight_pulls_per_peer=8)
+    mib = 1024.0 * 1024.0  # a budget for 32 whole items (it is not on credit: one small item)
+    core = core_with(
+        pull_rate=1000.0, pull_burst=1000.0, max_inflight_pulls_per_peer=8, unproven_download_burst=80 * mib
+    )
     proven(core, "a", 0.0)
     share = core.config.max_pending_admissions_per_peer
     first = announce(core, "a", fresh(200), 1.0)
@@ -438,20 +444,35 @@ def test_a_peer_whose_credit_is_all_held_for_a_slow_verdict_is_pulled_through_th
     assert not core._suspect("h") and core._peers["h"].failures == 0
 
 
-def test_an_answer_cut_at_the_credit_sends_its_ids_to_another_announcer_first() -> None:
-    # Red team rt37 F1: a proven peer announced an honest peer's ids and answered each pull on
-    # credit with an oversized frame header; forgiven and put back as they were, the ids went to it
-    # again and again until they expired (48 of 160 honest items lost).
-    core = core_with()
+def test_an_oversized_answer_to_a_pull_on_credit_is_its_servers_failure() -> None:
+    # Red teams rt37 F1, rt38 F1: answers cut at the credit were forgiven, and a free id that
+    # answered each pull on credit with an oversized frame header kept honest ids from their
+    # announcer, or used up their tries. A pull on credit is never cut, so that is a failure.
+    core = core_with(credit_per_accepted_byte=1e6)
     for _ in range(3):
         proven(core, "mallory", 0.0)  # outranks the honest announcer
     proven(core, "honest", 0.0)
     ids = fresh(1)
     [first] = announce(core, "mallory", ids, 1.0)
-    assert announce(core, "honest", ids, 1.0) == [] and first.max_bytes is not None  # on credit
+    assert announce(core, "honest", ids, 1.0) == [] and first.max_bytes is None  # read whole
     cut = PullFailed(first.request_id, "mallory", "too_large", charged=True, received=0)
     [second] = pulls(core.handle(cut, 1.1))
     assert second.peer == "honest" and second.digests == ids
-    assert core._peers["mallory"].failures == 0  # forgiven...
-    [on_budget] = announce(core, "mallory", fresh(1), 1.2)
-    assert on_budget.max_bytes is None  # ...but its next pull goes through the download budget
+    assert core._peers["mallory"].failures == 1 and core.stats.pulls_refused == 1
+
+
+def test_answers_that_break_the_rules_drop_their_server_for_the_id_and_use_up_none_of_its_tries() -> None:
+    # Red team rt38 F1: three proven ids that answered with an oversized frame header used up an
+    # honest item's tries after one failed try of its own announcer: 12 of 100 honest items lost.
+    core = core_with(max_attempts=4)
+    ids = fresh(1)
+    [first] = announce(core, "honest", ids, 0.0)
+    core.handle(PullFailed(first.request_id, "honest", "timeout", received=0), 0.1)  # a try of its own
+    [pull] = [p for relay in ("m1", "m2", "m3") for p in announce(core, relay, ids, 0.2)]
+    tried = []
+    while pull.peer != "honest":  # each relay in turn (untried first), each answering oversized
+        tried.append(pull.peer)
+        cut = PullFailed(pull.request_id, pull.peer, "too_large", charged=True, received=0)
+        [pull] = pulls(core.handle(cut, 0.3)) or pulls(core.poll(1.2))
+    assert sorted(tried) == ["m1", "m2", "m3"]  # four failed tries in all, one the honest one's
+    assert pull.digests == ids and core.stats.gave_up == 0  # before: given up
