@@ -1285,8 +1285,8 @@ class GossipCore:
         else:  # on credit: the whole answer, which the credit covers (_open_batch), held while it
             # runs (rt31 F1: two pulls in flight each read the whole credit)
             state = self._peers[batch.peer]
-            limit = max(1, min(most, math.floor(state.credit)))
-            held = min(state.credit, float(limit))
+            assert state.credit >= most  # _open_batch asked for no more than it covers
+            limit, held = most, float(most)
             state.credit -= held
         # The driver gives up after pull_timeout and reports why (a stalled answer is charged,
         # ``PullFailed.charged``); the core's own expiry waits a little longer, so that report is

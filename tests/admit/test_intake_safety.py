@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any, TypeVar
 
 import pytest
 import torch
@@ -26,6 +27,8 @@ from swarmnode.verify import Scored, score_in_process
 from swarmnode.wire.messages import Heartbeat
 
 from .conftest import FAMILIES, T0, batch, envelope, heartbeat, identity, make_group
+
+T = TypeVar("T")
 
 MAX_NEW = 8
 ALICE, MALLORY = identity(1), identity(3)
@@ -425,6 +428,14 @@ def test_bytes_that_are_no_envelope_are_judged_outside_the_queues_count() -> Non
     assert intake.overloaded == 0
 
 
+def run_then_close(intake: Intake, scenario: Callable[[], Coroutine[Any, Any, T]]) -> T:
+    """``scenario`` on a fresh event loop, then ``intake`` closed whatever happened."""
+    try:
+        return asyncio.run(scenario())
+    finally:
+        intake.close()
+
+
 class BurningPipeline:
     """Stands in for the pipeline: each admit burns the thread CPU its bytes name, and is logged."""
 
@@ -459,10 +470,7 @@ def test_the_next_envelope_judged_is_from_the_peer_that_used_the_least_admission
         cheap = [intake.judge(b"0.0", via="honest", solicited=True) for _ in range(6)]
         await asyncio.gather(*costly, *cheap)
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        intake.close()
+    run_then_close(intake, scenario)
     last_honest = max(i for i, via in enumerate(pipeline.judged) if via == "honest")
     assert pipeline.judged[: last_honest + 1].count("mallory") <= 2  # round-robin: 6
 
@@ -481,10 +489,7 @@ def test_an_envelope_that_waits_past_max_wait_is_given_up_and_never_judged() -> 
         await blocker
         return waited
 
-    try:
-        waited = asyncio.run(scenario())
-    finally:
-        intake.close()
+    waited = run_then_close(intake, scenario)
     assert waited.busy and waited.overloaded  # our load: the core pulls it again
     assert intake.gave_up == 1 and pipeline.judged == ["us"]  # b's envelope was never judged
 
@@ -503,10 +508,7 @@ def test_fresh_ids_start_at_the_level_of_the_peer_served_last_not_at_zero() -> N
         honest = [intake.judge(b"0.0", via="honest", solicited=True) for _ in range(2)]
         await asyncio.gather(*fresh, *honest)
 
-    try:
-        asyncio.run(scenario())
-    finally:
-        intake.close()
+    run_then_close(intake, scenario)
     # Started at 0, the three fresh ids would run all 12 of their envelopes (0.08 s each) first.
     assert pipeline.judged.index("honest") <= 5  # about level with them: one each first
 
@@ -524,8 +526,5 @@ def test_an_envelope_given_up_on_leaves_the_queue_at_once() -> None:
         await blocker
         return queued
 
-    try:
-        queued = asyncio.run(scenario())
-    finally:
-        intake.close()
+    queued = run_then_close(intake, scenario)
     assert queued == 0 and intake.gave_up == 5
