@@ -510,7 +510,9 @@ def test_fresh_ids_start_at_the_level_of_the_peer_served_last_not_at_zero() -> N
 
     run_then_close(intake, scenario)
     # Started at 0, the three fresh ids would run all 12 of their envelopes (0.08 s each) first.
-    assert pipeline.judged.index("honest") <= 5  # about level with them: one each first
+    # Level with the honest peer, each runs one or, as measured CPU ties to within the busy loop's
+    # overshoot (microseconds), two before it: index 3 to 6 (CI once saw 6).
+    assert pipeline.judged.index("honest") <= 6
 
 
 def test_an_envelope_given_up_on_leaves_the_queue_at_once() -> None:
