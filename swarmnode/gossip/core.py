@@ -1164,6 +1164,8 @@ class GossipCore:
         all: an announcer that fails a digest is dropped for it without using up its tries
         (``_drop_announcer``, red team R9-3). ``tier``: a new pull may go only to peers of this
         ``_tier`` or a better one."""
+        if self._awaits_established(candidate, now):
+            tier = 0
         best: PeerId | None = None
         best_key: tuple[bool, int] | None = None
         for peer in candidate.announcers:  # in the order they announced it
@@ -1178,7 +1180,35 @@ class GossipCore:
 
     def _waits_for_later_tier(self, candidate: _Candidate, now: float, slots: _Slots, tier: int) -> bool:
         """Whether an announcer of ``candidate`` of a later tier than ``tier`` could take a pull now."""
+        if self._awaits_established(candidate, now):
+            return False
         return any(self._tier(p) > tier and self._can_open_pull(p, now, slots) for p in candidate.announcers)
+
+    def _awaits_established(self, candidate: _Candidate, now: float) -> bool:
+        """Whether an established announcer (``_tier`` 0) of ``candidate`` that never tried it
+        is held back only by our own limits: its pulls in flight or items awaiting our verdict at
+        their caps, or its pull or download rate. The candidate then waits for it (an event or
+        ``_note_blocked``'s wake frees it) and goes to no worse tier:
+        free ids that announced an honest peer's ids while our intake had its 32 items, failing
+        each pull, used up the ids' ``_max_unserved`` before it was asked (red team rt39 F1: 60 of
+        its 320 items given up, none of them ever asked of it)."""
+        c = self.config
+        for peer in candidate.announcers:
+            state = self._peers.get(peer)
+            if (
+                state is not None
+                and peer not in candidate.tried
+                and self._tier(peer) == 0
+                and not self.is_banned(peer, now)
+                and (
+                    state.inflight >= c.max_inflight_pulls_per_peer
+                    or self._pending_by_peer.get(peer, 0) >= c.max_pending_admissions_per_peer
+                    or state.pull_bucket.available(now) < 1
+                    or state.download.available(now) <= 0
+                )
+            ):
+                return True
+        return False
 
     def _tier(self, peer: PeerId) -> int:
         """Who is pulled first: 0, proven with an established score (``_ESTABLISHED_SCORE``);

@@ -346,6 +346,40 @@ def test_one_fast_peer_is_never_handed_more_than_admission_queues_for_it() -> No
     assert core._proven("a") and core.stats.refused_busy == 0
 
 
+def test_an_item_waits_for_its_established_announcer_while_our_own_caps_hold_that_peer() -> None:
+    # Red team rt39 F1: while admission held an honest peer's 32 items, free ids that announced its
+    # ids were pulled instead and, each failing its pull, used up the ids' tries (_max_unserved)
+    # before it was ever asked: 60 of its 320 items given up.
+    core = core_with(max_pending_admissions_per_peer=1)
+    for _ in range(8):
+        proven(core, "honest", 0.0)  # established (tier 0)
+    first, second = fresh(2)
+    [held] = announce(core, "honest", (first, second), 1.0)
+    assert held.digests == (first,)  # its one place in our admission queue
+    answer = PullSucceeded(held.request_id, "honest", ((first, b"v" * 100),), received=104)
+    assert pulls(core.handle(answer, 1.1)) == []  # awaiting our verdict: the peer is at its cap
+    for i in range(20):
+        assert announce(core, f"free{i}", (second,), 1.2) == []  # before: pulled, one after another
+    [next_pull] = pulls(core.handle(AdmissionResult("honest", first, True, "accepted"), 1.3))
+    assert next_pull.peer == "honest" and next_pull.digests == (second,)
+
+
+def test_an_item_of_an_established_peer_blocked_by_its_pull_rate_waits_for_the_rate() -> None:
+    # The same wait when our pull rate for it holds it back: the core wakes when the rate allows.
+    core = core_with(pull_rate=0.5, pull_burst=1.0)
+    for i in range(8):
+        proven(core, "honest", 2.0 * i)  # established; each proof uses the one pull there is
+    ids = fresh(1)
+    assert announce(core, "honest", ids, 14.5) == []  # its next pull is allowed at 16.0
+    assert announce(core, "free", ids, 14.6) == []  # before: pulled from the free id at once
+    found: list[Pull] = []
+    while not found:  # the driver polls at each deadline the core names
+        now = core.next_deadline()
+        assert now is not None and now <= 16.0
+        found = pulls(core.poll(now))
+    assert now == pytest.approx(16.0) and [(p.peer, p.digests) for p in found] == [("honest", ids)]
+
+
 def test_an_item_refused_for_our_overload_keeps_its_server_proven_and_is_pulled_again_later() -> None:
     # A queue full with every peer's work is our load, not the server's waste (rt31 F3); pulling
     # more before it drains would only meet it again. The item is not lost: it goes back among the
