@@ -663,6 +663,8 @@ class _Slots:
 
     free: int
     unproven: int
+    # An established peer waits for the download budget: no worse tier spends it this pass.
+    budget_held: bool = False
 
 
 @dataclass
@@ -1059,6 +1061,8 @@ class GossipCore:
                 if budget <= 0 or (slots.free <= 0 and not open_batches):
                     break  # freed by an event (result, verdict) or a timer already in next_deadline
                 peer = self._choose_peer(candidate, now, open_batches, slots, tier=tier)
+                if peer is None and tier == 0 and not slots.budget_held:
+                    slots.budget_held = self._waits_for_budget(candidate, now, slots)
                 if peer is None:
                     if tier == _TIERS[-1] or not self._waits_for_later_tier(candidate, now, slots, tier):
                         self._note_blocked(candidate, now)
@@ -1262,11 +1266,40 @@ class GossipCore:
         state = self._peers.get(peer)
         return (
             state is not None
-            and slots.free > 0
-            and (
-                self._on_credit(peer)
-                or (slots.unproven > 0 and self._download.available(now) >= self._unproven_need(state, now))
-            )
+            and (self._on_credit(peer) or self._budget_allows(peer, state, now, slots))
+            and self._peer_allows(peer, state, now, slots)
+        )
+
+    def _budget_allows(self, peer: PeerId, state: _Peer, now: float, slots: _Slots) -> bool:
+        """Whether a pull to it, not on credit, finds a slot and the download budget it needs."""
+        return (
+            slots.unproven > 0
+            and (not slots.budget_held or self._tier(peer) == 0)
+            and self._download.available(now) >= self._unproven_need(state, now)
+        )
+
+    def _waits_for_budget(self, candidate: _Candidate, now: float, slots: _Slots) -> bool:
+        """Whether an established announcer of ``candidate``, not on credit, is held back by the
+        download budget alone. The budget is then spent in tier order: a proven peer's small items
+        earn credit below one whole item for a while, so its pulls go through the budget, needing a
+        whole item's reservation, while free ids' probes need 128 KiB: answering each with junk, they
+        kept the budget below 2 MiB and its items expired (red team rt39 F2)."""
+        for peer in candidate.announcers:
+            state = self._peers.get(peer)
+            if (
+                state is not None
+                and self._tier(peer) == 0
+                and not self._on_credit(peer)
+                and slots.unproven > 0
+                and self._peer_allows(peer, state, now, slots)
+            ):
+                return True
+        return False
+
+    def _peer_allows(self, peer: PeerId, state: _Peer, now: float, slots: _Slots) -> bool:
+        """Whether all but the budget allow a pull to it: a slot, its standing, caps and rates."""
+        return (
+            slots.free > 0
             and not self.is_banned(peer, now)
             and state.backoff_until <= now
             and state.paused_until <= now

@@ -380,6 +380,33 @@ def test_an_item_of_an_established_peer_blocked_by_its_pull_rate_waits_for_the_r
     assert now == pytest.approx(16.0) and [(p.peer, p.digests) for p in found] == [("honest", ids)]
 
 
+def test_free_ids_spend_no_budget_that_an_established_peer_not_on_credit_waits_for() -> None:
+    # Red team rt39 F2: a proven peer's small items earn less credit than one whole item, so its
+    # pulls go through the budget and need a whole item's reservation, while free ids' probes need
+    # 128 KiB: answering each with junk, they kept the budget below 2 MiB and its items expired.
+    core = core_with(unproven_download_burst=2 * ITEM, unproven_download_rate=1.0 * MiB)
+    for _ in range(8):
+        proven(core, "honest", 0.0)  # established; 8 x 100 bytes earn far less than one item
+    assert core._tier("honest") == 0 and not core._on_credit("honest")
+    started: list[tuple[float, str]] = []
+
+    def answer_junk(actions: list[GossipAction], now: float) -> None:
+        for pull in pulls(actions):
+            started.append((now, pull.peer))
+            if pull.peer != "honest":  # as large as it may be read: spent from the budget
+                junk = PullFailed(pull.request_id, pull.peer, "too_large", True, pull.max_bytes)
+                answer_junk(core.handle(junk, now), now)
+
+    for i in range(2):
+        answer_junk(core.handle(Announced(f"drain{i}", 0, fresh(1)), 1.0), 1.0)  # the burst spent
+    answer_junk(core.handle(Announced("honest", 0, fresh(1)), 1.1), 1.1)
+    for i in range(60):  # fresh ids keep announcing; each would be sent a 128-KiB probe
+        answer_junk(core.handle(Announced(f"free{i}", 0, fresh(1)), 1.1 + 0.05 * i), 1.1 + 0.05 * i)
+    honest = [when for when, peer in started if peer == "honest"]
+    assert honest and honest[0] <= 3.2  # the budget refills to one item in ~2 s; before: never
+    assert all(peer.startswith("drain") for when, peer in started if when < honest[0])
+
+
 def test_an_item_refused_for_our_overload_keeps_its_server_proven_and_is_pulled_again_later() -> None:
     # A queue full with every peer's work is our load, not the server's waste (rt31 F3); pulling
     # more before it drains would only meet it again. The item is not lost: it goes back among the
