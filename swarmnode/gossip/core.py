@@ -1005,9 +1005,14 @@ class GossipCore:
         """Make ``peer`` an announcer of ``candidate`` if there is a slot. When all are taken, a
         peer not tried yet takes the slot of the earliest one whose pull of it failed already:
         peers that failed it cannot hold every slot against its honest announcer (red team R8-3).
-        ``in_table``: the candidate waits in the table, whose slots count in ``_Peer.candidates``."""
+        Never an established one's (``_tier`` 0): it was tried when our load refused its copy
+        (``overloaded``), and 8 free ids announcing the id took its slot and it never got back
+        (``_awaits_established``). ``in_table``: the candidate waits in the table, whose slots
+        count in ``_Peer.candidates``."""
         if len(candidate.announcers) >= self.config.max_announcers_per_digest:
-            failed = next((p for p in candidate.announcers if p in candidate.tried), None)
+            failed = next(
+                (p for p in candidate.announcers if p in candidate.tried and self._tier(p) != 0), None
+            )
             if failed is None or peer in candidate.tried:
                 return False
             del candidate.announcers[failed]
@@ -1189,19 +1194,22 @@ class GossipCore:
         return any(self._tier(p) > tier and self._can_open_pull(p, now, slots) for p in candidate.announcers)
 
     def _awaits_established(self, candidate: _Candidate, now: float) -> bool:
-        """Whether an established announcer (``_tier`` 0) of ``candidate`` that never tried it
-        is held back only by our own limits: its pulls in flight or items awaiting our verdict at
-        their caps, or its pull or download rate. The candidate then waits for it (an event or
-        ``_note_blocked``'s wake frees it) and goes to no worse tier:
-        free ids that announced an honest peer's ids while our intake had its 32 items, failing
-        each pull, used up the ids' ``_max_unserved`` before it was asked (red team rt39 F1: 60 of
-        its 320 items given up, none of them ever asked of it)."""
+        """Whether an established announcer (``_tier`` 0) of ``candidate`` is held back only by our
+        own limits: its pulls in flight or items awaiting our verdict at their caps, or its pull or
+        download rate. The candidate then waits for it (an event or ``_note_blocked``'s wake frees
+        it) and goes to no worse tier: free ids that announced an honest peer's ids while our
+        intake held its 32 items, each failing its pull, used up the ids' ``_max_unserved`` before
+        it was asked (red team rt39 F1: 60 of its 320 items given up, none ever asked of it).
+
+        Tried or not: one that tried it and is established still saw its copy refused for our
+        load alone (``overloaded``), or failed it and has served intact since (a failed answer of
+        its own bytes drops it, ``_drop_announcer``). It is still the best announcer, and the id's
+        tries (``max_attempts``) bound how often it is asked."""
         c = self.config
         for peer in candidate.announcers:
             state = self._peers.get(peer)
             if (
                 state is not None
-                and peer not in candidate.tried
                 and self._tier(peer) == 0
                 and not self.is_banned(peer, now)
                 and (

@@ -364,6 +364,26 @@ def test_an_item_waits_for_its_established_announcer_while_our_own_caps_hold_tha
     assert next_pull.peer == "honest" and next_pull.digests == (second,)
 
 
+def test_an_item_refused_for_our_load_waits_for_its_established_announcer_too() -> None:
+    # The item its announcer tried, refused for our overload alone, goes back to it as well: it
+    # ranks after untried announcers, and free ids would take it while it was busy.
+    core = core_with(max_inflight_pulls_per_peer=1, max_digests_per_pull=1)
+    for _ in range(8):
+        proven(core, "honest", 0.0)
+    first, second = fresh(2)
+    [pull] = announce(core, "honest", (first, second), 1.0)
+    answer = PullSucceeded(pull.request_id, "honest", ((first, b"v" * 100),), received=104)
+    [busy] = pulls(core.handle(answer, 1.1))
+    assert busy.digests == (second,)  # its one pull in flight
+    overloaded = AdmissionResult("honest", first, False, "busy", busy=True, overloaded=True)
+    assert pulls(core.handle(overloaded, 1.2)) == []  # back among the candidates, tried by it
+    for i in range(20):  # after the overload pause (1 s)
+        assert announce(core, f"free{i}", (first,), 2.5) == []  # before: pulled, one after another
+    answer = PullSucceeded(busy.request_id, "honest", ((second, b"v" * 100),), received=104)
+    [again] = pulls(core.handle(answer, 2.7))
+    assert again.peer == "honest" and again.digests == (first,)
+
+
 def test_an_item_of_an_established_peer_blocked_by_its_pull_rate_waits_for_the_rate() -> None:
     # The same wait when our pull rate for it holds it back: the core wakes when the rate allows.
     core = core_with(pull_rate=0.5, pull_burst=1.0)
