@@ -1005,10 +1005,9 @@ class GossipCore:
         """Make ``peer`` an announcer of ``candidate`` if there is a slot. When all are taken, a
         peer not tried yet takes the slot of the earliest one whose pull of it failed already:
         peers that failed it cannot hold every slot against its honest announcer (red team R8-3).
-        Never an established one's (``_tier`` 0): it was tried when our load refused its copy
-        (``overloaded``), and 8 free ids announcing the id took its slot and it never got back
-        (``_awaits_established``). ``in_table``: the candidate waits in the table, whose slots
-        count in ``_Peer.candidates``."""
+        Never an established one's (``_tier`` 0), which has served intact since it failed: it is
+        the one the id waits for (``_awaits_established``). ``in_table``: the candidate waits in
+        the table, whose slots count in ``_Peer.candidates``."""
         if len(candidate.announcers) >= self.config.max_announcers_per_digest:
             failed = next(
                 (p for p in candidate.announcers if p in candidate.tried and self._tier(p) != 0), None
@@ -1201,10 +1200,9 @@ class GossipCore:
         intake held its 32 items, each failing its pull, used up the ids' ``_max_unserved`` before
         it was asked (red team rt39 F1: 60 of its 320 items given up, none ever asked of it).
 
-        Tried or not: one that tried it and is established still saw its copy refused for our
-        load alone (``overloaded``), or failed it and has served intact since (a failed answer of
-        its own bytes drops it, ``_drop_announcer``). It is still the best announcer, and the id's
-        tries (``max_attempts``) bound how often it is asked."""
+        Tried or not: one that tried it and is established again failed it and has served intact
+        since (a failed answer of its own bytes drops it, ``_drop_announcer``). It is still the
+        best announcer, and the id's tries (``max_attempts``) bound how often it is asked."""
         c = self.config
         for peer in candidate.announcers:
             state = self._peers.get(peer)
@@ -1548,13 +1546,19 @@ class GossipCore:
             else:
                 self._retry_elsewhere(digest, candidate, pull.peer, now)
 
-    def _retry_elsewhere(self, digest: Digest, candidate: _Candidate, peer: PeerId, now: float) -> None:
+    def _retry_elsewhere(
+        self, digest: Digest, candidate: _Candidate, peer: PeerId, now: float, *, ours: bool = False
+    ) -> None:
         """Put an undelivered digest back among the candidates; ``peer`` now ranks after untried ones.
 
         After ``max_attempts`` the digest stays open only for announcers never asked, each such
         try counted in ``_max_unserved`` too: free ids whose pulls time out, read before the
-        honest announcer, would otherwise use up its tries (red team rounds 7-9)."""
-        candidate.tried.add(peer)
+        honest announcer, would otherwise use up its tries (red team rounds 7-9). ``ours``: our
+        load refused its copy (``overloaded``); a try, but ``peer`` did not fail it, so it keeps
+        its rank and its announcer slot (``_take_slot``): tried, free ids announcing the id were
+        asked first and took its slot, and their failures used up the id's ``_max_unserved``."""
+        if not ours:
+            candidate.tried.add(peer)
         candidate.attempts += 1
         if self._known(digest):
             return
@@ -1712,7 +1716,7 @@ class GossipCore:
                 self.stats.refused_overloaded += 1
                 self._overloaded_until = max(self._overloaded_until, now + self.config.overload_pause)
                 self._pay_from_credit(state, waiting, now)
-                self._retry_elsewhere(event.digest, waiting.candidate, event.peer, now)
+                self._retry_elsewhere(event.digest, waiting.candidate, event.peer, now, ours=True)
                 return []
             self._remember(event.digest, now, admitted=False)
             if state is not None:

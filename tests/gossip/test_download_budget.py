@@ -384,6 +384,21 @@ def test_an_item_refused_for_our_load_waits_for_its_established_announcer_too() 
     assert again.peer == "honest" and again.digests == (first,)
 
 
+def test_a_copy_refused_for_our_load_leaves_its_server_first_in_line_for_the_id() -> None:
+    # Refused overloaded, a newcomer's item ranked its server after untried announcers: free ids
+    # announcing the id were asked first, took its slot, and their failures used up the id.
+    core = core_with()
+    proven(core, "newcomer", 0.0)  # one item accepted: not established
+    [pull] = announce(core, "newcomer", fresh(1), 1.0)
+    [digest] = pull.digests
+    answer = PullSucceeded(pull.request_id, "newcomer", ((digest, b"v" * 100),), received=104)
+    assert pulls(core.handle(answer, 1.1)) == []
+    overloaded = AdmissionResult("newcomer", digest, False, "busy", busy=True, overloaded=True)
+    assert pulls(core.handle(overloaded, 1.2)) == []
+    [again] = announce(core, "free0", (digest,), 2.5)  # after the overload pause
+    assert again.peer == "newcomer"  # before: "free0"
+
+
 def test_an_item_of_an_established_peer_blocked_by_its_pull_rate_waits_for_the_rate() -> None:
     # The same wait when our pull rate for it holds it back: the core wakes when the rate allows.
     core = core_with(pull_rate=0.5, pull_burst=1.0)
