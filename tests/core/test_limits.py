@@ -17,6 +17,15 @@ def test_token_bucket_allows_a_burst_then_the_rate() -> None:
     assert bucket.available(100.0) == 4.0  # never more than the burst
 
 
+def test_a_bucket_short_of_tokens_is_never_ready_now_even_by_a_rounding_error() -> None:
+    # Red team rt40 F5: a shortfall of 4e-9 tokens at 1 MiB/s rounded back to now; a driver that
+    # polled at that deadline found nothing to do and was given the same deadline again.
+    now = 32.0577
+    bucket = TokenBucket(rate=1048576.0, burst=33554432.0, tokens=131071.99999999627, updated=now)
+    ready = bucket.ready_at(now, 131072)
+    assert ready > now and bucket.available(ready) >= 131072
+
+
 def test_token_bucket_takes_one_token_at_a_time_by_default_and_refuses_rather_than_overdraws() -> None:
     bucket = TokenBucket(rate=2.0, burst=3.0, updated=0.0)
     assert [bucket.take(0.0) for _ in range(4)] == [True, True, True, False]
