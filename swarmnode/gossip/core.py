@@ -573,6 +573,7 @@ class _Candidate:
 
     announcers: dict[PeerId, None]  # ordered set, <= max_announcers_per_digest
     expires_at: float
+    first_expiry: float  # when it expired as first announced: it lives at most one ttl more
     tried: set[PeerId] = field(default_factory=set)
     attempts: int = 0
     # Never asked for this digest again: served a broken copy, or answered its pull without it.
@@ -600,7 +601,7 @@ class _InFlight:
     peer: PeerId
     digests: dict[Digest, _Candidate]
     reserved: int = 0  # bytes taken from the download budget at its start (a peer not on credit)
-    proven: bool = False  # through the budget to a proven peer (``_Slots.proven``)
+    established: bool = False  # through the budget to an established peer (``_Slots.established``)
     probe: bool = False  # reads at most probe_answer_bytes (Pull.max_bytes)
     limit: int = 0  # the most the driver reads of its answer (``Pull.max_bytes``, or all it may hold)
     credit: float = 0.0  # of its peer's credit, held while it runs (a proven peer's pull)
@@ -666,10 +667,13 @@ class _Slots:
 
     free: int
     unproven: int  # pulls through the download budget (``_budget_allows``)
-    proven: int  # of those, to proven peers not on credit: at most half of them
-    proven_bytes: float  # what those may still reserve: half the burst in all
+    established: int  # of those, to established peers (``_tier`` 0): at most half of them
+    established_bytes: float  # what those may still reserve: half the burst in all
     # An established peer waits for the download budget: no worse tier spends it this pass.
     budget_held: bool = False
+    # Items awaiting a verdict or in flight that peers not established may add: while an
+    # established peer has candidates, half of max_pending_admissions in all (``_peer_allows``).
+    others: int = 0
 
 
 @dataclass
@@ -680,7 +684,7 @@ class _Batch:
     capacity: int
     reserved: int  # download budget taken for ``capacity`` items (0 on credit)
     probe: bool = False  # one item, read up to probe_answer_bytes (``_probes``)
-    proven: bool = False  # through the budget to a proven peer
+    established: bool = False  # through the budget to an established peer
     digests: dict[Digest, _Candidate] = field(default_factory=dict)
 
 
@@ -747,17 +751,12 @@ class GossipCore:
         self._reserved = 0  # of it, held by pulls in flight and batches being assembled
         self._item_reservation = c.max_item_bytes + ITEM_PREFIX_BYTES
         self._probe_bytes = min(c.probe_answer_bytes, self._item_reservation)  # a probe reads at most this
-        # What proven peers' pulls through the budget may reserve together: half the burst (at
-        # least one item), the rest is newcomers'. Four established ids that answered their pulls
-        # just before the timeout held all of it, and all 8 slots (red team rt41 F2).
-        self._proven_share = max(c.unproven_download_burst / 2, float(self._item_reservation))
-        self._proven_slots = max(1, self._unproven_slots // 2)
-        # Items one such pull asks for: a slot's part of that share (one at the defaults). Asking
-        # for what the whole share held, a relay answering just before the timeout held it all, and
-        # honest newcomers, proven by their first item, waited for it (rt40's slow relay: p95 47 s).
-        self._proven_pull_items = max(
-            1, math.floor(self._proven_share / self._proven_slots / self._item_reservation)
-        )
+        # What established peers' pulls through the budget (``_tier`` 0: pulled first) may reserve
+        # together: half the burst (at least one item) on half the slots, the rest is others'. Four
+        # established ids that answered just before the timeout held all of it, and all 8 slots
+        # (red team rt41 F2).
+        self._established_share = max(c.unproven_download_burst / 2, float(self._item_reservation))
+        self._established_slots = max(1, self._unproven_slots // 2)
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -1009,10 +1008,15 @@ class GossipCore:
                     continue
                 expires_at = now + c.candidate_ttl
                 if parked is None:
-                    candidate = _Candidate(announcers={}, expires_at=expires_at)
+                    candidate = _Candidate(announcers={}, expires_at=expires_at, first_expiry=expires_at)
                 else:
                     # A new announcer of a digest whose copy was refused: pull it from this one,
-                    # keeping the attempts and refusals so far (their number stays bounded).
+                    # keeping the attempts and refusals so far (their number stays bounded), and
+                    # at most one more lifetime than it first had: renewed at each, 200 proven ids
+                    # kept one id open 2.8 hours, pulled 216 times (red team rt43 F3).
+                    expires_at = min(expires_at, parked.first_expiry + c.candidate_ttl)
+                    if expires_at <= now:
+                        continue
                     self._refused_copies.pop(digest)
                     candidate = parked
                     candidate.expires_at = expires_at
@@ -1082,21 +1086,31 @@ class GossipCore:
         slots = _Slots(
             free=c.max_inflight_pulls - len(self._inflight),
             unproven=self._unproven_slots - len(through_budget),
-            proven=self._proven_slots - sum(pull.proven for pull in through_budget),
-            proven_bytes=self._proven_share - sum(pull.reserved for pull in through_budget if pull.proven),
+            established=self._established_slots - sum(pull.established for pull in through_budget),
+            established_bytes=self._established_share
+            - sum(pull.reserved for pull in through_budget if pull.established),
         )
         slots.budget_held = self._budget_held(slots, now)
         budget = c.max_pending_admissions - len(self._awaiting) - len(self._inflight_digests)
+        slots.others = budget
+        if any(state.candidates > 0 and self._tier(peer) == 0 for peer, state in self._peers.items()):
+            slots.others = (c.max_pending_admissions + 1) // 2 - sum(
+                n for peer, n in self._pending_by_peer.items() if self._tier(peer) != 0
+            )
         if not self._anyone_can_open(slots, now):
             return []  # nothing to scan for (red team rt29 F2: a pass over 8,192 candidates cost ~50 ms)
         open_batches: dict[PeerId, _Batch] = {}
         actions: list[GossipAction] = []
         for tier in _TIERS:
             deferred = False
+            if tier > 0:  # what the better tiers' pulls left may be short now
+                slots.budget_held = self._budget_held(slots, now)
             for digest, candidate in self._candidates.items():
                 if budget <= 0 or (slots.free <= 0 and not open_batches):
                     break  # freed by an event (result, verdict) or a timer already in next_deadline
                 peer = self._choose_peer(candidate, now, open_batches, slots, tier=tier)
+                if peer is not None and slots.others <= 0 and self._tier(peer) != 0:
+                    continue  # its open batch is full of others' places; a verdict frees one
                 if peer is None:
                     if tier == _TIERS[-1] or not self._waits_for_later_tier(candidate, now, slots, tier):
                         self._note_blocked(candidate, now)
@@ -1108,12 +1122,13 @@ class GossipCore:
                     batch = open_batches[peer] = self._open_batch(peer, now, slots)
                     slots.free -= 1
                     slots.unproven -= batch.reserved > 0
-                    slots.proven -= batch.proven
-                    slots.proven_bytes -= batch.reserved if batch.proven else 0
+                    slots.established -= batch.established
+                    slots.established_bytes -= batch.reserved if batch.established else 0
                 self._candidates.pop(digest)
                 self._release_announcers(candidate)
                 batch.digests[digest] = candidate
                 budget -= 1
+                slots.others -= self._tier(peer) != 0
                 if len(batch.digests) >= batch.capacity:
                     actions.append(self._start_pull(open_batches.pop(peer), now))
             if not deferred:
@@ -1163,18 +1178,18 @@ class GossipCore:
                 capacity -= 1
             return _Batch(peer, capacity, reserved=0)
         probe = self._probes(state, now)
+        established = self._tier(peer) == 0
         if probe:
             capacity, reserved = 1, self._probe_bytes
         else:
             capacity = min(capacity, math.floor(self._download.available(now) / self._item_reservation))
-            if self._proven(peer):  # within proven peers' share (``_budget_allows``)
-                share = math.floor(slots.proven_bytes / self._item_reservation)
-                capacity = min(capacity, share, self._proven_pull_items)
+            if established:  # within established peers' share (``_budget_allows``)
+                capacity = min(capacity, math.floor(slots.established_bytes / self._item_reservation))
             reserved = max_pull_response(c, capacity)
         taken = self._download.take(now, reserved)
         assert taken  # _can_open_pull saw this much in the budget (_unproven_need)
         self._reserved += reserved
-        return _Batch(peer, capacity, reserved, probe, proven=self._proven(peer))
+        return _Batch(peer, capacity, reserved, probe, established=established)
 
     def _probes(self, state: _Peer, now: float) -> bool:
         """Whether a pull to this peer, not proven, is a probe: half the download budget is spent
@@ -1282,32 +1297,35 @@ class GossipCore:
     def _budget_allows(self, peer: PeerId, state: _Peer, now: float, slots: _Slots) -> bool:
         """Whether a pull to it, not on credit, finds a slot and the download budget it needs.
 
-        Proven peers' take at most half the slots and reserve at most half the burst together
-        (``_Slots.proven``): four established ids answering their pulls just before the timeout
-        held all 8, and newcomers lost 81% of their items (red team rt41 F2)."""
+        Established peers' take at most half the slots and reserve at most half the burst together
+        (``_Slots.established``): four established ids answering their pulls just before the
+        timeout held all 8, and newcomers lost 81% of their items (red team rt41 F2). Peers proven
+        but not established come after them and compete with newcomers on equal terms."""
         return (
             slots.unproven > 0
-            and (not self._proven(peer) or self._proven_room(slots))
+            and (self._tier(peer) != 0 or self._established_room(slots))
             and (not slots.budget_held or self._tier(peer) == 0)
             and self._download.available(now) >= self._unproven_need(state, now)
         )
 
-    def _proven_room(self, slots: _Slots) -> bool:
-        """Whether proven peers' share of the budget's slots and bytes holds one more item."""
-        return slots.proven > 0 and slots.proven_bytes >= self._item_reservation
+    def _established_room(self, slots: _Slots) -> bool:
+        """Whether established peers' share of the budget's slots and bytes holds one more item."""
+        return slots.established > 0 and slots.established_bytes >= self._item_reservation
 
     def _budget_held(self, slots: _Slots, now: float) -> bool:
         """Whether the download budget is held for an established peer (``_tier`` 0) with
         candidates, not on credit, that nothing but the budget keeps from a pull: no worse tier
-        spends it in this pass, before or after that peer's pull. A proven peer's small items earn
+        spends it in this tier's pass. A proven peer's small items earn
         credit below one whole item for a while, so its pulls need a whole item's reservation,
         while free ids' probes need 128 KiB: answering each with junk, 256 of them a second kept
         the budget below 2 MiB and its items expired (red team rt39 F2, rt40 F3: 2 of 320
-        accepted; held only while the budget was short, what its pull left went to them, and 15
-        expired). Found at the cost of the peer table, once a pass: per candidate, a pass that
-        opened nothing cost 157 ms (rt41 F3)."""
-        if slots.unproven <= 0 or not self._proven_room(slots):
+        accepted). Found again after each tier's pass, as that peer's own pull may have left it
+        short (found once, before, what its pull left went to them: 15 of 320 expired), at the
+        cost of the peer table: per candidate, a pass that opened nothing cost 157 ms (rt41 F3)."""
+        if slots.unproven <= 0 or not self._established_room(slots):
             return False
+        if self._download.available(now) >= self._item_reservation:
+            return False  # held while it is not short, no newcomer was pulled in a busy swarm
         return any(
             state.candidates > 0
             and self._tier(peer) == 0
@@ -1317,9 +1335,15 @@ class GossipCore:
         )
 
     def _peer_allows(self, peer: PeerId, state: _Peer, now: float, slots: _Slots) -> bool:
-        """Whether all but the budget allow a pull to it: a slot, its standing, caps and rates."""
+        """Whether all but the budget allow a pull to it: a slot, its standing, caps and rates.
+
+        While an established peer has candidates, peers not established hold at most half of
+        ``max_pending_admissions`` (``_Slots.others``): first come, free ids' items, slow to judge,
+        held all 256 places, and an established peer's ids expired waiting for one (red team rt43
+        F2: 28-85% lost)."""
         return (
             slots.free > 0
+            and (slots.others > 0 or self._tier(peer) == 0)
             and not self.is_banned(peer, now)
             and state.backoff_until <= now
             and state.paused_until <= now
@@ -1379,7 +1403,7 @@ class GossipCore:
             batch.peer,
             batch.digests,
             reserved,
-            batch.proven,
+            batch.established,
             batch.probe,
             limit,
             0.0 if batch.reserved or batch.probe else held,
