@@ -663,7 +663,8 @@ class _ServeState:
 
 @dataclass
 class _Slots:
-    """Pull slots left in one scheduling pass: in all, and for peers not proven (``_proven``)."""
+    """What one scheduling pass may still open: pull slots in all and through the download budget,
+    established peers' share of the latter, and pending places for peers not established."""
 
     free: int
     unproven: int  # pulls through the download budget (``_budget_allows``)
@@ -1315,13 +1316,13 @@ class GossipCore:
     def _budget_held(self, slots: _Slots, now: float) -> bool:
         """Whether the download budget is held for an established peer (``_tier`` 0) with
         candidates, not on credit, that nothing but the budget keeps from a pull: no worse tier
-        spends it in this tier's pass. A proven peer's small items earn
-        credit below one whole item for a while, so its pulls need a whole item's reservation,
-        while free ids' probes need 128 KiB: answering each with junk, 256 of them a second kept
-        the budget below 2 MiB and its items expired (red team rt39 F2, rt40 F3: 2 of 320
-        accepted). Found again after each tier's pass, as that peer's own pull may have left it
-        short (found once, before, what its pull left went to them: 15 of 320 expired), at the
-        cost of the peer table: per candidate, a pass that opened nothing cost 157 ms (rt41 F3)."""
+        spends it in this tier's pass. A proven peer's small items earn credit below one whole item
+        for a while, so its pulls need a whole item's reservation, while free ids' probes need 128
+        KiB: answering each with junk, 256 of them a second kept the budget below 2 MiB and its
+        items expired (red team rt39 F2, rt40 F3: 2 of 320 accepted). Found again after each
+        tier's pass, as that peer's own pull may have left it short (found once, before, what its
+        pull left went to them: 15 of 320 expired), at the cost of the peer table: per candidate,
+        a pass that opened nothing cost 157 ms (rt41 F3)."""
         if slots.unproven <= 0 or not self._established_room(slots):
             return False
         if self._download.available(now) >= self._item_reservation:
@@ -1653,6 +1654,8 @@ class GossipCore:
         }
         if not announcers or candidate.expires_at <= now or self._candidates.full:
             self.stats.candidates_dropped += 1
+            if not announcers and candidate.unserved >= self._max_unserved:
+                self.stats.gave_up += 1  # every announcer it could take failed it (rt43: unseen)
             if candidate.refused:
                 # Kept with its refusals, so a refusing peer's next announcement of it is not
                 # pulled again, while a new announcer's is (``_on_announced``).

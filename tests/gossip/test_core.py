@@ -862,7 +862,7 @@ def test_refused_copies_of_one_digest_stay_bounded_however_many_ids_serve_them()
             pull = pending.pop(0)
             pulled.append(pull.peer)
             pending += only(Pull, succeed(core, pull, t) + refuse_copy(core, pull.peer, d(1), t))
-    assert len(pulled) == 2 * config.max_announcers_per_digest
+    assert len(pulled) == 2 * config.max_announcers_per_digest and core.stats.gave_up == 1
     assert only(Pull, announce(core, "h", [d(1)], 7.0)) == []  # closed to ids not proven
 
 
@@ -959,7 +959,7 @@ def test_pulls_of_one_digest_stay_bounded_however_many_ids_serve_it_empty() -> N
         t = float(wave)
         events = [Announced(f"s{wave}-{i}", core.current_round(t), (d(1),)) for i in range(4)]
         pulled += pull_until_quiet(core, core.handle_all(events, t), t, honest="nobody")
-    assert len(pulled) == 2 * config.max_announcers_per_digest
+    assert len(pulled) == 2 * config.max_announcers_per_digest and core.stats.gave_up == 1
     assert only(Pull, announce(core, "h", [d(1)], 7.0)) == []  # closed to ids not proven
 
 
