@@ -602,6 +602,7 @@ class _InFlight:
     digests: dict[Digest, _Candidate]
     reserved: int = 0  # bytes taken from the download budget at its start (a peer not on credit)
     established: bool = False  # through the budget to an established peer (``_Slots.established``)
+    top: bool = False  # to an established peer, on credit or not (``_Slots.top``)
     probe: bool = False  # reads at most probe_answer_bytes (Pull.max_bytes)
     limit: int = 0  # the most the driver reads of its answer (``Pull.max_bytes``, or all it may hold)
     credit: float = 0.0  # of its peer's credit, held while it runs (a proven peer's pull)
@@ -675,6 +676,8 @@ class _Slots:
     # Items awaiting a verdict or in flight that peers not established may add: while an
     # established peer has candidates, half of max_pending_admissions in all (``_peer_allows``).
     others: int = 0
+    # Pulls established peers may still open: while others have candidates, 3/4 of all.
+    top: int = 0
 
 
 @dataclass
@@ -686,6 +689,7 @@ class _Batch:
     reserved: int  # download budget taken for ``capacity`` items (0 on credit)
     probe: bool = False  # one item, read up to probe_answer_bytes (``_probes``)
     established: bool = False  # through the budget to an established peer
+    top: bool = False  # to an established peer
     digests: dict[Digest, _Candidate] = field(default_factory=dict)
 
 
@@ -1093,11 +1097,16 @@ class GossipCore:
         )
         slots.budget_held = self._budget_held(slots, now)
         budget = c.max_pending_admissions - len(self._awaiting) - len(self._inflight_digests)
+        waiting = {self._tier(peer) == 0 for peer, state in self._peers.items() if state.candidates > 0}
         slots.others = budget
-        if any(state.candidates > 0 and self._tier(peer) == 0 for peer, state in self._peers.items()):
+        if True in waiting:
             slots.others = (c.max_pending_admissions + 1) // 2 - sum(
                 n for peer, n in self._pending_by_peer.items() if self._tier(peer) != 0
             )
+        slots.top = slots.free
+        if False in waiting:  # others have candidates: a quarter of the pulls is theirs
+            top_share = c.max_inflight_pulls - c.max_inflight_pulls // 4
+            slots.top = top_share - sum(1 for _, pull in self._inflight.items() if pull.top)
         if not self._anyone_can_open(slots, now):
             return []  # nothing to scan for (red team rt29 F2: a pass over 8,192 candidates cost ~50 ms)
         open_batches: dict[PeerId, _Batch] = {}
@@ -1125,6 +1134,7 @@ class GossipCore:
                     slots.unproven -= batch.reserved > 0
                     slots.established -= batch.established
                     slots.established_bytes -= batch.reserved if batch.established else 0
+                    slots.top -= batch.top
                 self._candidates.pop(digest)
                 self._release_announcers(candidate)
                 batch.digests[digest] = candidate
@@ -1177,7 +1187,7 @@ class GossipCore:
         if self._on_credit(peer):
             while max_pull_response(c, capacity) > state.credit:  # read whole, never cut (_on_credit)
                 capacity -= 1
-            return _Batch(peer, capacity, reserved=0)
+            return _Batch(peer, capacity, reserved=0, top=self._tier(peer) == 0)
         probe = self._probes(state, now)
         established = self._tier(peer) == 0
         if probe:
@@ -1190,7 +1200,7 @@ class GossipCore:
         taken = self._download.take(now, reserved)
         assert taken  # _can_open_pull saw this much in the budget (_unproven_need)
         self._reserved += reserved
-        return _Batch(peer, capacity, reserved, probe, established=established)
+        return _Batch(peer, capacity, reserved, probe, established=established, top=established)
 
     def _probes(self, state: _Peer, now: float) -> bool:
         """Whether a pull to this peer, not proven, is a probe: half the download budget is spent
@@ -1341,10 +1351,13 @@ class GossipCore:
         While an established peer has candidates, peers not established hold at most half of
         ``max_pending_admissions`` (``_Slots.others``): first come, free ids' items, slow to judge,
         held all 256 places, and an established peer's ids expired waiting for one (red team rt43
-        F2: 28-85% lost)."""
+        F2: 28-85% lost). Likewise, while peers not established have candidates, established
+        ones open at most 3/4 of the pulls (``_Slots.top``): pulled first, 8 on credit answering
+        every pull took all 16, and newcomers lost 95% of their items (rt44 F1)."""
         return (
             slots.free > 0
             and (slots.others > 0 or self._tier(peer) == 0)
+            and (slots.top > 0 or self._tier(peer) != 0)
             and not self.is_banned(peer, now)
             and state.backoff_until <= now
             and state.paused_until <= now
@@ -1405,6 +1418,7 @@ class GossipCore:
             batch.digests,
             reserved,
             batch.established,
+            batch.top,
             batch.probe,
             limit,
             0.0 if batch.reserved or batch.probe else held,

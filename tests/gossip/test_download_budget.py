@@ -421,6 +421,25 @@ def test_while_an_established_peer_has_candidates_others_hold_half_the_pending_p
     assert announce(core, "late", fresh(1), 1.2) == []
 
 
+def test_while_others_have_candidates_established_peers_open_at_most_three_quarters_of_pulls() -> None:
+    # Red team rt44 F1: pulled first, 8 established ids on credit, each with ids waiting and
+    # answering every pull, took all 16 pull slots: newcomers lost 95% of their items.
+    core = core_with(credit_per_accepted_byte=1e6)  # on credit after their first items
+    for k in range(8):
+        for _ in range(8):
+            proven(core, f"relay{k}", 0.0)
+    assert all(core._tier(f"relay{k}") == 0 and core._on_credit(f"relay{k}") for k in range(8))
+    first = [p for k in range(8) for p in announce(core, f"relay{k}", fresh(64), 1.0)]
+    assert len(first) == 16  # nobody else waits: every slot
+    assert announce(core, "newcomer", fresh(1), 1.1) == []  # none free: it waits...
+    [done, *_] = first
+    answer = tuple((d, b"v" * 100) for d in done.digests)
+    [freed] = pulls(
+        core.handle(PullSucceeded(done.request_id, done.peer, answer, received=104 * len(answer)), 1.2)
+    )
+    assert freed.peer == "newcomer"  # ...for the first slot freed; before: the relay again
+
+
 def test_established_peers_not_on_credit_take_at_most_half_the_budgets_slots() -> None:
     # Red team rt41 F2: four established ids whose credit stayed below one item answered their
     # pulls through the budget just before the timeout and held all 8 of its slots: newcomers got
