@@ -119,6 +119,13 @@ class GossipConfig:
     # failed last pull): the rest wait for proven ones (red team rt24 F1: free ids whose pulls
     # time out held all 16 slots, 10 s each, and starved an honest announcer).
     max_unproven_pulls: int = 8
+    # Pulls to peers that never served an item intact are probes (one item, probe_answer_bytes),
+    # in a pool of their own beside max_inflight_pulls, each given up after probe_timeout. Before,
+    # they shared the 8 slots above for 10 s each: free ids stalling their pulls to the timeout
+    # held all 8, and honest newcomers lost 28-91% of their items (red team rt45 F1, 8-64 ids
+    # every 5 s). An honest server answers one item of at most 128 KiB well within it.
+    max_probe_pulls: int = 32
+    probe_timeout: float = 5.0  # at most pull_timeout
     # Bytes that peers not proven may make us download, all of them together: a pull to one
     # reserves the most its answer may hold (``max_pull_response``), and gives back what did not
     # arrive. A proven peer's pull reserves nothing, but what it wastes (a failed pull, bytes no
@@ -127,10 +134,10 @@ class GossipConfig:
     # minute stalling just under the charged size (red team rt28: 512 ids, ~8 GiB a minute).
     unproven_download_rate: float = 1.0 * 1024 * 1024
     unproven_download_burst: float = 32.0 * 1024 * 1024
-    # Once half that burst is spent, a pull to a peer that never served an item intact asks for
-    # one and reads at most this much of the answer (a probe): 512 free ids serving junk cost
-    # 2 MiB each before, and an honest newcomer read after them waited ~17 minutes (rt28). An
-    # answer over it is not the server's fault: its next pulls are full size, after others'.
+    # A pull to a peer that never served an item intact asks for one and reads at most this much
+    # of the answer (a probe): 512 free ids serving junk cost 2 MiB each before, and an honest
+    # newcomer read after them waited ~17 minutes (rt28). An answer over it is not the server's
+    # fault: its next pulls are full size, through max_unproven_pulls.
     probe_answer_bytes: int = 128 * 1024
     # Bytes a peer made us download for nothing (a failed pull's, an answer's beyond its asked-for
     # items served intact, items admission refused busy) it must repay at this rate, per peer,
@@ -217,6 +224,7 @@ class GossipConfig:
             "round_seconds",
             "read_interval",
             "pull_timeout",
+            "probe_timeout",
             "pull_rate",
             "pull_burst",
             "backoff_base",
@@ -248,6 +256,7 @@ class GossipConfig:
             "max_inflight_pulls",
             "max_inflight_pulls_per_peer",
             "max_unproven_pulls",
+            "max_probe_pulls",
             "max_attempts",
             "max_pending_admissions",
             "max_pending_admissions_per_peer",
@@ -603,7 +612,7 @@ class _InFlight:
     reserved: int = 0  # bytes taken from the download budget at its start (a peer not on credit)
     established: bool = False  # through the budget to an established peer (``_Slots.established``)
     top: bool = False  # to an established peer, on credit or not (``_Slots.top``)
-    probe: bool = False  # reads at most probe_answer_bytes (Pull.max_bytes)
+    probe: bool = False  # one item, at most probe_answer_bytes, in the probe pool (``_probes``)
     limit: int = 0  # the most the driver reads of its answer (``Pull.max_bytes``, or all it may hold)
     credit: float = 0.0  # of its peer's credit, held while it runs (a proven peer's pull)
 
@@ -678,6 +687,8 @@ class _Slots:
     others: int = 0
     # Pulls established peers may still open: while others have candidates, 3/4 of all.
     top: int = 0
+    # Probes that may still open (``GossipConfig.max_probe_pulls``), apart from ``free``.
+    probes: int = 0
 
 
 @dataclass
@@ -687,7 +698,7 @@ class _Batch:
     peer: PeerId
     capacity: int
     reserved: int  # download budget taken for ``capacity`` items (0 on credit)
-    probe: bool = False  # one item, read up to probe_answer_bytes (``_probes``)
+    probe: bool = False  # one item, read up to probe_answer_bytes, in the probe pool (``_probes``)
     established: bool = False  # through the budget to an established peer
     top: bool = False  # to an established peer
     digests: dict[Digest, _Candidate] = field(default_factory=dict)
@@ -724,7 +735,7 @@ class GossipCore:
         self._own_rounds: dict[int, list[Digest]] = {}  # announcement order, per round
         self._dirty_parts: dict[tuple[int, int], float] = {}  # (round, part) -> announce at
         self._candidates: ExpiringMap[Digest, _Candidate] = ExpiringMap(c.max_candidates)
-        self._inflight: ExpiringMap[int, _InFlight] = ExpiringMap(c.max_inflight_pulls)
+        self._inflight: ExpiringMap[int, _InFlight] = ExpiringMap(c.max_inflight_pulls + c.max_probe_pulls)
         self._inflight_digests: dict[Digest, int] = {}
         self._awaiting: ExpiringMap[Digest, _Awaiting] = ExpiringMap(c.max_pending_admissions)
         # Per delivering peer, its digests in flight and awaiting a verdict (of the two above):
@@ -753,9 +764,9 @@ class GossipCore:
         self._unproven_slots = min(c.max_unproven_pulls, c.max_inflight_pulls)
         # Bytes peers not proven may still make us download (``GossipConfig.unproven_download_rate``).
         self._download = TokenBucket(c.unproven_download_rate, c.unproven_download_burst)
-        self._reserved = 0  # of it, held by pulls in flight and batches being assembled
         self._item_reservation = c.max_item_bytes + ITEM_PREFIX_BYTES
         self._probe_bytes = min(c.probe_answer_bytes, self._item_reservation)  # a probe reads at most this
+        self._probe_timeout = min(c.probe_timeout, c.pull_timeout)
         # What established peers' pulls through the budget (``_tier`` 0: pulled first) may reserve
         # together: half the burst (at least one item) on half the slots, the rest is others'. Four
         # established ids that answered just before the timeout held all of it, and all 8 slots
@@ -1087,13 +1098,15 @@ class GossipCore:
         self._wake_at = None
         if not self._candidates:
             return []  # the common case: every announced digest is pulled or known already
-        through_budget = [pull for _, pull in self._inflight.items() if pull.reserved]
+        probes = sum(1 for _, pull in self._inflight.items() if pull.probe)
+        through_budget = [pull for _, pull in self._inflight.items() if pull.reserved and not pull.probe]
         slots = _Slots(
-            free=c.max_inflight_pulls - len(self._inflight),
+            free=c.max_inflight_pulls - (len(self._inflight) - probes),
             unproven=self._unproven_slots - len(through_budget),
             established=self._established_slots - sum(pull.established for pull in through_budget),
             established_bytes=self._established_share
             - sum(pull.reserved for pull in through_budget if pull.established),
+            probes=c.max_probe_pulls - probes,
         )
         slots.budget_held = self._budget_held(slots, now)
         budget = c.max_pending_admissions - len(self._awaiting) - len(self._inflight_digests)
@@ -1116,7 +1129,7 @@ class GossipCore:
             if tier > 0:  # what the better tiers' pulls left may be short now
                 slots.budget_held = self._budget_held(slots, now)
             for digest, candidate in self._candidates.items():
-                if budget <= 0 or (slots.free <= 0 and not open_batches):
+                if budget <= 0 or (slots.free <= 0 and slots.probes <= 0 and not open_batches):
                     break  # freed by an event (result, verdict) or a timer already in next_deadline
                 peer = self._choose_peer(candidate, now, open_batches, slots, tier=tier)
                 if peer is not None and slots.others <= 0 and self._tier(peer) != 0:
@@ -1130,8 +1143,9 @@ class GossipCore:
                 batch = open_batches.get(peer)
                 if batch is None:
                     batch = open_batches[peer] = self._open_batch(peer, now, slots)
-                    slots.free -= 1
-                    slots.unproven -= batch.reserved > 0
+                    slots.probes -= batch.probe
+                    slots.free -= not batch.probe
+                    slots.unproven -= batch.reserved > 0 and not batch.probe
                     slots.established -= batch.established
                     slots.established_bytes -= batch.reserved if batch.established else 0
                     slots.top -= batch.top
@@ -1152,12 +1166,12 @@ class GossipCore:
         for, found at the cost of the peer table instead of the candidate table's (8,192 ids of
         8 announcers each). When none can, note when the first frees up by time (``_wake_at``):
         its backoff, pause or rate, or the download budget."""
-        if slots.free <= 0:
+        if slots.free <= 0 and slots.probes <= 0:
             return False
         if self._overloaded_until > now:
             self._wake_at = self._overloaded_until
             return False
-        if slots.unproven > 0:
+        if slots.unproven > 0 or slots.probes > 0:
             left = self._download.available(now)
             if left < self._item_reservation:  # some pulls may wait for the budget alone
                 need = self._probe_bytes if left < self._probe_bytes else self._item_reservation
@@ -1188,7 +1202,7 @@ class GossipCore:
             while max_pull_response(c, capacity) > state.credit:  # read whole, never cut (_on_credit)
                 capacity -= 1
             return _Batch(peer, capacity, reserved=0, top=self._tier(peer) == 0)
-        probe = self._probes(state, now)
+        probe = self._probes(state)
         established = self._tier(peer) == 0
         if probe:
             capacity, reserved = 1, self._probe_bytes
@@ -1198,23 +1212,19 @@ class GossipCore:
                 capacity = min(capacity, math.floor(slots.established_bytes / self._item_reservation))
             reserved = max_pull_response(c, capacity)
         taken = self._download.take(now, reserved)
-        assert taken  # _can_open_pull saw this much in the budget (_unproven_need)
-        self._reserved += reserved
+        assert taken  # _can_open_pull saw this much in the budget (_budget_allows)
         return _Batch(peer, capacity, reserved, probe, established=established, top=established)
 
-    def _probes(self, state: _Peer, now: float) -> bool:
-        """Whether a pull to this peer, not proven, is a probe: half the download budget is spent
-        (not merely reserved) and it never served an item intact nor outgrew a probe."""
-        spent = self.config.unproven_download_burst - self._download.available(now) - self._reserved
-        return (
-            state.delivered == 0
-            and not state.outgrew_probe
-            and spent > self.config.unproven_download_burst / 2
-        )
+    def _probes(self, state: _Peer) -> bool:
+        """Whether a pull to this peer, not on credit, is a probe: it never served an item intact
+        nor outgrew a probe. A probe asks for one item, reads at most ``probe_answer_bytes`` and
+        gives up after ``probe_timeout``, in a pool of ``max_probe_pulls`` of its own.
 
-    def _unproven_need(self, state: _Peer, now: float) -> float:
-        """The download budget a pull to this peer, not proven, must find: a probe's or one item's."""
-        return self._probe_bytes if self._probes(state, now) else self._item_reservation
+        In the 8 slots of ``max_unproven_pulls``, 10 s each, free ids that stalled their answers to
+        the timeout held all of them: 16 new ids every 5 s, and honest newcomers lost 67% of their
+        items, 91% with 64 (red team rt45 F1). In a pool four times as large, held half as long,
+        stalling costs an id its standing after one probe (``_on_pull_succeeded``)."""
+        return state.delivered == 0 and not state.outgrew_probe
 
     def _choose_peer(
         self,
@@ -1305,18 +1315,26 @@ class GossipCore:
             and self._peer_allows(peer, state, now, slots)
         )
 
+    def _probe_pool(self, peer: PeerId, state: _Peer) -> bool:
+        """Whether a new pull to it would be a probe: from ``_Slots.probes`` rather than ``free``,
+        and one at a time."""
+        return self._probes(state) and not self._on_credit(peer)
+
     def _budget_allows(self, peer: PeerId, state: _Peer, now: float, slots: _Slots) -> bool:
         """Whether a pull to it, not on credit, finds a slot and the download budget it needs.
 
         Established peers' take at most half the slots and reserve at most half the burst together
         (``_Slots.established``): four established ids answering their pulls just before the
         timeout held all 8, and newcomers lost 81% of their items (red team rt41 F2). Peers proven
-        but not established come after them and compete with newcomers on equal terms."""
+        but not established come after them and compete with newcomers on equal terms. A probe
+        (``_probes``) needs its slot in its own pool (``_peer_allows``) and a probe's bytes."""
+        if self._probes(state):
+            return not slots.budget_held and self._download.available(now) >= self._probe_bytes
         return (
             slots.unproven > 0
             and (self._tier(peer) != 0 or self._established_room(slots))
             and (not slots.budget_held or self._tier(peer) == 0)
-            and self._download.available(now) >= self._unproven_need(state, now)
+            and self._download.available(now) >= self._item_reservation
         )
 
     def _established_room(self, slots: _Slots) -> bool:
@@ -1354,14 +1372,15 @@ class GossipCore:
         F2: 28-85% lost). Likewise, while peers not established have candidates, established
         ones open at most 3/4 of the pulls (``_Slots.top``): pulled first, 8 on credit answering
         every pull took all 16, and newcomers lost 95% of their items (rt44 F1)."""
+        probe = self._probe_pool(peer, state)
         return (
-            slots.free > 0
+            (slots.probes if probe else slots.free) > 0
             and (slots.others > 0 or self._tier(peer) == 0)
             and (slots.top > 0 or self._tier(peer) != 0)
             and not self.is_banned(peer, now)
             and state.backoff_until <= now
             and state.paused_until <= now
-            and state.inflight < self.config.max_inflight_pulls_per_peer
+            and state.inflight < (1 if probe else self.config.max_inflight_pulls_per_peer)
             and self._pending_by_peer.get(peer, 0) < self.config.max_pending_admissions_per_peer
             and state.pull_bucket.available(now) >= 1
             and state.download.available(now) > 0
@@ -1376,7 +1395,8 @@ class GossipCore:
 
     def _note_ready(self, peer: PeerId, state: _Peer, now: float) -> None:
         if (
-            state.inflight >= self.config.max_inflight_pulls_per_peer
+            state.inflight
+            >= (1 if self._probe_pool(peer, state) else self.config.max_inflight_pulls_per_peer)
             or self._pending_by_peer.get(peer, 0) >= self.config.max_pending_admissions_per_peer
         ):
             return  # freed by an event, not by time
@@ -1402,17 +1422,17 @@ class GossipCore:
         elif batch.reserved:
             limit = reserved = most
             self._download.give(now, batch.reserved - reserved)  # what a fuller batch would have held
-            self._reserved -= batch.reserved - reserved
         else:  # on credit: the whole answer, which the credit covers (_open_batch), held while it
             # runs (rt31 F1: two pulls in flight each read the whole credit)
             state = self._peers[batch.peer]
             assert state.credit >= most  # _open_batch asked for no more than it covers
             limit, held = most, float(most)
             state.credit -= held
-        # The driver gives up after pull_timeout and reports why (a stalled answer is charged,
-        # ``PullFailed.charged``); the core's own expiry waits a little longer, so that report is
-        # not pre-empted by a CancelPull (red team rt27).
-        expires_at = now + self.config.pull_timeout * _PULL_EXPIRY_GRACE
+        # The driver gives up after the pull's timeout and reports why (a stalled answer is
+        # charged, ``PullFailed.charged``); the core's own expiry waits a little longer, so that
+        # report is not pre-empted by a CancelPull (red team rt27).
+        timeout = self._probe_timeout if batch.probe else self.config.pull_timeout
+        expires_at = now + timeout * _PULL_EXPIRY_GRACE
         pull = _InFlight(
             batch.peer,
             batch.digests,
@@ -1429,7 +1449,7 @@ class GossipCore:
         self._add_pending(batch.peer, len(batch.digests))
         self.stats.pulls_started += 1
         cut = None if limit == most else limit  # Pull.max_bytes
-        return Pull(request_id, batch.peer, tuple(batch.digests), self.config.pull_timeout, cut)
+        return Pull(request_id, batch.peer, tuple(batch.digests), timeout, cut)
 
     def _add_pending(self, peer: PeerId, count: int) -> None:
         left = self._pending_by_peer.get(peer, 0) + count
@@ -1524,6 +1544,13 @@ class GossipCore:
         # Counted over the requested items it served intact only: padding an answer with items
         # nobody asked for must not pass a censor's omission off as a full answer (red team R10-4).
         trimmed = answered + self.config.max_item_bytes > self.config.max_serve_bytes
+        if not delivered and not trimmed and state is not None:
+            # None of what it announced and was asked for: a failed pull for its standing (suspect,
+            # backed off), though its ids' tries are not used up (``_not_served``). Only lowering
+            # its score, 8 fixed ids answering every pull empty just before the timeout kept
+            # winning slots, and newcomers lost 29% of their items (red team rt45 F1a). An honest
+            # server answers without an item it announced only past its serving budget for us.
+            self._back_off(state, now)
         for digest, candidate in pull.digests.items():
             if digest in delivered:
                 continue
@@ -1550,7 +1577,7 @@ class GossipCore:
         if cut_short and pull.probe and state is not None:
             state.outgrew_probe = True  # an honest peer's item may be larger: its next pull is full size
         broken = event.charged and event.reason in _BROKEN_ANSWER and not cut_short
-        self._pull_failed(pull, now, dropped=broken)
+        self._pull_failed(pull, now, dropped=broken, outgrown=cut_short)
         if not event.charged or cut_short:
             return []
         self.stats.pulls_refused += 1
@@ -1576,29 +1603,40 @@ class GossipCore:
             state.credit = max(0.0, state.credit + pull.credit - wasted)
         if pull.reserved:
             self._download.give(now, pull.reserved)
-            self._reserved -= pull.reserved
             self._download.spend(now, got)
             self.stats.bytes_unvouched += got
 
-    def _pull_failed(self, pull: _InFlight, now: float, *, dropped: bool = False) -> None:
+    def _pull_failed(
+        self, pull: _InFlight, now: float, *, dropped: bool = False, outgrown: bool = False
+    ) -> None:
         """A failed pull: its server backs off; its digests go back. ``dropped``: the server's own
         bytes broke the rules (an answer too large, broken framing), which an honest server never
         sends and a free id can at will: it is dropped as an announcer of them (``_drop_announcer``),
         and their tries are not used up. Counted as tries, three proven ids answering with an
         oversized frame header turned one failed try of an honest item into its loss (red team
-        rt38 F1: 12 of 100 items)."""
-        c = self.config
+        rt38 F1: 12 of 100 items). ``outgrown``: a probe's answer was over the probe's limit, as an
+        honest item may be: its digest goes back with its server still an announcer, and no try
+        used up either, or free ids answering their probes so could have it given up likewise
+        (each peer outgrows a probe once: its next pulls are full size, and too large is broken)."""
         state = self._peers.get(pull.peer)
         if state is not None:
-            state.failures += 1
-            doublings = min(state.failures - 1, _BACKOFF_MAX_DOUBLINGS)
-            state.backoff_until = now + min(c.backoff_max, c.backoff_base * 2.0**doublings)
-            state.adjust(_SCORE_FAILED)
+            self._back_off(state, now)
         for digest, candidate in pull.digests.items():
             if dropped:
                 self._drop_announcer(digest, candidate, pull.peer, now)
+            elif outgrown:
+                if not self._known(digest):
+                    self._requeue(digest, candidate, now)
             else:
                 self._retry_elsewhere(digest, candidate, pull.peer, now)
+
+    def _back_off(self, state: _Peer, now: float) -> None:
+        """A failed pull of its: one more failure in a row, a longer backoff, a lower score."""
+        c = self.config
+        state.failures += 1
+        doublings = min(state.failures - 1, _BACKOFF_MAX_DOUBLINGS)
+        state.backoff_until = now + min(c.backoff_max, c.backoff_base * 2.0**doublings)
+        state.adjust(_SCORE_FAILED)
 
     def _retry_elsewhere(
         self, digest: Digest, candidate: _Candidate, peer: PeerId, now: float, *, ours: bool = False

@@ -85,6 +85,17 @@ def succeed(core: GossipCore, pull: Pull, now: float, payload: bytes = b"x") -> 
     return core.handle(PullSucceeded(pull.request_id, pull.peer, items), now)
 
 
+def served_once(core: GossipCore, peer: str, now: float, *, accepted: bool = False) -> None:
+    """``peer`` serves its first pull, a probe of one item, intact (``accepted``: and admission
+    accepts it): from now on its pulls are full size and run for ``pull_timeout``."""
+    intro = hashlib.sha256(b"intro-" + peer.encode()).digest()
+    [probe] = only(Pull, announce(core, peer, [intro], now))
+    assert probe.digests == (intro,)  # a probe: one item
+    succeed(core, probe, now)
+    if accepted:
+        core.handle(AdmissionResult(peer, intro, True, "ok"), now)
+
+
 # --- configuration ----------------------------------------------------------------------------
 
 
@@ -217,6 +228,7 @@ def test_own_items_are_never_pulled_and_own_announcements_are_ignored() -> None:
 
 def test_digests_are_batched_per_peer_up_to_max_digests_per_pull() -> None:
     core = started(cfg(max_digests_per_pull=3, max_inflight_pulls_per_peer=2))
+    served_once(core, "a", 0.0)
     pulls = only(Pull, announce(core, "a", [d(i) for i in range(7)], 0.0))
     assert [len(p.digests) for p in pulls] == [3, 3]  # the 7th waits for a free slot
     assert [len(p.digests) for p in only(Pull, succeed(core, pulls[0], 0.1))] == [1]
@@ -224,6 +236,8 @@ def test_digests_are_batched_per_peer_up_to_max_digests_per_pull() -> None:
 
 def test_records_of_one_read_handled_together_are_scheduled_once_into_full_batches() -> None:
     core = started()
+    served_once(core, "a", 0.0)
+    served_once(core, "b", 0.0)
     read = [Announced("a", 0, (d(1), d(2))), Announced("a", 0, (d(3),)), Announced("b", 0, (d(3), d(4)))]
     pulls = only(Pull, core.handle_all(read, 0.0))
     assert [(p.peer, p.digests) for p in pulls] == [("a", (d(1), d(2), d(3))), ("b", (d(4),))]
@@ -233,6 +247,7 @@ def test_inflight_pulls_are_capped_globally() -> None:
     core = started(cfg(max_inflight_pulls=2))
     pulls = []
     for i, peer in enumerate(["a", "b", "c"]):
+        served_once(core, peer, 0.0)  # probes have a pool of their own (below)
         pulls += only(Pull, announce(core, peer, [d(i)], 0.0))
     assert [p.peer for p in pulls] == ["a", "b"]
     assert [p.peer for p in only(Pull, core.handle(PullFailed(pulls[0].request_id, "a", "x"), 0.1))] == ["c"]
@@ -240,25 +255,30 @@ def test_inflight_pulls_are_capped_globally() -> None:
 
 def test_inflight_pulls_are_capped_per_peer() -> None:
     core = started(cfg(max_digests_per_pull=2, max_inflight_pulls_per_peer=1))
+    served_once(core, "a", 0.0, accepted=True)
     assert len(only(Pull, announce(core, "a", [d(i) for i in range(10)], 0.0))) == 1
 
 
 def test_pulled_items_are_rate_limited_per_peer_with_a_token_bucket() -> None:
     core = started(cfg(pull_rate=2.0, pull_burst=4.0, max_digests_per_pull=16, max_inflight_pulls_per_peer=4))
-    [first] = only(Pull, announce(core, "a", [d(i) for i in range(10)], 0.0))
+    served_once(core, "a", 0.0)  # one token
+    served_once(core, "b", 0.0)
+    [first] = only(Pull, announce(core, "a", [d(i) for i in range(10)], 0.5))
     assert len(first.digests) == 4  # the burst
-    assert only(Pull, succeed(core, first, 0.0)) == []
-    assert core.next_deadline() == 0.5  # one token at 2 items/s
-    assert [len(p.digests) for p in only(Pull, core.poll(0.5))] == [1]
-    assert [len(p.digests) for p in only(Pull, core.poll(2.5))] == [4]
+    assert only(Pull, succeed(core, first, 0.5)) == []
+    assert core.next_deadline() == 1.0  # one token at 2 items/s
+    assert [len(p.digests) for p in only(Pull, core.poll(1.0))] == [1]
+    assert [len(p.digests) for p in only(Pull, core.poll(3.0))] == [4]
     # Another peer has its own bucket.
-    assert [len(p.digests) for p in only(Pull, announce(core, "b", [d(100 + i) for i in range(9)], 2.5))] == [
+    assert [len(p.digests) for p in only(Pull, announce(core, "b", [d(100 + i) for i in range(9)], 3.0))] == [
         4
     ]
 
 
 def test_a_failed_pull_is_retried_on_another_peer_that_announced_the_digests() -> None:
     core = started()
+    served_once(core, "a", 0.0)
+    served_once(core, "b", 0.0)
     [first] = only(Pull, announce(core, "a", [d(1), d(2)], 0.0))
     assert only(Pull, announce(core, "b", [d(1), d(2)], 0.1)) == []  # in flight: noted, not pulled twice
     [retry] = only(Pull, core.handle(PullFailed(first.request_id, "a", "connection reset"), 0.2))
@@ -266,9 +286,12 @@ def test_a_failed_pull_is_retried_on_another_peer_that_announced_the_digests() -
 
 
 def test_a_timed_out_pull_is_cancelled_and_retried_on_another_peer() -> None:
-    core = started()
+    core = started(cfg(probe_timeout=1.0))
+    served_once(core, "a", 0.0)
+    served_once(core, "b", 0.0)
     [first] = only(Pull, announce(core, "a", [d(1)], 0.0))
     announce(core, "b", [d(1)], 0.0)
+    assert first.timeout == 5.0  # a probe's is probe_timeout (below)
     # The driver gives up at pull_timeout (5 s) and reports why; the core's expiry waits 10% more,
     # so that report is not pre-empted.
     assert only(CancelPull, core.poll(5.0)) == []
@@ -282,6 +305,8 @@ def test_a_timed_out_pull_is_cancelled_and_retried_on_another_peer() -> None:
 
 def test_digests_missing_from_a_response_are_retried_elsewhere() -> None:
     core = started()
+    served_once(core, "a", 0.0)
+    served_once(core, "b", 0.0)
     [first] = only(Pull, announce(core, "a", [d(1), d(2)], 0.0))
     announce(core, "b", [d(1), d(2)], 0.0)
     actions = core.handle(PullSucceeded(first.request_id, "a", ((d(1), b"p1"),)), 0.1)
@@ -315,7 +340,9 @@ def test_a_digest_announced_by_several_peers_goes_to_the_one_with_the_best_histo
     core = started(cfg(max_inflight_pulls=1))
     [pull] = only(Pull, announce(core, "b", [d(1)], 0.0))
     succeed(core, pull, 0.1)
-    core.handle(AdmissionResult("b", d(1), True, "ok"), 0.1)  # b: +1; a: nothing yet
+    core.handle(AdmissionResult("b", d(1), True, "ok"), 0.1)  # b: +1
+    served_once(core, "a", 0.1)  # a: served an item, nothing accepted yet
+    served_once(core, "z", 0.1)
     [blocker] = only(Pull, announce(core, "z", [d(9)], 0.2))  # occupies the only slot
     announce(core, "a", [d(2)], 0.3)
     announce(core, "b", [d(2)], 0.3)
@@ -434,7 +461,9 @@ def answer_unreadable(core: GossipCore, peer: str, digest: bytes, reason: str, n
 def test_bytes_that_are_no_envelope_count_against_their_server() -> None:
     # Red team rt23 F2: they have no id, so before the core never saw them; one identity made a
     # receiver download ~100 blobs of 2 MiB before admission's score alone stopped it.
-    core = started(cfg(max_rejections=2, max_unusable=3, rejection_shun_seconds=50.0))
+    # (Backoff short: an answer with no requested item intact is a failed pull too.)
+    shun = dict(max_rejections=2, max_unusable=3, rejection_shun_seconds=50.0)
+    core = started(cfg(**shun, backoff_base=0.01, backoff_max=0.01))
     answer_unreadable(core, "a", d(0), "malformed", 0.1)
     assert not core.is_banned("a", 0.1)
     answer_unreadable(core, "a", d(1), "too_large", 0.2)  # an honest server serves envelopes only
@@ -442,7 +471,7 @@ def test_bytes_that_are_no_envelope_count_against_their_server() -> None:
     assert core.stats.items_unreadable == 2
     # A newer protocol's envelope may come from an honest peer: paused like another mixture's items.
     for i in range(3):
-        answer_unreadable(core, "b", d(10 + i), "unsupported_version", 0.3)
+        answer_unreadable(core, "b", d(10 + i), "unsupported_version", 0.3 + 0.02 * i)
     assert core.stats.peers_paused == 1 and not core.is_banned("b", 0.4)
     assert only(Pull, announce(core, "b", [d(20)], 0.4)) == []
     assert [p.peer for p in only(Pull, announce(core, "c", [d(20)], 0.4))] == ["c"]
@@ -469,28 +498,31 @@ def test_a_pull_broken_by_its_servers_bytes_counts_against_it_and_an_empty_answe
     assert not core.is_banned("b", 60.0) and core.stats.pulls_refused == 2
 
 
-def test_only_an_answer_that_delivers_something_ends_a_peers_backoff() -> None:
-    # Red team rt27: failed pulls with an empty answer between them never backed off.
+def test_an_empty_answer_is_a_failure_and_only_one_that_delivers_something_ends_a_peers_backoff() -> None:
+    # Red team rt27: failed pulls with an empty answer between them never backed off. Red team
+    # rt45 F1a: 8 ids answering every pull empty just before the timeout, charged only a lower
+    # score, kept winning slots; newcomers lost 29% of their items.
     core = started(cfg(backoff_base=2.0, backoff_max=64.0))
     [pull] = only(Pull, announce(core, "a", [d(0)], 0.0))
     core.handle(PullFailed(pull.request_id, "a", "timeout"), 0.1)  # backoff 2 s
     [pull] = only(Pull, announce(core, "a", [d(1)], 2.2))
-    core.handle(PullSucceeded(pull.request_id, "a", ()), 2.3)  # empty: the run goes on
-    [pull] = only(Pull, announce(core, "a", [d(2)], 2.4))
-    core.handle(PullFailed(pull.request_id, "a", "timeout"), 2.5)  # second failure: 4 s
-    assert only(Pull, announce(core, "a", [d(3)], 6.0)) == []
-    [pull] = only(Pull, core.poll(6.6))
-    succeed(core, pull, 6.7)  # delivered: the run ends
-    [pull] = only(Pull, announce(core, "a", [d(4)], 6.8))
-    core.handle(PullFailed(pull.request_id, "a", "timeout"), 6.9)  # first failure again: 2 s
-    assert only(Pull, announce(core, "a", [d(5)], 9.0)) != []
+    core.handle(PullSucceeded(pull.request_id, "a", ()), 2.3)  # empty: the second failure, 4 s
+    assert only(Pull, announce(core, "a", [d(2)], 6.2)) == []
+    [pull] = only(Pull, core.poll(6.3))
+    core.handle(PullSucceeded(pull.request_id, "a", ()), 6.4)  # the third: 8 s
+    assert only(Pull, announce(core, "a", [d(3)], 14.3)) == []
+    [pull] = only(Pull, core.poll(14.4))
+    succeed(core, pull, 14.5)  # delivered: the run ends
+    [pull] = only(Pull, announce(core, "a", [d(4)], 14.6))
+    core.handle(PullFailed(pull.request_id, "a", "timeout"), 14.7)  # first failure again: 2 s
+    assert only(Pull, announce(core, "a", [d(5)], 16.7)) != []
 
 
 def test_a_full_candidate_table_makes_room_from_the_peers_that_hold_the_most() -> None:
     # Red team rt24 F1: a full table refused every new digest, so 8 free ids x 1,024 unserved
     # digests shut an honest announcer out. Now slots even out (max-min fairness).
-    core = started(cfg(max_candidates=8, max_inflight_pulls=1))
-    only(Pull, announce(core, "slow", [d(100)], 0.0))  # holds the one pull slot: nothing leaves
+    core = started(cfg(max_candidates=8, max_inflight_pulls=1, max_probe_pulls=1))
+    only(Pull, announce(core, "slow", [d(100)], 0.0))  # holds the one probe: nothing leaves
     announce(core, "hog", [d(i) for i in range(8)], 0.1)
     assert core.sizes().candidates == 8
     announce(core, "new", [d(10), d(11)], 0.2)  # holds 0, then 1; "hog" 8, then 7
@@ -502,11 +534,13 @@ def test_a_full_candidate_table_makes_room_from_the_peers_that_hold_the_most() -
 def test_a_proven_peer_takes_room_from_digests_no_proven_peer_announces() -> None:
     # Red team rt27: 1,000 ids announcing 9 digests each hold as few slots as an honest peer, so
     # max-min alone left it 1% of its items. A peer with accepted items evicts theirs.
-    core = started(cfg(max_candidates=8, max_inflight_pulls=1))
+    core = started(cfg(max_candidates=8, max_inflight_pulls=1, max_probe_pulls=1))
     [pull] = only(Pull, announce(core, "good", [d(40)], 0.0))
     succeed(core, pull, 0.1)
     core.handle(AdmissionResult("good", d(40), True, "ok"), 0.2)
+    served_once(core, "slow", 0.2)
     only(Pull, announce(core, "slow", [d(100)], 0.3))  # holds the one pull slot
+    only(Pull, announce(core, "slower", [d(101)], 0.3))  # and the one probe
     for i in range(8):
         announce(core, f"thin{i}", [d(20 + i)], 0.4)
     announce(core, "thin8", [d(30)], 0.5)
@@ -522,6 +556,8 @@ def test_peers_not_proven_share_a_part_of_the_pull_slots_and_proven_peers_keep_t
     [first] = only(Pull, announce(core, "good", [d(0)], 0.0))
     succeed(core, first, 0.1)
     core.handle(AdmissionResult("good", d(0), True, "ok"), 0.2)
+    for peer in ("x", "y", "z"):  # past their probes, which have a pool of their own
+        served_once(core, peer, 0.2)
     pulls = [p.peer for p in only(Pull, announce(core, "x", [d(1)], 0.3))]
     pulls += [p.peer for p in only(Pull, announce(core, "y", [d(2)], 0.3))]
     pulls += [p.peer for p in only(Pull, announce(core, "z", [d(3)], 0.3))]
@@ -547,6 +583,7 @@ def test_a_banned_peer_is_neither_pulled_from_nor_served_until_the_ban_ends() ->
 
 def test_pulls_wait_while_pending_admissions_are_at_capacity() -> None:
     core = started(cfg(max_pending_admissions=2))
+    served_once(core, "a", 0.0, accepted=True)
     [pull] = only(Pull, announce(core, "a", [d(i) for i in range(5)], 0.0))
     assert len(pull.digests) == 2
     actions = succeed(core, pull, 0.1)
@@ -557,6 +594,7 @@ def test_pulls_wait_while_pending_admissions_are_at_capacity() -> None:
 
 def test_an_admission_that_times_out_frees_its_slot_and_the_digest_is_not_admitted_again() -> None:
     core = started(cfg(max_pending_admissions=1, admission_timeout=3.0))
+    served_once(core, "a", 0.0, accepted=True)
     [pull] = only(Pull, announce(core, "a", [d(1), d(2)], 0.0))
     succeed(core, pull, 0.0)
     assert core.next_deadline() == 1.0  # the read timer; the admission timer is at 3.0
@@ -631,12 +669,13 @@ def test_peers_that_only_pull_from_us_never_keep_an_announcer_out_of_the_peer_ta
 
 
 def test_expiry_frees_the_memory_of_candidates_and_remembered_digests() -> None:
-    core = started(cfg(max_inflight_pulls_per_peer=1, max_digests_per_pull=2, pull_rate=0.01, pull_burst=2))
+    core = started(cfg(max_inflight_pulls_per_peer=1, max_digests_per_pull=2, pull_rate=0.01, pull_burst=3))
+    served_once(core, "a", 0.0, accepted=True)
     [pull] = only(Pull, announce(core, "a", [d(i) for i in range(20)], 0.0))
     succeed(core, pull, 0.1)
     for digest in pull.digests:
         core.handle(AdmissionResult("a", digest, True, "ok"), 0.2)
-    assert core.sizes().candidates == 18 and core.sizes().remembered == 2
+    assert core.sizes().candidates == 18 and core.sizes().remembered == 3
     core.poll(core.config.candidate_ttl)
     assert core.sizes().candidates == 0
     core.poll(0.2 + core.config.remember_ttl)
@@ -926,6 +965,7 @@ def test_ties_between_announcers_go_to_the_earliest_not_to_the_smallest_peer_id(
 
 def test_an_announcer_that_does_not_serve_a_digest_is_charged_and_never_asked_for_it_again() -> None:
     core = started()
+    served_once(core, "a", 0.0)
     [pull] = only(Pull, announce(core, "a", [d(1), d(2)], 0.0))
     actions = core.handle(PullSucceeded(pull.request_id, "a", ((d(2), b"p2"),)), 0.1)
     assert only(Admit, actions) == [Admit("a", d(2), b"p2")] and only(Pull, actions) == []
@@ -940,7 +980,9 @@ def test_what_a_server_leaves_out_at_its_byte_cap_is_pulled_again_and_not_held_a
     """R9-4: an honest server stops adding items at ``max_serve_bytes``; large items left out of a
     full answer are not "announced but not served": no charge, and the same peer is asked again."""
     core = started(cfg(max_serve_bytes=10, max_item_bytes=4))
+    served_once(core, "a", 0.0)
     [pull] = only(Pull, announce(core, "a", [d(1), d(2)], 0.0))
+    assert pull.digests == (d(1), d(2))
     actions = core.handle(PullSucceeded(pull.request_id, "a", ((d(1), b"x" * 7),)), 0.1)  # 7 + 4 > 10
     assert only(Admit, actions) == [Admit("a", d(1), b"x" * 7)]
     assert core._peers["a"].score >= 0 and core.stats.rejected == 0
@@ -995,6 +1037,7 @@ def test_junk_rejections_cannot_make_the_core_forget_an_admitted_digest() -> Non
     junk = 0
     for s in range(6):
         t = 0.1 * (s + 1)
+        served_once(core, f"sybil{s}", t)  # past its probe: its pulls are full size
         for pull in only(Pull, announce(core, f"sybil{s}", [d(1000 + 16 * s + i) for i in range(16)], t)):
             succeed(core, pull, t)
             for digest in pull.digests:
@@ -1035,6 +1078,8 @@ SM_CONFIG = cfg(
     max_digests_per_pull=3,
     max_inflight_pulls=3,
     max_inflight_pulls_per_peer=2,
+    max_probe_pulls=2,
+    probe_timeout=1.5,  # tells a probe apart in assert_bounds
     pull_timeout=3.0,
     pull_rate=1.0,
     pull_burst=4.0,
@@ -1129,9 +1174,12 @@ class GossipMachine(RuleBasedStateMachine):
 
     def assert_bounds(self) -> None:
         c = SM_CONFIG
-        assert len(self.inflight) <= c.max_inflight_pulls
+        probes = Counter(p.peer for p in self.inflight.values() if p.timeout == c.probe_timeout)
+        assert sum(probes.values()) <= c.max_probe_pulls and max(probes.values(), default=0) <= 1
+        assert len(self.inflight) - sum(probes.values()) <= c.max_inflight_pulls
         per_peer = Counter(p.peer for p in self.inflight.values())
         assert max(per_peer.values(), default=0) <= c.max_inflight_pulls_per_peer
+        assert all(per_peer[peer] == 1 for peer in probes)  # one probe at a time, and nothing else
         sizes = self.core.sizes()
         assert sizes.inflight_pulls == len(self.inflight)
         assert sizes.own_items <= c.max_own_items and sizes.candidates <= c.max_candidates

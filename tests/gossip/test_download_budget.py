@@ -63,6 +63,11 @@ def serve_valid(core: GossipCore, pull: Pull, now: float) -> list[Pull]:
     return pulls(actions)
 
 
+def reserved(core: GossipCore) -> int:
+    """What the pulls in flight hold of the download budget."""
+    return sum(pull.reserved for _, pull in core._inflight.items())
+
+
 def proven(core: GossipCore, peer: str, now: float) -> None:
     """``peer`` serves an item that is accepted, and nothing of it failed: it is proven."""
     [first] = announce(core, peer, fresh(1), now)
@@ -123,7 +128,7 @@ def test_an_answer_of_one_valid_item_and_junk_ends_its_servers_standing() -> Non
 
 
 def test_a_peer_whose_last_pull_failed_is_pulled_after_a_fresh_announcer_read_later() -> None:
-    core = core_with(max_unproven_pulls=1)
+    core = core_with(max_unproven_pulls=1, max_probe_pulls=1)  # all three are sent probes (below)
     [pull] = announce(core, "stalls", fresh(1), 0.0)
     core.handle(PullFailed(pull.request_id, "stalls", "timeout", received=STALL), 5.0)
     [busy] = announce(core, "busy", fresh(1), 6.5)  # its backoff is over; the one slot is taken
@@ -137,22 +142,32 @@ def test_a_peer_whose_last_pull_failed_is_pulled_after_a_fresh_announcer_read_la
 STALL = MiB - 1  # just under what the driver charges as a stall (driver.STALLED_ANSWER_BYTES)
 
 
-def test_once_half_the_budget_is_spent_a_peer_that_never_served_an_item_is_sent_a_probe() -> None:
-    core = core_with(unproven_download_rate=1.0, unproven_download_burst=16 * ITEM)
-    [junk] = announce(core, "junk", fresh(9), 0.0)
-    assert len(junk.digests) == 9 and junk.max_bytes is None  # the budget is full: a whole batch
-    core.handle(PullSucceeded(junk.request_id, "junk", (), ("unsupported_version",) * 9, 9 * ITEM), 0.5)
-    probes = announce(core, "newcomer", fresh(6), 1.0)
-    # 7 items left: one item a pull (two in flight), reading at most 128 KiB of the answer.
-    assert [(len(p.digests), p.max_bytes) for p in probes] == [(1, 128 * 1024)] * 2
-    [batch] = serve_valid(core, probes[0], 1.1)
-    assert (len(batch.digests), batch.max_bytes) == (4, None)  # it served one intact: the rest at once
+def test_a_peer_that_never_served_an_item_is_sent_one_probe_at_a_time() -> None:
+    # A probe asks for one item, reads at most 128 KiB of the answer and gives up after
+    # probe_timeout: each free id that serves junk costs a probe's bytes (red team rt28), and
+    # one that stalls holds a probe's slot for a probe's timeout (rt45 F1).
+    core = core_with(probe_timeout=2.0)
+    [probe] = announce(core, "newcomer", fresh(6), 0.0)
+    assert (len(probe.digests), probe.max_bytes, probe.timeout) == (1, 128 * 1024, 2.0)
+    [batch] = serve_valid(core, probe, 0.1)
+    assert (len(batch.digests), batch.max_bytes, batch.timeout) == (5, None, 5.0)  # served one: the rest
+
+
+def test_stalled_probes_hold_a_pool_of_their_own_and_only_for_the_probe_timeout() -> None:
+    # Red team rt45 F1: in the 8 slots of peers not proven, 10 s each, 16 free ids every 5 s whose
+    # pulls stalled to the timeout held all of them, and honest newcomers lost 67% of their items.
+    core = core_with(max_probe_pulls=4, max_unproven_pulls=2, probe_timeout=1.0)
+    proven(core, "served", 0.0)  # through a probe
+    probes = [p for i in range(6) for p in announce(core, f"free{i}", fresh(1), 0.0)]
+    assert len(probes) == 4  # the probe pool is full...
+    assert len(announce(core, "served", fresh(2), 0.1)) == 1  # ...but not the slots of peers that served
+    actions = core.poll(1.1)  # the core's expiry: probe_timeout and 10%
+    assert sorted(a.peer for a in actions if isinstance(a, CancelPull)) == [f"free{i}" for i in range(4)]
+    assert sorted(p.peer for p in pulls(actions)) == ["free4", "free5"]
 
 
 def test_an_honest_item_larger_than_a_probe_costs_its_server_nothing_but_the_wait() -> None:
-    core = core_with(unproven_download_rate=1.0, unproven_download_burst=5 * ITEM)
-    [junk] = announce(core, "junk", fresh(3), 0.0)
-    core.handle(PullSucceeded(junk.request_id, "junk", (), ("unsupported_version",) * 3, 3 * ITEM), 0.5)
+    core = core_with()
     [probe] = announce(core, "big", fresh(1), 1.0)
     assert probe.max_bytes == 128 * 1024
     # The driver read 128 KiB of a 1-MiB envelope and gave up (CallFailure.TOO_LARGE), uncharged.
@@ -163,15 +178,19 @@ def test_an_honest_item_larger_than_a_probe_costs_its_server_nothing_but_the_wai
 
 
 def test_a_pull_that_fails_with_nothing_read_gives_its_reservation_back() -> None:
-    core = core_with(unproven_download_rate=1.0, unproven_download_burst=ITEM)
-    for now in (0.0, 20.0):  # after the backoff, the one item of budget is there again
+    core = core_with(unproven_download_rate=10.0, unproven_download_burst=ITEM)
+    [probe] = announce(core, "slow", fresh(1), 0.0)
+    (digest,) = probe.digests
+    core.handle(PullSucceeded(probe.request_id, "slow", ((digest, b"v" * 100),), received=104), 0.0)
+    for now in (20.0, 40.0):  # full size now; after the backoff, the one item of budget is there again
         [pull] = announce(core, "slow", fresh(1), now)
+        assert pull.max_bytes is None
         core.handle(PullFailed(pull.request_id, "slow", "timeout", received=0), now + 5.0)
-    assert core.stats.bytes_unvouched == 0
-    [pull] = announce(core, "slow", fresh(1), 40.0)
-    core.handle(PullFailed(pull.request_id, "slow", "unreachable"), 45.0)  # bytes read unknown: the most
-    assert core.stats.bytes_unvouched == ITEM
-    assert announce(core, "other", fresh(1), 46.0) == []
+    assert core.stats.bytes_unvouched == 104
+    [pull] = announce(core, "slow", fresh(1), 60.0)
+    core.handle(PullFailed(pull.request_id, "slow", "unreachable"), 65.0)  # bytes read unknown: the most
+    assert core.stats.bytes_unvouched == 104 + ITEM
+    assert announce(core, "other", fresh(1), 66.0) == []  # not even a probe's 128 KiB is left
 
 
 def test_items_refused_busy_spend_the_budget_and_end_their_servers_standing() -> None:
@@ -221,6 +240,9 @@ def test_pulls_cancelled_by_a_ban_spend_what_arrived_when_the_driver_reports_it(
     # hold. Red team rt30 F1: charged nothing, a pull streamed to near its end and then cancelled
     # by its server's own ban read 16 MiB free. Its cost is what the cancelled call had read.
     core = core_with(max_inflight_pulls_per_peer=3, max_digests_per_pull=4)
+    [probe] = announce(core, "junk", fresh(1), 0.0)  # its first item intact: full-size pulls after
+    (digest,) = probe.digests
+    core.handle(PullSucceeded(probe.request_id, "junk", ((digest, b"v"),), received=5), 0.0)
     first, *others = announce(core, "junk", fresh(12), 0.0)
     assert len(others) == 2
     items = tuple((digest, b"j") for digest in first.digests[:3])
@@ -229,11 +251,11 @@ def test_pulls_cancelled_by_a_ban_spend_what_arrived_when_the_driver_reports_it(
     for digest, _ in items:  # charged: the third rejection shuns it
         cancels += core.handle(AdmissionResult("junk", digest, False, "bad_group"), 0.2)
     assert {a.request_id for a in cancels if isinstance(a, CancelPull)} == {p.request_id for p in others}
-    assert core.stats.bytes_unvouched == 15  # nothing known yet of the cancelled two
+    assert core.stats.bytes_unvouched == 5 + 15  # nothing known yet of the cancelled two
     core.handle(PullFailed(others[0].request_id, "junk", "cancelled", received=8 * MiB), 0.3)
     core.handle(PullSucceeded(others[1].request_id, "junk", items[:1], received=5), 0.3)  # came first
-    assert core.stats.bytes_unvouched == 15 + 8 * MiB + 5
-    assert core.stats.admits == 3  # nothing from an answer of a banned peer
+    assert core.stats.bytes_unvouched == 5 + 15 + 8 * MiB + 5
+    assert core.stats.admits == 1 + 3  # nothing from an answer of a banned peer
 
 
 def test_a_scheduling_pass_reserves_no_more_than_each_peer_announces() -> None:
@@ -278,7 +300,7 @@ def test_a_pull_on_credit_asks_for_no_more_items_than_the_credit_covers_whole() 
     proven(small, "b", 0.0)
     through_budget = announce(small, "b", fresh(16), 1.0)
     assert through_budget and all(p.max_bytes is None for p in through_budget)
-    assert small._reserved > 0  # through the download budget
+    assert reserved(small) > 0  # through the download budget
 
 
 def test_a_peer_with_a_long_record_is_pulled_before_ids_proven_by_one_item() -> None:
@@ -288,6 +310,7 @@ def test_a_peer_with_a_long_record_is_pulled_before_ids_proven_by_one_item() -> 
     for _ in range(8):
         proven(core, "honest", 0.0)  # 8 items accepted: an established score
     proven(core, "cheap", 0.0)
+    proven(core, "busy", 0.0)
     [busy] = announce(core, "busy", fresh(1), 1.0)  # the one slot is taken
     assert announce(core, "cheap", fresh(1), 1.1) == []
     assert announce(core, "honest", fresh(1), 1.2) == []
@@ -301,9 +324,9 @@ def test_two_pulls_in_flight_share_their_peers_credit_and_its_waste_stays_off_th
     core = core_with(max_digests_per_pull=1, credit_per_accepted_byte=30000.0)  # ~1.5 whole items
     proven(core, "a", 0.0)
     first, second = announce(core, "a", fresh(2), 1.0)
-    reserved = core._reserved
-    assert first.max_bytes is None and reserved > 0  # the first on credit, holding one item's worth;
-    assert core._inflight.get(second.request_id).reserved == reserved  # the second through the budget
+    held = reserved(core)
+    assert first.max_bytes is None and held > 0  # the first on credit, holding one item's worth;
+    assert core._inflight.get(second.request_id).reserved == held  # the second through the budget
     spent = core.stats.bytes_unvouched
     junk = ("unsupported_version",)
     core.handle(PullSucceeded(first.request_id, "a", (), junk, received=32 * 104), 1.1)
@@ -431,6 +454,7 @@ def test_while_others_have_candidates_established_peers_open_at_most_three_quart
     assert all(core._tier(f"relay{k}") == 0 and core._on_credit(f"relay{k}") for k in range(8))
     first = [p for k in range(8) for p in announce(core, f"relay{k}", fresh(64), 1.0)]
     assert len(first) == 16  # nobody else waits: every slot
+    proven(core, "newcomer", 1.1)  # (a probe has a pool of its own)
     assert announce(core, "newcomer", fresh(1), 1.1) == []  # none free: it waits...
     [done, *_] = first
     answer = tuple((d, b"v" * 100) for d in done.digests)
@@ -600,6 +624,8 @@ def test_answers_that_break_the_rules_drop_their_server_for_the_id_and_use_up_no
     # Red team rt38 F1: three proven ids that answered with an oversized frame header used up an
     # honest item's tries after one failed try of its own announcer: 12 of 100 honest items lost.
     core = core_with(max_attempts=4)
+    for relay in ("m1", "m2", "m3"):
+        proven(core, relay, 0.0)
     ids = fresh(1)
     [first] = announce(core, "honest", ids, 0.0)
     core.handle(PullFailed(first.request_id, "honest", "timeout", received=0), 0.1)  # a try of its own
@@ -611,3 +637,23 @@ def test_answers_that_break_the_rules_drop_their_server_for_the_id_and_use_up_no
         [pull] = pulls(core.handle(cut, 0.3)) or pulls(core.poll(1.2))
     assert sorted(tried) == ["m1", "m2", "m3"]  # four failed tries in all, one the honest one's
     assert pull.digests == ids and core.stats.gave_up == 0  # before: given up
+
+
+def test_free_ids_answering_their_probes_oversized_use_up_none_of_an_ids_tries() -> None:
+    # An answer over a probe's limit is not charged (an honest item may be up to 2 MiB), so any id
+    # can give one at will: counted as tries, three free ids' after one failed try of the honest
+    # announcer had the id given up, as proven ids' oversized answers did in rt38 F1.
+    core = core_with(max_attempts=4)
+    ids = fresh(1)
+    [first] = announce(core, "honest", ids, 0.0)
+    core.handle(PullFailed(first.request_id, "honest", "timeout", received=0), 0.1)  # a try of its own
+    [pull] = [p for free in ("f1", "f2", "f3") for p in announce(core, free, ids, 0.2)]
+    tried = []
+    while pull.peer != "honest":  # each free id in turn, each answering its probe oversized
+        tried.append(pull.peer)
+        assert pull.max_bytes == 128 * 1024
+        cut = PullFailed(pull.request_id, pull.peer, "too_large", charged=True, received=pull.max_bytes)
+        [pull] = pulls(core.handle(cut, 0.3)) or pulls(core.poll(1.2))
+    assert sorted(tried) == ["f1", "f2", "f3"]
+    assert pull.digests == ids and core.stats.gave_up == 0  # before: given up
+    assert all(core._peers[f].outgrew_probe for f in tried)  # their next pulls are full size
