@@ -1110,14 +1110,20 @@ class GossipCore:
         )
         slots.budget_held = self._budget_held(slots, now)
         budget = c.max_pending_admissions - len(self._awaiting) - len(self._inflight_digests)
-        waiting = {self._tier(peer) == 0 for peer, state in self._peers.items() if state.candidates > 0}
+        established_waits = others_wait = False
+        for peer, state in self._peers.items():
+            if state.candidates > 0:
+                if self._tier(peer) == 0:
+                    established_waits = True
+                elif self._contends(peer, state, now):
+                    others_wait = True
         slots.others = budget
-        if True in waiting:
+        if established_waits:
             slots.others = (c.max_pending_admissions + 1) // 2 - sum(
                 n for peer, n in self._pending_by_peer.items() if self._tier(peer) != 0
             )
         slots.top = slots.free
-        if False in waiting:  # others have candidates: a quarter of the pulls is theirs
+        if others_wait:  # others could take a pull: a quarter of the pulls is theirs
             top_share = c.max_inflight_pulls - c.max_inflight_pulls // 4
             slots.top = top_share - sum(1 for _, pull in self._inflight.items() if pull.top)
         if not self._anyone_can_open(slots, now):
@@ -1160,6 +1166,18 @@ class GossipCore:
                 break
         actions += [self._start_pull(batch, now) for batch in open_batches.values()]
         return actions
+
+    def _contends(self, peer: PeerId, state: _Peer, now: float) -> bool:
+        """Whether a peer not established, with candidates, contends for established peers' pulls
+        (``_Slots.top``): it would take one of the pulls, not a probe, and neither its backoff, its
+        pause nor a ban keeps it from one now. Free ids that only announce (probes), or failed
+        their last pull, kept established peers to 3/4 of the pulls for nothing (red team rt45 F2)."""
+        return (
+            not self._probe_pool(peer, state)
+            and state.backoff_until <= now
+            and state.paused_until <= now
+            and not self.is_banned(peer, now)
+        )
 
     def _anyone_can_open(self, slots: _Slots, now: float) -> bool:
         """Whether some peer holding candidates could take a new pull now: what the scan looks

@@ -464,6 +464,23 @@ def test_while_others_have_candidates_established_peers_open_at_most_three_quart
     assert freed.peer == "newcomer"  # ...for the first slot freed; before: the relay again
 
 
+def test_peers_sent_probes_or_backed_off_leave_established_peers_every_pull() -> None:
+    # Red team rt45 F2: idle free ids in backoff, with ids waiting, kept established peers to 3/4
+    # of the pulls under overload for nothing. Nor do probes, which have a pool of their own.
+    core = core_with(credit_per_accepted_byte=1e6)
+    for k in range(8):
+        for _ in range(8):
+            proven(core, f"relay{k}", 0.0)
+    [_] = announce(core, "free", fresh(4), 0.5)  # first contact: one probe, three waiting
+    proven(core, "failed", 0.5)
+    [pull] = announce(core, "failed", fresh(1), 0.6)
+    core.handle(PullFailed(pull.request_id, "failed", "timeout", received=0), 0.7)  # backed off 1 s
+    announce(core, "failed", fresh(4), 0.8)
+    assert core._peers["free"].candidates == 3 and core._peers["failed"].candidates > 0
+    first = [p for k in range(8) for p in announce(core, f"relay{k}", fresh(64), 1.0)]
+    assert len(first) == 16  # before: 12
+
+
 def test_established_peers_not_on_credit_take_at_most_half_the_budgets_slots() -> None:
     # Red team rt41 F2: four established ids whose credit stayed below one item answered their
     # pulls through the budget just before the timeout and held all 8 of its slots: newcomers got
