@@ -1111,11 +1111,11 @@ class GossipCore:
         slots.budget_held = self._budget_held(slots, now)
         budget = c.max_pending_admissions - len(self._awaiting) - len(self._inflight_digests)
         established_waits = others_wait = False
-        for peer, state in self._peers.items():
+        for announcer, state in self._peers.items():
             if state.candidates > 0:
-                if self._tier(peer) == 0:
+                if self._tier(announcer) == 0:
                     established_waits = True
-                elif self._contends(peer, state, now):
+                elif self._contends(announcer, state, now):
                     others_wait = True
         slots.others = budget
         if established_waits:
