@@ -123,8 +123,10 @@ class GossipConfig:
     # in a pool of their own beside max_inflight_pulls, each given up after probe_timeout. Before,
     # they shared the 8 slots above for 10 s each: free ids stalling their pulls to the timeout
     # held all 8, and honest newcomers lost 28-91% of their items (red team rt45 F1, 8-64 ids
-    # every 5 s). An honest server answers one item of at most 128 KiB well within it.
-    max_probe_pulls: int = 32
+    # every 5 s). An honest server answers one item of at most 128 KiB well within it. 64: fresh
+    # ids at the most a round's DHT key holds (256 records, ~42 a read) stalling each probe 4.9 s
+    # hold ~41 (with 32, newcomers' items waited p50 21.6 s; none lost).
+    max_probe_pulls: int = 64
     probe_timeout: float = 5.0  # at most pull_timeout
     # Bytes that peers not proven may make us download, all of them together: a pull to one
     # reserves the most its answer may hold (``max_pull_response``), and gives back what did not
@@ -1130,19 +1132,33 @@ class GossipCore:
             return []  # nothing to scan for (red team rt29 F2: a pass over 8,192 candidates cost ~50 ms)
         open_batches: dict[PeerId, _Batch] = {}
         actions: list[GossipAction] = []
+        blocked: set[PeerId] = set()  # announcers of candidates no peer could take: when they free up
         for tier in _TIERS:
             deferred = False
             if tier > 0:  # what the better tiers' pulls left may be short now
                 slots.budget_held = self._budget_held(slots, now)
+            ready, later = self._ready_peers(now, slots, tier)
             for digest, candidate in self._candidates.items():
                 if budget <= 0 or (slots.free <= 0 and slots.probes <= 0 and not open_batches):
                     break  # freed by an event (result, verdict) or a timer already in next_deadline
+                if ready.isdisjoint(candidate.announcers) and open_batches.keys().isdisjoint(
+                    candidate.announcers
+                ):
+                    # None of its announcers could take a pull at this tier's start: skipped at the
+                    # cost of a set lookup each, not of ``_can_open_pull`` (red team rt42 F3: a few
+                    # established ids, their candidates last in a full table, made each pass scan
+                    # 8,192 candidates x 8 announcers, 0.7-1 core).
+                    if tier != _TIERS[-1] and not later.isdisjoint(candidate.announcers):
+                        deferred = True
+                    else:
+                        blocked.update(candidate.announcers)
+                    continue
                 peer = self._choose_peer(candidate, now, open_batches, slots, tier=tier)
                 if peer is not None and slots.others <= 0 and self._tier(peer) != 0:
                     continue  # its open batch is full of others' places; a verdict frees one
                 if peer is None:
                     if tier == _TIERS[-1] or not self._waits_for_later_tier(candidate, now, slots, tier):
-                        self._note_blocked(candidate, now)
+                        blocked.update(candidate.announcers)
                     else:
                         deferred = True
                     continue
@@ -1165,7 +1181,21 @@ class GossipCore:
             if not deferred:
                 break
         actions += [self._start_pull(batch, now) for batch in open_batches.values()]
+        for announcer in blocked:
+            if (blocked_state := self._peers.get(announcer)) is not None:
+                self._note_ready(announcer, blocked_state, now)
         return actions
+
+    def _ready_peers(self, now: float, slots: _Slots, tier: int) -> tuple[set[PeerId], set[PeerId]]:
+        """The peers with candidates that could take a new pull now: of ``tier`` or a better one, and
+        of a later tier. Found once per tier pass, from the peer table; one that can no longer take
+        one by the time its candidate comes is found out by ``_choose_peer``."""
+        ready: set[PeerId] = set()
+        later: set[PeerId] = set()
+        for peer, state in self._peers.items():
+            if state.candidates > 0 and self._can_open_pull(peer, now, slots):
+                (ready if self._tier(peer) <= tier else later).add(peer)
+        return ready, later
 
     def _contends(self, peer: PeerId, state: _Peer, now: float) -> bool:
         """Whether a peer not established, with candidates, contends for established peers' pulls
@@ -1404,14 +1434,8 @@ class GossipCore:
             and state.download.available(now) > 0
         )
 
-    def _note_blocked(self, candidate: _Candidate, now: float) -> None:
-        """Remember when the earliest announcer blocked only by time (backoff, rate) frees up."""
-        for peer in candidate.announcers:
-            state = self._peers.get(peer)
-            if state is not None:
-                self._note_ready(peer, state, now)
-
     def _note_ready(self, peer: PeerId, state: _Peer, now: float) -> None:
+        """Remember when a peer blocked only by time (backoff, pause, ban, rates) frees up."""
         if (
             state.inflight
             >= (1 if self._probe_pool(peer, state) else self.config.max_inflight_pulls_per_peer)
