@@ -81,6 +81,9 @@ _SCORE_LIMIT = 100
 # one accepted item, and free ids proven so took every pull slot (red team rt30 F3).
 _ESTABLISHED_SCORE = 8
 _TIERS = (0, 1, 2)
+# The most items a small pull asks for (``GossipCore._small``): 64 of them reserve at most half the
+# download budget (the other half is established peers').
+_SLOW_START_ITEMS = 2
 # Candidates a full table looks at, oldest first, for one to evict (``_evict_for``): under attack
 # the oldest are the ones nobody serves; the bound keeps each announced digest's cost constant.
 _EVICTION_SCAN = 32
@@ -119,13 +122,14 @@ class GossipConfig:
     # failed last pull): the rest wait for proven ones (red team rt24 F1: free ids whose pulls
     # time out held all 16 slots, 10 s each, and starved an honest announcer).
     max_unproven_pulls: int = 8
-    # Pulls to peers that never served an item intact are probes (one item, probe_answer_bytes),
-    # in a pool of their own beside max_inflight_pulls, each given up after probe_timeout. Before,
-    # they shared the 8 slots above for 10 s each: free ids stalling their pulls to the timeout
-    # held all 8, and honest newcomers lost 28-91% of their items (red team rt45 F1, 8-64 ids
-    # every 5 s). An honest server answers one item of at most 128 KiB well within it. 64: fresh
-    # ids at the most a round's DHT key holds (256 records, ~42 a read) stalling each probe 4.9 s
-    # hold ~41 (with 32, newcomers' items waited p50 21.6 s; none lost).
+    # Pulls to peers neither established nor on credit are small (``GossipCore._small``): one at a
+    # time, in a pool of their own beside max_inflight_pulls, each given up after probe_timeout,
+    # reading at most probe_answer_bytes an item. Before, they shared the 8 slots above for 10 s
+    # each: free ids stalling their pulls to the timeout held all 8, and honest newcomers lost
+    # 28-91% of their items (red team rt45 F1, 8-64 ids every 5 s); ids that first served one
+    # valid item did the same (rt46 F1: 28-77%). 64: fresh ids at the most a round's DHT key
+    # holds (256 records, ~42 a read) stalling each pull 4.9 s hold ~41 (with 32, newcomers'
+    # items waited p50 21.6 s).
     max_probe_pulls: int = 64
     probe_timeout: float = 5.0  # at most pull_timeout
     # Bytes that peers not proven may make us download, all of them together: a pull to one
@@ -136,10 +140,10 @@ class GossipConfig:
     # minute stalling just under the charged size (red team rt28: 512 ids, ~8 GiB a minute).
     unproven_download_rate: float = 1.0 * 1024 * 1024
     unproven_download_burst: float = 32.0 * 1024 * 1024
-    # A pull to a peer that never served an item intact asks for one and reads at most this much
-    # of the answer (a probe): 512 free ids serving junk cost 2 MiB each before, and an honest
-    # newcomer read after them waited ~17 minutes (rt28). An answer over it is not the server's
-    # fault: its next pulls are full size, through max_unproven_pulls.
+    # A small pull reads at most this much of the answer per item it asks for: 512 free ids
+    # serving junk cost 2 MiB each before, and an honest newcomer read after them waited ~17
+    # minutes (rt28). An answer over it is not the server's fault: its next small pulls ask for
+    # one item each, read whole (an honest item may be up to max_item_bytes).
     probe_answer_bytes: int = 128 * 1024
     # Bytes a peer made us download for nothing (a failed pull's, an answer's beyond its asked-for
     # items served intact, items admission refused busy) it must repay at this rate, per peer,
@@ -153,13 +157,18 @@ class GossipConfig:
     # from 64 ids, leaving the budget 869 MiB in debt (red team rt30 F2). A pull on credit asks
     # for no more items than the credit covers whole (``_on_credit``).
     credit_per_accepted_byte: float = 32.0
-    # Bytes any one peer, proven or not, may make us download, per second (burst: two full
-    # answers). Accepted items are what proving and credit reward, but a peer can make accepted
-    # items of no value at will (a self-signed batch of wrong answers): 16 proven ids serving only
-    # those made a node download 18.8 GiB in 10 minutes (red team rt34). An honest peer publishes
-    # one batch a round, far below this. Demand-driven pulling (issue #18) is the lasting bound.
+    # Bytes any one peer, proven or not, may make us download, per second. Accepted items are what
+    # proving and credit reward, but a peer can make accepted items of no value at will (a
+    # self-signed batch of wrong answers): 16 proven ids serving only those made a node download
+    # 18.8 GiB in 10 minutes (red team rt34). An honest peer publishes one batch a round, far below
+    # this. Demand-driven pulling (issue #18) is the lasting bound. A pull opens only while what
+    # the peer's pulls in flight may hold leaves room in it (``_download_room``); the burst is one
+    # full answer, and the rate a quarter of what a server serves each puller (serve_bytes_rate,
+    # burst max_serve_bytes), so an honest server never answers short for its serving budget.
+    # (Burst 32 MiB, two answers of 16 MiB asked at once: the second came back empty, and its
+    # server was charged for ids it did not serve: red team rt46 F4.)
     peer_download_rate: float = 512.0 * 1024
-    peer_download_burst: float = 32.0 * 1024 * 1024
+    peer_download_burst: float = 16.0 * 1024 * 1024
     pull_timeout: float = 10.0
     pull_rate: float = 8.0  # per peer; keep it below peers' serve_rate
     pull_burst: float = 32.0
@@ -612,11 +621,12 @@ class _InFlight:
     peer: PeerId
     digests: dict[Digest, _Candidate]
     reserved: int = 0  # bytes taken from the download budget at its start (a peer not on credit)
-    established: bool = False  # through the budget to an established peer (``_Slots.established``)
+    established: bool = False  # through the budget to an established peer (``_Slots.established_bytes``)
     top: bool = False  # to an established peer, on credit or not (``_Slots.top``)
-    probe: bool = False  # one item, at most probe_answer_bytes, in the probe pool (``_probes``)
+    probe: bool = False  # a small pull, in the probe pool (``_small``)
     limit: int = 0  # the most the driver reads of its answer (``Pull.max_bytes``, or all it may hold)
     credit: float = 0.0  # of its peer's credit, held while it runs (a proven peer's pull)
+    payload: int = 0  # the most its answer's items may hold, held from its peer's download room
 
 
 @dataclass
@@ -626,6 +636,7 @@ class _Peer:
     download: TokenBucket  # bytes it made us download (peer_download_rate), in debt until refilled
     last_seen: float
     inflight: int = 0  # pulls to this peer
+    inflight_payload: int = 0  # the most their answers' items may hold (``_download_room``)
     candidates: int = 0  # announcer slots this peer holds in the candidate table
     credit: float = 0.0  # bytes a proven pull to it may read (credit_per_accepted_byte)
     failures: int = 0  # consecutive failed pulls
@@ -679,8 +690,7 @@ class _Slots:
     established peers' share of the latter, and pending places for peers not established."""
 
     free: int
-    unproven: int  # pulls through the download budget (``_budget_allows``)
-    established: int  # of those, to established peers (``_tier`` 0): at most half of them
+    unproven: int  # full-size pulls through the download budget: established peers' (``_budget_allows``)
     established_bytes: float  # what those may still reserve: half the burst in all
     # An established peer waits for the download budget: no worse tier spends it this pass.
     budget_held: bool = False
@@ -700,7 +710,9 @@ class _Batch:
     peer: PeerId
     capacity: int
     reserved: int  # download budget taken for ``capacity`` items (0 on credit)
-    probe: bool = False  # one item, read up to probe_answer_bytes, in the probe pool (``_probes``)
+    probe: bool = False  # a small pull, in the probe pool (``_small``)
+    item_limit: int = 0  # a small pull reads at most this much an item it asks for
+    payload: int = 0  # the most its answer's items may hold (``_download_room``)
     established: bool = False  # through the budget to an established peer
     top: bool = False  # to an established peer
     digests: dict[Digest, _Candidate] = field(default_factory=dict)
@@ -770,11 +782,13 @@ class GossipCore:
         self._probe_bytes = min(c.probe_answer_bytes, self._item_reservation)  # a probe reads at most this
         self._probe_timeout = min(c.probe_timeout, c.pull_timeout)
         # What established peers' pulls through the budget (``_tier`` 0: pulled first) may reserve
-        # together: half the burst (at least one item) on half the slots, the rest is others'. Four
-        # established ids that answered just before the timeout held all of it, and all 8 slots
-        # (red team rt41 F2).
-        self._established_share = max(c.unproven_download_burst / 2, float(self._item_reservation))
-        self._established_slots = max(1, self._unproven_slots // 2)
+        # together: half the burst, or one full answer if that is more; the rest is small pulls'.
+        # Four established ids that answered just before the timeout held all of it, and all 8
+        # slots, which newcomers then shared (red team rt41 F2).
+        full_answer = float(max_pull_response(c, c.max_digests_per_pull))
+        self._established_share = min(
+            c.unproven_download_burst, max(c.unproven_download_burst / 2, full_answer, self._item_reservation)
+        )
 
     # -- public API ---------------------------------------------------------------------------
 
@@ -1105,7 +1119,6 @@ class GossipCore:
         slots = _Slots(
             free=c.max_inflight_pulls - (len(self._inflight) - probes),
             unproven=self._unproven_slots - len(through_budget),
-            established=self._established_slots - sum(pull.established for pull in through_budget),
             established_bytes=self._established_share
             - sum(pull.reserved for pull in through_budget if pull.established),
             probes=c.max_probe_pulls - probes,
@@ -1168,7 +1181,6 @@ class GossipCore:
                     slots.probes -= batch.probe
                     slots.free -= not batch.probe
                     slots.unproven -= batch.reserved > 0 and not batch.probe
-                    slots.established -= batch.established
                     slots.established_bytes -= batch.reserved if batch.established else 0
                     slots.top -= batch.top
                 self._candidates.pop(digest)
@@ -1233,8 +1245,9 @@ class GossipCore:
 
     def _open_batch(self, peer: PeerId, now: float, slots: _Slots) -> _Batch:
         """A batch to ``peer`` (``_can_open_pull`` held): as many items as its pull bucket allows,
-        and for a peer not proven, as the download budget does, or a probe (``_probes``), so that
-        each free id that serves junk costs a probe's bytes, not a full answer's."""
+        and off its credit, as the download budget does; a small pull (``_small``) to a peer
+        neither established nor on credit, so that each free id that serves junk or stalls costs
+        a small pull's bytes and time, not a full answer's."""
         c = self.config
         state = self._peers[peer]
         state.inflight += 1
@@ -1246,33 +1259,64 @@ class GossipCore:
             state.candidates,
             c.max_pending_admissions_per_peer - self._pending_by_peer.get(peer, 0),
         )
+        # Within what its download rate leaves (``_download_room``: _peer_allows saw one item).
+        item_payload = self._item_payload(peer, state)
+        room = self._download_room(state, now)
+        while capacity > 1 and self._payload_most(capacity, item_payload) > room:
+            capacity -= 1
+        batch = self._budget_batch(peer, state, now, slots, capacity)
+        batch.payload = self._payload_most(batch.capacity, item_payload)
+        state.inflight_payload += batch.payload
+        return batch
+
+    def _budget_batch(self, peer: PeerId, state: _Peer, now: float, slots: _Slots, capacity: int) -> _Batch:
+        """``_open_batch``'s batch of at most ``capacity`` items: on credit, small, or through the
+        download budget to an established peer, and what it takes of the credit or the budget."""
+        c = self.config
         if self._on_credit(peer):
             while max_pull_response(c, capacity) > state.credit:  # read whole, never cut (_on_credit)
                 capacity -= 1
             return _Batch(peer, capacity, reserved=0, top=self._tier(peer) == 0)
-        probe = self._probes(state)
-        established = self._tier(peer) == 0
-        if probe:
-            capacity, reserved = 1, self._probe_bytes
-        else:
-            capacity = min(capacity, math.floor(self._download.available(now) / self._item_reservation))
-            if established:  # within established peers' share (``_budget_allows``)
-                capacity = min(capacity, math.floor(slots.established_bytes / self._item_reservation))
-            reserved = max_pull_response(c, capacity)
+        if self._small(peer):
+            item_limit = self._small_item_limit(state)
+            if state.outgrew_probe:
+                capacity = 1
+            else:  # slow start: as many items as it ever served intact, up to _SLOW_START_ITEMS
+                capacity = min(capacity, max(1, min(state.delivered, _SLOW_START_ITEMS)))
+            capacity = min(capacity, math.floor(self._download.available(now) / item_limit))
+            reserved = capacity * item_limit
+            taken = self._download.take(now, reserved)
+            assert capacity >= 1 and taken  # _budget_allows saw one item's limit in the budget
+            return _Batch(peer, capacity, reserved, probe=True, item_limit=item_limit)
+        # Established, not on credit: through the budget, within established peers' share of it.
+        room = min(self._download.available(now), slots.established_bytes)
+        while capacity > 1 and max_pull_response(c, capacity) > room:
+            capacity -= 1
+        reserved = max_pull_response(c, capacity)
         taken = self._download.take(now, reserved)
         assert taken  # _can_open_pull saw this much in the budget (_budget_allows)
-        return _Batch(peer, capacity, reserved, probe, established=established, top=established)
+        return _Batch(peer, capacity, reserved, established=True, top=True)
 
-    def _probes(self, state: _Peer) -> bool:
-        """Whether a pull to this peer, not on credit, is a probe: it never served an item intact
-        nor outgrew a probe. A probe asks for one item, reads at most ``probe_answer_bytes`` and
-        gives up after ``probe_timeout``, in a pool of ``max_probe_pulls`` of its own.
+    def _small(self, peer: PeerId) -> bool:
+        """Whether a pull to this peer is small: it is neither established (``_tier`` 0) nor on
+        credit. A small pull is one of ``max_probe_pulls``, one at a time per peer, given up after
+        ``probe_timeout``; it asks for as many items as the peer ever served intact, 1 to
+        ``_SLOW_START_ITEMS``, and reads at most ``probe_answer_bytes`` of each. Once an answer was
+        over that, one item a pull, read whole (``_small_item_limit``).
 
         In the 8 slots of ``max_unproven_pulls``, 10 s each, free ids that stalled their answers to
         the timeout held all of them: 16 new ids every 5 s, and honest newcomers lost 67% of their
-        items, 91% with 64 (red team rt45 F1). In a pool four times as large, held half as long,
-        stalling costs an id its standing after one probe (``_on_pull_succeeded``)."""
-        return state.delivered == 0 and not state.outgrew_probe
+        items, 91% with 64 (red team rt45 F1). Ids that first served one valid item (a relayed or
+        self-signed envelope) and then stalled full pulls there did the same (rt46 F1: 8 ids a read
+        of 2 items each, 28% lost; 37 of 8, 77%). Small, such a pull holds a slot of a pool eight
+        times as large for half as long and at most 256 KiB of the download budget, and stalling
+        costs the id its standing (``_on_pull_succeeded``, ``_pull_failed``)."""
+        return not self._on_credit(peer) and self._tier(peer) != 0
+
+    def _small_item_limit(self, state: _Peer) -> int:
+        """What a small pull to this peer reads at most per item: a probe's, or once it answered
+        over that (an honest item may be up to ``max_item_bytes``), one whole item."""
+        return self._item_reservation if state.outgrew_probe else self._probe_bytes
 
     def _choose_peer(
         self,
@@ -1364,30 +1408,29 @@ class GossipCore:
         )
 
     def _probe_pool(self, peer: PeerId, state: _Peer) -> bool:
-        """Whether a new pull to it would be a probe: from ``_Slots.probes`` rather than ``free``,
+        """Whether a new pull to it would be small: from ``_Slots.probes`` rather than ``free``,
         and one at a time."""
-        return self._probes(state) and not self._on_credit(peer)
+        return self._small(peer)
 
     def _budget_allows(self, peer: PeerId, state: _Peer, now: float, slots: _Slots) -> bool:
         """Whether a pull to it, not on credit, finds a slot and the download budget it needs.
 
-        Established peers' take at most half the slots and reserve at most half the burst together
-        (``_Slots.established``): four established ids answering their pulls just before the
-        timeout held all 8, and newcomers lost 81% of their items (red team rt41 F2). Peers proven
-        but not established come after them and compete with newcomers on equal terms. A probe
-        (``_probes``) needs its slot in its own pool (``_peer_allows``) and a probe's bytes."""
-        if self._probes(state):
-            return not slots.budget_held and self._download.available(now) >= self._probe_bytes
+        A small pull (``_small``) needs its slot in its own pool (``_peer_allows``) and one item's
+        limit, unless the budget is held for an established peer (``_budget_held``). An established
+        peer's needs one of ``max_unproven_pulls`` and one whole item within established peers'
+        share of the budget: four established ids answering their pulls just before the timeout
+        held all of it, and newcomers lost 81% of their items (red team rt41 F2)."""
+        if self._small(peer):
+            return not slots.budget_held and self._download.available(now) >= self._small_item_limit(state)
         return (
             slots.unproven > 0
-            and (self._tier(peer) != 0 or self._established_room(slots))
-            and (not slots.budget_held or self._tier(peer) == 0)
+            and self._established_room(slots)
             and self._download.available(now) >= self._item_reservation
         )
 
     def _established_room(self, slots: _Slots) -> bool:
-        """Whether established peers' share of the budget's slots and bytes holds one more item."""
-        return slots.established > 0 and slots.established_bytes >= self._item_reservation
+        """Whether established peers' share of the budget holds one more item."""
+        return slots.established_bytes >= self._item_reservation
 
     def _budget_held(self, slots: _Slots, now: float) -> bool:
         """Whether the download budget is held for an established peer (``_tier`` 0) with
@@ -1431,8 +1474,33 @@ class GossipCore:
             and state.inflight < (1 if probe else self.config.max_inflight_pulls_per_peer)
             and self._pending_by_peer.get(peer, 0) < self.config.max_pending_admissions_per_peer
             and state.pull_bucket.available(now) >= 1
-            and state.download.available(now) > 0
+            and self._download_allows(peer, state, now)
         )
+
+    def _download_allows(self, peer: PeerId, state: _Peer, now: float) -> bool:
+        """Whether its download rate allows a new pull: one alone while it is not in debt, one
+        more while what its pulls in flight may hold leaves room for one item (``_download_room``)."""
+        if not state.inflight_payload:
+            return state.download.available(now) > 0
+        return self._download_room(state, now) >= self._item_payload(peer, state)
+
+    def _item_payload(self, peer: PeerId, state: _Peer) -> int:
+        """The most one item of a new pull to this peer may hold: what a small pull reads of it
+        (``_small_item_limit``), else a whole item."""
+        return self._small_item_limit(state) if self._small(peer) else self.config.max_item_bytes
+
+    def _payload_most(self, capacity: int, item_payload: int) -> int:
+        """The most the items of an answer to ``capacity`` ids may hold: a server stops adding items
+        at max_serve_bytes."""
+        return min(self.config.max_serve_bytes, capacity * item_payload)
+
+    def _download_room(self, state: _Peer, now: float) -> float:
+        """What its download rate (``peer_download_rate``) leaves a new pull to it once its pulls in
+        flight got all their answers may hold. A server serves each puller from a budget of its own
+        (SPEC.md §4, Serving) that is never below this, so a pull within it is never answered short
+        for that budget: two 16-MiB pulls opened at once, an honest server answered the second
+        empty, and was charged for it (red team rt46 F4)."""
+        return state.download.available(now) - state.inflight_payload
 
     def _note_ready(self, peer: PeerId, state: _Peer, now: float) -> None:
         """Remember when a peer blocked only by time (backoff, pause, ban, rates) frees up."""
@@ -1447,7 +1515,7 @@ class GossipCore:
             state.paused_until,
             self._bans.get(peer, -math.inf),
             state.pull_bucket.ready_at(now, 1),
-            state.download.ready_at(now, 1),
+            now if state.inflight_payload else state.download.ready_at(now, 1),  # else an event frees it
         )
         if ready > now and (self._wake_at is None or ready < self._wake_at):
             self._wake_at = ready
@@ -1455,18 +1523,23 @@ class GossipCore:
     def _start_pull(self, batch: _Batch, now: float) -> Pull:
         request_id = self._next_request_id
         self._next_request_id += 1
-        taken = self._peers[batch.peer].pull_bucket.take(now, len(batch.digests))
+        state = self._peers[batch.peer]
+        taken = state.pull_bucket.take(now, len(batch.digests))
         assert taken  # a batch holds at most the tokens its peer had when it opened, at this now
+        # What the items it asks for may hold: a batch may have filled less than it opened for.
+        item_payload = batch.item_limit or self.config.max_item_bytes
+        payload = min(batch.payload, self._payload_most(len(batch.digests), item_payload))
+        state.inflight_payload -= batch.payload - payload
         most = max_pull_response(self.config, len(batch.digests))
         reserved = batch.reserved
         if batch.probe:
-            limit = self._probe_bytes
+            limit = reserved = batch.item_limit * len(batch.digests)
+            self._download.give(now, batch.reserved - reserved)  # what a fuller batch would have held
         elif batch.reserved:
             limit = reserved = most
             self._download.give(now, batch.reserved - reserved)  # what a fuller batch would have held
         else:  # on credit: the whole answer, which the credit covers (_open_batch), held while it
             # runs (rt31 F1: two pulls in flight each read the whole credit)
-            state = self._peers[batch.peer]
             assert state.credit >= most  # _open_batch asked for no more than it covers
             limit, held = most, float(most)
             state.credit -= held
@@ -1484,6 +1557,7 @@ class GossipCore:
             batch.probe,
             limit,
             0.0 if batch.reserved or batch.probe else held,
+            payload,
         )
         self._inflight.put(request_id, pull, expires_at)
         for digest in batch.digests:
@@ -1516,6 +1590,7 @@ class GossipCore:
         state = self._peers.get(pull.peer)
         if state is not None:
             state.inflight -= 1
+            state.inflight_payload = max(0, state.inflight_payload - pull.payload)
 
     def _on_pull_succeeded(self, event: PullSucceeded, now: float) -> list[GossipAction]:
         pull = self._take_inflight(event.request_id, event.peer)
@@ -1617,7 +1692,7 @@ class GossipCore:
         cut_short = event.reason == _TOO_LARGE and pull.limit < honest_most
         self._settle(pull, event.received, now)
         if cut_short and pull.probe and state is not None:
-            state.outgrew_probe = True  # an honest peer's item may be larger: its next pull is full size
+            state.outgrew_probe = True  # an honest peer's item may be larger: one item a pull, read whole
         broken = event.charged and event.reason in _BROKEN_ANSWER and not cut_short
         self._pull_failed(pull, now, dropped=broken, outgrown=cut_short)
         if not event.charged or cut_short:
@@ -1661,7 +1736,7 @@ class GossipCore:
         used up either, or free ids answering their probes so could have it given up likewise
         (each peer outgrows a probe once: its next pulls are full size, and too large is broken)."""
         state = self._peers.get(pull.peer)
-        if state is not None:
+        if state is not None and not outgrown:  # an honest server's large item: no failure of its
             self._back_off(state, now)
         for digest, candidate in pull.digests.items():
             if dropped:

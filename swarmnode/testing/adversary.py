@@ -226,16 +226,28 @@ class Adversary:
         self.captured = honest
         data, detail = self._seal_group(self.main, self.tasks[0])
         self.phase1_bytes = data
-        item = self._add("inflated_phase1", data, "accepted", detail)
-        r = await self.announce([item])
-        return {"time": time.time(), "round": r, "captured": captured, "item": _describe(item)}
+        items = [self._add("inflated_phase1", data, "accepted", detail)]
+        # Seven more, accepted too: with 8 items accepted, every node pulls this peer's phase-2
+        # items at full size, all of them before the verdicts that ban it. With fewer, its pulls
+        # are small (one or two items each) and the node stops pulling once it is banned.
+        for k in range(8, 15):
+            more, more_detail = self._seal_group(self.main, self.tasks[k])
+            items.append(self._add(f"inflated_phase1_{k}", more, "accepted", more_detail))
+        r = await self.announce(items)
+        return {
+            "time": time.time(),
+            "round": r,
+            "captured": captured,
+            "item": _describe(items[0]),
+            "items": [_describe(i) for i in items],
+        }
 
     async def phase2(self) -> dict[str, Any]:
         self.items.clear()
         t = self.tasks
         # Scores (ban at -10). Transport peer: malformed -2 and too large -2 (judged first, as they
         # are not envelopes), two replays -0.5 each, one bad signature -5 -> banned. Main signer:
-        # +0.2 (phase 1), duplicate -2, +0.2, invalid payload -5, prompt mismatch -10 -> banned.
+        # +1.6 (8 items in phase 1), duplicate -2, +0.2, invalid payload -5, prompt mismatch -10 -> banned.
         self._add("replay_honest", self.captured, "replay")
         self._add("replay_own", self.phase1_bytes, "replay")
         # Same rollouts as phase 1 in a new envelope (a second later: a new envelope id).

@@ -86,14 +86,25 @@ def succeed(core: GossipCore, pull: Pull, now: float, payload: bytes = b"x") -> 
 
 
 def served_once(core: GossipCore, peer: str, now: float, *, accepted: bool = False) -> None:
-    """``peer`` serves its first pull, a probe of one item, intact (``accepted``: and admission
-    accepts it): from now on its pulls are full size and run for ``pull_timeout``."""
+    """``peer`` serves its first pull, a small one of one item, intact (``accepted``: and admission
+    accepts it). Its next pulls are small too: neither established nor on credit."""
     intro = hashlib.sha256(b"intro-" + peer.encode()).digest()
     [probe] = only(Pull, announce(core, peer, [intro], now))
-    assert probe.digests == (intro,)  # a probe: one item
+    assert probe.digests == (intro,)  # a small pull: one item
     succeed(core, probe, now)
     if accepted:
         core.handle(AdmissionResult(peer, intro, True, "ok"), now)
+
+
+def credited(core: GossipCore, peer: str, now: float) -> None:
+    """``peer`` serves its first pull, one item of 1 MiB, and admission accepts it: its credit
+    (``credit_per_accepted_byte``) covers whole answers of 16 items, so its next pulls are full
+    size, on credit, in ``max_inflight_pulls``, and run for ``pull_timeout``."""
+    intro = hashlib.sha256(b"intro-" + peer.encode()).digest()
+    [probe] = only(Pull, announce(core, peer, [intro], now))
+    core.handle(PullSucceeded(probe.request_id, peer, ((intro, b"i" * 1024 * 1024),)), now)
+    core.handle(AdmissionResult(peer, intro, True, "ok"), now)
+    assert core._on_credit(peer)
 
 
 # --- configuration ----------------------------------------------------------------------------
@@ -228,7 +239,7 @@ def test_own_items_are_never_pulled_and_own_announcements_are_ignored() -> None:
 
 def test_digests_are_batched_per_peer_up_to_max_digests_per_pull() -> None:
     core = started(cfg(max_digests_per_pull=3, max_inflight_pulls_per_peer=2))
-    served_once(core, "a", 0.0)
+    credited(core, "a", 0.0)
     pulls = only(Pull, announce(core, "a", [d(i) for i in range(7)], 0.0))
     assert [len(p.digests) for p in pulls] == [3, 3]  # the 7th waits for a free slot
     assert [len(p.digests) for p in only(Pull, succeed(core, pulls[0], 0.1))] == [1]
@@ -236,8 +247,8 @@ def test_digests_are_batched_per_peer_up_to_max_digests_per_pull() -> None:
 
 def test_records_of_one_read_handled_together_are_scheduled_once_into_full_batches() -> None:
     core = started()
-    served_once(core, "a", 0.0)
-    served_once(core, "b", 0.0)
+    credited(core, "a", 0.0)
+    credited(core, "b", 0.0)
     read = [Announced("a", 0, (d(1), d(2))), Announced("a", 0, (d(3),)), Announced("b", 0, (d(3), d(4)))]
     pulls = only(Pull, core.handle_all(read, 0.0))
     assert [(p.peer, p.digests) for p in pulls] == [("a", (d(1), d(2), d(3))), ("b", (d(4),))]
@@ -247,7 +258,7 @@ def test_inflight_pulls_are_capped_globally() -> None:
     core = started(cfg(max_inflight_pulls=2))
     pulls = []
     for i, peer in enumerate(["a", "b", "c"]):
-        served_once(core, peer, 0.0)  # probes have a pool of their own (below)
+        credited(core, peer, 0.0)  # small pulls have a pool of their own (below)
         pulls += only(Pull, announce(core, peer, [d(i)], 0.0))
     assert [p.peer for p in pulls] == ["a", "b"]
     assert [p.peer for p in only(Pull, core.handle(PullFailed(pulls[0].request_id, "a", "x"), 0.1))] == ["c"]
@@ -255,14 +266,14 @@ def test_inflight_pulls_are_capped_globally() -> None:
 
 def test_inflight_pulls_are_capped_per_peer() -> None:
     core = started(cfg(max_digests_per_pull=2, max_inflight_pulls_per_peer=1))
-    served_once(core, "a", 0.0, accepted=True)
+    credited(core, "a", 0.0)
     assert len(only(Pull, announce(core, "a", [d(i) for i in range(10)], 0.0))) == 1
 
 
 def test_pulled_items_are_rate_limited_per_peer_with_a_token_bucket() -> None:
     core = started(cfg(pull_rate=2.0, pull_burst=4.0, max_digests_per_pull=16, max_inflight_pulls_per_peer=4))
-    served_once(core, "a", 0.0)  # one token
-    served_once(core, "b", 0.0)
+    credited(core, "a", 0.0)  # one token
+    credited(core, "b", 0.0)
     [first] = only(Pull, announce(core, "a", [d(i) for i in range(10)], 0.5))
     assert len(first.digests) == 4  # the burst
     assert only(Pull, succeed(core, first, 0.5)) == []
@@ -277,8 +288,8 @@ def test_pulled_items_are_rate_limited_per_peer_with_a_token_bucket() -> None:
 
 def test_a_failed_pull_is_retried_on_another_peer_that_announced_the_digests() -> None:
     core = started()
-    served_once(core, "a", 0.0)
-    served_once(core, "b", 0.0)
+    credited(core, "a", 0.0)
+    credited(core, "b", 0.0)
     [first] = only(Pull, announce(core, "a", [d(1), d(2)], 0.0))
     assert only(Pull, announce(core, "b", [d(1), d(2)], 0.1)) == []  # in flight: noted, not pulled twice
     [retry] = only(Pull, core.handle(PullFailed(first.request_id, "a", "connection reset"), 0.2))
@@ -287,8 +298,8 @@ def test_a_failed_pull_is_retried_on_another_peer_that_announced_the_digests() -
 
 def test_a_timed_out_pull_is_cancelled_and_retried_on_another_peer() -> None:
     core = started(cfg(probe_timeout=1.0))
-    served_once(core, "a", 0.0)
-    served_once(core, "b", 0.0)
+    credited(core, "a", 0.0)
+    credited(core, "b", 0.0)
     [first] = only(Pull, announce(core, "a", [d(1)], 0.0))
     announce(core, "b", [d(1)], 0.0)
     assert first.timeout == 5.0  # a probe's is probe_timeout (below)
@@ -305,8 +316,8 @@ def test_a_timed_out_pull_is_cancelled_and_retried_on_another_peer() -> None:
 
 def test_digests_missing_from_a_response_are_retried_elsewhere() -> None:
     core = started()
-    served_once(core, "a", 0.0)
-    served_once(core, "b", 0.0)
+    credited(core, "a", 0.0)
+    credited(core, "b", 0.0)
     [first] = only(Pull, announce(core, "a", [d(1), d(2)], 0.0))
     announce(core, "b", [d(1), d(2)], 0.0)
     actions = core.handle(PullSucceeded(first.request_id, "a", ((d(1), b"p1"),)), 0.1)
@@ -337,13 +348,13 @@ def test_a_digest_is_given_up_after_max_attempts() -> None:
 
 
 def test_a_digest_announced_by_several_peers_goes_to_the_one_with_the_best_history() -> None:
-    core = started(cfg(max_inflight_pulls=1))
+    core = started(cfg(max_inflight_pulls=1, max_probe_pulls=1))
     [pull] = only(Pull, announce(core, "b", [d(1)], 0.0))
     succeed(core, pull, 0.1)
     core.handle(AdmissionResult("b", d(1), True, "ok"), 0.1)  # b: +1
     served_once(core, "a", 0.1)  # a: served an item, nothing accepted yet
     served_once(core, "z", 0.1)
-    [blocker] = only(Pull, announce(core, "z", [d(9)], 0.2))  # occupies the only slot
+    [blocker] = only(Pull, announce(core, "z", [d(9)], 0.2))  # occupies the only slot (all small pulls)
     announce(core, "a", [d(2)], 0.3)
     announce(core, "b", [d(2)], 0.3)
     [pull] = only(Pull, core.handle(PullFailed(blocker.request_id, "z", "x"), 0.4))
@@ -512,8 +523,8 @@ def test_an_empty_answer_is_a_failure_and_only_one_that_delivers_something_ends_
     core.handle(PullSucceeded(pull.request_id, "a", ()), 6.4)  # the third: 8 s
     assert only(Pull, announce(core, "a", [d(3)], 14.3)) == []
     [pull] = only(Pull, core.poll(14.4))
-    succeed(core, pull, 14.5)  # delivered: the run ends
-    [pull] = only(Pull, announce(core, "a", [d(4)], 14.6))
+    more = only(Pull, succeed(core, pull, 14.5))  # delivered: the run ends (the next id pulled at once)
+    [pull] = more or only(Pull, announce(core, "a", [d(4)], 14.6))
     core.handle(PullFailed(pull.request_id, "a", "timeout"), 14.7)  # first failure again: 2 s
     assert only(Pull, announce(core, "a", [d(5)], 16.7)) != []
 
@@ -538,7 +549,7 @@ def test_a_proven_peer_takes_room_from_digests_no_proven_peer_announces() -> Non
     [pull] = only(Pull, announce(core, "good", [d(40)], 0.0))
     succeed(core, pull, 0.1)
     core.handle(AdmissionResult("good", d(40), True, "ok"), 0.2)
-    served_once(core, "slow", 0.2)
+    credited(core, "slow", 0.2)
     only(Pull, announce(core, "slow", [d(100)], 0.3))  # holds the one pull slot
     only(Pull, announce(core, "slower", [d(101)], 0.3))  # and the one probe
     for i in range(8):
@@ -549,20 +560,21 @@ def test_a_proven_peer_takes_room_from_digests_no_proven_peer_announces() -> Non
     assert core.stats.candidates_evicted == 1 and core.stats.candidates_dropped == 1
 
 
-def test_peers_not_proven_share_a_part_of_the_pull_slots_and_proven_peers_keep_the_rest() -> None:
-    # One accepted item earns "good" credit for whole answers (``_on_credit``).
-    config = cfg(max_inflight_pulls=3, max_unproven_pulls=2, max_inflight_pulls_per_peer=1)
+def test_small_pulls_have_a_pool_of_their_own_and_peers_on_credit_keep_the_pulls() -> None:
+    # One accepted item earns "good" credit for whole answers (``_on_credit``); x, y and z, with
+    # one item served and none accepted, are pulled small (``GossipCore._small``).
+    config = cfg(max_inflight_pulls=1, max_probe_pulls=2, max_inflight_pulls_per_peer=1)
     core = started(dataclasses.replace(config, credit_per_accepted_byte=1e7))
     [first] = only(Pull, announce(core, "good", [d(0)], 0.0))
     succeed(core, first, 0.1)
     core.handle(AdmissionResult("good", d(0), True, "ok"), 0.2)
-    for peer in ("x", "y", "z"):  # past their probes, which have a pool of their own
+    for peer in ("x", "y", "z"):
         served_once(core, peer, 0.2)
     pulls = [p.peer for p in only(Pull, announce(core, "x", [d(1)], 0.3))]
     pulls += [p.peer for p in only(Pull, announce(core, "y", [d(2)], 0.3))]
     pulls += [p.peer for p in only(Pull, announce(core, "z", [d(3)], 0.3))]
-    assert pulls == ["x", "y"]  # "z" waits: the last slot is kept for proven peers
-    assert [p.peer for p in only(Pull, announce(core, "good", [d(4)], 0.4))] == ["good"]
+    assert pulls == ["x", "y"]  # "z" waits for a small pull's slot...
+    assert [p.peer for p in only(Pull, announce(core, "good", [d(4)], 0.4))] == ["good"]  # ...not "good"
 
 
 def test_a_banned_peer_is_neither_pulled_from_nor_served_until_the_ban_ends() -> None:
@@ -583,7 +595,7 @@ def test_a_banned_peer_is_neither_pulled_from_nor_served_until_the_ban_ends() ->
 
 def test_pulls_wait_while_pending_admissions_are_at_capacity() -> None:
     core = started(cfg(max_pending_admissions=2))
-    served_once(core, "a", 0.0, accepted=True)
+    credited(core, "a", 0.0)
     [pull] = only(Pull, announce(core, "a", [d(i) for i in range(5)], 0.0))
     assert len(pull.digests) == 2
     actions = succeed(core, pull, 0.1)
@@ -594,7 +606,7 @@ def test_pulls_wait_while_pending_admissions_are_at_capacity() -> None:
 
 def test_an_admission_that_times_out_frees_its_slot_and_the_digest_is_not_admitted_again() -> None:
     core = started(cfg(max_pending_admissions=1, admission_timeout=3.0))
-    served_once(core, "a", 0.0, accepted=True)
+    credited(core, "a", 0.0)
     [pull] = only(Pull, announce(core, "a", [d(1), d(2)], 0.0))
     succeed(core, pull, 0.0)
     assert core.next_deadline() == 1.0  # the read timer; the admission timer is at 3.0
@@ -670,7 +682,7 @@ def test_peers_that_only_pull_from_us_never_keep_an_announcer_out_of_the_peer_ta
 
 def test_expiry_frees_the_memory_of_candidates_and_remembered_digests() -> None:
     core = started(cfg(max_inflight_pulls_per_peer=1, max_digests_per_pull=2, pull_rate=0.01, pull_burst=3))
-    served_once(core, "a", 0.0, accepted=True)
+    credited(core, "a", 0.0)
     [pull] = only(Pull, announce(core, "a", [d(i) for i in range(20)], 0.0))
     succeed(core, pull, 0.1)
     for digest in pull.digests:
@@ -965,7 +977,7 @@ def test_ties_between_announcers_go_to_the_earliest_not_to_the_smallest_peer_id(
 
 def test_an_announcer_that_does_not_serve_a_digest_is_charged_and_never_asked_for_it_again() -> None:
     core = started()
-    served_once(core, "a", 0.0)
+    credited(core, "a", 0.0)
     [pull] = only(Pull, announce(core, "a", [d(1), d(2)], 0.0))
     actions = core.handle(PullSucceeded(pull.request_id, "a", ((d(2), b"p2"),)), 0.1)
     assert only(Admit, actions) == [Admit("a", d(2), b"p2")] and only(Pull, actions) == []
@@ -980,7 +992,7 @@ def test_what_a_server_leaves_out_at_its_byte_cap_is_pulled_again_and_not_held_a
     """R9-4: an honest server stops adding items at ``max_serve_bytes``; large items left out of a
     full answer are not "announced but not served": no charge, and the same peer is asked again."""
     core = started(cfg(max_serve_bytes=10, max_item_bytes=4))
-    served_once(core, "a", 0.0)
+    credited(core, "a", 0.0)
     [pull] = only(Pull, announce(core, "a", [d(1), d(2)], 0.0))
     assert pull.digests == (d(1), d(2))
     actions = core.handle(PullSucceeded(pull.request_id, "a", ((d(1), b"x" * 7),)), 0.1)  # 7 + 4 > 10
@@ -1030,21 +1042,21 @@ def test_junk_rejections_cannot_make_the_core_forget_an_admitted_digest() -> Non
     # Sybils serve junk until the bounded memory of handled digests overflows; the honest announcer
     # still announces its admitted item, which must not be pulled again (admission would call it a
     # replay, charged to the honest peer, and the core would shun it).
-    core = started(cfg(max_remembered=8, max_rejections=1000))
+    core = started(cfg(max_remembered=8, max_rejections=1000, peer_download_burst=64 * 1024 * 1024))
     [pull] = only(Pull, announce(core, "h", [d(0)], 0.0))
     succeed(core, pull, 0.0)
     core.handle(AdmissionResult("h", d(0), True, "accepted"), 0.0)
     junk = 0
     for s in range(6):
         t = 0.1 * (s + 1)
-        served_once(core, f"sybil{s}", t)  # past its probe: its pulls are full size
+        credited(core, f"sybil{s}", t)  # its pulls are full size
         for pull in only(Pull, announce(core, f"sybil{s}", [d(1000 + 16 * s + i) for i in range(16)], t)):
             succeed(core, pull, t)
             for digest in pull.digests:
                 junk += 1
                 reason, copy = ("bad_signature", True) if digest[0] % 2 else ("invalid_payload", False)
                 core.handle(AdmissionResult(pull.peer, digest, False, reason, copy_refused=copy), t)
-    assert junk == 96 and core.sizes().remembered <= 8 + 1
+    assert junk == 96 and core.sizes().remembered <= 8 + 7  # and the 7 admitted: h's, each sybil's first
     assert only(Pull, announce(core, "h", [d(0)], 1.0)) == []
     assert only(Pull, core.poll(30.0) + announce(core, "h", [d(0)], 30.0)) == []  # within remember_ttl
 
@@ -1079,7 +1091,7 @@ SM_CONFIG = cfg(
     max_inflight_pulls=3,
     max_inflight_pulls_per_peer=2,
     max_probe_pulls=2,
-    probe_timeout=1.5,  # tells a probe apart in assert_bounds
+    probe_timeout=1.5,  # tells a small pull apart in assert_bounds
     pull_timeout=3.0,
     pull_rate=1.0,
     pull_burst=4.0,
@@ -1174,12 +1186,11 @@ class GossipMachine(RuleBasedStateMachine):
 
     def assert_bounds(self) -> None:
         c = SM_CONFIG
-        probes = Counter(p.peer for p in self.inflight.values() if p.timeout == c.probe_timeout)
+        probes = Counter(p.peer for p in self.inflight.values() if p.timeout == c.probe_timeout)  # small
         assert sum(probes.values()) <= c.max_probe_pulls and max(probes.values(), default=0) <= 1
         assert len(self.inflight) - sum(probes.values()) <= c.max_inflight_pulls
         per_peer = Counter(p.peer for p in self.inflight.values())
         assert max(per_peer.values(), default=0) <= c.max_inflight_pulls_per_peer
-        assert all(per_peer[peer] == 1 for peer in probes)  # one probe at a time, and nothing else
         sizes = self.core.sizes()
         assert sizes.inflight_pulls == len(self.inflight)
         assert sizes.own_items <= c.max_own_items and sizes.candidates <= c.max_candidates

@@ -16,12 +16,14 @@ import pytest
 from swarmnode.errors import ConfigError
 from swarmnode.gossip import (
     AdmissionResult,
+    Announce,
     Announced,
     CancelPull,
     GossipAction,
     GossipConfig,
     GossipCore,
     GossipEvent,
+    Publish,
     Pull,
     PullFailed,
     PullRequest,
@@ -142,55 +144,65 @@ def test_a_peer_whose_last_pull_failed_is_pulled_after_a_fresh_announcer_read_la
 STALL = MiB - 1  # just under what the driver charges as a stall (driver.STALLED_ANSWER_BYTES)
 
 
-def test_a_peer_that_never_served_an_item_is_sent_one_probe_at_a_time() -> None:
-    # A probe asks for one item, reads at most 128 KiB of the answer and gives up after
-    # probe_timeout: each free id that serves junk costs a probe's bytes (red team rt28), and
-    # one that stalls holds a probe's slot for a probe's timeout (rt45 F1).
+def test_a_peer_neither_established_nor_on_credit_is_pulled_small_and_slow_starts() -> None:
+    # A small pull asks for as many items as its peer ever served intact (1 or 2), reads at most
+    # 128 KiB of each and gives up after probe_timeout: each free id that serves junk costs that
+    # much (red team rt28), and one that stalls holds one slot of the probe pool for that long
+    # (rt45 F1, rt46 F1). Established (8 accepted items), its pulls are full size.
     core = core_with(probe_timeout=2.0)
-    [probe] = announce(core, "newcomer", fresh(6), 0.0)
-    assert (len(probe.digests), probe.max_bytes, probe.timeout) == (1, 128 * 1024, 2.0)
-    [batch] = serve_valid(core, probe, 0.1)
-    assert (len(batch.digests), batch.max_bytes, batch.timeout) == (5, None, 5.0)  # served one: the rest
+    [pull] = announce(core, "newcomer", fresh(20), 0.0)
+    seen = [[(1, 128 * 1024, 2.0)]]
+    for now in range(1, 6):
+        more = serve_valid(core, pull, float(now))  # the next pull opens at the answer
+        seen.append([(len(p.digests), p.max_bytes, p.timeout) for p in more])
+        pull = more[0]
+    kib = 1024
+    assert seen == [
+        [(1, 128 * kib, 2.0)],  # one at a time...
+        [(1, 128 * kib, 2.0)],
+        [(2, 256 * kib, 2.0)],
+        [(2, 256 * kib, 2.0)],
+        [(2, 256 * kib, 2.0)],
+        # ...and established by the 5th pull's verdicts (8 items accepted): full size, as much as
+        # its download rate leaves room for (16 MiB, less what it read and what is in flight)
+        [(2, 256 * kib, 2.0), (7, None, 5.0)],
+    ]
 
 
 def test_stalled_probes_hold_a_pool_of_their_own_and_only_for_the_probe_timeout() -> None:
     # Red team rt45 F1: in the 8 slots of peers not proven, 10 s each, 16 free ids every 5 s whose
     # pulls stalled to the timeout held all of them, and honest newcomers lost 67% of their items.
-    core = core_with(max_probe_pulls=4, max_unproven_pulls=2, probe_timeout=1.0)
-    proven(core, "served", 0.0)  # through a probe
+    core = core_with(max_probe_pulls=4, max_unproven_pulls=2, probe_timeout=1.0, credit_per_accepted_byte=1e6)
+    proven(core, "served", 0.0)  # on credit
     probes = [p for i in range(6) for p in announce(core, f"free{i}", fresh(1), 0.0)]
     assert len(probes) == 4  # the probe pool is full...
-    assert len(announce(core, "served", fresh(2), 0.1)) == 1  # ...but not the slots of peers that served
+    assert len(announce(core, "served", fresh(2), 0.1)) == 1  # ...but not the pulls of peers on credit
     actions = core.poll(1.1)  # the core's expiry: probe_timeout and 10%
     assert sorted(a.peer for a in actions if isinstance(a, CancelPull)) == [f"free{i}" for i in range(4)]
     assert sorted(p.peer for p in pulls(actions)) == ["free4", "free5"]
 
 
-def test_an_honest_item_larger_than_a_probe_costs_its_server_nothing_but_the_wait() -> None:
+def test_an_honest_item_larger_than_a_probe_costs_its_server_nothing() -> None:
     core = core_with()
     [probe] = announce(core, "big", fresh(1), 1.0)
     assert probe.max_bytes == 128 * 1024
     # The driver read 128 KiB of a 1-MiB envelope and gave up (CallFailure.TOO_LARGE), uncharged.
-    core.handle(PullFailed(probe.request_id, "big", "too_large", charged=True, received=probe.max_bytes), 1.2)
+    cut = PullFailed(probe.request_id, "big", "too_large", charged=True, received=probe.max_bytes)
+    [full] = pulls(core.handle(cut, 1.2))  # no backoff: one item a pull, read whole
     assert core.stats.pulls_refused == 0 and core._peers["big"].rejections == 0
-    [full] = pulls(core.poll(2.5))  # after its backoff: the whole item, if the budget holds it
-    assert full.peer == "big" and full.max_bytes is None
+    assert full.peer == "big" and full.digests == probe.digests and full.max_bytes is None
 
 
 def test_a_pull_that_fails_with_nothing_read_gives_its_reservation_back() -> None:
-    core = core_with(unproven_download_rate=10.0, unproven_download_burst=ITEM)
-    [probe] = announce(core, "slow", fresh(1), 0.0)
-    (digest,) = probe.digests
-    core.handle(PullSucceeded(probe.request_id, "slow", ((digest, b"v" * 100),), received=104), 0.0)
-    for now in (20.0, 40.0):  # full size now; after the backoff, the one item of budget is there again
+    core = core_with(unproven_download_rate=1.0, unproven_download_burst=ITEM)
+    for now in (0.0, 20.0):  # after the backoff, its reservation is there again
         [pull] = announce(core, "slow", fresh(1), now)
-        assert pull.max_bytes is None
         core.handle(PullFailed(pull.request_id, "slow", "timeout", received=0), now + 5.0)
-    assert core.stats.bytes_unvouched == 104
-    [pull] = announce(core, "slow", fresh(1), 60.0)
-    core.handle(PullFailed(pull.request_id, "slow", "unreachable"), 65.0)  # bytes read unknown: the most
-    assert core.stats.bytes_unvouched == 104 + ITEM
-    assert announce(core, "other", fresh(1), 66.0) == []  # not even a probe's 128 KiB is left
+        assert core._download.available(now + 5.0) == ITEM
+    assert core.stats.bytes_unvouched == 0
+    [pull] = announce(core, "slow", fresh(1), 40.0)
+    core.handle(PullFailed(pull.request_id, "slow", "unreachable"), 45.0)  # bytes read unknown: the most
+    assert core.stats.bytes_unvouched == pull.max_bytes == 128 * 1024
 
 
 def test_items_refused_busy_spend_the_budget_and_end_their_servers_standing() -> None:
@@ -239,10 +251,15 @@ def test_pulls_cancelled_by_a_ban_spend_what_arrived_when_the_driver_reports_it(
     # spent 30 MiB of the budget with ~15 bytes: a cancelled pull was charged the most it could
     # hold. Red team rt30 F1: charged nothing, a pull streamed to near its end and then cancelled
     # by its server's own ban read 16 MiB free. Its cost is what the cancelled call had read.
-    core = core_with(max_inflight_pulls_per_peer=3, max_digests_per_pull=4)
-    [probe] = announce(core, "junk", fresh(1), 0.0)  # its first item intact: full-size pulls after
-    (digest,) = probe.digests
-    core.handle(PullSucceeded(probe.request_id, "junk", ((digest, b"v"),), received=5), 0.0)
+    core = core_with(
+        max_inflight_pulls_per_peer=3,
+        max_digests_per_pull=4,
+        unproven_download_burst=64 * MiB,
+        peer_download_burst=64 * MiB,  # three pulls of 8 MiB at once
+    )
+    for _ in range(8):
+        proven(core, "junk", 0.0)  # established: full-size pulls through the budget
+    base = core.stats.bytes_unvouched
     first, *others = announce(core, "junk", fresh(12), 0.0)
     assert len(others) == 2
     items = tuple((digest, b"j") for digest in first.digests[:3])
@@ -251,11 +268,11 @@ def test_pulls_cancelled_by_a_ban_spend_what_arrived_when_the_driver_reports_it(
     for digest, _ in items:  # charged: the third rejection shuns it
         cancels += core.handle(AdmissionResult("junk", digest, False, "bad_group"), 0.2)
     assert {a.request_id for a in cancels if isinstance(a, CancelPull)} == {p.request_id for p in others}
-    assert core.stats.bytes_unvouched == 5 + 15  # nothing known yet of the cancelled two
+    assert core.stats.bytes_unvouched == base + 15  # nothing known yet of the cancelled two
     core.handle(PullFailed(others[0].request_id, "junk", "cancelled", received=8 * MiB), 0.3)
     core.handle(PullSucceeded(others[1].request_id, "junk", items[:1], received=5), 0.3)  # came first
-    assert core.stats.bytes_unvouched == 5 + 15 + 8 * MiB + 5
-    assert core.stats.admits == 1 + 3  # nothing from an answer of a banned peer
+    assert core.stats.bytes_unvouched == base + 15 + 8 * MiB + 5
+    assert core.stats.admits == 8 + 3  # nothing from an answer of a banned peer
 
 
 def test_a_scheduling_pass_reserves_no_more_than_each_peer_announces() -> None:
@@ -269,7 +286,7 @@ def test_a_scheduling_pass_reserves_no_more_than_each_peer_announces() -> None:
 def test_an_accepted_item_proves_a_peer_again_only_once_its_waste_is_repaid() -> None:
     # Red team rt29 F1: one item of the attacker's own accepted now and then, between answers
     # refused busy, kept it proven: ~480 MiB a minute free of the budget.
-    core = core_with(waste_repay_rate=MiB)
+    core = core_with(waste_repay_rate=MiB, credit_per_accepted_byte=1e5)  # on credit once proven
     proven(core, "a", 0.0)
     [pull] = announce(core, "a", fresh(2), 1.0)
     small, large = pull.digests
@@ -290,32 +307,32 @@ def test_a_pull_on_credit_asks_for_no_more_items_than_the_credit_covers_whole() 
     # is never cut at the credit either (rt36 F1, rt37 F1, rt38 F1): it asks for fewer items.
     core = core_with(credit_per_accepted_byte=65000.0)  # one 104-byte item: ~6.4 MiB, 3 whole items
     proven(core, "a", 0.0)
-    pull, *through_budget = announce(core, "a", fresh(16), 1.0)
+    [pull] = announce(core, "a", fresh(16), 1.0)  # (what its credit then leaves covers no whole item)
     assert len(pull.digests) == 3 and pull.max_bytes is None
-    assert [core._inflight.get(p.request_id).reserved > 0 for p in through_budget] == [True]
     spent = core.stats.bytes_unvouched
     serve_valid(core, pull, 1.1)
     assert core.stats.bytes_unvouched == spent  # on credit, outside the download budget
     small = core_with()  # one 104-byte item: 3,328 bytes of credit, not one whole item
     proven(small, "b", 0.0)
-    through_budget = announce(small, "b", fresh(16), 1.0)
-    assert through_budget and all(p.max_bytes is None for p in through_budget)
-    assert reserved(small) > 0  # through the download budget
+    [pull] = announce(small, "b", fresh(16), 1.0)
+    assert (len(pull.digests), pull.max_bytes) == (1, 128 * 1024)  # small, through the download budget
+    assert reserved(small) == 128 * 1024
 
 
-def test_a_peer_with_a_long_record_is_pulled_before_ids_proven_by_one_item() -> None:
+def test_a_peer_with_a_long_record_is_never_pulled_after_ids_proven_by_one_item() -> None:
     # Red team rt30 F3: ids proven by one accepted heartbeat each took every pull slot with stalled
     # pulls, oldest candidates first: 1,000 of them delayed an honest proven peer's items 34 s.
-    core = core_with(max_inflight_pulls=1)
+    # Their pulls are small now, in a pool of their own.
+    core = core_with(max_inflight_pulls=1, max_probe_pulls=1)
     for _ in range(8):
         proven(core, "honest", 0.0)  # 8 items accepted: an established score
     proven(core, "cheap", 0.0)
     proven(core, "busy", 0.0)
-    [busy] = announce(core, "busy", fresh(1), 1.0)  # the one slot is taken
+    [busy] = announce(core, "busy", fresh(1), 1.0)  # the one small pull's slot is taken
+    assert busy.max_bytes == 128 * 1024
     assert announce(core, "cheap", fresh(1), 1.1) == []
-    assert announce(core, "honest", fresh(1), 1.2) == []
-    [first] = serve_valid(core, busy, 1.3)
-    assert first.peer == "honest"  # before: "cheap", whose candidate is older
+    [first] = announce(core, "honest", fresh(1), 1.2)
+    assert first.peer == "honest" and first.max_bytes is None  # before: after "cheap"
 
 
 def test_two_pulls_in_flight_share_their_peers_credit_and_its_waste_stays_off_the_budget() -> None:
@@ -323,10 +340,8 @@ def test_two_pulls_in_flight_share_their_peers_credit_and_its_waste_stays_off_th
     # junk was spent from the download budget: 256 MiB of junk left it 226 MiB in debt.
     core = core_with(max_digests_per_pull=1, credit_per_accepted_byte=30000.0)  # ~1.5 whole items
     proven(core, "a", 0.0)
-    first, second = announce(core, "a", fresh(2), 1.0)
-    held = reserved(core)
-    assert first.max_bytes is None and held > 0  # the first on credit, holding one item's worth;
-    assert core._inflight.get(second.request_id).reserved == held  # the second through the budget
+    [first] = announce(core, "a", fresh(2), 1.0)  # on credit, holding one item's worth of it...
+    assert first.max_bytes is None and not core._on_credit("a")  # ...so the second waits
     spent = core.stats.bytes_unvouched
     junk = ("unsupported_version",)
     core.handle(PullSucceeded(first.request_id, "a", (), junk, received=32 * 104), 1.1)
@@ -349,11 +364,16 @@ def test_one_fast_peer_is_never_handed_more_than_admission_queues_for_it() -> No
     # Red team rt31 F3: the core capped pending admissions only in all (256) while admission queues
     # 32 per peer: a fast honest peer's items past 32 were refused busy, lost, and counted as its
     # waste, so it fell to the last tier. Its pulls now wait for verdicts past its share.
-    mib = 1024.0 * 1024.0  # a budget for 16 whole items a slot (it is not on credit: one small item)
+    mib = 1024.0 * 1024.0
     core = core_with(
-        pull_rate=1000.0, pull_burst=1000.0, max_inflight_pulls_per_peer=8, unproven_download_burst=320 * mib
+        pull_rate=1000.0,
+        pull_burst=1000.0,
+        max_inflight_pulls_per_peer=8,
+        unproven_download_burst=320 * mib,
+        peer_download_burst=320 * mib,  # room for 8 pulls of 16 at once
     )
-    proven(core, "a", 0.0)
+    for _ in range(8):
+        proven(core, "a", 0.0)  # established: full-size pulls through the budget
     share = core.config.max_pending_admissions_per_peer
     first = announce(core, "a", fresh(200), 1.0)
     assert sum(len(p.digests) for p in first) == share  # not 8 pulls of 16
@@ -447,7 +467,8 @@ def test_while_an_established_peer_has_candidates_others_hold_half_the_pending_p
 def test_while_others_have_candidates_established_peers_open_at_most_three_quarters_of_pulls() -> None:
     # Red team rt44 F1: pulled first, 8 established ids on credit, each with ids waiting and
     # answering every pull, took all 16 pull slots: newcomers lost 95% of their items.
-    core = core_with(credit_per_accepted_byte=1e6)  # on credit after their first items
+    # On credit after their first items, with room for two full pulls each.
+    core = core_with(credit_per_accepted_byte=1e6, peer_download_burst=64 * MiB)
     for k in range(8):
         for _ in range(8):
             proven(core, f"relay{k}", 0.0)
@@ -467,7 +488,7 @@ def test_while_others_have_candidates_established_peers_open_at_most_three_quart
 def test_peers_sent_probes_or_backed_off_leave_established_peers_every_pull() -> None:
     # Red team rt45 F2: idle free ids in backoff, with ids waiting, kept established peers to 3/4
     # of the pulls under overload for nothing. Nor do probes, which have a pool of their own.
-    core = core_with(credit_per_accepted_byte=1e6)
+    core = core_with(credit_per_accepted_byte=1e6, peer_download_burst=64 * MiB)  # two full pulls each
     for k in range(8):
         for _ in range(8):
             proven(core, f"relay{k}", 0.0)
@@ -481,18 +502,19 @@ def test_peers_sent_probes_or_backed_off_leave_established_peers_every_pull() ->
     assert len(first) == 16  # before: 12
 
 
-def test_established_peers_not_on_credit_take_at_most_half_the_budgets_slots() -> None:
+def test_established_peers_not_on_credit_reserve_at_most_half_the_budget() -> None:
     # Red team rt41 F2: four established ids whose credit stayed below one item answered their
     # pulls through the budget just before the timeout and held all 8 of its slots: newcomers got
-    # no pull and lost 81% of their items. Established peers now take at most half of both.
+    # no pull and lost 81% of their items. Established peers now reserve at most half of its
+    # burst (or one full answer, if more), and newcomers' pulls are small, in a pool of their own.
     core = core_with()  # 8 slots, a 32-MiB burst
     for k in range(4):
         for _ in range(8):
             proven(core, f"relay{k}", 0.0)  # established: pulled before any other
     stalled = [p for k in range(4) for p in announce(core, f"relay{k}", fresh(4), 1.0)]
-    assert len(stalled) <= 4 and sum(len(p.digests) for p in stalled) * ITEM <= 16 * MiB  # before: 8 of 4
+    assert sum(len(p.digests) for p in stalled) * ITEM <= 16 * MiB + 64  # before: 4 x 4 items
     [newcomer] = announce(core, "newcomer", fresh(1), 1.1)
-    assert newcomer.peer == "newcomer"
+    assert newcomer.peer == "newcomer" and newcomer.max_bytes == 128 * 1024
 
 
 def test_free_ids_spend_no_budget_that_an_established_peer_not_on_credit_waits_for() -> None:
@@ -640,9 +662,9 @@ def test_an_oversized_answer_to_a_pull_on_credit_is_its_servers_failure() -> Non
 def test_answers_that_break_the_rules_drop_their_server_for_the_id_and_use_up_none_of_its_tries() -> None:
     # Red team rt38 F1: three proven ids that answered with an oversized frame header used up an
     # honest item's tries after one failed try of its own announcer: 12 of 100 honest items lost.
-    core = core_with(max_attempts=4)
+    core = core_with(max_attempts=4, credit_per_accepted_byte=1e6)
     for relay in ("m1", "m2", "m3"):
-        proven(core, relay, 0.0)
+        proven(core, relay, 0.0)  # on credit: full-size pulls, never cut
     ids = fresh(1)
     [first] = announce(core, "honest", ids, 0.0)
     core.handle(PullFailed(first.request_id, "honest", "timeout", received=0), 0.1)  # a try of its own
@@ -666,11 +688,54 @@ def test_free_ids_answering_their_probes_oversized_use_up_none_of_an_ids_tries()
     core.handle(PullFailed(first.request_id, "honest", "timeout", received=0), 0.1)  # a try of its own
     [pull] = [p for free in ("f1", "f2", "f3") for p in announce(core, free, ids, 0.2)]
     tried = []
-    while pull.peer != "honest":  # each free id in turn, each answering its probe oversized
+    while pull.peer != "honest":  # each free id in turn answers oversized
         tried.append(pull.peer)
-        assert pull.max_bytes == 128 * 1024
-        cut = PullFailed(pull.request_id, pull.peer, "too_large", charged=True, received=pull.max_bytes)
-        [pull] = pulls(core.handle(cut, 0.3)) or pulls(core.poll(1.2))
-    assert sorted(tried) == ["f1", "f2", "f3"]
+        # Small: cut at its limit, as an honest large item is. Else one whole item, read whole:
+        # more is broken, and drops it as the id's announcer.
+        read = pull.max_bytes or 0
+        answer = PullFailed(pull.request_id, pull.peer, "too_large", charged=True, received=read)
+        [pull] = pulls(core.handle(answer, 0.3)) or pulls(core.poll(1.2))
+    assert sorted(tried) == ["f1", "f1", "f2", "f2", "f3", "f3"]
     assert pull.digests == ids and core.stats.gave_up == 0  # before: given up
     assert all(core._peers[f].outgrew_probe for f in tried)  # their next pulls are full size
+
+
+def test_pulls_to_one_server_never_ask_for_more_than_its_serving_budget_for_us_holds() -> None:
+    # Red team rt46 F4: with room for two answers of 16 MiB at once, the second pull of a server's
+    # 1-MiB items came back empty from its 16-MiB serving budget, and the server was charged for
+    # ids it did not serve (backed off, suspect, dropped as their announcer). Real cores on both
+    # sides: the server publishes 32 items of 1 MiB a round, the receiver accepts all it gets.
+    times = dict(round_seconds=30.0, read_interval=1.0)
+    server = GossipCore(GossipConfig(**times), "server")
+    client = GossipCore(GossipConfig(**times, credit_per_accepted_byte=1e6), "client")
+    sizes = {}
+    for i in range(32):
+        digest = hashlib.sha256(b"large-%d" % i).digest()
+        sizes[digest] = MiB
+        server.handle(Publish(digest, MiB), 0.0)
+    records = [a for a in server.poll(1.0) if isinstance(a, Announce)]
+    events: list[tuple[float, int, GossipEvent | None]] = [
+        (1.0, 0, Announced("server", r.round, r.digests)) for r in records
+    ]
+    order = itertools.count(1)
+    admitted = 0
+    now = 1.0
+    while events and now < 120.0:
+        events.sort(key=lambda e: (e[0], e[1]))
+        now, _, event = events.pop(0)
+        for action in (client.handle(event, now) if event else []) + client.poll(now):  # None: a timer
+            if isinstance(action, Pull):
+                [serve] = [
+                    a
+                    for a in server.handle(PullRequest("client", action.digests), now)
+                    if isinstance(a, Serve)
+                ]
+                items = tuple((d, b"v" * sizes[d]) for d in serve.digests)
+                events.append((now + 0.5, next(order), PullSucceeded(action.request_id, "server", items)))
+                for d in serve.digests:
+                    events.append((now + 0.6, next(order), AdmissionResult("server", d, True, "accepted")))
+                    admitted += 1
+        if not events and client.next_deadline() is not None:
+            events.append((max(now, client.next_deadline() or now), next(order), None))
+    assert server.stats.serve_limited == 0 and client.stats.items_missing == 0  # before: 53 backoffs
+    assert admitted == 32 and client._tier("server") == 0

@@ -65,7 +65,8 @@ def test_poisoned_and_forged_groups_are_rejected_the_offender_is_banned_and_hone
     phase1 = swarm.wait(lambda: read_json(adv_home / "phase1.json"), "the adversary's phase 1")
     main = adversary["main"]
     swarm.wait_statuses(
-        lambda s: all(groups_from(s[n], main) == 1 for n in NODES), "every node to admit the inflated group"
+        lambda s: all(groups_from(s[n], main) == len(phase1["items"]) for n in NODES),
+        "every node to admit the inflated groups",
     )
     captured = phase1["captured"]
     assert captured["signer"] in honest.values()
@@ -104,8 +105,8 @@ def test_poisoned_and_forged_groups_are_rejected_the_offender_is_banned_and_hone
         assert metric(status, "groups_rejected", "reason=prompt_mismatch") == 1
         # Claimed rewards are never used: the adversary's two admitted groups carry our verifier's
         # rewards (1 for the one right answer, 0 for each wrong answer it claimed 1 for).
-        local = [i["local"] for i in (phase1["item"], *items) if i["expected"] == "accepted"]
-        claimed = [i["claimed"] for i in (phase1["item"], *items) if i["expected"] == "accepted"]
+        local = [i["local"] for i in (*phase1["items"], *items) if i["expected"] == "accepted"]
+        claimed = [i["claimed"] for i in (*phase1["items"], *items) if i["expected"] == "accepted"]
         tally = tallies(status)[main]
         assert {k: tally[k] for k in ("groups", "completions", "reward_sum", "claimed_reward_sum")} == {
             "groups": len(local),
