@@ -623,10 +623,13 @@ class _InFlight:
     reserved: int = 0  # bytes taken from the download budget at its start (a peer not on credit)
     established: bool = False  # through the budget to an established peer (``_Slots.established_bytes``)
     top: bool = False  # to an established peer, on credit or not (``_Slots.top``)
-    probe: bool = False  # a small pull, in the probe pool (``_small``)
+    small: bool = False  # a small pull, in their pool (``_small``)
     limit: int = 0  # the most the driver reads of its answer (``Pull.max_bytes``, or all it may hold)
     credit: float = 0.0  # of its peer's credit, held while it runs (a proven peer's pull)
     payload: int = 0  # the most its answer's items may hold, held from its peer's download room
+    # Started before its peer was shunned for rejections (``_count_rejection``): its answer is
+    # still admitted, as it would have been had it come first; a ban (``PeerBanned``) cancels it.
+    granted: bool = False
 
 
 @dataclass
@@ -642,7 +645,7 @@ class _Peer:
     failures: int = 0  # consecutive failed pulls
     delivered: int = 0  # requested items it served intact, ever (while it is in the table)
     wasted: bool = False  # its last answer held bytes that were no requested item, served intact
-    outgrew_probe: bool = False  # answered a probe with more than probe_answer_bytes
+    outgrew_small: bool = False  # answered a small pull with more than probe_answer_bytes an item
     backoff_until: float = -math.inf
     rejections: int = 0  # rejected items since the last shun
     unusable: int = 0  # items in a row refused for reasons charged to nobody
@@ -699,8 +702,8 @@ class _Slots:
     others: int = 0
     # Pulls established peers may still open: while others have candidates, 3/4 of all.
     top: int = 0
-    # Probes that may still open (``GossipConfig.max_probe_pulls``), apart from ``free``.
-    probes: int = 0
+    # Small pulls that may still open (``GossipConfig.max_probe_pulls``), apart from ``free``.
+    small: int = 0
 
 
 @dataclass
@@ -710,7 +713,7 @@ class _Batch:
     peer: PeerId
     capacity: int
     reserved: int  # download budget taken for ``capacity`` items (0 on credit)
-    probe: bool = False  # a small pull, in the probe pool (``_small``)
+    small: bool = False  # a small pull, in their pool (``_small``)
     item_limit: int = 0  # a small pull reads at most this much an item it asks for
     payload: int = 0  # the most its answer's items may hold (``_download_room``)
     established: bool = False  # through the budget to an established peer
@@ -786,6 +789,9 @@ class GossipCore:
         # Four established ids that answered just before the timeout held all of it, and all 8
         # slots, which newcomers then shared (red team rt41 F2).
         full_answer = float(max_pull_response(c, c.max_digests_per_pull))
+        # While their share (or the slots) holds no more, an established peer's pulls off credit are
+        # small too (``_small``): set for one scheduling pass.
+        self._established_full = False
         self._established_share = min(
             c.unproven_download_burst, max(c.unproven_download_burst / 2, full_answer, self._item_reservation)
         )
@@ -1114,16 +1120,17 @@ class GossipCore:
         self._wake_at = None
         if not self._candidates:
             return []  # the common case: every announced digest is pulled or known already
-        probes = sum(1 for _, pull in self._inflight.items() if pull.probe)
-        through_budget = [pull for _, pull in self._inflight.items() if pull.reserved and not pull.probe]
+        small = sum(1 for _, pull in self._inflight.items() if pull.small)
+        through_budget = [pull for _, pull in self._inflight.items() if pull.reserved and not pull.small]
         slots = _Slots(
-            free=c.max_inflight_pulls - (len(self._inflight) - probes),
+            free=c.max_inflight_pulls - (len(self._inflight) - small),
             unproven=self._unproven_slots - len(through_budget),
             established_bytes=self._established_share
             - sum(pull.reserved for pull in through_budget if pull.established),
-            probes=c.max_probe_pulls - probes,
+            small=c.max_probe_pulls - small,
         )
         slots.budget_held = self._budget_held(slots, now)
+        self._established_full = not self._established_room(slots) or slots.unproven <= 0
         budget = c.max_pending_admissions - len(self._awaiting) - len(self._inflight_digests)
         established_waits = others_wait = False
         for announcer, state in self._peers.items():
@@ -1142,6 +1149,7 @@ class GossipCore:
             top_share = c.max_inflight_pulls - c.max_inflight_pulls // 4
             slots.top = top_share - sum(1 for _, pull in self._inflight.items() if pull.top)
         if not self._anyone_can_open(slots, now):
+            self._established_full = False
             return []  # nothing to scan for (red team rt29 F2: a pass over 8,192 candidates cost ~50 ms)
         open_batches: dict[PeerId, _Batch] = {}
         actions: list[GossipAction] = []
@@ -1152,7 +1160,7 @@ class GossipCore:
                 slots.budget_held = self._budget_held(slots, now)
             ready, later = self._ready_peers(now, slots, tier)
             for digest, candidate in self._candidates.items():
-                if budget <= 0 or (slots.free <= 0 and slots.probes <= 0 and not open_batches):
+                if budget <= 0 or (slots.free <= 0 and slots.small <= 0 and not open_batches):
                     break  # freed by an event (result, verdict) or a timer already in next_deadline
                 if ready.isdisjoint(candidate.announcers) and open_batches.keys().isdisjoint(
                     candidate.announcers
@@ -1178,11 +1186,12 @@ class GossipCore:
                 batch = open_batches.get(peer)
                 if batch is None:
                     batch = open_batches[peer] = self._open_batch(peer, now, slots)
-                    slots.probes -= batch.probe
-                    slots.free -= not batch.probe
-                    slots.unproven -= batch.reserved > 0 and not batch.probe
+                    slots.small -= batch.small
+                    slots.free -= not batch.small
+                    slots.unproven -= batch.reserved > 0 and not batch.small
                     slots.established_bytes -= batch.reserved if batch.established else 0
                     slots.top -= batch.top
+                    self._established_full = not self._established_room(slots) or slots.unproven <= 0
                 self._candidates.pop(digest)
                 self._release_announcers(candidate)
                 batch.digests[digest] = candidate
@@ -1193,6 +1202,7 @@ class GossipCore:
             if not deferred:
                 break
         actions += [self._start_pull(batch, now) for batch in open_batches.values()]
+        self._established_full = False
         for announcer in blocked:
             if (blocked_state := self._peers.get(announcer)) is not None:
                 self._note_ready(announcer, blocked_state, now)
@@ -1211,11 +1221,11 @@ class GossipCore:
 
     def _contends(self, peer: PeerId, state: _Peer, now: float) -> bool:
         """Whether a peer not established, with candidates, contends for established peers' pulls
-        (``_Slots.top``): it would take one of the pulls, not a probe, and neither its backoff, its
-        pause nor a ban keeps it from one now. Free ids that only announce (probes), or failed
+        (``_Slots.top``): it would take one of the pulls, not a small one, and neither its backoff,
+        its pause nor a ban keeps it from one now. Free ids that only announce (small pulls), or failed
         their last pull, kept established peers to 3/4 of the pulls for nothing (red team rt45 F2)."""
         return (
-            not self._probe_pool(peer, state)
+            not self._small(peer)
             and state.backoff_until <= now
             and state.paused_until <= now
             and not self.is_banned(peer, now)
@@ -1226,12 +1236,12 @@ class GossipCore:
         for, found at the cost of the peer table instead of the candidate table's (8,192 ids of
         8 announcers each). When none can, note when the first frees up by time (``_wake_at``):
         its backoff, pause or rate, or the download budget."""
-        if slots.free <= 0 and slots.probes <= 0:
+        if slots.free <= 0 and slots.small <= 0:
             return False
         if self._overloaded_until > now:
             self._wake_at = self._overloaded_until
             return False
-        if slots.unproven > 0 or slots.probes > 0:
+        if slots.unproven > 0 or slots.small > 0:
             left = self._download.available(now)
             if left < self._item_reservation:  # some pulls may wait for the budget alone
                 need = self._probe_bytes if left < self._probe_bytes else self._item_reservation
@@ -1279,7 +1289,7 @@ class GossipCore:
             return _Batch(peer, capacity, reserved=0, top=self._tier(peer) == 0)
         if self._small(peer):
             item_limit = self._small_item_limit(state)
-            if state.outgrew_probe:
+            if state.outgrew_small:
                 capacity = 1
             else:  # slow start: as many items as it ever served intact, up to _SLOW_START_ITEMS
                 capacity = min(capacity, max(1, min(state.delivered, _SLOW_START_ITEMS)))
@@ -1287,7 +1297,7 @@ class GossipCore:
             reserved = capacity * item_limit
             taken = self._download.take(now, reserved)
             assert capacity >= 1 and taken  # _budget_allows saw one item's limit in the budget
-            return _Batch(peer, capacity, reserved, probe=True, item_limit=item_limit)
+            return _Batch(peer, capacity, reserved, small=True, item_limit=item_limit)
         # Established, not on credit: through the budget, within established peers' share of it.
         room = min(self._download.available(now), slots.established_bytes)
         while capacity > 1 and max_pull_response(c, capacity) > room:
@@ -1310,13 +1320,18 @@ class GossipCore:
         self-signed envelope) and then stalled full pulls there did the same (rt46 F1: 8 ids a read
         of 2 items each, 28% lost; 37 of 8, 77%). Small, such a pull holds a slot of a pool eight
         times as large for half as long and at most 256 KiB of the download budget, and stalling
-        costs the id its standing (``_on_pull_succeeded``, ``_pull_failed``)."""
-        return not self._on_credit(peer) and self._tier(peer) != 0
+        costs the id its standing (``_on_pull_succeeded``, ``_pull_failed``).
+
+        An established peer's pulls off credit are small too while established peers' share of the
+        budget holds no more: two established ids answering each full pull just before the timeout
+        held it, and honest established peers not yet on credit, which could get neither, lost 72%
+        of their items (red team rt47 F1)."""
+        return not self._on_credit(peer) and (self._tier(peer) != 0 or self._established_full)
 
     def _small_item_limit(self, state: _Peer) -> int:
-        """What a small pull to this peer reads at most per item: a probe's, or once it answered
+        """What a small pull to this peer reads at most per item: ``probe_answer_bytes``, or once it answered
         over that (an honest item may be up to ``max_item_bytes``), one whole item."""
-        return self._item_reservation if state.outgrew_probe else self._probe_bytes
+        return self._item_reservation if state.outgrew_small else self._probe_bytes
 
     def _choose_peer(
         self,
@@ -1407,11 +1422,6 @@ class GossipCore:
             and self._peer_allows(peer, state, now, slots)
         )
 
-    def _probe_pool(self, peer: PeerId, state: _Peer) -> bool:
-        """Whether a new pull to it would be small: from ``_Slots.probes`` rather than ``free``,
-        and one at a time."""
-        return self._small(peer)
-
     def _budget_allows(self, peer: PeerId, state: _Peer, now: float, slots: _Slots) -> bool:
         """Whether a pull to it, not on credit, finds a slot and the download budget it needs.
 
@@ -1463,15 +1473,15 @@ class GossipCore:
         F2: 28-85% lost). Likewise, while peers not established have candidates, established
         ones open at most 3/4 of the pulls (``_Slots.top``): pulled first, 8 on credit answering
         every pull took all 16, and newcomers lost 95% of their items (rt44 F1)."""
-        probe = self._probe_pool(peer, state)
+        small = self._small(peer)
         return (
-            (slots.probes if probe else slots.free) > 0
+            (slots.small if small else slots.free) > 0
             and (slots.others > 0 or self._tier(peer) == 0)
             and (slots.top > 0 or self._tier(peer) != 0)
             and not self.is_banned(peer, now)
             and state.backoff_until <= now
             and state.paused_until <= now
-            and state.inflight < (1 if probe else self.config.max_inflight_pulls_per_peer)
+            and state.inflight < (1 if small else self.config.max_inflight_pulls_per_peer)
             and self._pending_by_peer.get(peer, 0) < self.config.max_pending_admissions_per_peer
             and state.pull_bucket.available(now) >= 1
             and self._download_allows(peer, state, now)
@@ -1505,8 +1515,7 @@ class GossipCore:
     def _note_ready(self, peer: PeerId, state: _Peer, now: float) -> None:
         """Remember when a peer blocked only by time (backoff, pause, ban, rates) frees up."""
         if (
-            state.inflight
-            >= (1 if self._probe_pool(peer, state) else self.config.max_inflight_pulls_per_peer)
+            state.inflight >= (1 if self._small(peer) else self.config.max_inflight_pulls_per_peer)
             or self._pending_by_peer.get(peer, 0) >= self.config.max_pending_admissions_per_peer
         ):
             return  # freed by an event, not by time
@@ -1532,7 +1541,7 @@ class GossipCore:
         state.inflight_payload -= batch.payload - payload
         most = max_pull_response(self.config, len(batch.digests))
         reserved = batch.reserved
-        if batch.probe:
+        if batch.small:
             limit = reserved = batch.item_limit * len(batch.digests)
             self._download.give(now, batch.reserved - reserved)  # what a fuller batch would have held
         elif batch.reserved:
@@ -1546,7 +1555,7 @@ class GossipCore:
         # The driver gives up after the pull's timeout and reports why (a stalled answer is
         # charged, ``PullFailed.charged``); the core's own expiry waits a little longer, so that
         # report is not pre-empted by a CancelPull (red team rt27).
-        timeout = self._probe_timeout if batch.probe else self.config.pull_timeout
+        timeout = self._probe_timeout if batch.small else self.config.pull_timeout
         expires_at = now + timeout * _PULL_EXPIRY_GRACE
         pull = _InFlight(
             batch.peer,
@@ -1554,9 +1563,9 @@ class GossipCore:
             reserved,
             batch.established,
             batch.top,
-            batch.probe,
+            batch.small,
             limit,
-            0.0 if batch.reserved or batch.probe else held,
+            0.0 if batch.reserved or batch.small else held,
             payload,
         )
         self._inflight.put(request_id, pull, expires_at)
@@ -1600,7 +1609,7 @@ class GossipCore:
         if received is None:
             received = sum(len(payload) + ITEM_PREFIX_BYTES for _, payload in event.items)
             received += len(event.unreadable) * self._item_reservation
-        if self.is_banned(event.peer, now):  # cancelled (``_ban``), but its answer came first
+        if self.is_banned(event.peer, now) and not pull.granted:  # cancelled (``_ban``), its answer first
             self._settle(pull, received, now)
             self._pull_failed(pull, now)
             return []
@@ -1686,13 +1695,13 @@ class GossipCore:
             return []
         self.stats.pulls_failed += 1
         state = self._peers.get(pull.peer)
-        # Over ``Pull.max_bytes``, a probe's, less than an honest answer may hold: not the server's
+        # Over ``Pull.max_bytes``, a small pull's, less than an honest answer may hold: not the server's
         # fault. (A pull on credit is never cut: ``_on_credit``.)
         honest_most = max_pull_response(self.config, len(pull.digests))
         cut_short = event.reason == _TOO_LARGE and pull.limit < honest_most
         self._settle(pull, event.received, now)
-        if cut_short and pull.probe and state is not None:
-            state.outgrew_probe = True  # an honest peer's item may be larger: one item a pull, read whole
+        if cut_short and pull.small and state is not None:
+            state.outgrew_small = True  # an honest peer's item may be larger: one item a pull, read whole
         broken = event.charged and event.reason in _BROKEN_ANSWER and not cut_short
         self._pull_failed(pull, now, dropped=broken, outgrown=cut_short)
         if not event.charged or cut_short:
@@ -1731,10 +1740,10 @@ class GossipCore:
         sends and a free id can at will: it is dropped as an announcer of them (``_drop_announcer``),
         and their tries are not used up. Counted as tries, three proven ids answering with an
         oversized frame header turned one failed try of an honest item into its loss (red team
-        rt38 F1: 12 of 100 items). ``outgrown``: a probe's answer was over the probe's limit, as an
+        rt38 F1: 12 of 100 items). ``outgrown``: a small pull's answer was over its limit, as an
         honest item may be: its digest goes back with its server still an announcer, and no try
-        used up either, or free ids answering their probes so could have it given up likewise
-        (each peer outgrows a probe once: its next pulls are full size, and too large is broken)."""
+        used up either, or free ids answering their small pulls so could have it given up likewise
+        (each peer outgrows them once: its next ones read a whole item, and more is broken)."""
         state = self._peers.get(pull.peer)
         if state is not None and not outgrown:  # an honest server's large item: no failure of its
             self._back_off(state, now)
@@ -1999,9 +2008,15 @@ class GossipCore:
         # Repeatedly rejected: stop pulling from it for a while, whatever admission decides.
         state.rejections = 0
         self.stats.peers_shunned += 1
-        return self._ban(peer, now + self.config.rejection_shun_seconds, now)
+        return self._ban(peer, now + self.config.rejection_shun_seconds, now, shun=True)
 
-    def _ban(self, peer: PeerId, until: float, now: float) -> list[GossipAction]:
+    def _ban(self, peer: PeerId, until: float, now: float, *, shun: bool = False) -> list[GossipAction]:
+        """Pull nothing more from ``peer`` until ``until``. Its pulls in flight are cancelled, but
+        for a ``shun`` (rejections counted here, ``_count_rejection``) they run to their end and
+        their items are admitted: the reading they may do was granted at their start, and
+        admission, judging each item, is what bans its sender. (Cancelled, a pull split in two
+        had the items of its second half never judged, and the sender of a bad signature among
+        them was never banned.)"""
         if until <= now:
             return []
         self.stats.bans += 1
@@ -2013,7 +2028,10 @@ class GossipCore:
                 del self._bans[min(self._bans, key=self._bans.__getitem__)]
         actions: list[GossipAction] = []
         for request_id, pull in self._inflight.items():
-            if pull.peer == peer:
+            if pull.peer == peer and shun:
+                pull.granted = True
+            elif pull.peer == peer:
+                pull.granted = False
                 # Stays in flight until the driver says what it read: spending nothing let a server
                 # that got itself banned mid-answer send 16 MiB free (red team rt30 F1), spending
                 # the most let a free id empty the budget with 15 bytes (rt29 F3). Its answer, if
