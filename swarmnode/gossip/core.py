@@ -704,6 +704,10 @@ class _Slots:
     top: int = 0
     # Small pulls that may still open (``GossipConfig.max_probe_pulls``), apart from ``free``.
     small: int = 0
+    # Of them, what established peers' small pulls (their fallback off credit) may still take:
+    # half the pool. Uncapped, ~80 established ids stalling them starved newcomers (red team
+    # rt48 F1: 16-64% of their items lost).
+    established_small: int = 0
 
 
 @dataclass
@@ -1128,6 +1132,8 @@ class GossipCore:
             established_bytes=self._established_share
             - sum(pull.reserved for pull in through_budget if pull.established),
             small=c.max_probe_pulls - small,
+            established_small=c.max_probe_pulls // 2
+            - sum(1 for _, pull in self._inflight.items() if pull.small and self._tier(pull.peer) == 0),
         )
         slots.budget_held = self._budget_held(slots, now)
         self._established_full = not self._established_room(slots) or slots.unproven <= 0
@@ -1187,6 +1193,7 @@ class GossipCore:
                 if batch is None:
                     batch = open_batches[peer] = self._open_batch(peer, now, slots)
                     slots.small -= batch.small
+                    slots.established_small -= batch.small and self._tier(peer) == 0
                     slots.free -= not batch.small
                     slots.unproven -= batch.reserved > 0 and not batch.small
                     slots.established_bytes -= batch.reserved if batch.established else 0
@@ -1476,6 +1483,7 @@ class GossipCore:
         small = self._small(peer)
         return (
             (slots.small if small else slots.free) > 0
+            and (not small or slots.established_small > 0 or self._tier(peer) != 0)
             and (slots.others > 0 or self._tier(peer) == 0)
             and (slots.top > 0 or self._tier(peer) != 0)
             and not self.is_banned(peer, now)
@@ -1555,7 +1563,11 @@ class GossipCore:
         # The driver gives up after the pull's timeout and reports why (a stalled answer is
         # charged, ``PullFailed.charged``); the core's own expiry waits a little longer, so that
         # report is not pre-empted by a CancelPull (red team rt27).
-        timeout = self._probe_timeout if batch.small else self.config.pull_timeout
+        # A small pull that reads a whole item (its peer outgrew 128 KiB) has the full timeout: in
+        # 5 s, an honest 1.5-MiB item at 256 KiB/s timed out after 1 MiB, charged, and its server,
+        # established, was shunned (red team rt48 F2).
+        whole = batch.item_limit >= self._item_reservation
+        timeout = self._probe_timeout if batch.small and not whole else self.config.pull_timeout
         expires_at = now + timeout * _PULL_EXPIRY_GRACE
         pull = _InFlight(
             batch.peer,
@@ -2019,6 +2031,8 @@ class GossipCore:
         them was never banned.)"""
         if until <= now:
             return []
+        # A shun grants only pulls no admission ban cancelled before it: those stay cancelled.
+        was_banned = self.is_banned(peer, now)
         self.stats.bans += 1
         self._bans[peer] = max(until, self._bans.get(peer, -math.inf))
         if len(self._bans) > self.config.max_bans:
@@ -2029,7 +2043,7 @@ class GossipCore:
         actions: list[GossipAction] = []
         for request_id, pull in self._inflight.items():
             if pull.peer == peer and shun:
-                pull.granted = True
+                pull.granted = pull.granted or not was_banned
             elif pull.peer == peer:
                 pull.granted = False
                 # Stays in flight until the driver says what it read: spending nothing let a server

@@ -184,14 +184,17 @@ def test_stalled_probes_hold_a_pool_of_their_own_and_only_for_the_probe_timeout(
 
 
 def test_an_honest_item_larger_than_a_probe_costs_its_server_nothing() -> None:
-    core = core_with()
+    core = core_with(probe_timeout=1.0)
     [probe] = announce(core, "big", fresh(1), 1.0)
-    assert probe.max_bytes == 128 * 1024
+    assert (probe.max_bytes, probe.timeout) == (128 * 1024, 1.0)
     # The driver read 128 KiB of a 1-MiB envelope and gave up (CallFailure.TOO_LARGE), uncharged.
     cut = PullFailed(probe.request_id, "big", "too_large", charged=True, received=probe.max_bytes)
     [full] = pulls(core.handle(cut, 1.2))  # no backoff: one item a pull, read whole
     assert core.stats.pulls_refused == 0 and core._peers["big"].rejections == 0
     assert full.peer == "big" and full.digests == probe.digests and full.max_bytes is None
+    # Read whole, in pull_timeout: in probe_timeout, an honest 1.5-MiB item on a 256-KiB/s link
+    # timed out past 1 MiB read, charged, and its server was shunned (red team rt48 F2).
+    assert full.timeout == 5.0
 
 
 def test_a_pull_that_fails_with_nothing_read_gives_its_reservation_back() -> None:
@@ -751,3 +754,37 @@ def test_pulls_to_one_server_never_ask_for_more_than_its_serving_budget_for_us_h
             events.append((max(now, client.next_deadline() or now), next(order), None))
     assert server.stats.serve_limited == 0 and client.stats.items_missing == 0  # before: 53 backoffs
     assert admitted == 32 and client._tier("server") == 0
+
+
+def test_established_peers_past_their_share_take_at_most_half_the_small_pulls() -> None:
+    # Red team rt48 F1: past their share of the budget, established peers' pulls are small, and
+    # ~80 established ids stalling them held the whole pool: newcomers lost 16-64% of their items.
+    core = core_with(max_probe_pulls=4)
+    for k in range(6):
+        for _ in range(8):
+            proven(core, f"relay{k}", 0.0)  # established, not on credit
+    pulls_ = [p for k in range(6) for p in announce(core, f"relay{k}", fresh(16), 1.0)]
+    small = [p for p in pulls_ if p.max_bytes is not None]
+    assert len(small) == 2  # half the pool; before: all 4
+    [newcomer] = announce(core, "newcomer", fresh(1), 1.1)
+    assert newcomer.max_bytes == 128 * 1024
+
+
+def test_a_shun_does_not_grant_again_the_pulls_a_ban_cancelled() -> None:
+    # Red team rt48 F3: banned by admission, then shunned for the rejections of items it had
+    # served before, a peer had its cancelled pulls granted again, and their items admitted.
+    core = core_with(max_inflight_pulls_per_peer=3, max_digests_per_pull=3, peer_download_burst=64 * MiB)
+    for _ in range(8):
+        proven(core, "junk", 0.0)
+    first, *others = announce(core, "junk", fresh(9), 0.0)
+    assert others
+    items = tuple((digest, b"j") for digest in first.digests)
+    core.handle(PullSucceeded(first.request_id, "junk", items, received=15), 0.1)
+    core.handle(PeerBanned("junk", until=100.0), 0.2)  # cancels the others
+    for digest, _ in items:  # the third rejection: a shun
+        core.handle(AdmissionResult("junk", digest, False, "bad_group"), 0.3)
+    assert core.stats.peers_shunned == 1
+    admits = core.stats.admits
+    late = ((others[0].digests[0], b"j"),)
+    core.handle(PullSucceeded(others[0].request_id, "junk", late, received=5), 0.4)
+    assert core.stats.admits == admits  # before: admitted
