@@ -118,9 +118,10 @@ class GossipConfig:
     max_digests_per_pull: int = 16
     max_inflight_pulls: int = 16
     max_inflight_pulls_per_peer: int = 2
-    # Of max_inflight_pulls, how many may go to peers not proven (no accepted items yet, or a
-    # failed last pull): the rest wait for proven ones (red team rt24 F1: free ids whose pulls
-    # time out held all 16 slots, 10 s each, and starved an honest announcer).
+    # Of max_inflight_pulls, how many may read through the download budget (established peers
+    # off credit, full size; everyone else's pulls off credit are small, below): the rest are
+    # for peers on credit (red team rt24 F1: free ids whose pulls time out held all 16 slots,
+    # 10 s each, and starved an honest announcer).
     max_unproven_pulls: int = 8
     # Pulls to peers neither established nor on credit are small (``GossipCore._small``): one at a
     # time, in a pool of their own beside max_inflight_pulls, each given up after probe_timeout,
@@ -690,7 +691,8 @@ class _ServeState:
 @dataclass
 class _Slots:
     """What one scheduling pass may still open: pull slots in all and through the download budget,
-    established peers' share of the latter, and pending places for peers not established."""
+    established peers' share of the latter, pending places for peers not established, and small
+    pulls."""
 
     free: int
     unproven: int  # full-size pulls through the download budget: established peers' (``_budget_allows``)
