@@ -1565,10 +1565,13 @@ class GossipCore:
         # The driver gives up after the pull's timeout and reports why (a stalled answer is
         # charged, ``PullFailed.charged``); the core's own expiry waits a little longer, so that
         # report is not pre-empted by a CancelPull (red team rt27).
-        # A small pull that reads a whole item (its peer outgrew 128 KiB) has the full timeout: in
-        # 5 s, an honest 1.5-MiB item at 256 KiB/s timed out after 1 MiB, charged, and its server,
-        # established, was shunned (red team rt48 F2).
-        whole = batch.item_limit >= self._item_reservation
+        # A small pull that reads a whole item (its peer outgrew 128 KiB) to a peer that served one
+        # intact before has the full timeout: in 5 s, an honest 1.5-MiB item at 256 KiB/s timed out
+        # after 1 MiB, charged, and its server, established, was shunned (red team rt48 F2). Not
+        # to a stranger: free ids outgrowing their first small pull with an oversized header, free
+        # of charge, then held a whole item of the budget and a slot for 10 s each, and newcomers'
+        # 4-KiB items waited p90 59 s, 6% lost (rt49 F1: 42 ids a read).
+        whole = batch.item_limit >= self._item_reservation and state.delivered > 0
         timeout = self._probe_timeout if batch.small and not whole else self.config.pull_timeout
         expires_at = now + timeout * _PULL_EXPIRY_GRACE
         pull = _InFlight(

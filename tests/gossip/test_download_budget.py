@@ -192,9 +192,17 @@ def test_an_honest_item_larger_than_a_probe_costs_its_server_nothing() -> None:
     [full] = pulls(core.handle(cut, 1.2))  # no backoff: one item a pull, read whole
     assert core.stats.pulls_refused == 0 and core._peers["big"].rejections == 0
     assert full.peer == "big" and full.digests == probe.digests and full.max_bytes is None
-    # Read whole, in pull_timeout: in probe_timeout, an honest 1.5-MiB item on a 256-KiB/s link
-    # timed out past 1 MiB read, charged, and its server was shunned (red team rt48 F2).
-    assert full.timeout == 5.0
+    # Read whole, in probe_timeout while it never served an item intact (red team rt49 F1: free
+    # ids outgrowing on purpose held a whole item of the budget for 10 s each)...
+    assert full.timeout == 1.0
+    cut = PullFailed(full.request_id, "big", "timeout", received=0)
+    core.handle(cut, 2.3)
+    [again] = pulls(core.poll(3.4))  # (after its backoff)
+    core.handle(PullSucceeded(again.request_id, "big", ((again.digests[0], b"v" * 100),)), 3.5)
+    # ...and in pull_timeout once it did: in probe_timeout, an honest 1.5-MiB item on a
+    # 256-KiB/s link timed out past 1 MiB read, charged, and its server was shunned (rt48 F2).
+    [whole] = announce(core, "big", fresh(1), 3.6)
+    assert (whole.max_bytes, whole.timeout) == (None, 5.0)
 
 
 def test_a_pull_that_fails_with_nothing_read_gives_its_reservation_back() -> None:
