@@ -258,16 +258,14 @@ class Adversary:
         broken = seal_payload(self.main, Kind.ROLLOUT_BATCH, BROKEN_PAYLOAD, to_ms(time.time()))
         assert isinstance(decode_payload(Kind.ROLLOUT_BATCH, BROKEN_PAYLOAD), WireError)
         self._add("invalid_payload", encode_envelope(broken), "invalid_payload")
-        self._add("malformed", MALFORMED, "malformed")
-        self._add("oversized", OVERSIZED, "too_large")
-        # The items that ban come last: a node may pull these 12 in two pulls (the first of at
-        # most 7, within the download budget it has left), and a ban cancels the pulls in flight.
         mismatch, _ = self._seal_group(self.main, t[2], prompt=t[3].prompt)
         assert t[2].prompt != t[3].prompt
         self._add("prompt_mismatch", mismatch, "prompt_mismatch")
         for k in (1, 2):  # each is refused as "banned"; the ban itself is counted once
             after_ban, _ = self._seal_group(self.main, t[3 + k])
             self._add(f"main_after_ban_{k}", after_ban, "banned")
+        self._add("malformed", MALFORMED, "malformed")
+        self._add("oversized", OVERSIZED, "too_large")
         self._add("bad_signature", self._bad_signature(t[6]), "bad_signature")
         sybil, _ = self._seal_group(self.sybil, t[7])
         self._add("sybil_after_transport_ban", sybil, "banned")
