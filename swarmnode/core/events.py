@@ -20,8 +20,11 @@ Digest: TypeAlias = bytes
 class PeerBanned:
     """The admission layer banned ``peer`` until ``until`` (same clock as ``now``).
 
-    Cores stop pulling from a banned peer and stop serving it until then.
+    Cores stop pulling from a banned peer and stop serving it until then. ``for_signer``: the ban
+    is on a signer whose envelope ``peer`` delivered, not on ``peer`` itself; the gossip core then
+    lets ``peer``'s pulls in flight run to their end (their items still judged one by one).
     """
 
     peer: PeerId
     until: float
+    for_signer: bool = False

@@ -832,7 +832,7 @@ class GossipCore:
                 case AdmissionResult():
                     actions += self._on_admission_result(event, now)
                 case PeerBanned():
-                    actions += self._ban(event.peer, event.until, now)
+                    actions += self._ban(event.peer, event.until, now, shun=event.for_signer)
                 case PullRequest():
                     actions.append(self._on_pull_request(event, now))
                 case _:
@@ -2029,7 +2029,8 @@ class GossipCore:
 
     def _ban(self, peer: PeerId, until: float, now: float, *, shun: bool = False) -> list[GossipAction]:
         """Pull nothing more from ``peer`` until ``until``. Its pulls in flight are cancelled, but
-        for a ``shun`` (rejections counted here, ``_count_rejection``) they run to their end and
+        for a ``shun`` (rejections counted here, ``_count_rejection``, or a ban on a signer whose
+        envelope the peer delivered, ``PeerBanned.for_signer``) they run to their end and
         their items are admitted: the reading they may do was granted at their start, and
         admission, judging each item, is what bans its sender. (Cancelled, a pull split in two
         had the items of its second half never judged, and the sender of a bad signature among

@@ -176,6 +176,7 @@ def admission_events(
     charged: bool = True,
     busy: bool = False,
     overloaded: bool = False,
+    ban_on_signer: bool = False,
 ) -> list[GossipEvent]:
     """The core's events for a verdict on an item ``peer`` delivered (``digest`` None: bytes that
     were no envelope, which the core never asked to admit). A rejection that left a ban (on the
@@ -185,7 +186,11 @@ def admission_events(
     another announcer. ``charged``: admission lowered someone's score for it (False: a reason
     that depends on the receiver, which the core does not hold against the server either).
     ``busy``: refused unjudged because this node's admission queue was full (``Judged.busy``);
-    ``overloaded``: full with every peer's work, not the deliverer's share (``Judged.overloaded``)."""
+    ``overloaded``: full with every peer's work, not the deliverer's share (``Judged.overloaded``).
+    ``ban_on_signer``: the ban is the signer's, not the delivering peer's: the core stops pulling
+    from it, but its pulls in flight run to their end (``PeerBanned.for_signer``). Cancelled, a
+    pull split in two had the items of its second half never judged, the transport peer's bad
+    signature among them (``tests/swarm/test_adversary.py``, about one run in three)."""
     events: list[GossipEvent] = []
     if digest is not None:
         events.append(
@@ -201,7 +206,7 @@ def admission_events(
             )
         )
     if not accepted and banned_until is not None:
-        events.append(PeerBanned(peer, banned_until))
+        events.append(PeerBanned(peer, banned_until, for_signer=ban_on_signer))
     return events
 
 
@@ -231,6 +236,8 @@ def verdict_events(
             charged=verdict.charged is not None,
             busy=busy,
             overloaded=overloaded,
+            # ``ban_left_by`` names the charged party, else the signer, else the deliverer.
+            ban_on_signer=(verdict.charged or verdict.sender or peer) != peer,
         )
     return admission_events(peer, digest, accepted=True, reason="accepted", banned_until=None)
 

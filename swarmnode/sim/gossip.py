@@ -208,7 +208,12 @@ class GossipPeer:
         # What the verdict means to the core: the node's rule (swarmnode.gossip.intake), not a copy.
         reason = "accepted" if accepted else "forged"
         return admission_events(
-            action.peer, action.digest, accepted=accepted, reason=reason, banned_until=banned_until
+            action.peer,
+            action.digest,
+            accepted=accepted,
+            reason=reason,
+            banned_until=banned_until,
+            ban_on_signer=not accepted and signer != action.peer,
         )
 
     def publish(self, item: Item) -> None:

@@ -17,6 +17,7 @@ from swarmnode.core import PeerBanned
 from swarmnode.errors import ConfigError
 from swarmnode.gossip import (
     AdmissionResult,
+    Admit,
     Announce,
     Announced,
     CancelPull,
@@ -291,6 +292,30 @@ def test_pulls_cancelled_by_a_ban_spend_what_arrived_when_the_driver_reports_it(
     late = ((others[1].digests[0], b"j"),)
     core.handle(PullSucceeded(others[1].request_id, "junk", late, received=5), 0.5)  # too late
     assert core.stats.admits == 8 + 3 + 1  # nothing from an answer of a banned peer
+
+
+def test_a_ban_on_a_signer_it_delivered_stops_new_pulls_but_not_the_peers_pulls_in_flight() -> None:
+    # tests/swarm/test_adversary.py, about one run in three: a pull split in two, the first half
+    # banned the signer, and the ban cancelled the second half, whose items (the transport peer's
+    # bad signature among them) were never judged.
+    core = core_with(
+        max_inflight_pulls_per_peer=3,
+        max_digests_per_pull=4,
+        unproven_download_burst=64 * MiB,
+        peer_download_burst=64 * MiB,
+    )
+    for _ in range(8):
+        proven(core, "relay", 0.0)
+    first, second, *_ = announce(core, "relay", fresh(8), 0.0)
+    actions = core.handle(PeerBanned("relay", until=100.0, for_signer=True), 0.1)
+    assert not [a for a in actions if isinstance(a, CancelPull)] and core.is_banned("relay", 0.1)
+    assert pulls(announce(core, "relay", fresh(4), 0.2)) == []  # nothing new from it
+    answer = tuple((digest, b"r") for digest in second.digests)
+    actions = core.handle(PullSucceeded(second.request_id, "relay", answer, received=4), 0.3)
+    assert [a.digest for a in actions if isinstance(a, Admit)] == list(second.digests)  # all judged
+    # A ban on the peer itself cancels what it still has in flight.
+    cancels = core.handle(PeerBanned("relay", until=100.0), 0.4)
+    assert [a.request_id for a in cancels if isinstance(a, CancelPull)] == [first.request_id]
 
 
 def test_a_scheduling_pass_reserves_no_more_than_each_peer_announces() -> None:

@@ -174,6 +174,19 @@ RECEIVER_DEPENDENT = (
 )
 
 
+def test_a_ban_on_the_signer_lets_the_delivering_peers_pulls_run_to_their_end() -> None:
+    # The signer's ban stops pulls from the peer that delivered its envelope, but its pulls in
+    # flight are not cancelled: their other items (another signer's, or the peer's own junk) are
+    # still judged each for itself. A ban on the delivering peer itself cancels them.
+    signer = Rejected(RejectReason.PROMPT_MISMATCH, "lies", sender="s", charged="s")
+    refused = AdmissionResult("p", b"d", False, "prompt_mismatch")
+    assert verdict_events("p", b"d", signer, T0 + 60) == [refused, PeerBanned("p", T0 + 60, for_signer=True)]
+    own = Rejected(RejectReason.PROMPT_MISMATCH, "lies", sender="p", charged="p")
+    assert verdict_events("p", b"d", own, T0 + 60)[-1] == PeerBanned("p", T0 + 60, for_signer=False)
+    deliverer = Rejected(RejectReason.BANNED, "banned", sender="s", charged="p")  # names the deliverer
+    assert verdict_events("p", b"d", deliverer, T0 + 60)[-1] == PeerBanned("p", T0 + 60, for_signer=False)
+
+
 def test_a_rejection_admission_charges_to_nobody_is_reported_uncharged() -> None:
     # Receiver-dependent reasons (admit.reasons.CHARGE: nobody) must not count toward the core
     # shunning the server; every charged one does.
