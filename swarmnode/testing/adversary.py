@@ -12,7 +12,8 @@ through files in ``--home``:
                  the swarm (kept for a replay) and announces one valid envelope whose
                  group claims reward 1 for wrong answers; writes ``phase1.json``.
 ``go-phase2``    (created by the test) -> announces the poison below in one record and
-                 serves it in this order, whatever order it is asked in; writes
+                 serves it in this order, whatever order it is asked in (phase 1's
+                 items still served after it); writes
                  ``phase2.json`` with each item's digest and the verdict an honest node
                  must reach.
 
@@ -126,7 +127,11 @@ class Adversary:
         self.forger = NodeIdentity.generate()
         self.sybil = NodeIdentity.generate()
         self.tasks = default_mixture(777).sample(0, 16)
-        self.items: list[Item] = []  # served in this order
+        self.items: list[Item] = []  # this phase's, served in this order
+        # Earlier phases' items, still served after this phase's (as a peer serves what it
+        # announced): cleared at phase 2, a node that had not yet pulled phase 1 got empty answers,
+        # backed off, and did not pull phase 2 within the dashboard test's 120 s.
+        self.earlier: list[Item] = []
         self.served: dict[str, int] = {}  # requesting peer -> items served
 
     # -- building items ------------------------------------------------------------------
@@ -243,7 +248,7 @@ class Adversary:
         }
 
     async def phase2(self) -> dict[str, Any]:
-        self.items.clear()
+        self.earlier, self.items = self.earlier + self.items, []
         t = self.tasks
         # Scores (ban at -10). Transport peer: malformed -2 and too large -2 (judged first, as they
         # are not envelopes), two replays -0.5 each, one bad signature -5 -> banned. Main signer:
@@ -278,10 +283,13 @@ class Adversary:
         if len(request) % DIGEST_BYTES:
             raise ValueError("pull request is not a whole number of 32-byte digests")
         wanted = {request[i : i + DIGEST_BYTES] for i in range(0, len(request), DIGEST_BYTES)}
-        served = [item.data for item in self.items if item.digest in wanted]
+        served: dict[bytes, bytes] = {}  # one copy of each digest (phase 2 replays phase 1's bytes)
+        for item in (*self.items, *self.earlier):
+            if item.digest in wanted:
+                served.setdefault(item.digest, item.data)
         self.served[peer_id] = self.served.get(peer_id, 0) + len(served)
         log.info("served %d of %d items to %s", len(served), len(wanted), peer_id)
-        return encode_items(served)
+        return encode_items(list(served.values()))
 
     async def run(self) -> None:
         phases = (("go-phase1", "phase1.json", self.phase1), ("go-phase2", "phase2.json", self.phase2))
