@@ -59,11 +59,13 @@ RULES: dict[str, dict[str, Any]] = {
     "receiver_baseline": {"mixing": "receiver_baseline"},
     "positive_only": {"mixing": "positive_only"},
     "anchored": {"mixing": "anchored"},
+    "replay": {"mixing": "replay"},
 }
 #: CPU seconds per agent-round of each rule at J = 8 (1,000 rounds, 1 thread, alone: the table in
 #: simulations/README.md): only to start the longest runs first, so that ``--jobs`` processes
 #: finish together.
 COST = {
+    "replay": 0.09,  # an estimate: anchored plus K = 64 one-completion rows
     "hacpo": 0.103,
     "joint": 0.080,
     "anchored": 0.069,

@@ -303,6 +303,7 @@ def build_parser() -> argparse.ArgumentParser:
             "receiver_baseline",
             "positive_only",
             "anchored",
+            "replay",
         ],
         default="anchored",
         help="how nodes use each other's groups (swarm.mixing; default anchored, the best rule of "

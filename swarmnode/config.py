@@ -262,17 +262,29 @@ class CheckpointConfig(Section):
 
 
 class SwarmConfig(Section):
-    mixing: Literal["none", "sapo", "hacpo", "joint", "receiver_baseline", "positive_only", "anchored"] = (
-        Field(
-            "none",
-            description="How external groups are used: SAPO, HACPO, or a transfer rule of "
-            "swarmnode.learn.transfer (joint, receiver_baseline, positive_only, anchored).",
-        )
+    mixing: Literal[
+        "none", "sapo", "hacpo", "joint", "receiver_baseline", "positive_only", "anchored", "replay"
+    ] = Field(
+        "none",
+        description="How external groups are used: SAPO, HACPO, or a transfer rule of "
+        "swarmnode.learn.transfer (joint, receiver_baseline, positive_only, anchored, replay).",
     )
     local_groups: int = Field(
         4, ge=0, description="I: own groups per update (SAPO; HACPO uses every own group)."
     )
     external_groups: int = Field(4, ge=0, description="J: external groups per update (SAPO and HACPO).")
+    replay_demos: int = Field(
+        64,
+        ge=0,
+        le=1024,
+        description="K: remembered verified demonstrations replayed per update (mixing = replay).",
+    )
+    replay_memory: int = Field(
+        256,
+        ge=1,
+        le=65_536,
+        description="Verified demonstrations remembered per task family, one per prompt (mixing = replay).",
+    )
     initial_peers: list[str] = Field(default_factory=list, description="Bootstrap multiaddrs.")
     peers_file: str = Field("", description="File with one bootstrap multiaddr per line.")
     host_maddrs: list[str] = Field(

@@ -40,7 +40,7 @@ optional, unknown keys are an error)::
     seeds = [0, 1, 2]          # one run per seed (or seed = 0; default [simulation] seed, else 0);
                                # agent i of seed s uses node seed 1000*s + i
     mixing = "sapo"            # "none" | "sapo" | "hacpo" | "joint" | "receiver_baseline" |
-                               # "positive_only" | "anchored" (the trainer's
+                               # "positive_only" | "anchored" | "replay" (the trainer's
                                # swarm.mixing; learn.transfer)
     local_groups = 4           # I: own groups per update (SAPO; HACPO uses every own group)
     external_groups = 4        # J: external groups per update; 0 = no exchange (nothing published)
@@ -222,7 +222,7 @@ _INT_KEYS = {
     "threads": 1,
 }
 _CHOICES = {
-    "mixing": ("none", "sapo", "hacpo", "joint", "receiver_baseline", "positive_only", "anchored"),
+    "mixing": ("none", "sapo", "hacpo", "joint", "receiver_baseline", "positive_only", "anchored", "replay"),
     "algorithm": ("grpo", "dapo", "gspo"),
     "engine": ("torch", "hf", "vllm"),
     "mixture": ("default",),

@@ -21,7 +21,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -38,12 +38,14 @@ from swarmnode.learn.hacpo import (
 )
 from swarmnode.learn.m2po import m2po_loss
 from swarmnode.learn.transfer import (
+    DemoMemory,
     FamilyBaseline,
     anchor_advantages,
     is_demonstration,
     joint_advantages,
     receiver_advantages,
     select_teaching,
+    success,
     teaching_value,
 )
 from swarmnode.ops.faults import fault_point
@@ -62,10 +64,10 @@ from swarmnode.verify import GroupScorer, Scored, score_in_process
 log = logging.getLogger(__name__)
 
 #: ``swarm.mixing`` values whose advantages for external groups come from ``learn.transfer``.
-BASELINE_RULES = ("receiver_baseline", "positive_only", "anchored")
+BASELINE_RULES = ("receiver_baseline", "positive_only", "anchored", "replay")
 TRANSFER_RULES = (*BASELINE_RULES, "joint")
 #: Baseline rules that also train on up to I own demonstrations (all-correct own groups).
-ANCHORED_RULES = ("anchored",)
+ANCHORED_RULES = ("anchored", "replay")
 
 
 def family_of(task: Task) -> str:
@@ -172,6 +174,10 @@ class Trainer:
         self.mixing_rng = random.Random(config.node.seed)
         self.capabilities = CapabilityTracker(window=5)
         self.family_baseline = FamilyBaseline(alpha=0.1)  # b_f of the baseline rules (learn.transfer)
+        # ``replay``'s verified demonstrations (learn.transfer.DemoMemory). Not checkpointed: a
+        # cache of what the swarm sent, refilled within a few rounds after a restart.
+        self.demo_memory: DemoMemory[ScoredGroup] = DemoMemory(config.swarm.replay_memory)
+        self.last_replayed = 0  # demonstrations the last update replayed
         self.last_step_stale = False  # did the last update use M2PO (stale own groups)?
         self.last_m2po_masked = float("nan")  # share of tokens M2PO masked in that step
         self.saved_round = -1  # round of the newest checkpoint this trainer wrote or loaded
@@ -443,10 +449,39 @@ class Trainer:
             self.family_baseline.update(by_family)  # b_f includes this round: our competence now
         local, ext = self.choose_groups(own, external)
         self.last_external_sources = dict(Counter(g.source for g in ext))
-        if not local and not ext:
+        replayed: list[ScoredGroup] = []
+        if self.config.swarm.mixing == "replay":
+            replayed = self._replayed()  # from earlier rounds: this round's are in ext already
+            self._remember_demos([*own, *external])
+        self.last_replayed = len(replayed)
+        if not local and not ext and not replayed:
             return float("nan"), 0, 0
-        losses = self._policy_steps(local, ext)
+        losses = self._policy_steps(local, [*ext, *replayed])
         return sum(losses) / len(losses), len(local), len(ext)
+
+    def _remember_demos(self, groups: Sequence[ScoredGroup]) -> None:
+        """``replay``: each group's first completion our verifier gave full reward; the memory keeps
+        one per prompt (the last remembered), so copies of a group take no more room."""
+        size = self.config.rollout.group_size
+        for group in (g.first(size) for g in groups):
+            for i, reward in enumerate(group.rewards):
+                if success(reward) == 1.0:
+                    demo = replace(
+                        group,
+                        completion_ids=[group.completion_ids[i]],
+                        behaviour_logprobs=[],  # scored under our policy at replay, as any external row
+                        texts=[group.texts[i]] if group.texts else [],
+                        rewards=[group.rewards[i]],
+                        source_mean_logprobs=[],
+                    )
+                    self.demo_memory.add(demo, family_of(group.task), group.task.id.key(), group.source)
+                    break
+
+    def _replayed(self) -> list[ScoredGroup]:
+        """``replay``: K remembered demonstrations, families weighted by 1 - b_f (learn.transfer)."""
+        weights = {f: 1.0 - self.family_baseline.rate(f) for f in self.demo_memory.families()}
+        drawn = self.demo_memory.sample(self.config.swarm.replay_demos, weights, self.mixing_rng)
+        return [demo for demo, _ in drawn]
 
     def _policy_steps(self, local: Sequence[ScoredGroup], ext: Sequence[ScoredGroup]) -> list[float]:
         """The ``k`` RL steps of a round on ``[*local, *ext]`` with the configured loss; their losses."""

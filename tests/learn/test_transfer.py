@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import random
+from collections import Counter
 
 import pytest
 
 from swarmnode.learn.transfer import (
+    DemoMemory,
     FamilyBaseline,
     anchor_advantages,
     is_demonstration,
@@ -105,3 +107,40 @@ def test_an_own_demonstration_is_an_all_correct_group_and_is_replayed_with_advan
     assert is_demonstration([1.0, 1.0, 1.0]) and not is_demonstration([1.0, 0.0]) and not is_demonstration([])
     # GRPO gives it 0 and receiver_baseline R - b_f = 0.03 where we solve 97%; the anchor gives R.
     assert anchor_advantages([1.0, 1.0]) == [1.0, 1.0]
+
+
+# -- replay: the demonstration memory ------------------------------------------------------------
+
+
+def test_the_demo_memory_keeps_one_entry_per_prompt_and_a_full_family_evicts_the_top_senders_oldest() -> None:
+    memory: DemoMemory[str] = DemoMemory(per_family=3)
+    memory.add("p1 first", "add", "p1", "alice")
+    memory.add("p1 again", "add", "p1", "bob")  # a newer success on the same prompt replaces it
+    assert memory.families() == {"add": 1} and len(memory) == 1
+    memory.add("p2", "add", "p2", "mallory")
+    memory.add("p3", "add", "p3", "mallory")
+    memory.add("p4", "add", "p4", "mallory")  # full: mallory holds the most, its oldest (p2) goes
+    memory.add("m1", "mul", "m1", "mallory")  # another family has room of its own
+    every = {item for item, _ in memory.sample(10, {"add": 1.0, "mul": 1.0}, random.Random(0))}
+    assert every == {"p1 again", "p3", "p4", "m1"}
+    memory.add("p5", "add", "p5", "bob")  # bob and mallory hold 1 and 2: mallory's oldest (p3) goes
+    assert {i for i, f in memory.sample(10, {"add": 1.0}, random.Random(0))} == {"p1 again", "p4", "p5"}
+    with pytest.raises(ValueError, match="per_family"):
+        DemoMemory(per_family=0)
+
+
+def test_the_demo_memory_draws_distinct_entries_by_family_weight_and_never_from_a_weight_of_zero() -> None:
+    memory: DemoMemory[int] = DemoMemory(per_family=1000)
+    for i in range(400):
+        memory.add(i, "weak", ("w", i), "s")
+        memory.add(1000 + i, "strong", ("s", i), "s")
+        memory.add(2000 + i, "mastered", ("m", i), "s")
+    drawn = memory.sample(200, {"weak": 0.9, "strong": 0.3, "mastered": 0.0}, random.Random(1))
+    items = [item for item, _ in drawn]
+    assert len(items) == len(set(items)) == 200  # distinct
+    families = Counter(family for _, family in drawn)
+    assert families["mastered"] == 0 and "unknown" not in families
+    assert 2.0 < families["weak"] / families["strong"] < 4.5  # 3:1 by weight
+    # Fewer entries than asked: every entry of the families with weight, once.
+    assert len(memory.sample(2000, {"weak": 1.0, "strong": 1.0}, random.Random(2))) == 800
+    assert memory.sample(5, {}, random.Random(3)) == []

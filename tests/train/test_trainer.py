@@ -18,7 +18,7 @@ from swarmnode.rollout import make_engine
 from swarmnode.store import CheckpointStore, Ledger
 from swarmnode.tasks import default_mixture
 from swarmnode.train import ScoredGroup, Trainer, completion_logprobs
-from swarmnode.train.trainer import distinct
+from swarmnode.train.trainer import distinct, family_of
 
 
 def config(**overrides: object) -> Config:
@@ -310,6 +310,29 @@ def test_the_anchored_rule_replays_our_all_correct_group_with_advantage_one_besi
         loss, used_own, used_ext = trainer.update(own, [demo])
         assert (used_own, used_ext) == (1, 1)
         assert loss == pytest.approx(-(4 * 1.0 + 4 * 0.875) / 8, abs=1e-5)  # ratio 1: -mean(A)
+
+
+def test_the_replay_rule_trains_on_a_peers_success_remembered_from_an_earlier_round_with_one_minus_our_rate(
+    quick_model: Path, tmp_path: Path
+) -> None:
+    with rule_trainer(quick_model, tmp_path, "replay", 1, 1) as (trainer, own):
+        wrong = [dataclasses.replace(g, rewards=[0.0] * 4) for g in own]  # we solve nothing: b_f = 0
+        demo = relabelled(own[1], [0.0, 1.0, 1.0, 0.0])
+        loss, _, used_ext = trainer.update(wrong, [demo])
+        assert used_ext == 1 and trainer.last_replayed == 0  # nothing remembered before this round
+        assert trainer.demo_memory.families() == {family_of(demo.task): 1}  # its first success only
+        # Next round the peer sends nothing and our groups teach nothing: the remembered success is
+        # the one row, a one-completion group with A = S - b_f = 1 - 0.
+        loss, used_own, used_ext = trainer.update(wrong, [])
+        assert (used_own, used_ext, trainer.last_replayed) == (0, 0, 1)
+        assert loss == pytest.approx(-1.0, abs=1e-5)  # ratio 1: -mean(A)
+        [replayed] = trainer._replayed()
+        assert replayed.completion_ids == [demo.completion_ids[1]] and replayed.rewards == [1.0]
+    (tmp_path / "anchored").mkdir()
+    with rule_trainer(quick_model, tmp_path / "anchored", "anchored", 1, 1) as (trainer, own):
+        wrong = [dataclasses.replace(g, rewards=[0.0] * 4) for g in own]
+        trainer.update(wrong, [relabelled(own[1], [0.0, 1.0, 1.0, 0.0])])
+        assert trainer.update(wrong, [])[1:] == (0, 0) and len(trainer.demo_memory) == 0  # no memory
 
 
 def test_the_positive_only_rule_ignores_a_peers_errors_and_joint_needs_our_group_on_the_prompt(
