@@ -72,9 +72,9 @@ families it is weak at instead of the few the swarm answered this round::
     memory      = every completion our verifier gave full reward (one per prompt, the first),
                   from our groups and our peers', kept across rounds (``per_family`` a family)
     replay:     external and own as anchored, plus K entries drawn from the memory without
-                replacement, a family f with probability proportional to 1 - b_f, then uniformly
-                within it; each entry is a one-completion external group with S = 1, so
-                A = 1 - b_f (receiver_baseline's advantage, at the time of replay)
+                replacement, a family f with probability proportional to 1 - b_f, then a sender
+                uniformly, then one of its entries; each entry is a one-completion external
+                group with S = 1, so A = 1 - b_f (receiver_baseline's advantage, at replay)
 
 Why: with the same prompts answered by every agent (or a few prompts a round), the J external
 groups hold at most J distinct prompts, about 6 of them on the families a specialist lacks, and
@@ -86,7 +86,8 @@ forgetting, Rolnick et al., arXiv 1811.11682) of verified successes, as ReST gro
 (arXiv 2308.08998), restricted to what our own verifier accepts. The weight 1 - b_f spends the
 rows on families we are weak at and stops replaying one we have learnt; if we forget it, b_f
 falls and replay resumes. A sender can only add completions our verifier accepted, one per
-prompt; a family's memory full, the oldest entry of the sender holding the most goes first.
+prompt not yet remembered; a family's memory full, the oldest entry of the sender holding the most
+goes first, and each draw takes a sender first (``DemoMemory``).
 
 Selection (every baseline rule, i.e. all but joint): the J external groups with the largest
 *teaching value* ``sum_y max(A(y), 0)`` (ties in a random order from the trainer's rng), among
@@ -105,6 +106,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Generic, TypeVar
 
@@ -212,17 +214,24 @@ def select_teaching(
 
 
 class DemoMemory(Generic[T]):
-    """Verified demonstrations kept across rounds for ``replay``: at most one per prompt and at most
-    ``per_family`` per family. A family full, the oldest entry of the sender holding the most of it
-    goes (one sender cannot push out the others' lessons). Families are bounded by the caller (the
-    node's own mixture: admission refuses others)."""
+    """Verified demonstrations kept across rounds for ``replay``: at most one per prompt (the first
+    remembered) and at most ``per_family`` per family. A family full, the oldest entry of the
+    sender holding the most of it goes; draws take a sender uniformly, then one of its entries.
+    Families are bounded by the caller (the node's own mixture: admission refuses others).
+
+    Task ids are public, so one sender can answer every prompt: replaced by the newest answer, one
+    identity re-answering the honest peers' prompts took 192 of 256 entries and 47 of 64 draws
+    (red team rt50 F1). Kept first, and drawn per sender, an identity gets one sender's share of
+    the draws, however many entries it holds. Signers are free, so many identities still get many
+    shares (rt50 F2, open: a quota for senders without standing needs the peer book here)."""
 
     def __init__(self, per_family: int) -> None:
         if per_family < 1:
             raise ValueError(f"per_family must be >= 1, got {per_family}")
         self.per_family = per_family
-        # family -> prompt -> (item, sender), oldest first
-        self._families: dict[str, dict[Hashable, tuple[T, Hashable]]] = {}
+        self._families: dict[str, dict[Hashable, tuple[T, Hashable]]] = {}  # prompt -> (item, sender)
+        # family -> sender -> its prompts, oldest first (kept up to date: no recount per add, rt50 F4)
+        self._by_sender: dict[str, dict[Hashable, deque[Hashable]]] = {}
 
     def __len__(self) -> int:
         return sum(len(entries) for entries in self._families.values())
@@ -232,39 +241,42 @@ class DemoMemory(Generic[T]):
         return {family: len(entries) for family, entries in self._families.items()}
 
     def add(self, item: T, family: str, prompt: Hashable, sender: Hashable) -> None:
-        """Remember ``item`` (a verified success) for ``prompt``; a newer one replaces the prompt's."""
+        """Remember ``item`` (a verified success) for ``prompt``, unless the prompt has one already."""
         entries = self._families.setdefault(family, {})
-        entries.pop(prompt, None)
+        if prompt in entries:
+            return
+        senders = self._by_sender.setdefault(family, {})
         if len(entries) >= self.per_family:
-            held: dict[Hashable, int] = {}
-            for _, who in entries.values():
-                held[who] = held.get(who, 0) + 1
-            most = max(held.values())
-            oldest = next(key for key, (_, who) in entries.items() if held[who] == most)
-            del entries[oldest]
+            top = max(senders, key=lambda who: len(senders[who]))  # first-come among equals
+            del entries[senders[top].popleft()]
+            if not senders[top]:
+                del senders[top]
         entries[prompt] = (item, sender)
+        senders.setdefault(sender, deque()).append(prompt)
 
     def sample(self, n: int, weights: Mapping[str, float], rng: random.Random) -> list[tuple[T, str]]:
         """Up to ``n`` distinct entries as ``(item, family)``: each draw picks a family with
         probability proportional to ``weights[family]`` (absent or <= 0: never) among those with
-        entries left, then an entry uniformly."""
+        entries left, then a sender uniformly, then one of its entries uniformly."""
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
-        pools = {
-            family: list(entries.values())
-            for family, entries in self._families.items()
-            if entries and weights.get(family, 0.0) > 0
-        }
-        for pool in pools.values():
-            rng.shuffle(pool)
+        pools: dict[str, dict[Hashable, list[Hashable]]] = {}
+        for family, senders in self._by_sender.items():
+            if senders and weights.get(family, 0.0) > 0:
+                pools[family] = {who: list(prompts) for who, prompts in senders.items()}
         chosen: list[tuple[T, str]] = []
         while len(chosen) < n and pools:
             names = sorted(pools)
             family = rng.choices(names, weights=[weights[f] for f in names])[0]
-            item, _ = pools[family].pop()
-            chosen.append((item, family))
-            if not pools[family]:
-                del pools[family]
+            senders = pools[family]
+            who = list(senders)[rng.randrange(len(senders))]
+            prompts = senders[who]
+            prompt = prompts.pop(rng.randrange(len(prompts)))
+            chosen.append((self._families[family][prompt][0], family))
+            if not prompts:
+                del senders[who]
+                if not senders:
+                    del pools[family]
         return chosen
 
 

@@ -112,21 +112,35 @@ def test_an_own_demonstration_is_an_all_correct_group_and_is_replayed_with_advan
 # -- replay: the demonstration memory ------------------------------------------------------------
 
 
-def test_the_demo_memory_keeps_one_entry_per_prompt_and_a_full_family_evicts_the_top_senders_oldest() -> None:
+def test_the_demo_memory_keeps_each_prompts_first_entry_and_a_full_family_evicts_the_top_senders_oldest() -> (
+    None
+):
     memory: DemoMemory[str] = DemoMemory(per_family=3)
     memory.add("p1 first", "add", "p1", "alice")
-    memory.add("p1 again", "add", "p1", "bob")  # a newer success on the same prompt replaces it
+    # Red team rt50 F1: replaced by the newest answer, one identity re-answering every prompt
+    # honest peers answered took the memory over. The first answer stays.
+    memory.add("p1 again", "add", "p1", "mallory")
     assert memory.families() == {"add": 1} and len(memory) == 1
     memory.add("p2", "add", "p2", "mallory")
     memory.add("p3", "add", "p3", "mallory")
     memory.add("p4", "add", "p4", "mallory")  # full: mallory holds the most, its oldest (p2) goes
     memory.add("m1", "mul", "m1", "mallory")  # another family has room of its own
     every = {item for item, _ in memory.sample(10, {"add": 1.0, "mul": 1.0}, random.Random(0))}
-    assert every == {"p1 again", "p3", "p4", "m1"}
-    memory.add("p5", "add", "p5", "bob")  # bob and mallory hold 1 and 2: mallory's oldest (p3) goes
-    assert {i for i, f in memory.sample(10, {"add": 1.0}, random.Random(0))} == {"p1 again", "p4", "p5"}
+    assert every == {"p1 first", "p3", "p4", "m1"}
+    memory.add("p5", "add", "p5", "bob")  # alice 1, mallory 2: mallory's oldest (p3) goes
+    assert {i for i, f in memory.sample(10, {"add": 1.0}, random.Random(0))} == {"p1 first", "p4", "p5"}
     with pytest.raises(ValueError, match="per_family"):
         DemoMemory(per_family=0)
+
+
+def test_a_sender_holding_most_of_the_memory_gets_one_senders_share_of_the_draws() -> None:
+    memory: DemoMemory[str] = DemoMemory(per_family=100)
+    for i in range(90):
+        memory.add(f"m{i}", "add", ("m", i), "mallory")
+    for i in range(10):
+        memory.add(f"h{i}", "add", ("h", i), "honest")
+    drawn = [item for item, _ in memory.sample(16, {"add": 1.0}, random.Random(4))]
+    assert 4 <= sum(item.startswith("h") for item in drawn) <= 12  # about half, not a tenth
 
 
 def test_the_demo_memory_draws_distinct_entries_by_family_weight_and_never_from_a_weight_of_zero() -> None:
