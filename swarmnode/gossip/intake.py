@@ -188,7 +188,10 @@ def admission_events(
     ``busy``: refused unjudged because this node's admission queue was full (``Judged.busy``);
     ``overloaded``: full with every peer's work, not the deliverer's share (``Judged.overloaded``).
     ``ban_on_signer``: the ban is the signer's, not the delivering peer's: the core stops pulling
-    from it, but its pulls in flight run to their end (``PeerBanned.for_signer``). Cancelled, a
+    from it, but its pulls in flight run to their end (``PeerBanned.for_signer``). In the node a
+    peer is its libp2p id and a signer its Ed25519 id, which the node does not tie together, so
+    only a ban charged to the transport peer itself cancels its pulls (red team rt50 F3: the
+    extra is one burst of pulls already granted, as a shun for rejections allows). Cancelled, a
     pull split in two had the items of its second half never judged, the transport peer's bad
     signature among them (``tests/swarm/test_adversary.py``, about one run in three)."""
     events: list[GossipEvent] = []

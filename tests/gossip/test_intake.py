@@ -181,6 +181,7 @@ def test_a_ban_on_the_signer_lets_the_delivering_peers_pulls_run_to_their_end() 
     signer = Rejected(RejectReason.PROMPT_MISMATCH, "lies", sender="s", charged="s")
     refused = AdmissionResult("p", b"d", False, "prompt_mismatch")
     assert verdict_events("p", b"d", signer, T0 + 60) == [refused, PeerBanned("p", T0 + 60, for_signer=True)]
+    # The simulator names a peer and its signer alike; the node does not (libp2p id, Ed25519 id).
     own = Rejected(RejectReason.PROMPT_MISMATCH, "lies", sender="p", charged="p")
     assert verdict_events("p", b"d", own, T0 + 60)[-1] == PeerBanned("p", T0 + 60, for_signer=False)
     deliverer = Rejected(RejectReason.BANNED, "banned", sender="s", charged="p")  # names the deliverer
