@@ -305,8 +305,8 @@ def build_parser() -> argparse.ArgumentParser:
             "anchored",
             "replay",
         ],
-        default="anchored",
-        help="how nodes use each other's groups (swarm.mixing; default anchored, the best rule of "
+        default="replay",
+        help="how nodes use each other's groups (swarm.mixing; default replay, the best rule of "
         "simulations/specialists.py); none: the control, every node ignores its peers' groups",
     )
     p.add_argument(

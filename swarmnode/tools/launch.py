@@ -4,7 +4,7 @@ The nodes are specialists (#14): node i starts from the tiny model warm-started 
 ``SPECIALIST_FAMILIES`` alone (add, sub, mul, then dec), and every node trains on the union of the
 families in play, answering the same prompts each round, so what a node learns of its peers'
 families it can only learn from their rollouts. ``--mixing`` picks the sharing rule (default
-``anchored``, the best of the specialists testbed); ``--mixing none`` is the control: the same
+``replay``, the best of the specialists testbed); ``--mixing none`` is the control: the same
 swarm, gossip included, with every node ignoring its peers' groups.
 
 One combined live view (polled from each node's /status: held-out accuracy on the node's own family
