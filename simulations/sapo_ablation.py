@@ -1,8 +1,8 @@
 """SAPO's local/external ablation (arXiv 2509.08721, ALGORITHMS.md §2) on the built-in tiny model.
 
 8 agents, each generating 8 groups (G = 8) a round and training on I local + J external groups with
-I + J = 8: configurations 8/0, 6/2, 4/4, 2/6, and 4/4 with the anchored rule (the best of the
-specialists testbed, #14), several seeds each. Learners are real (warm-started
+I + J = 8: configurations 8/0, 6/2, 4/4, 2/6, and 4/4 with the anchored and replay rules (the
+transfer rules of the specialists testbed, #14), several seeds each. Learners are real (warm-started
 tiny Llama, GRPO, no KL) and exchange rollouts through the gossip core and admission pipeline
 (``swarmnode.sim.learning``). Prints each configuration's total reward (sum over agents and rounds
 of each agent's mean reward on its own completions) and its gain over 8/0 beside the paper's, and
@@ -12,6 +12,7 @@ with a 95% t-interval of its mean.
     python simulations/sapo_ablation.py --reduced          # <= 15 min on 2 cores: fewer rounds
     python simulations/sapo_ablation.py                    # full: the scenarios' 500 rounds
     python simulations/sapo_ablation.py --reduced --jobs 2 # configurations in parallel processes
+    python simulations/sapo_ablation.py --configs "8/0,4/4 replay" --jobs 2  # some of them (8/0 first)
 
 Writes ``simulations/results/sapo_ablation/{reduced,full}.json`` and ``.png`` and each configuration's
 ``learning.json`` under ``{reduced,full}/<I>_<J>/``. The scenarios are
@@ -51,6 +52,7 @@ CONFIGS: dict[str, tuple[int, int, dict[str, Any]]] = {
     "4/4": (4, 4, {}),
     "2/6": (2, 6, {}),
     "4/4 anchored": (4, 4, {"mixing": "anchored"}),
+    "4/4 replay": (4, 4, {"mixing": "replay"}),
 }
 #: The paper's Table (Qwen2.5-0.5B, 8 agents, 2000 rounds): total reward and gain over 8/0.
 PAPER = {"8/0": (561.79, None), "6/2": (854.43, 0.52), "4/4": (1093.31, 0.94), "2/6": (945.87, 0.68)}
@@ -122,22 +124,32 @@ def plot(path: Path, table: list[dict[str, Any]], title: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = parser(
+    p = parser(
         __doc__,
         reduced_rounds=REDUCED_ROUNDS,
         full_rounds=FULL_ROUNDS,
         unit="configurations",
         results=RESULTS,
-    ).parse_args(argv)
+    )
+    p.add_argument(
+        "--configs",
+        default=",".join(CONFIGS),
+        help="comma-separated configurations to run, 8/0 first (the gains' base); default: all",
+    )
+    args = p.parse_args(argv)
+    configs = [c.strip() for c in args.configs.split(",")]
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown or not configs or configs[0] != "8/0":
+        p.error(f"--configs must start with 8/0 and name only {sorted(CONFIGS)}; got {configs}")
     rounds = args.rounds if args.rounds is not None else (REDUCED_ROUNDS if args.reduced else None)
     kind = "reduced" if args.reduced else "full"
     results_dir: Path = args.out
     out = results_dir / kind
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
-    names = {folder(name): (name, rounds, args.seeds, out) for name in CONFIGS}
+    names = {folder(name): (name, rounds, args.seeds, out) for name in configs}
     if not args.summarize_only:
-        warm_all([config_scenario(name, rounds, args.seeds) for name in CONFIGS], args.jobs)
+        warm_all([config_scenario(name, rounds, args.seeds) for name in configs], args.jobs)
     by_name = read_results(out, list(names)) if args.summarize_only else run_all(run_config, names, args.jobs)
     results = list(by_name.values())
     wall = time.perf_counter() - started
@@ -145,7 +157,7 @@ def main(argv: list[str] | None = None) -> int:
     base = results[0]["summary"]["total_reward_mean"]
     base_per_seed = results[0]["summary"]["total_reward_per_seed"]
     table = []
-    for config, result in zip(CONFIGS, results, strict=True):
+    for config, result in zip(configs, results, strict=True):
         summary = result["summary"]
         heldout = summary["by_model"]["tiny"]
         paper = PAPER.get(config, (None, None))
@@ -205,7 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     full_estimate = cost * FULL_ROUNDS * len(seeds)
     print(
         f"wall {wall:.0f} s with --jobs {args.jobs} on {os.cpu_count()} cores; mean {per_round:.2f} s wall "
-        f"per 8-agent round; the full version ({FULL_ROUNDS} rounds x {len(seeds)} seeds x {len(CONFIGS)} "
+        f"per 8-agent round; the full version ({FULL_ROUNDS} rounds x {len(seeds)} seeds x {len(configs)} "
         "configurations) "
         f"extrapolates to {full_estimate / 3600:.1f} h of single-thread work ({basis} s per round x rounds)"
     )

@@ -80,14 +80,19 @@ Why: with the same prompts answered by every agent (or a few prompts a round), t
 groups hold at most J distinct prompts, about 6 of them on the families a specialist lacks, and
 their 8 completions say the same thing 8 times. Plain supervised training of a specialist on 64
 distinct tasks a step, at the RL step's lr (1e-4), learnt its peers' 1-digit families in about
-800 steps (sub 0.05 -> 0.97, mul 0.12 -> 1.00; the 1-decimal sums not: 0.03 -> 0.08); the
-baseline rules reached about 0.39 in 1,000 rounds. Replay is experience replay (Lin 1992; for
+800 steps (the add specialist: sub 0.05 -> 0.89, mul 0.12 -> 0.99; the 1-decimal sums not:
+0.03 -> 0.06 at 1,000 steps; simulations/imitation_bound.py); the baseline rules reached about
+0.39 in 1,000 rounds. Replay is experience replay (Lin 1992; for
 forgetting, Rolnick et al., arXiv 1811.11682) of verified successes, as ReST grows its dataset
 (arXiv 2308.08998), restricted to what our own verifier accepts. The weight 1 - b_f spends the
 rows on families we are weak at and stops replaying one we have learnt; if we forget it, b_f
 falls and replay resumes. A sender can only add completions our verifier accepted, one per
 prompt not yet remembered; a family's memory full, the oldest entry of the sender holding the most
-goes first, and each draw takes a sender first (``DemoMemory``).
+goes first, and each draw takes a sender first (``DemoMemory``). Measured
+(simulations/specialists.py, 1,000 rounds, seeds 0-2, J = K = 8 / 64, beside anchored on the same
+warm starts): peers' families 0.030 -> 0.603 +- 0.012 (anchored 0.362), 0.795 on the 1-digit
+ones; own family 0.995 -> 0.911 +- 0.024 (anchored 0.783); 1.9x anchored's CPU a round. The same
+supervised loop with perfect answers reaches 0.744 (simulations/imitation_bound.py).
 
 Selection (every baseline rule, i.e. all but joint): the J external groups with the largest
 *teaching value* ``sum_y max(A(y), 0)`` (ties in a random order from the trainer's rng), among

@@ -461,7 +461,7 @@ class Trainer:
 
     def _remember_demos(self, groups: Sequence[ScoredGroup]) -> None:
         """``replay``: each group's first completion our verifier gave full reward; the memory keeps
-        one per prompt (the last remembered), so copies of a group take no more room."""
+        one per prompt (the first remembered), so copies of a group take no more room."""
         size = self.config.rollout.group_size
         for group in (g.first(size) for g in groups):
             for i, reward in enumerate(group.rewards):
