@@ -21,7 +21,7 @@ from swarmnode.store import Ledger, RoundRecord
 from swarmnode.tools.launch import MARKER, SwarmDemo, _row, learning_curves, plot_learning
 
 
-def demo(root: Path, nodes: int = 3, mixing: str = "anchored") -> SwarmDemo:
+def demo(root: Path, nodes: int = 3, mixing: str = "replay") -> SwarmDemo:
     return SwarmDemo(root, nodes=nodes, minutes=1.0, mixing=mixing, round_seconds=1.0)
 
 
@@ -30,7 +30,7 @@ def test_each_node_is_a_specialist_on_its_own_family_and_all_train_on_the_union(
     assert [d.family_of(i) for i in range(5)] == ["add", "sub", "mul", "dec", "add"]
     config = load_config(None, environ={}, overrides=d._node_settings())
     assert list(build_mixture(config).families()) == ["add", "sub", "mul", "dec"]
-    assert config.swarm.mixing == "anchored" and config.swarm.external_groups == 8
+    assert config.swarm.mixing == "replay" and config.swarm.external_groups == 8
     assert config.tasks.seed == 0  # the same prompts on every node, as in the testbed
     assert config.tasks.heldout_size == 400  # 100 per family
     assert list(
@@ -158,7 +158,7 @@ def test_a_node_home_the_demo_did_not_make_is_refused_not_deleted(tmp_path: Path
 @pytest.mark.slow
 def test_the_demo_runs_specialists_end_to_end(tmp_path: Path) -> None:
     """Two specialist nodes for 40 s: rows, summary.json with per-family accuracy, learning.png."""
-    code = SwarmDemo(tmp_path, nodes=2, minutes=40 / 60, mixing="anchored", round_seconds=1.0).run()
+    code = SwarmDemo(tmp_path, nodes=2, minutes=40 / 60, mixing="replay", round_seconds=1.0).run()
     assert code == 0
     summary = json.loads((tmp_path / "summary.json").read_text(encoding="utf-8"))
     assert summary["families"] == ["add", "sub"] and not summary["interrupted"]
@@ -185,7 +185,7 @@ def test_the_swarm_page_shows_every_nodes_curves_and_the_exchange_in_a_browser(t
     from tests.browser.support import browser_page, chart_points, require_browser, table_rows, wait_loaded
 
     require_browser()
-    d = SwarmDemo(tmp_path, nodes=3, minutes=150 / 60, mixing="anchored", round_seconds=1.0)
+    d = SwarmDemo(tmp_path, nodes=3, minutes=150 / 60, mixing="replay", round_seconds=1.0)
     seen: dict[str, Any] = {}
 
     def watch() -> None:
