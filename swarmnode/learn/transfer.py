@@ -2,7 +2,8 @@
 the advantage each external completion gets.
 
 Owns: the per-family success baseline of the receiver, the receiver-baseline and positive-only
-advantages, teaching-value selection, the joint-group advantage and the own-demonstration anchor.
+advantages, teaching-value selection, the joint-group advantage, the own-demonstration anchor and
+``replay``'s memory of verified demonstrations (``DemoMemory``).
 Must not: score, tokenize, run a model or do I/O (the trainer feeds in rewards our own verifier
 gave and family keys).
 
@@ -28,6 +29,8 @@ importance correction toward the sender)::
     anchored:           external as receiver_baseline, plus up to I own *demonstrations* (own groups
                         whose every completion is correct, which the zero-advantage filter drops):
                         A(y) = R(y) = 1                   our own verified successes, replayed
+    replay:             anchored, plus K remembered verified successes a round (below):
+                        A(y) = 1 - b_f                    each one a one-completion group
 
 ``receiver_baseline`` is advantage-weighted regression (Peng et al., arXiv 1910.00177) toward the
 peers' completions with the receiver's own value estimate as the baseline: a correct foreign answer
