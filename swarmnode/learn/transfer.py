@@ -269,9 +269,9 @@ class DemoMemory(Generic[T]):
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         pools: dict[str, dict[Hashable, list[Hashable]]] = {}
-        for family, senders in self._by_sender.items():
-            if senders and weights.get(family, 0.0) > 0:
-                pools[family] = {who: list(prompts) for who, prompts in senders.items()}
+        for family, held in self._by_sender.items():
+            if held and weights.get(family, 0.0) > 0:
+                pools[family] = {who: list(prompts) for who, prompts in held.items()}
         chosen: list[tuple[T, str]] = []
         while len(chosen) < n and pools:
             names = sorted(pools)
