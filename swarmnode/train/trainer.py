@@ -465,7 +465,7 @@ class Trainer:
         size = self.config.rollout.group_size
         for group in (g.first(size) for g in groups):
             for i, reward in enumerate(group.rewards):
-                if success(reward) == 1.0:
+                if success(reward):
                     demo = replace(
                         group,
                         completion_ids=[group.completion_ids[i]],
