@@ -166,6 +166,11 @@ class Trainer:
         self.reference = plain_copy(policy.model) if learn.beta > 0 else None
         self.heldout_sets = heldout_sets(mixture, config.tasks.heldout_size)
         self.heldout: list[Task] = [task for tasks in self.heldout_sets.values() for task in tasks]
+        # Peers' groups on these are never trained on: task ids are public and so is the held-out
+        # seed (tasks.seed + 1,000,003), and admission judges only a task's family, so peers could
+        # make a node learn its own held-out set and inflate the accuracy it reports (red team
+        # rt51 F2: 8 of 8 such groups admitted, and remembered by ``replay``).
+        self._heldout_keys = frozenset(task.id.key() for task in self.heldout)
         self.heldout_by_family: dict[str, float] = {}  # the last evaluation's, with several families
         self.last_external_sources: dict[str, int] = {}  # groups the last update trained on, per sender
         self.round = 0  # rounds completed
@@ -440,6 +445,7 @@ class Trainer:
         self, own: Sequence[ScoredGroup], external: Sequence[ScoredGroup] = ()
     ) -> tuple[float, int, int]:
         """``k`` optimizer steps; returns (mean loss or nan if nothing to learn, own used, external used)."""
+        external = [g for g in external if g.task.id.key() not in self._heldout_keys]
         if self.config.swarm.mixing == "hacpo":
             self.update_capabilities(own, external)
         if self.config.swarm.mixing in BASELINE_RULES:

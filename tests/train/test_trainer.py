@@ -328,6 +328,17 @@ def test_the_replay_rule_trains_on_a_peers_success_remembered_from_an_earlier_ro
         assert loss == pytest.approx(-1.0, abs=1e-5)  # ratio 1: -mean(A)
         [replayed] = trainer._replayed()
         assert replayed.completion_ids == [demo.completion_ids[1]] and replayed.rewards == [1.0]
+    # Red team rt51 F2: a peer's group on one of our held-out tasks is neither trained on nor
+    # remembered (the held-out seed is public).
+    (tmp_path / "heldout").mkdir()
+    with rule_trainer(quick_model, tmp_path / "heldout", "replay", 1, 1) as (trainer, own):
+        wrong = [dataclasses.replace(g, rewards=[0.0] * 4) for g in own]
+        probe = relabelled(own[1], [0.0, 1.0, 1.0, 0.0])
+        on_heldout = dataclasses.replace(probe, task=trainer.heldout[0])
+        assert trainer.update(wrong, [on_heldout])[2] == 0 and len(trainer.demo_memory) == 0
+        assert (
+            trainer.update(wrong, [probe])[2] == 1 and len(trainer.demo_memory) == 1
+        )  # the same, not held out
     (tmp_path / "anchored").mkdir()
     with rule_trainer(quick_model, tmp_path / "anchored", "anchored", 1, 1) as (trainer, own):
         wrong = [dataclasses.replace(g, rewards=[0.0] * 4) for g in own]
