@@ -72,12 +72,14 @@ The demonstration replay (``replay``): ``anchored``, plus K replayed demonstrati
 memory of verified successes (``DemoMemory``), so that an update sees many distinct prompts of the
 families it is weak at instead of the few the swarm answered this round::
 
-    memory      = every completion our verifier gave full reward (one per prompt, the first),
-                  from our groups and our peers', kept across rounds (``per_family`` a family)
+    memory      = every completion our verifier gave full reward whose answer is the task's
+                  own answer exactly, from our groups and our peers' (one per prompt and
+                  sender, the first), kept across rounds (``per_family`` a family)
     replay:     external and own as anchored, plus K entries drawn from the memory without
                 replacement, a family f with probability proportional to 1 - b_f, then a sender
-                uniformly, then one of its entries; each entry is a one-completion external
-                group with S = 1, so A = 1 - b_f (receiver_baseline's advantage, at replay)
+                uniformly, then one of its entries (a prompt at most once a round); each
+                entry is a one-completion external group with S = 1, so A = 1 - b_f
+                (receiver_baseline's advantage, at replay)
 
 Why: with the same prompts answered by every agent (or a few prompts a round), the J external
 groups hold at most J distinct prompts, about 6 of them on the families a specialist lacks, and
@@ -89,9 +91,11 @@ distinct tasks a step, at the RL step's lr (1e-4), learnt its peers' 1-digit fam
 forgetting, Rolnick et al., arXiv 1811.11682) of verified successes, as ReST grows its dataset
 (arXiv 2308.08998), restricted to what our own verifier accepts. The weight 1 - b_f spends the
 rows on families we are weak at and stops replaying one we have learnt; if we forget it, b_f
-falls and replay resumes. A sender can only add completions our verifier accepted, one per
-prompt not yet remembered; a family's memory full, the oldest entry of the sender holding the most
-goes first, and each draw takes a sender first (``DemoMemory``). Measured
+falls and replay resumes. A sender can only add completions our verifier accepted, spelling the
+task's answer exactly as the task does (a scorer also accepts "07", "+7" or "7.0": red team rt51
+F3; such a spelling, replayed, is taught to us), one per prompt; a family's memory full, the
+oldest entry of the sender holding the most goes first, and each draw takes a sender first
+(``DemoMemory``), so no identity gets more than one sender's share, however early it answers. Measured
 (simulations/specialists.py, 1,000 rounds, seeds 0-2, J = K = 8 / 64, beside anchored on the same
 warm starts): peers' families 0.030 -> 0.603 +- 0.012 (anchored 0.362), 0.795 on the 1-digit
 ones; own family 0.995 -> 0.911 +- 0.024 (anchored 0.783); 1.9x anchored's CPU a round. The same
@@ -222,22 +226,26 @@ def select_teaching(
 
 
 class DemoMemory(Generic[T]):
-    """Verified demonstrations kept across rounds for ``replay``: at most one per prompt (the first
-    remembered) and at most ``per_family`` per family. A family full, the oldest entry of the
-    sender holding the most of it goes; draws take a sender uniformly, then one of its entries.
-    Families are bounded by the caller (the node's own mixture: admission refuses others).
+    """Verified demonstrations kept across rounds for ``replay``: at most one per prompt and
+    sender (the first it sent) and at most ``per_family`` per family. A family full, the oldest
+    entry of the sender holding the most of it goes; draws take a sender uniformly, then one of
+    its entries, never a prompt twice in one draw. Families are bounded by the caller (the node's
+    own mixture: admission refuses others).
 
     Task ids are public, so one sender can answer every prompt: replaced by the newest answer, one
     identity re-answering the honest peers' prompts took 192 of 256 entries and 47 of 64 draws
-    (red team rt50 F1). Kept first, and drawn per sender, an identity gets one sender's share of
-    the draws, however many entries it holds. Signers are free, so many identities still get many
-    shares (rt50 F2, open: a quota for senders without standing needs the peer book here)."""
+    (red team rt50 F1); kept first per prompt, one identity answering the round's prompts before
+    anyone else (a round's prompts follow from the public seed) held all 256 entries and every
+    draw (rt51 F1). Kept per prompt and sender, and drawn per sender, an identity gets one
+    sender's share of the draws, however early or often it answers. Signers are free, so many
+    identities still get many shares (rt50 F2, open: a quota for senders without standing needs
+    the peer book here)."""
 
     def __init__(self, per_family: int) -> None:
         if per_family < 1:
             raise ValueError(f"per_family must be >= 1, got {per_family}")
         self.per_family = per_family
-        self._families: dict[str, dict[Hashable, tuple[T, Hashable]]] = {}  # prompt -> (item, sender)
+        self._families: dict[str, dict[tuple[Hashable, Hashable], T]] = {}  # (prompt, sender) -> item
         # family -> sender -> its prompts, oldest first (kept up to date: no recount per add, rt50 F4)
         self._by_sender: dict[str, dict[Hashable, deque[Hashable]]] = {}
 
@@ -248,24 +256,30 @@ class DemoMemory(Generic[T]):
         """Entries per family."""
         return {family: len(entries) for family, entries in self._families.items()}
 
+    def senders(self, family: str) -> dict[Hashable, int]:
+        """Entries per sender in ``family``."""
+        return {who: len(prompts) for who, prompts in self._by_sender.get(family, {}).items()}
+
     def add(self, item: T, family: str, prompt: Hashable, sender: Hashable) -> None:
-        """Remember ``item`` (a verified success) for ``prompt``, unless the prompt has one already."""
+        """Remember ``item`` (a verified success) for ``prompt`` from ``sender``, unless that sender
+        has an entry for the prompt already."""
         entries = self._families.setdefault(family, {})
-        if prompt in entries:
+        if (prompt, sender) in entries:
             return
         senders = self._by_sender.setdefault(family, {})
         if len(entries) >= self.per_family:
             top = max(senders, key=lambda who: len(senders[who]))  # first-come among equals
-            del entries[senders[top].popleft()]
+            del entries[(senders[top].popleft(), top)]
             if not senders[top]:
                 del senders[top]
-        entries[prompt] = (item, sender)
+        entries[(prompt, sender)] = item
         senders.setdefault(sender, deque()).append(prompt)
 
     def sample(self, n: int, weights: Mapping[str, float], rng: random.Random) -> list[tuple[T, str]]:
-        """Up to ``n`` distinct entries as ``(item, family)``: each draw picks a family with
-        probability proportional to ``weights[family]`` (absent or <= 0: never) among those with
-        entries left, then a sender uniformly, then one of its entries uniformly."""
+        """Up to ``n`` entries of distinct prompts as ``(item, family)``: each draw picks a family
+        with probability proportional to ``weights[family]`` (absent or <= 0: never) among those
+        with entries left, then a sender uniformly, then one of its entries uniformly; an entry
+        for a prompt already drawn is dropped and the draw taken again."""
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
         pools: dict[str, dict[Hashable, list[Hashable]]] = {}
@@ -273,6 +287,7 @@ class DemoMemory(Generic[T]):
             if held and weights.get(family, 0.0) > 0:
                 pools[family] = {who: list(prompts) for who, prompts in held.items()}
         chosen: list[tuple[T, str]] = []
+        drawn: set[tuple[str, Hashable]] = set()
         while len(chosen) < n and pools:
             names = sorted(pools)
             family = rng.choices(names, weights=[weights[f] for f in names])[0]
@@ -280,11 +295,13 @@ class DemoMemory(Generic[T]):
             who = list(senders)[rng.randrange(len(senders))]
             prompts = senders[who]
             prompt = prompts.pop(rng.randrange(len(prompts)))
-            chosen.append((self._families[family][prompt][0], family))
             if not prompts:
                 del senders[who]
                 if not senders:
                     del pools[family]
+            if (family, prompt) not in drawn:
+                drawn.add((family, prompt))
+                chosen.append((self._families[family][(prompt, who)], family))
         return chosen
 
 

@@ -55,7 +55,7 @@ from swarmnode.policy.lora import plain_copy
 from swarmnode.rollout.types import RolloutEngine, SamplingParams
 from swarmnode.store import CheckpointState, CheckpointStore, Ledger, RoundRecord
 from swarmnode.tasks import Task, TaskMixture
-from swarmnode.tasks.scoring import solved
+from swarmnode.tasks.scoring import extract_answer, solved
 from swarmnode.train.batch import ScoredGroup, completion_logprobs, micro_batches, pad_right
 from swarmnode.train.optim import adamw, load_optimizer_state
 from swarmnode.train.precision import check_precision, update_precision
@@ -466,17 +466,22 @@ class Trainer:
         return sum(losses) / len(losses), len(local), len(ext)
 
     def _remember_demos(self, groups: Sequence[ScoredGroup]) -> None:
-        """``replay``: each group's first completion our verifier gave full reward; the memory keeps
-        one per prompt (the first remembered), so copies of a group take no more room."""
+        """``replay``: each group's first completion our verifier gave full reward and whose answer
+        is the task's own, spelt as the task spells it (a scorer accepts "07" or "7.0" for 7, and
+        replay would teach that spelling: red team rt51 F3). The memory keeps one per prompt and
+        sender, so copies of a group take no more room."""
         size = self.config.rollout.group_size
         for group in (g.first(size) for g in groups):
+            answer = group.task.entry.get("answer")
+            if not isinstance(answer, str) or len(group.texts) != group.size:
+                continue  # no canonical spelling to check against: nothing is remembered
             for i, reward in enumerate(group.rewards):
-                if success(reward):
+                if success(reward) and extract_answer(group.texts[i]) == answer.strip():
                     demo = replace(
                         group,
                         completion_ids=[group.completion_ids[i]],
                         behaviour_logprobs=[],  # scored under our policy at replay, as any external row
-                        texts=[group.texts[i]] if group.texts else [],
+                        texts=[group.texts[i]],
                         rewards=[group.rewards[i]],
                         source_mean_logprobs=[],
                     )

@@ -112,25 +112,46 @@ def test_an_own_demonstration_is_an_all_correct_group_and_is_replayed_with_advan
 # -- replay: the demonstration memory ------------------------------------------------------------
 
 
-def test_the_demo_memory_keeps_each_prompts_first_entry_and_a_full_family_evicts_the_top_senders_oldest() -> (
-    None
-):
-    memory: DemoMemory[str] = DemoMemory(per_family=3)
-    memory.add("p1 first", "add", "p1", "alice")
+def test_the_demo_memory_keeps_a_senders_first_entry_per_prompt_and_evicts_the_top_senders_oldest() -> None:
+    memory: DemoMemory[str] = DemoMemory(per_family=4)
+    memory.add("p1 mallory", "add", "p1", "mallory")
     # Red team rt50 F1: replaced by the newest answer, one identity re-answering every prompt
-    # honest peers answered took the memory over. The first answer stays.
-    memory.add("p1 again", "add", "p1", "mallory")
+    # honest peers answered took the memory over. A sender's first answer to a prompt stays.
+    memory.add("p1 mallory again", "add", "p1", "mallory")
     assert memory.families() == {"add": 1} and len(memory) == 1
+    # Red team rt51 F1: kept first per prompt, an identity answering every prompt before anyone
+    # else held the whole memory. Another sender's answer to the same prompt is kept beside it.
+    memory.add("p1 alice", "add", "p1", "alice")
+    assert memory.senders("add") == {"mallory": 1, "alice": 1}
     memory.add("p2", "add", "p2", "mallory")
-    memory.add("p3", "add", "p3", "mallory")
-    memory.add("p4", "add", "p4", "mallory")  # full: mallory holds the most, its oldest (p2) goes
+    memory.add("p3", "add", "p3", "mallory")  # full: mallory 3, alice 1
+    memory.add("p4", "add", "p4", "mallory")  # mallory holds the most, its oldest (p1) goes
     memory.add("m1", "mul", "m1", "mallory")  # another family has room of its own
+    assert memory.senders("add") == {"mallory": 3, "alice": 1} and memory.families() == {"add": 4, "mul": 1}
     every = {item for item, _ in memory.sample(10, {"add": 1.0, "mul": 1.0}, random.Random(0))}
-    assert every == {"p1 first", "p3", "p4", "m1"}
-    memory.add("p5", "add", "p5", "bob")  # alice 1, mallory 2: mallory's oldest (p3) goes
-    assert {i for i, f in memory.sample(10, {"add": 1.0}, random.Random(0))} == {"p1 first", "p4", "p5"}
+    assert every == {"p1 alice", "p2", "p3", "p4", "m1"}
+    memory.add("p5", "add", "p5", "bob")  # mallory's oldest (p2) goes
+    assert {i for i, f in memory.sample(10, {"add": 1.0}, random.Random(0))} == {"p1 alice", "p3", "p4", "p5"}
     with pytest.raises(ValueError, match="per_family"):
         DemoMemory(per_family=0)
+
+
+def test_an_identity_answering_every_prompt_first_gets_one_senders_share_of_the_draws() -> None:
+    # Red team rt51 F1: a round's prompts follow from the public seed, so one identity can answer
+    # each before the honest peers do; kept first per prompt, it held 256 of 256 entries and every
+    # draw. Now the honest answers to the same prompts are kept too, and drawn as often.
+    memory: DemoMemory[str] = DemoMemory(per_family=256)
+    for i in range(128):
+        memory.add(f"m{i}", "add", i, "mallory")
+        memory.add(f"h{i}", "add", i, "honest")
+    counts = Counter(
+        item[0] for seed in range(20) for item, _ in memory.sample(16, {"add": 1.0}, random.Random(seed))
+    )
+    assert 0.4 < counts["h"] / (counts["h"] + counts["m"]) < 0.6
+    # A prompt is drawn at most once a round, whoever answered it.
+    for seed in range(5):
+        drawn = [item for item, _ in memory.sample(200, {"add": 1.0}, random.Random(seed))]
+        assert len({item[1:] for item in drawn}) == len(drawn) == 128
 
 
 def test_a_sender_holding_most_of_the_memory_gets_one_senders_share_of_the_draws() -> None:

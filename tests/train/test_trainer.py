@@ -317,7 +317,11 @@ def test_the_replay_rule_trains_on_a_peers_success_remembered_from_an_earlier_ro
 ) -> None:
     with rule_trainer(quick_model, tmp_path, "replay", 1, 1) as (trainer, own):
         wrong = [dataclasses.replace(g, rewards=[0.0] * 4) for g in own]  # we solve nothing: b_f = 0
-        demo = relabelled(own[1], [0.0, 1.0, 1.0, 0.0])
+        answer = own[1].task.entry["answer"]
+        # Red team rt51 F3: full reward for "0" + the answer (a scorer's leniency), but replay would
+        # teach that spelling; only a success spelling the answer as the task does is remembered.
+        texts = ["x", f"0{answer}", f" {answer}\n", "y"]
+        demo = relabelled(dataclasses.replace(own[1], texts=texts), [0.0, 1.0, 1.0, 0.0])
         loss, _, used_ext = trainer.update(wrong, [demo])
         assert used_ext == 1 and trainer.last_replayed == 0  # nothing remembered before this round
         assert trainer.demo_memory.families() == {family_of(demo.task): 1}  # its first success only
@@ -327,13 +331,15 @@ def test_the_replay_rule_trains_on_a_peers_success_remembered_from_an_earlier_ro
         assert (used_own, used_ext, trainer.last_replayed) == (0, 0, 1)
         assert loss == pytest.approx(-1.0, abs=1e-5)  # ratio 1: -mean(A)
         [replayed] = trainer._replayed()
-        assert replayed.completion_ids == [demo.completion_ids[1]] and replayed.rewards == [1.0]
+        assert replayed.completion_ids == [demo.completion_ids[2]] and replayed.rewards == [1.0]
+        assert replayed.texts == [texts[2]]
     # Red team rt51 F2: a peer's group on one of our held-out tasks is neither trained on nor
     # remembered (the held-out seed is public).
     (tmp_path / "heldout").mkdir()
     with rule_trainer(quick_model, tmp_path / "heldout", "replay", 1, 1) as (trainer, own):
         wrong = [dataclasses.replace(g, rewards=[0.0] * 4) for g in own]
-        probe = relabelled(own[1], [0.0, 1.0, 1.0, 0.0])
+        spelt = [own[1].task.entry["answer"]] * 4
+        probe = relabelled(dataclasses.replace(own[1], texts=spelt), [0.0, 1.0, 1.0, 0.0])
         on_heldout = dataclasses.replace(probe, task=trainer.heldout[0])
         assert trainer.update(wrong, [on_heldout])[2] == 0 and len(trainer.demo_memory) == 0
         assert (
