@@ -283,7 +283,7 @@ class SwarmConfig(Section):
         256,
         ge=1,
         le=65_536,
-        description="Verified demonstrations remembered per task family, one per prompt (mixing = replay).",
+        description="Verified successes kept per family, one per prompt and sender (mixing = replay).",
     )
     initial_peers: list[str] = Field(default_factory=list, description="Bootstrap multiaddrs.")
     peers_file: str = Field("", description="File with one bootstrap multiaddr per line.")
