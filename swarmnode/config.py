@@ -282,7 +282,7 @@ class SwarmConfig(Section):
     replay_memory: int = Field(
         256,
         ge=1,
-        le=65_536,
+        le=4096,  # a full family's add costs O(its senders), and they are at most this many
         description="Verified successes kept per family, one per prompt and sender (mixing = replay).",
     )
     initial_peers: list[str] = Field(default_factory=list, description="Bootstrap multiaddrs.")

@@ -72,13 +72,15 @@ The demonstration replay (``replay``): ``anchored``, plus K replayed demonstrati
 memory of verified successes (``DemoMemory``), so that an update sees many distinct prompts of the
 families it is weak at instead of the few the swarm answered this round::
 
-    memory      = every completion our verifier gave full reward whose answer is the task's
-                  own answer exactly, from our groups and our peers' (one per prompt and
-                  sender, the first), kept across rounds (``per_family`` a family)
+    memory      = every completion our verifier gave full reward that ends (EOS) and whose
+                  answer is the task's own answer character for character, from our groups
+                  and our peers' (one per prompt and sender, the first), kept across rounds
+                  (``per_family`` a family)
     replay:     external and own as anchored, plus K entries drawn from the memory without
                 replacement, a family f with probability proportional to 1 - b_f, then a sender
-                uniformly, then one of its entries (a prompt at most once a round); each
-                entry is a one-completion external group with S = 1, so A = 1 - b_f
+                uniformly, then one of its entries (a prompt at most once a round, a peer
+                at most ceil(K / peers in the memory) entries a round); each entry is a
+                one-completion external group with S = 1, so A = 1 - b_f
                 (receiver_baseline's advantage, at replay)
 
 Why: with the same prompts answered by every agent (or a few prompts a round), the J external
@@ -92,10 +94,12 @@ forgetting, Rolnick et al., arXiv 1811.11682) of verified successes, as ReST gro
 (arXiv 2308.08998), restricted to what our own verifier accepts. The weight 1 - b_f spends the
 rows on families we are weak at and stops replaying one we have learnt; if we forget it, b_f
 falls and replay resumes. A sender can only add completions our verifier accepted, spelling the
-task's answer exactly as the task does (a scorer also accepts "07", "+7" or "7.0": red team rt51
-F3; such a spelling, replayed, is taught to us), one per prompt; a family's memory full, the
-oldest entry of the sender holding the most goes first, and each draw takes a sender first
-(``DemoMemory``), so no identity gets more than one sender's share, however early it answers. Measured
+task's answer exactly as the task does, with no space around it, and ending (a scorer also
+accepts "07", "+7", "7.0" or "   7": red team rt51 F3, rt52 F3; such a spelling, or a completion
+cut at the token cap, replayed, is taught to us), one per prompt and sender; a family's memory
+full, the oldest entry of the sender holding the most goes first, and each draw takes a sender
+first, within a per-round quota (``DemoMemory``), so no identity gets more than one sender's
+share of the rows, however early or distinctly it answers. Measured
 (simulations/specialists.py, 1,000 rounds, seeds 0-2, J = K = 8 / 64, beside anchored on the same
 warm starts): peers' families 0.030 -> 0.603 +- 0.012 (anchored 0.362), 0.795 on the 1-digit
 ones; own family 0.995 -> 0.911 +- 0.024 (anchored 0.783); 1.9x anchored's CPU a round. The same
@@ -225,21 +229,55 @@ def select_teaching(
     return [candidates[i][0] for i in valued if i in chosen]
 
 
+class _SenderPool:
+    """One family's undrawn entries during a ``DemoMemory.sample`` call: senders in a list (a
+    uniform pick and a removal are O(1)), each with its undrawn prompts."""
+
+    def __init__(self, held: Mapping[Hashable, deque[Hashable]]) -> None:
+        self.senders: list[Hashable] = list(held)
+        self.index: dict[Hashable, int] = {who: i for i, who in enumerate(self.senders)}
+        self.prompts: dict[Hashable, list[Hashable]] = {who: list(prompts) for who, prompts in held.items()}
+
+    def draw(self, rng: random.Random) -> tuple[Hashable, Hashable]:
+        """A sender uniformly, then one of its undrawn prompts uniformly (taken out)."""
+        who = self.senders[rng.randrange(len(self.senders))]
+        prompts = self.prompts[who]
+        i = rng.randrange(len(prompts))
+        prompts[i], prompts[-1] = prompts[-1], prompts[i]
+        prompt = prompts.pop()
+        if not prompts:
+            self.remove(who)
+        return who, prompt
+
+    def remove(self, who: Hashable) -> None:
+        i = self.index.pop(who, None)
+        if i is None:
+            return
+        last = self.senders.pop()
+        if last != who:
+            self.senders[i] = last
+            self.index[last] = i
+        del self.prompts[who]
+
+
 class DemoMemory(Generic[T]):
     """Verified demonstrations kept across rounds for ``replay``: at most one per prompt and
     sender (the first it sent) and at most ``per_family`` per family. A family full, the oldest
-    entry of the sender holding the most of it goes; draws take a sender uniformly, then one of
-    its entries, never a prompt twice in one draw. Families are bounded by the caller (the node's
-    own mixture: admission refuses others).
+    entry of the sender holding the most of it goes. A draw takes a sender uniformly, then one of
+    its entries; a prompt at most once a call, and a sender (``own`` apart) at most
+    ceil(n / senders) entries a call. Families are bounded by the caller (the node's own mixture:
+    admission refuses others).
 
     Task ids are public, so one sender can answer every prompt: replaced by the newest answer, one
     identity re-answering the honest peers' prompts took 192 of 256 entries and 47 of 64 draws
     (red team rt50 F1); kept first per prompt, one identity answering the round's prompts before
     anyone else (a round's prompts follow from the public seed) held all 256 entries and every
-    draw (rt51 F1). Kept per prompt and sender, and drawn per sender, an identity gets one
-    sender's share of the draws, however early or often it answers. Signers are free, so many
-    identities still get many shares (rt50 F2, open: a quota for senders without standing needs
-    the peer book here)."""
+    draw (rt51 F1); kept per prompt and sender, one identity answering distinct prompts while the
+    honest peers answered the same few took 34-40% of the rows, the draws of honest copies of a
+    prompt already drawn being dropped (rt52 F1). With the quota an identity gets at most one
+    sender's share of the rows, however early, often or distinctly it answers. Signers are free,
+    so many identities still get many shares (rt50 F2, open: a quota for senders without
+    standing needs the peer book here)."""
 
     def __init__(self, per_family: int) -> None:
         if per_family < 1:
@@ -262,7 +300,7 @@ class DemoMemory(Generic[T]):
 
     def add(self, item: T, family: str, prompt: Hashable, sender: Hashable) -> None:
         """Remember ``item`` (a verified success) for ``prompt`` from ``sender``, unless that sender
-        has an entry for the prompt already."""
+        has an entry for the prompt already. O(senders of the family) when it is full."""
         entries = self._families.setdefault(family, {})
         if (prompt, sender) in entries:
             return
@@ -275,33 +313,39 @@ class DemoMemory(Generic[T]):
         entries[(prompt, sender)] = item
         senders.setdefault(sender, deque()).append(prompt)
 
-    def sample(self, n: int, weights: Mapping[str, float], rng: random.Random) -> list[tuple[T, str]]:
+    def sample(
+        self, n: int, weights: Mapping[str, float], rng: random.Random, own: Hashable = None
+    ) -> list[tuple[T, str]]:
         """Up to ``n`` entries of distinct prompts as ``(item, family)``: each draw picks a family
         with probability proportional to ``weights[family]`` (absent or <= 0: never) among those
         with entries left, then a sender uniformly, then one of its entries uniformly; an entry
-        for a prompt already drawn is dropped and the draw taken again."""
+        for a prompt already drawn is dropped and the draw taken again. Each sender but ``own``
+        (our own successes) gives at most ceil(n / its peers with entries) of them. O(entries)."""
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
-        pools: dict[str, dict[Hashable, list[Hashable]]] = {}
-        for family, held in self._by_sender.items():
-            if held and weights.get(family, 0.0) > 0:
-                pools[family] = {who: list(prompts) for who, prompts in held.items()}
+        pools = {
+            family: _SenderPool(held)
+            for family, held in self._by_sender.items()
+            if held and weights.get(family, 0.0) > 0
+        }
+        peers = {who for pool in pools.values() for who in pool.senders if who != own}
+        quota = math.ceil(n / len(peers)) if peers else n
+        given: dict[Hashable, int] = {}
         chosen: list[tuple[T, str]] = []
         drawn: set[tuple[str, Hashable]] = set()
         while len(chosen) < n and pools:
             names = sorted(pools)
             family = rng.choices(names, weights=[weights[f] for f in names])[0]
-            senders = pools[family]
-            who = list(senders)[rng.randrange(len(senders))]
-            prompts = senders[who]
-            prompt = prompts.pop(rng.randrange(len(prompts)))
-            if not prompts:
-                del senders[who]
-                if not senders:
-                    del pools[family]
+            who, prompt = pools[family].draw(rng)
             if (family, prompt) not in drawn:
                 drawn.add((family, prompt))
                 chosen.append((self._families[family][(prompt, who)], family))
+                given[who] = given.get(who, 0) + 1
+                if who != own and given[who] >= quota:
+                    for pool in pools.values():
+                        pool.remove(who)
+            for name in [f for f, pool in pools.items() if not pool.senders]:
+                del pools[name]
         return chosen
 
 

@@ -45,12 +45,17 @@ def extract_answer(completion: str) -> str:
     multi-line, e.g. binary_matrix, so we never cut at a newline.) Linear in
     the text's length: two ``str.find`` calls, no regular expression.
     """
+    return answer_span(completion).strip()
+
+
+def answer_span(completion: str) -> str:
+    """``extract_answer``'s text before its whitespace is stripped."""
     start = completion.find(ANSWER_OPEN)
     if start >= 0:
         end = completion.find(ANSWER_CLOSE, start + len(ANSWER_OPEN))
         if end >= 0:
-            return completion[start + len(ANSWER_OPEN) : end].strip()
-    return completion.strip()
+            return completion[start + len(ANSWER_OPEN) : end]
+    return completion
 
 
 @cache

@@ -55,7 +55,7 @@ from swarmnode.policy.lora import plain_copy
 from swarmnode.rollout.types import RolloutEngine, SamplingParams
 from swarmnode.store import CheckpointState, CheckpointStore, Ledger, RoundRecord
 from swarmnode.tasks import Task, TaskMixture
-from swarmnode.tasks.scoring import extract_answer, solved
+from swarmnode.tasks.scoring import answer_span, solved
 from swarmnode.train.batch import ScoredGroup, completion_logprobs, micro_batches, pad_right
 from swarmnode.train.optim import adamw, load_optimizer_state
 from swarmnode.train.precision import check_precision, update_precision
@@ -466,17 +466,20 @@ class Trainer:
         return sum(losses) / len(losses), len(local), len(ext)
 
     def _remember_demos(self, groups: Sequence[ScoredGroup]) -> None:
-        """``replay``: each group's first completion our verifier gave full reward and whose answer
-        is the task's own, spelt as the task spells it (a scorer accepts "07" or "7.0" for 7, and
-        replay would teach that spelling: red team rt51 F3). The memory keeps one per prompt and
-        sender, so copies of a group take no more room."""
+        """``replay``: each group's first completion our verifier gave full reward, that ends (EOS)
+        and whose answer is the task's own character for character: a scorer accepts "07", "7.0"
+        or "   7" for 7, and replay would teach that spelling, or a completion cut at the token cap
+        (red team rt51 F3, rt52 F3). The memory keeps one per prompt and sender, so copies of a
+        group take no more room. A family whose entries have no answer string replays nothing."""
         size = self.config.rollout.group_size
+        eos = self.policy.eos_token_id
         for group in (g.first(size) for g in groups):
             answer = group.task.entry.get("answer")
             if not isinstance(answer, str) or len(group.texts) != group.size:
                 continue  # no canonical spelling to check against: nothing is remembered
             for i, reward in enumerate(group.rewards):
-                if success(reward) and extract_answer(group.texts[i]) == answer.strip():
+                ids = group.completion_ids[i]
+                if success(reward) and ids and ids[-1] == eos and answer_span(group.texts[i]) == answer:
                     demo = replace(
                         group,
                         completion_ids=[group.completion_ids[i]],
@@ -491,7 +494,7 @@ class Trainer:
     def _replayed(self) -> list[ScoredGroup]:
         """``replay``: K remembered demonstrations, families weighted by 1 - b_f (learn.transfer)."""
         weights = {f: 1.0 - self.family_baseline.rate(f) for f in self.demo_memory.families()}
-        drawn = self.demo_memory.sample(self.config.swarm.replay_demos, weights, self.mixing_rng)
+        drawn = self.demo_memory.sample(self.config.swarm.replay_demos, weights, self.mixing_rng, own="local")
         return [demo for demo, _ in drawn]
 
     def _policy_steps(self, local: Sequence[ScoredGroup], ext: Sequence[ScoredGroup]) -> list[float]:

@@ -154,6 +154,32 @@ def test_an_identity_answering_every_prompt_first_gets_one_senders_share_of_the_
         assert len({item[1:] for item in drawn}) == len(drawn) == 128
 
 
+def test_a_peer_answering_distinct_prompts_while_others_answer_the_same_ones_gets_one_share() -> None:
+    # Red team rt52 F1: seven honest peers answer the same 8 prompts; mallory answers 8 others.
+    # Draws of an honest copy of a prompt already drawn were dropped, so mallory's distinct
+    # entries took 34-40% of the rows. A peer now gives at most ceil(n / peers) a call.
+    memory: DemoMemory[str] = DemoMemory(per_family=256)
+    for peer in range(7):
+        for p in range(8):
+            memory.add(f"h{peer}-{p}", "add", p, f"honest{peer}")
+    for p in range(100, 108):
+        memory.add(f"m-{p}", "add", p, "mallory")
+    for seed in range(10):
+        drawn = [item for item, _ in memory.sample(64, {"add": 1.0}, random.Random(seed))]
+        assert sum(item.startswith("m") for item in drawn) == 8  # ceil(64 / 8 peers)
+        assert len(drawn) == 16  # every distinct prompt once
+    # Our own successes are not a peer's: they fill the rows the peers' quota leaves, unlimited.
+    own: DemoMemory[str] = DemoMemory(per_family=256)
+    for p in range(100):
+        own.add(f"o-{p}", "add", ("o", p), "local")
+    for p in range(10):
+        own.add(f"a-{p}", "add", ("a", p), "alice")
+        own.add(f"b-{p}", "add", ("b", p), "bob")
+    drawn = Counter(item[0] for item, _ in own.sample(64, {"add": 1.0}, random.Random(0), own="local"))
+    assert drawn == {"o": 44, "a": 10, "b": 10}
+    assert sum(Counter(item[0] for item, _ in own.sample(64, {"add": 1.0}, random.Random(0))).values()) == 42
+
+
 def test_a_sender_holding_most_of_the_memory_gets_one_senders_share_of_the_draws() -> None:
     memory: DemoMemory[str] = DemoMemory(per_family=100)
     for i in range(90):

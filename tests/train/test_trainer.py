@@ -318,10 +318,18 @@ def test_the_replay_rule_trains_on_a_peers_success_remembered_from_an_earlier_ro
     with rule_trainer(quick_model, tmp_path, "replay", 1, 1) as (trainer, own):
         wrong = [dataclasses.replace(g, rewards=[0.0] * 4) for g in own]  # we solve nothing: b_f = 0
         answer = own[1].task.entry["answer"]
-        # Red team rt51 F3: full reward for "0" + the answer (a scorer's leniency), but replay would
-        # teach that spelling; only a success spelling the answer as the task does is remembered.
-        texts = ["x", f"0{answer}", f" {answer}\n", "y"]
-        demo = relabelled(dataclasses.replace(own[1], texts=texts), [0.0, 1.0, 1.0, 0.0])
+        eos = trainer.policy.eos_token_id
+        # Red team rt51 F3, rt52 F3: full reward for "0" + the answer or the answer padded with
+        # spaces (a scorer's leniency), or cut at the token cap, but replay would teach that; only
+        # an ended success spelling the answer as the task does is remembered.
+        rows = [  # (text, ids): each has full reward
+            (f"0{answer}", [5, 6, eos]),  # another spelling
+            (f" {answer}\n", [5, 7, eos]),  # padded
+            (answer, [5, 8]),  # cut at the cap, no EOS
+            (answer, [5, 9, eos]),  # the one remembered
+        ]
+        spelt = dataclasses.replace(own[1], texts=[t for t, _ in rows], completion_ids=[i for _, i in rows])
+        demo = relabelled(spelt, [1.0, 1.0, 1.0, 1.0])
         loss, _, used_ext = trainer.update(wrong, [demo])
         assert used_ext == 1 and trainer.last_replayed == 0  # nothing remembered before this round
         assert trainer.demo_memory.families() == {family_of(demo.task): 1}  # its first success only
@@ -331,8 +339,8 @@ def test_the_replay_rule_trains_on_a_peers_success_remembered_from_an_earlier_ro
         assert (used_own, used_ext, trainer.last_replayed) == (0, 0, 1)
         assert loss == pytest.approx(-1.0, abs=1e-5)  # ratio 1: -mean(A)
         [replayed] = trainer._replayed()
-        assert replayed.completion_ids == [demo.completion_ids[2]] and replayed.rewards == [1.0]
-        assert replayed.texts == [texts[2]]
+        assert replayed.completion_ids == [demo.completion_ids[3]] and replayed.rewards == [1.0]
+        assert replayed.texts == [answer]
     # Red team rt51 F2: a peer's group on one of our held-out tasks is neither trained on nor
     # remembered (the held-out seed is public).
     (tmp_path / "heldout").mkdir()
