@@ -282,8 +282,8 @@ class SwarmConfig(Section):
     replay_memory: int = Field(
         256,
         ge=1,
-        le=4096,  # a full family's add costs O(its senders), and they are at most this many
-        description="Verified successes kept per family, one per prompt and sender (mixing = replay).",
+        le=1024,  # a full family's add costs O(its senders): at most 8 a prompt
+        description="Prompts with verified answers kept per family, 8 answers each (mixing = replay).",
     )
     initial_peers: list[str] = Field(default_factory=list, description="Bootstrap multiaddrs.")
     peers_file: str = Field("", description="File with one bootstrap multiaddr per line.")

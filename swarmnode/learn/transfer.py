@@ -72,16 +72,16 @@ The demonstration replay (``replay``): ``anchored``, plus K replayed demonstrati
 memory of verified successes (``DemoMemory``), so that an update sees many distinct prompts of the
 families it is weak at instead of the few the swarm answered this round::
 
-    memory      = every completion our verifier gave full reward that ends (EOS) and whose
-                  answer is the task's own answer character for character, from our groups
-                  and our peers' (one per prompt and sender, the first), kept across rounds
-                  (``per_family`` a family)
-    replay:     external and own as anchored, plus K entries drawn from the memory without
-                replacement, a family f with probability proportional to 1 - b_f, then a sender
-                uniformly, then one of its entries (a prompt at most once a round, a peer
-                at most ceil(K / peers in the memory) entries a round); each entry is a
-                one-completion external group with S = 1, so A = 1 - b_f
-                (receiver_baseline's advantage, at replay)
+    memory      = per family, up to ``per_family`` prompts, each with the first answers of
+                  up to 8 senders (ours and our peers'): completions our verifier gave full
+                  reward that end (EOS) and spell the task's answer character for character;
+                  a sender owns 1/k of a prompt with k answers, and a full family drops the
+                  oldest answer of the sender owning the most
+    replay:     external and own as anchored, plus K rows from the memory: each row goes to a
+                family f with probability proportional to 1 - b_f (at most its prompts), then
+                a family's rows are drawn round its senders in turn, each giving its answer to
+                one of its prompts not drawn yet; each row is a one-completion external group
+                with S = 1, so A = 1 - b_f (receiver_baseline's advantage, at replay)
 
 Why: with the same prompts answered by every agent (or a few prompts a round), the J external
 groups hold at most J distinct prompts, about 6 of them on the families a specialist lacks, and
@@ -96,10 +96,9 @@ rows on families we are weak at and stops replaying one we have learnt; if we fo
 falls and replay resumes. A sender can only add completions our verifier accepted, spelling the
 task's answer exactly as the task does, with no space around it, and ending (a scorer also
 accepts "07", "+7", "7.0" or "   7": red team rt51 F3, rt52 F3; such a spelling, or a completion
-cut at the token cap, replayed, is taught to us), one per prompt and sender; a family's memory
-full, the oldest entry of the sender holding the most goes first, and each draw takes a sender
-first, within a per-round quota (``DemoMemory``), so no identity gets more than one sender's
-share of the rows, however early or distinctly it answers. Measured
+cut at the token cap, replayed, is taught to us). Ownership by share and the round robin are
+what keeps an identity to one sender's part of the rows, however early, often or distinctly it
+answers, while a family's one teacher still fills its rows (``DemoMemory`` has the attacks). Measured
 (simulations/specialists.py, 1,000 rounds, seeds 0-2, J = K = 8 / 64, beside anchored on the same
 warm starts): peers' families 0.030 -> 0.603 +- 0.012 (anchored 0.362), 0.795 on the 1-digit
 ones; own family 0.995 -> 0.911 +- 0.024 (anchored 0.783); 1.9x anchored's CPU a round. The same
@@ -124,7 +123,7 @@ import math
 import random
 from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -229,124 +228,152 @@ def select_teaching(
     return [candidates[i][0] for i in valued if i in chosen]
 
 
-class _SenderPool:
-    """One family's undrawn entries during a ``DemoMemory.sample`` call: senders in a list (a
-    uniform pick and a removal are O(1)), each with its undrawn prompts."""
+class _Family:
+    """One family of a ``DemoMemory``: its prompts (oldest first), each with its answers by
+    sender, and each sender's prompts (oldest first) and share of them."""
 
-    def __init__(self, held: Mapping[Hashable, deque[Hashable]]) -> None:
-        self.senders: list[Hashable] = list(held)
-        self.index: dict[Hashable, int] = {who: i for i, who in enumerate(self.senders)}
-        self.prompts: dict[Hashable, list[Hashable]] = {who: list(prompts) for who, prompts in held.items()}
+    def __init__(self) -> None:
+        self.answers: dict[Hashable, dict[Hashable, Any]] = {}  # prompt -> sender -> item
+        self.prompts_of: dict[Hashable, deque[Hashable]] = {}  # sender -> its prompts, oldest first
+        self.share: dict[Hashable, float] = {}  # sender -> sum over its prompts of 1 / their answers
 
-    def draw(self, rng: random.Random) -> tuple[Hashable, Hashable]:
-        """A sender uniformly, then one of its undrawn prompts uniformly (taken out)."""
-        who = self.senders[rng.randrange(len(self.senders))]
-        prompts = self.prompts[who]
-        i = rng.randrange(len(prompts))
-        prompts[i], prompts[-1] = prompts[-1], prompts[i]
-        prompt = prompts.pop()
-        if not prompts:
-            self.remove(who)
-        return who, prompt
+    def add(self, prompt: Hashable, sender: Hashable, item: Any) -> None:
+        answers = self.answers.setdefault(prompt, {})
+        self._own(answers, -1.0)
+        answers[sender] = item
+        self.prompts_of.setdefault(sender, deque()).append(prompt)
+        self.share.setdefault(sender, 0.0)
+        self._own(answers, +1.0)
 
-    def remove(self, who: Hashable) -> None:
-        i = self.index.pop(who, None)
-        if i is None:
-            return
-        last = self.senders.pop()
-        if last != who:
-            self.senders[i] = last
-            self.index[last] = i
-        del self.prompts[who]
+    def drop_answer(self, sender: Hashable) -> None:
+        """Drop the answer of ``sender`` to its oldest prompt (and the prompt with its last answer)."""
+        prompt = self.prompts_of[sender].popleft()
+        answers = self.answers[prompt]
+        self._own(answers, -1.0)
+        del answers[sender]
+        self._own(answers, +1.0)
+        if not self.prompts_of[sender]:
+            del self.prompts_of[sender], self.share[sender]
+        if not answers:
+            del self.answers[prompt]
+
+    def _own(self, answers: dict[Hashable, Any], sign: float) -> None:
+        """Give (+1) or take back (-1) each answerer's 1/k of a prompt with k answers."""
+        for who in answers:
+            self.share[who] += sign / len(answers)
 
 
 class DemoMemory(Generic[T]):
-    """Verified demonstrations kept across rounds for ``replay``: at most one per prompt and
-    sender (the first it sent) and at most ``per_family`` per family. A family full, the oldest
-    entry of the sender holding the most of it goes. A draw takes a sender uniformly, then one of
-    its entries; a prompt at most once a call, and a sender (``own`` apart) at most
-    ceil(n / senders) entries a call. Families are bounded by the caller (the node's own mixture:
-    admission refuses others).
+    """Verified demonstrations kept across rounds for ``replay``: at most ``per_family`` prompts a
+    family, each with the answers of at most ``answers_per_prompt`` senders (each sender's first).
+    A sender owns 1/k of each prompt it is one of k answerers of; a family full, the sender owning
+    the most drops its answer to its oldest prompt until a prompt has no answer left. A draw of n
+    rows splits them among families by weight (none beyond a family's prompts), then, family by
+    family, goes round the senders in a random order, each giving its answer to one of its
+    prompts not drawn yet, until the family's rows are drawn: every sender gives as many rows as
+    any other while it has undrawn prompts (max-min fair), and a prompt is drawn once.
+    Families are bounded by the caller (the node's own mixture: admission refuses others).
 
-    Task ids are public, so one sender can answer every prompt: replaced by the newest answer, one
-    identity re-answering the honest peers' prompts took 192 of 256 entries and 47 of 64 draws
-    (red team rt50 F1); kept first per prompt, one identity answering the round's prompts before
-    anyone else (a round's prompts follow from the public seed) held all 256 entries and every
-    draw (rt51 F1); kept per prompt and sender, one identity answering distinct prompts while the
-    honest peers answered the same few took 34-40% of the rows, the draws of honest copies of a
-    prompt already drawn being dropped (rt52 F1). With the quota an identity gets at most one
-    sender's share of the rows, however early, often or distinctly it answers. Signers are free,
-    so many identities still get many shares (rt50 F2, open: a quota for senders without
-    standing needs the peer book here)."""
+    Task ids are public, so one sender can answer every prompt. Replaced by the newest answer,
+    one identity re-answering the honest peers' prompts took 192 of 256 entries and 47 of 64
+    draws (red team rt50 F1); kept first per prompt, one answering the round's prompts before
+    anyone (they follow from the public seed) held all 256 entries and every draw (rt51 F1);
+    entries per (prompt, sender), one answering distinct prompts while the honest peers answered
+    the same ones took 34-40% of the rows (rt52 F1), and a quota per sender against it starved
+    a family's one teacher (rt53 F1, F2). Owned by share, an identity's distinct prompts cost it
+    as much as every answerer of a shared one pays together, and the round robin gives it one
+    sender's rows. Signers are free, so many identities still get many shares (rt50 F2, open: a
+    quota for senders without standing needs the peer book here)."""
 
-    def __init__(self, per_family: int) -> None:
+    def __init__(self, per_family: int, answers_per_prompt: int = 8) -> None:
         if per_family < 1:
             raise ValueError(f"per_family must be >= 1, got {per_family}")
+        if answers_per_prompt < 1:
+            raise ValueError(f"answers_per_prompt must be >= 1, got {answers_per_prompt}")
         self.per_family = per_family
-        self._families: dict[str, dict[tuple[Hashable, Hashable], T]] = {}  # (prompt, sender) -> item
-        # family -> sender -> its prompts, oldest first (kept up to date: no recount per add, rt50 F4)
-        self._by_sender: dict[str, dict[Hashable, deque[Hashable]]] = {}
+        self.answers_per_prompt = answers_per_prompt
+        self._families: dict[str, _Family] = {}
 
     def __len__(self) -> int:
-        return sum(len(entries) for entries in self._families.values())
+        """Prompts remembered, all families together."""
+        return sum(len(family.answers) for family in self._families.values())
 
     def families(self) -> dict[str, int]:
-        """Entries per family."""
-        return {family: len(entries) for family, entries in self._families.items()}
+        """Prompts per family."""
+        return {name: len(family.answers) for name, family in self._families.items()}
 
     def senders(self, family: str) -> dict[Hashable, int]:
-        """Entries per sender in ``family``."""
-        return {who: len(prompts) for who, prompts in self._by_sender.get(family, {}).items()}
+        """Answers per sender in ``family``."""
+        held = self._families.get(family)
+        return {} if held is None else {who: len(prompts) for who, prompts in held.prompts_of.items()}
+
+    def shares(self, family: str) -> dict[Hashable, float]:
+        """Each sender's ownership of ``family``'s prompts (they sum to its prompts)."""
+        held = self._families.get(family)
+        return {} if held is None else dict(held.share)
 
     def add(self, item: T, family: str, prompt: Hashable, sender: Hashable) -> None:
-        """Remember ``item`` (a verified success) for ``prompt`` from ``sender``, unless that sender
-        has an entry for the prompt already. O(senders of the family) when it is full."""
-        entries = self._families.setdefault(family, {})
-        if (prompt, sender) in entries:
+        """Remember ``item`` (a verified success) as ``sender``'s answer to ``prompt``, unless it
+        answered it already or the prompt has its answers. O(senders of the family) a drop."""
+        held = self._families.setdefault(family, _Family())
+        answers = held.answers.get(prompt)
+        if answers is not None and (sender in answers or len(answers) >= self.answers_per_prompt):
             return
-        senders = self._by_sender.setdefault(family, {})
-        if len(entries) >= self.per_family:
-            top = max(senders, key=lambda who: len(senders[who]))  # first-come among equals
-            del entries[(senders[top].popleft(), top)]
-            if not senders[top]:
-                del senders[top]
-        entries[(prompt, sender)] = item
-        senders.setdefault(sender, deque()).append(prompt)
+        while answers is None and len(held.answers) >= self.per_family:
+            top = max(held.share, key=held.share.__getitem__)  # first-come among equals
+            held.drop_answer(top)
+        held.add(prompt, sender, item)
 
-    def sample(
-        self, n: int, weights: Mapping[str, float], rng: random.Random, own: Hashable = None
-    ) -> list[tuple[T, str]]:
-        """Up to ``n`` entries of distinct prompts as ``(item, family)``: each draw picks a family
-        with probability proportional to ``weights[family]`` (absent or <= 0: never) among those
-        with entries left, then a sender uniformly, then one of its entries uniformly; an entry
-        for a prompt already drawn is dropped and the draw taken again. Each sender but ``own``
-        (our own successes) gives at most ceil(n / its peers with entries) of them. O(entries)."""
+    def sample(self, n: int, weights: Mapping[str, float], rng: random.Random) -> list[tuple[T, str]]:
+        """Up to ``n`` answers to distinct prompts as ``(item, family)``: the rows go one at a time
+        to a family drawn with probability proportional to ``weights[family]`` (absent or <= 0:
+        never) among those with prompts not yet given rows, then each family's rows are drawn
+        round the senders (class docstring). O(answers) at most."""
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
-        pools = {
-            family: _SenderPool(held)
-            for family, held in self._by_sender.items()
-            if held and weights.get(family, 0.0) > 0
+        room = {
+            f: len(held.answers)
+            for f, held in self._families.items()
+            if held.answers and weights.get(f, 0.0) > 0
         }
-        peers = {who for pool in pools.values() for who in pool.senders if who != own}
-        quota = math.ceil(n / len(peers)) if peers else n
-        given: dict[Hashable, int] = {}
+        rows = dict.fromkeys(room, 0)
+        for _ in range(n):
+            names = sorted(f for f in room if rows[f] < room[f])
+            if not names:
+                break
+            rows[rng.choices(names, weights=[weights[f] for f in names])[0]] += 1
         chosen: list[tuple[T, str]] = []
-        drawn: set[tuple[str, Hashable]] = set()
-        while len(chosen) < n and pools:
-            names = sorted(pools)
-            family = rng.choices(names, weights=[weights[f] for f in names])[0]
-            who, prompt = pools[family].draw(rng)
-            if (family, prompt) not in drawn:
-                drawn.add((family, prompt))
-                chosen.append((self._families[family][(prompt, who)], family))
-                given[who] = given.get(who, 0) + 1
-                if who != own and given[who] >= quota:
-                    for pool in pools.values():
-                        pool.remove(who)
-            for name in [f for f, pool in pools.items() if not pool.senders]:
-                del pools[name]
+        for family in sorted(rows):
+            chosen += [
+                (item, family) for item in self._round_robin(self._families[family], rows[family], rng)
+            ]
         return chosen
+
+    @staticmethod
+    def _round_robin(held: _Family, n: int, rng: random.Random) -> list[T]:
+        """``n`` answers to distinct prompts of ``held``, the senders in turn (a new random order
+        each turn), each its answer to a random prompt of its own not drawn yet."""
+        undrawn = {who: list(prompts) for who, prompts in held.prompts_of.items()}
+        drawn: set[Hashable] = set()
+        out: list[T] = []
+        while len(out) < n and undrawn:
+            order = list(undrawn)
+            rng.shuffle(order)
+            for who in order:
+                prompts = undrawn[who]
+                while prompts:
+                    i = rng.randrange(len(prompts))
+                    prompts[i], prompts[-1] = prompts[-1], prompts[i]
+                    prompt = prompts.pop()
+                    if prompt not in drawn:
+                        drawn.add(prompt)
+                        out.append(held.answers[prompt][who])
+                        break
+                if not prompts:
+                    del undrawn[who]
+                if len(out) >= n:
+                    break
+        return out
 
 
 def joint_advantages(

@@ -469,8 +469,8 @@ class Trainer:
         """``replay``: each group's first completion our verifier gave full reward, that ends (EOS)
         and whose answer is the task's own character for character: a scorer accepts "07", "7.0"
         or "   7" for 7, and replay would teach that spelling, or a completion cut at the token cap
-        (red team rt51 F3, rt52 F3). The memory keeps one per prompt and sender, so copies of a
-        group take no more room. A family whose entries have no answer string replays nothing."""
+        (red team rt51 F3, rt52 F3). The memory keeps a sender's first answer to a prompt, so
+        copies of a group take no more room. A family whose entries have no answer string replays nothing."""
         size = self.config.rollout.group_size
         eos = self.policy.eos_token_id
         for group in (g.first(size) for g in groups):
@@ -494,7 +494,7 @@ class Trainer:
     def _replayed(self) -> list[ScoredGroup]:
         """``replay``: K remembered demonstrations, families weighted by 1 - b_f (learn.transfer)."""
         weights = {f: 1.0 - self.family_baseline.rate(f) for f in self.demo_memory.families()}
-        drawn = self.demo_memory.sample(self.config.swarm.replay_demos, weights, self.mixing_rng, own="local")
+        drawn = self.demo_memory.sample(self.config.swarm.replay_demos, weights, self.mixing_rng)
         return [demo for demo, _ in drawn]
 
     def _policy_steps(self, local: Sequence[ScoredGroup], ext: Sequence[ScoredGroup]) -> list[float]:

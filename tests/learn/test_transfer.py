@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from collections import Counter
 
@@ -112,85 +113,103 @@ def test_an_own_demonstration_is_an_all_correct_group_and_is_replayed_with_advan
 # -- replay: the demonstration memory ------------------------------------------------------------
 
 
-def test_the_demo_memory_keeps_a_senders_first_entry_per_prompt_and_evicts_the_top_senders_oldest() -> None:
-    memory: DemoMemory[str] = DemoMemory(per_family=4)
+def test_the_demo_memory_keeps_each_senders_first_answer_and_a_full_family_drops_the_top_owners_oldest() -> (
+    None
+):
+    memory: DemoMemory[str] = DemoMemory(per_family=3, answers_per_prompt=2)
     memory.add("p1 mallory", "add", "p1", "mallory")
     # Red team rt50 F1: replaced by the newest answer, one identity re-answering every prompt
     # honest peers answered took the memory over. A sender's first answer to a prompt stays.
     memory.add("p1 mallory again", "add", "p1", "mallory")
-    assert memory.families() == {"add": 1} and len(memory) == 1
     # Red team rt51 F1: kept first per prompt, an identity answering every prompt before anyone
-    # else held the whole memory. Another sender's answer to the same prompt is kept beside it.
+    # else held the whole memory. Other senders' answers are kept beside it.
     memory.add("p1 alice", "add", "p1", "alice")
-    assert memory.senders("add") == {"mallory": 1, "alice": 1}
+    memory.add("p1 bob", "add", "p1", "bob")  # the prompt has its 2 answers
+    assert memory.families() == {"add": 1} and memory.senders("add") == {"mallory": 1, "alice": 1}
+    assert memory.shares("add") == {"mallory": 0.5, "alice": 0.5}
     memory.add("p2", "add", "p2", "mallory")
-    memory.add("p3", "add", "p3", "mallory")  # full: mallory 3, alice 1
-    memory.add("p4", "add", "p4", "mallory")  # mallory holds the most, its oldest (p1) goes
+    memory.add("p3", "add", "p3", "mallory")  # full: 3 prompts; mallory owns 2.5, alice 0.5
+    memory.add("p4", "add", "p4", "alice")  # mallory drops p1 (alice keeps it), then p2
+    assert memory.shares("add") == {"alice": 2.0, "mallory": 1.0} and memory.families() == {"add": 3}
     memory.add("m1", "mul", "m1", "mallory")  # another family has room of its own
-    assert memory.senders("add") == {"mallory": 3, "alice": 1} and memory.families() == {"add": 4, "mul": 1}
     every = {item for item, _ in memory.sample(10, {"add": 1.0, "mul": 1.0}, random.Random(0))}
-    assert every == {"p1 alice", "p2", "p3", "p4", "m1"}
-    memory.add("p5", "add", "p5", "bob")  # mallory's oldest (p2) goes
-    assert {i for i, f in memory.sample(10, {"add": 1.0}, random.Random(0))} == {"p1 alice", "p3", "p4", "p5"}
+    assert every == {"p1 alice", "p3", "p4", "m1"}
     with pytest.raises(ValueError, match="per_family"):
         DemoMemory(per_family=0)
+    with pytest.raises(ValueError, match="answers_per_prompt"):
+        DemoMemory(per_family=1, answers_per_prompt=0)
 
 
-def test_an_identity_answering_every_prompt_first_gets_one_senders_share_of_the_draws() -> None:
+def test_an_identity_answering_every_prompt_first_gets_one_senders_share_of_the_rows() -> None:
     # Red team rt51 F1: a round's prompts follow from the public seed, so one identity can answer
     # each before the honest peers do; kept first per prompt, it held 256 of 256 entries and every
-    # draw. Now the honest answers to the same prompts are kept too, and drawn as often.
+    # draw. The honest answers to the same prompts are kept too, and given as many rows.
     memory: DemoMemory[str] = DemoMemory(per_family=256)
     for i in range(128):
-        memory.add(f"m{i}", "add", i, "mallory")
-        memory.add(f"h{i}", "add", i, "honest")
-    counts = Counter(
-        item[0] for seed in range(20) for item, _ in memory.sample(16, {"add": 1.0}, random.Random(seed))
-    )
-    assert 0.4 < counts["h"] / (counts["h"] + counts["m"]) < 0.6
-    # A prompt is drawn at most once a round, whoever answered it.
+        memory.add("m", "add", i, "mallory")
+        memory.add("h", "add", i, "honest")
     for seed in range(5):
-        drawn = [item for item, _ in memory.sample(200, {"add": 1.0}, random.Random(seed))]
-        assert len({item[1:] for item in drawn}) == len(drawn) == 128
+        drawn = Counter(item for item, _ in memory.sample(64, {"add": 1.0}, random.Random(seed)))
+        assert drawn == {"m": 32, "h": 32}
 
 
-def test_a_peer_answering_distinct_prompts_while_others_answer_the_same_ones_gets_one_share() -> None:
-    # Red team rt52 F1: seven honest peers answer the same 8 prompts; mallory answers 8 others.
-    # Draws of an honest copy of a prompt already drawn were dropped, so mallory's distinct
-    # entries took 34-40% of the rows. A peer now gives at most ceil(n / peers) a call.
-    memory: DemoMemory[str] = DemoMemory(per_family=256)
-    for peer in range(7):
+def honest_and_mallory(memory: DemoMemory[str], honest: int, rounds: int, mallory_prompts: int) -> None:
+    """``honest`` peers answer the same 8 prompts a round; mallory answers prompts of her own."""
+    for r in range(rounds):
         for p in range(8):
-            memory.add(f"h{peer}-{p}", "add", p, f"honest{peer}")
-    for p in range(100, 108):
-        memory.add(f"m-{p}", "add", p, "mallory")
-    for seed in range(10):
+            for h in range(honest):
+                memory.add(f"h{h}", "add", (r, p), f"honest{h}")
+        for p in range(mallory_prompts):
+            memory.add("m", "add", ("mallory", r, p), "mallory")
+
+
+@pytest.mark.parametrize(("honest", "mallory_prompts"), [(1, 8), (7, 8), (7, 32), (15, 8)])
+def test_an_identity_gets_one_senders_share_of_the_rows_however_distinctly_it_answers(
+    honest: int, mallory_prompts: int
+) -> None:
+    # Red team rt52 F1: kept per (prompt, sender), mallory's distinct prompts took 34-40% of the
+    # rows while the honest peers answered the same ones. Owned by share, her distinct prompts
+    # cost her what all answerers of a shared one pay together, and the round robin gives her
+    # one sender's rows.
+    memory: DemoMemory[str] = DemoMemory(per_family=256)
+    honest_and_mallory(memory, honest, 60, mallory_prompts)
+    assert memory.families() == {"add": 256}
+    senders = min(honest, 7) + 1  # 8 answers a prompt at most
+    # Her part of the memory is one sender's, so the honest prompts keep the rest of it.
+    assert memory.shares("add")["mallory"] <= 256 / senders + 1
+    for seed in range(5):
         drawn = [item for item, _ in memory.sample(64, {"add": 1.0}, random.Random(seed))]
-        assert sum(item.startswith("m") for item in drawn) == 8  # ceil(64 / 8 peers)
-        assert len(drawn) == 16  # every distinct prompt once
-    # Our own successes are not a peer's: they fill the rows the peers' quota leaves, unlimited.
-    own: DemoMemory[str] = DemoMemory(per_family=256)
+        assert len(drawn) == 64
+        assert drawn.count("m") <= math.ceil(64 / senders) + 1
+
+
+def test_a_familys_one_teacher_fills_its_rows_beside_senders_of_one_answer() -> None:
+    # Red team rt53 F1: with a quota of ceil(K / peers), one identity holding one answer halved
+    # the rows a family's one teacher gave. The round robin lets the teacher fill them.
+    memory: DemoMemory[str] = DemoMemory(per_family=256)
+    for p in range(256):
+        memory.add("t", "dec", p, "teacher")
+    for p, who in enumerate(["once", "local", "local", "local", "local"]):
+        memory.add(who, "dec", 1000 + p, who)
+    drawn = Counter(item for item, _ in memory.sample(64, {"dec": 1.0}, random.Random(0)))
+    assert drawn == {"t": 59, "once": 1, "local": 4}
+
+
+def test_rows_follow_the_family_weights_whoever_answers_the_other_families() -> None:
+    # Red team rt53 F2: a quota counted across families let peers of a mastered family (weight
+    # 0.05) shrink the one teacher's rows of the family we lack (weight 1) to 8 of 64.
+    memory: DemoMemory[str] = DemoMemory(per_family=256)
     for p in range(100):
-        own.add(f"o-{p}", "add", ("o", p), "local")
-    for p in range(10):
-        own.add(f"a-{p}", "add", ("a", p), "alice")
-        own.add(f"b-{p}", "add", ("b", p), "bob")
-    drawn = Counter(item[0] for item, _ in own.sample(64, {"add": 1.0}, random.Random(0), own="local"))
-    assert drawn == {"o": 44, "a": 10, "b": 10}
-    assert sum(Counter(item[0] for item, _ in own.sample(64, {"add": 1.0}, random.Random(0))).values()) == 42
+        memory.add("b", "b", p, "teacher")
+        for peer in range(7):
+            memory.add("a", "a", p, f"peer{peer}")
+    counts = Counter(
+        f for s in range(20) for _, f in memory.sample(64, {"a": 0.05, "b": 1.0}, random.Random(s))
+    )
+    assert 0.9 < counts["b"] / (20 * 64) < 0.99  # 1 / 1.05 = 0.95
 
 
-def test_a_sender_holding_most_of_the_memory_gets_one_senders_share_of_the_draws() -> None:
-    memory: DemoMemory[str] = DemoMemory(per_family=100)
-    for i in range(90):
-        memory.add(f"m{i}", "add", ("m", i), "mallory")
-    for i in range(10):
-        memory.add(f"h{i}", "add", ("h", i), "honest")
-    drawn = [item for item, _ in memory.sample(16, {"add": 1.0}, random.Random(4))]
-    assert 4 <= sum(item.startswith("h") for item in drawn) <= 12  # about half, not a tenth
-
-
-def test_the_demo_memory_draws_distinct_entries_by_family_weight_and_never_from_a_weight_of_zero() -> None:
+def test_the_demo_memory_draws_distinct_prompts_by_family_weight_and_never_from_a_weight_of_zero() -> None:
     memory: DemoMemory[int] = DemoMemory(per_family=1000)
     for i in range(400):
         memory.add(i, "weak", ("w", i), "s")
@@ -202,6 +221,10 @@ def test_the_demo_memory_draws_distinct_entries_by_family_weight_and_never_from_
     families = Counter(family for _, family in drawn)
     assert families["mastered"] == 0 and "unknown" not in families
     assert 2.0 < families["weak"] / families["strong"] < 4.5  # 3:1 by weight
-    # Fewer entries than asked: every entry of the families with weight, once.
+    # Fewer prompts than asked: every prompt of the families with weight, once.
     assert len(memory.sample(2000, {"weak": 1.0, "strong": 1.0}, random.Random(2))) == 800
     assert memory.sample(5, {}, random.Random(3)) == []
+    # Shares add up to the prompts, however they are split.
+    shared: DemoMemory[str] = DemoMemory(per_family=8)
+    honest_and_mallory(shared, 3, 5, 2)
+    assert sum(shared.shares("add").values()) == pytest.approx(8)
