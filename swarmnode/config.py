@@ -282,7 +282,7 @@ class SwarmConfig(Section):
     replay_memory: int = Field(
         256,
         ge=1,
-        le=1024,  # a full family's add costs O(its senders): at most 8 a prompt
+        le=1024,  # an add to a full family costs O(drops x senders), senders <= 8 a prompt
         description="Prompts with verified answers kept per family, 8 answers each (mixing = replay).",
     )
     initial_peers: list[str] = Field(default_factory=list, description="Bootstrap multiaddrs.")

@@ -183,6 +183,35 @@ def test_an_identity_gets_one_senders_share_of_the_rows_however_distinctly_it_an
         assert drawn.count("m") <= math.ceil(64 / senders) + 1
 
 
+def test_a_young_memory_gives_an_identity_one_senders_rows_too() -> None:
+    # Red team rt54 F1: seven honest peers answer the same 8 prompts, mallory 8 of her own. The
+    # honest senders' turns ended with their undrawn prompts, and she took the other 8 of 16
+    # rows. A sender keeps its turns with its answer to a prompt drawn for another.
+    memory: DemoMemory[str] = DemoMemory(per_family=256)
+    for p in range(8):
+        for h in range(7):
+            memory.add("h", "add", p, f"honest{h}")
+        memory.add("m", "add", ("mallory", p), "mallory")
+    for seed in range(5):
+        drawn = Counter(item for item, _ in memory.sample(64, {"add": 1.0}, random.Random(seed)))
+        assert drawn == {"h": 14, "m": 2}  # 16 rows, the family's prompts
+
+
+def test_an_identity_adding_its_answer_to_every_prompt_gets_one_senders_rows() -> None:
+    # Red team rt54 F2: each honest sender answers prompts of its own, and mallory adds her answer
+    # to every one, owning half of each: she stores about twice an honest sender's answers (open,
+    # low), but the round robin gives her one sender's rows.
+    memory: DemoMemory[str] = DemoMemory(per_family=256)
+    for r in range(60):
+        for h in range(8):
+            for p in range(8):
+                memory.add("h", "add", (r, h, p), f"honest{h}")
+                memory.add("m", "add", (r, h, p), "mallory")
+    for seed in range(5):
+        drawn = Counter(item for item, _ in memory.sample(64, {"add": 1.0}, random.Random(seed)))
+        assert drawn["m"] <= 8 and sum(drawn.values()) == 64
+
+
 def test_a_familys_one_teacher_fills_its_rows_beside_senders_of_one_answer() -> None:
     # Red team rt53 F1: with a quota of ceil(K / peers), one identity holding one answer halved
     # the rows a family's one teacher gave. The round robin lets the teacher fill them.
