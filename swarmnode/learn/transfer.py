@@ -78,9 +78,10 @@ families it is weak at instead of the few the swarm answered this round::
                   a sender owns 1/k of a prompt with k answers, and a full family drops the
                   oldest answer of the sender owning the most
     replay:     external and own as anchored, plus K rows from the memory: each row goes to a
-                family f with probability proportional to 1 - b_f (at most its prompts), then
-                a family's rows are drawn round its senders in turn, each giving its answer to
-                one of its prompts (one not drawn yet while it has any); each row is a
+                family f with probability proportional to 1 - b_f (empty if f has no answer
+                left), then a family's rows are drawn round its senders in turn (1/m of a turn
+                for a sender in m of the families drawn), each giving its answer to one of its
+                prompts (one not drawn yet while it has any); each row is a
                 one-completion external group with S = 1, so A = 1 - b_f (receiver_baseline's
                 advantage, at replay)
 
@@ -122,7 +123,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -269,10 +270,11 @@ class DemoMemory(Generic[T]):
     family, each with the answers of at most ``answers_per_prompt`` senders (each sender's first).
     A sender owns 1/k of each prompt it is one of k answerers of; a family full, the sender owning
     the most drops its answer to its oldest prompt until a prompt has no answer left. A draw of n
-    rows splits them among families by weight (none beyond a family's prompts), then, family by
-    family, goes round the senders in a random order, each giving its answer to one of its
-    prompts, one not drawn yet while it has any, until the family's rows are drawn: every sender
-    gives as many rows as any other while it has prompts (max-min fair).
+    rows gives each to a family by weight (left empty if the family has no answer left), then,
+    family by family, goes round the senders in a random order, each giving its answer to one of
+    its prompts, one not drawn yet while it has any, until the family's rows are drawn: every
+    sender gives as many rows as any other while it has answers (max-min fair), and a sender
+    answering m of the families drawn has 1/m of a turn in each.
     Families are bounded by the caller (the node's own mixture: admission refuses others).
 
     Task ids are public, so one sender can answer every prompt. Replaced by the newest answer,
@@ -331,45 +333,55 @@ class DemoMemory(Generic[T]):
         held.add(prompt, sender, item)
 
     def sample(self, n: int, weights: Mapping[str, float], rng: random.Random) -> list[tuple[T, str]]:
-        """Up to ``n`` answers as ``(item, family)``: the rows go one at a time
-        to a family drawn with probability proportional to ``weights[family]`` (absent or <= 0:
-        never) among those with prompts not yet given rows, then each family's rows are drawn
-        round the senders (class docstring). O(answers) at most."""
+        """Up to ``n`` answers as ``(item, family)``: each of the n rows goes to a family drawn
+        with probability proportional to ``weights[family]`` (absent or <= 0: never), and is left
+        empty if that family has no answer left for it; then each family's rows are drawn round
+        its senders (class docstring). O(answers) at most.
+
+        Rows left empty are not given to another family: spilt, 60 of 64 went to a family of
+        weight 0.01 (A = 0.01, each diluting the useful rows' gradient) while the one of weight
+        1 had 4 prompts (red team rt55 N2)."""
         if n < 0:
             raise ValueError(f"n must be >= 0, got {n}")
-        room = {
-            f: len(held.answers)
-            for f, held in self._families.items()
-            if held.answers and weights.get(f, 0.0) > 0
-        }
-        rows = dict.fromkeys(room, 0)
-        for _ in range(n):
-            names = sorted(f for f in room if rows[f] < room[f])
-            if not names:
-                break
-            rows[rng.choices(names, weights=[weights[f] for f in names])[0]] += 1
+        held = {f: h for f, h in self._families.items() if h.answers and weights.get(f, 0.0) > 0}
+        names = sorted(held)
+        room = {f: sum(len(answers) for answers in held[f].answers.values()) for f in names}
+        rows = dict.fromkeys(names, 0)
+        for family in rng.choices(names, weights=[weights[f] for f in names], k=n) if names else []:
+            if rows[family] < room[family]:
+                rows[family] += 1
+        # A sender answering m of the families drawn has 1/m of a turn in each: one identity that
+        # answered every family got a full share in each, half of the rows in a swarm of four
+        # specialists (red team rt55 N1).
+        spread = Counter(who for f in names if rows[f] for who in held[f].prompts_of)
         chosen: list[tuple[T, str]] = []
-        for family in sorted(rows):
-            chosen += [
-                (item, family) for item in self._round_robin(self._families[family], rows[family], rng)
-            ]
+        for family in names:
+            chosen += [(item, family) for item in self._round_robin(held[family], rows[family], rng, spread)]
         return chosen
 
     @staticmethod
-    def _round_robin(held: _Family, n: int, rng: random.Random) -> list[T]:
-        """``n`` answers of ``held``, the senders in turn (a new random order each turn), each
-        its answer to a random prompt of its own, one not drawn yet while it has any, else one
-        another sender's answer was drawn for. Rows to honest peers who answer the same prompts
-        would otherwise run out while an identity's own prompts do not, and it took 31-69% of
-        the rows until a family held about K prompts (red team rt54 F1)."""
+    def _round_robin(held: _Family, n: int, rng: random.Random, spread: Mapping[Hashable, int]) -> list[T]:
+        """``n`` answers of ``held``, the senders in turn (a new random order each turn; a sender
+        answering ``spread[who]`` families drawn from has that fraction of a turn while a sender
+        of this family alone has answers left), each its answer to a random prompt of its own,
+        one not drawn yet while it has any, else one another sender's answer was drawn for.
+        Rows to honest peers who answer the same prompts would otherwise run out while an
+        identity's own prompts do not, and it took 31-69% of the rows until a family held about
+        K prompts (red team rt54 F1)."""
         unused = {who: list(prompts) for who, prompts in held.prompts_of.items()}
         taken: dict[Hashable, list[Hashable]] = {}  # a sender's prompts drawn with another's answer
+        credit = dict.fromkeys(unused, 0.0)
         drawn: set[Hashable] = set()
         out: list[T] = []
         while len(out) < n and unused:
             order = list(unused)
             rng.shuffle(order)
+            whole = any(spread[who] == 1 for who in unused)  # else the part-timers fill the rows
             for who in order:
+                credit[who] += 1.0 / spread[who]
+                if whole and credit[who] < 1.0 - 1e-9:
+                    continue
+                credit[who] = max(0.0, credit[who] - 1.0)
                 prompts, spare = unused[who], taken.setdefault(who, [])
                 pick = None
                 while prompts and pick is None:

@@ -194,7 +194,7 @@ def test_a_young_memory_gives_an_identity_one_senders_rows_too() -> None:
         memory.add("m", "add", ("mallory", p), "mallory")
     for seed in range(5):
         drawn = Counter(item for item, _ in memory.sample(64, {"add": 1.0}, random.Random(seed)))
-        assert drawn == {"h": 14, "m": 2}  # 16 rows, the family's prompts
+        assert drawn == {"h": 56, "m": 8}  # every answer once: 7 honest senders and mallory
 
 
 def test_an_identity_adding_its_answer_to_every_prompt_gets_one_senders_rows() -> None:
@@ -210,6 +210,37 @@ def test_an_identity_adding_its_answer_to_every_prompt_gets_one_senders_rows() -
     for seed in range(5):
         drawn = Counter(item for item, _ in memory.sample(64, {"add": 1.0}, random.Random(seed)))
         assert drawn["m"] <= 8 and sum(drawn.values()) == 64
+
+
+def test_an_identity_answering_every_family_gets_one_senders_rows_in_all() -> None:
+    # Red team rt55 N1: fair within each family, an identity answering all four families of a
+    # swarm of specialists got a share in each: 32 of 64 rows, 3x any teacher's. A sender in m of
+    # the families drawn has 1/m of a turn in each.
+    memory: DemoMemory[str] = DemoMemory(per_family=256)
+    for r in range(40):
+        for f in range(4):
+            for p in range(8):
+                memory.add("local" if f == 0 else f"p{f}", f"f{f}", (r, p), "local" if f == 0 else f"p{f}")
+                memory.add("a", f"f{f}", (r, p), "mallory")
+    weights = {"f0": 0.1, "f1": 0.9, "f2": 0.9, "f3": 0.9}
+    drawn = Counter(item for s in range(20) for item, _ in memory.sample(64, weights, random.Random(s)))
+    assert drawn["a"] / 20 < 16  # 64 rows, 5 senders: 12.8 each (before: 32)
+    assert all(drawn[p] / 20 > 14 for p in ("p1", "p2", "p3"))  # (before: 10.1-10.6)
+
+
+def test_rows_a_family_cannot_fill_stay_empty_and_do_not_spill_into_a_mastered_one() -> None:
+    # Red team rt55 N2: a family of weight 1 with 4 prompts got 4 rows and one of weight 0.01 the
+    # other 60, each with A = 0.01, diluting the useful rows. A family now gets the rows its
+    # weight gives it, up to its answers, and the rest stay empty.
+    memory: DemoMemory[str] = DemoMemory(per_family=256)
+    for p in range(4):
+        for h in range(3):
+            memory.add("need", "need", p, f"honest{h}")
+    for p in range(256):
+        memory.add("solved", "solved", p, "mallory")
+    for seed in range(5):
+        drawn = Counter(f for _, f in memory.sample(64, {"need": 1.0, "solved": 0.01}, random.Random(seed)))
+        assert drawn["need"] == 12 and drawn["solved"] <= 4  # every answer of "need" once
 
 
 def test_a_familys_one_teacher_fills_its_rows_beside_senders_of_one_answer() -> None:
