@@ -79,9 +79,9 @@ families it is weak at instead of the few the swarm answered this round::
                   oldest answer of the sender owning the most
     replay:     external and own as anchored, plus K rows from the memory: each row goes to a
                 family f with probability proportional to 1 - b_f (empty if f has no answer
-                left), then a family's rows are drawn round its senders in turn (1/m of a turn
-                for a sender in m of the families drawn), each giving its answer to one of its
-                prompts (one not drawn yet while it has any); each row is a
+                left), then a family's rows are drawn round its senders in turn (a sender in
+                several families drawn: f's part of their rows as its turn in f), each giving
+                its answer to one of its prompts (one not drawn yet while it has any); each row is a
                 one-completion external group with S = 1, so A = 1 - b_f (receiver_baseline's
                 advantage, at replay)
 
@@ -123,7 +123,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections import Counter, deque
+from collections import deque
 from collections.abc import Hashable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
@@ -274,7 +274,8 @@ class DemoMemory(Generic[T]):
     family by family, goes round the senders in a random order, each giving its answer to one of
     its prompts, one not drawn yet while it has any, until the family's rows are drawn: every
     sender gives as many rows as any other while it has answers (max-min fair), and a sender
-    answering m of the families drawn has 1/m of a turn in each.
+    answering several of the families drawn has, in each, that family's part of their rows as
+    its turn.
     Families are bounded by the caller (the node's own mixture: admission refuses others).
 
     Task ids are public, so one sender can answer every prompt. Replaced by the newest answer,
@@ -350,20 +351,27 @@ class DemoMemory(Generic[T]):
         for family in rng.choices(names, weights=[weights[f] for f in names], k=n) if names else []:
             if rows[family] < room[family]:
                 rows[family] += 1
-        # A sender answering m of the families drawn has 1/m of a turn in each: one identity that
-        # answered every family got a full share in each, half of the rows in a swarm of four
-        # specialists (red team rt55 N1).
-        spread = Counter(who for f in names if rows[f] for who in held[f].prompts_of)
+        # A sender's turn in a family is the family's part of the rows of every family it answers:
+        # one identity that answered every family got a full turn in each, half of the rows in a
+        # swarm of four specialists (red team rt55 N1); with 1/m of a turn per family instead, one
+        # answering only the heaviest family got 2-3x an honest sender's rows (rt56 F1).
+        load: dict[Hashable, int] = {}
+        for f in names:
+            for who in held[f].prompts_of:
+                load[who] = load.get(who, 0) + rows[f]
         chosen: list[tuple[T, str]] = []
         for family in names:
-            chosen += [(item, family) for item in self._round_robin(held[family], rows[family], rng, spread)]
+            if rows[family]:
+                turns = {who: rows[family] / load[who] for who in held[family].prompts_of}
+                drawn = self._round_robin(held[family], rows[family], rng, turns)
+                chosen += [(item, family) for item in drawn]
         return chosen
 
     @staticmethod
-    def _round_robin(held: _Family, n: int, rng: random.Random, spread: Mapping[Hashable, int]) -> list[T]:
+    def _round_robin(held: _Family, n: int, rng: random.Random, turns: Mapping[Hashable, float]) -> list[T]:
         """``n`` answers of ``held``, the senders in turn (a new random order each turn; a sender
-        answering ``spread[who]`` families drawn from has that fraction of a turn while a sender
-        of this family alone has answers left), each its answer to a random prompt of its own,
+        has ``turns[who]`` of a turn while a sender with a whole turn has answers left), each
+        its answer to a random prompt of its own,
         one not drawn yet while it has any, else one another sender's answer was drawn for.
         Rows to honest peers who answer the same prompts would otherwise run out while an
         identity's own prompts do not, and it took 31-69% of the rows until a family held about
@@ -376,9 +384,9 @@ class DemoMemory(Generic[T]):
         while len(out) < n and unused:
             order = list(unused)
             rng.shuffle(order)
-            whole = any(spread[who] == 1 for who in unused)  # else the part-timers fill the rows
+            whole = any(turns[who] >= 1.0 - 1e-9 for who in unused)  # else the part-timers fill the rows
             for who in order:
-                credit[who] += 1.0 / spread[who]
+                credit[who] += turns[who]
                 if whole and credit[who] < 1.0 - 1e-9:
                     continue
                 credit[who] = max(0.0, credit[who] - 1.0)

@@ -228,6 +228,23 @@ def test_an_identity_answering_every_family_gets_one_senders_rows_in_all() -> No
     assert all(drawn[p] / 20 > 14 for p in ("p1", "p2", "p3"))  # (before: 10.1-10.6)
 
 
+def test_an_identity_answering_only_the_heaviest_family_gets_one_senders_rows() -> None:
+    # Red team rt56 F1: with 1/m of a turn per family, seven honest senders answering all four
+    # families had 1/4 of a turn in the heaviest (the one we are weakest on), and mallory,
+    # answering only it, a whole one: 18.7 rows against a fair 8. A turn is now the family's
+    # part of the rows of the families a sender answers.
+    memory: DemoMemory[str] = DemoMemory(per_family=256)
+    for f in range(4):
+        for p in range(64):
+            for h in range(7):
+                memory.add("h", f"f{f}", p, f"honest{h}")
+            if f == 0:
+                memory.add("m", "f0", ("mallory", p), "mallory")
+    weights = {"f0": 0.9, "f1": 0.1, "f2": 0.1, "f3": 0.1}
+    drawn = Counter(item for s in range(20) for item, _ in memory.sample(64, weights, random.Random(s)))
+    assert drawn["m"] / 20 < 10  # 64 rows, 8 senders: 8 each
+
+
 def test_rows_a_family_cannot_fill_stay_empty_and_do_not_spill_into_a_mastered_one() -> None:
     # Red team rt55 N2: a family of weight 1 with 4 prompts got 4 rows and one of weight 0.01 the
     # other 60, each with A = 0.01, diluting the useful rows. A family now gets the rows its
