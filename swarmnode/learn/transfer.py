@@ -101,10 +101,11 @@ accepts "07", "+7", "7.0" or "   7": red team rt51 F3, rt52 F3; such a spelling,
 cut at the token cap, replayed, is taught to us). Ownership by share and the round robin are
 what keeps an identity to one sender's part of the rows, however early, often or distinctly it
 answers, while a family's one teacher still fills its rows (``DemoMemory`` has the attacks). Measured
-(simulations/specialists.py, 1,000 rounds, seeds 0-2, J = K = 8 / 64, beside anchored on the same
-warm starts): peers' families 0.030 -> 0.603 +- 0.012 (anchored 0.362), 0.795 on the 1-digit
-ones; own family 0.995 -> 0.911 +- 0.024 (anchored 0.783); 1.9x anchored's CPU a round. The same
-supervised loop with perfect answers reaches 0.744 (simulations/imitation_bound.py).
+(simulations/specialists.py, 1,000 rounds, seeds 0-2, J = K = 8 / 64, every rule on the same
+warm starts): peers' families 0.030 -> 0.586 +- 0.015 (positive_only 0.409, anchored 0.362; the
+first memory, kept first per prompt, 0.603); own family 0.995 -> 0.885 +- 0.009 (anchored 0.783);
+1.9x anchored's CPU a round. The same supervised loop with perfect answers reaches 0.744
+(simulations/imitation_bound.py).
 
 Selection (every baseline rule, i.e. all but joint): the J external groups with the largest
 *teaching value* ``sum_y max(A(y), 0)`` (ties in a random order from the trainer's rng), among
