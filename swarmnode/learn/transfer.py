@@ -80,7 +80,8 @@ families it is weak at instead of the few the swarm answered this round::
     replay:     external and own as anchored, plus K rows from the memory: each row goes to a
                 family f with probability proportional to 1 - b_f (empty if f has no answer
                 left), then a family's rows are drawn round its senders in turn (a sender in
-                several families drawn: f's part of their rows as its turn in f), each giving
+                several families drawn: its part of f's rows, at most its answers there, over
+                its parts of all of them, as its turn in f, from a random phase), each giving
                 its answer to one of its prompts (one not drawn yet while it has any); each row is a
                 one-completion external group with S = 1, so A = 1 - b_f (receiver_baseline's
                 advantage, at replay)
@@ -275,8 +276,11 @@ class DemoMemory(Generic[T]):
     family by family, goes round the senders in a random order, each giving its answer to one of
     its prompts, one not drawn yet while it has any, until the family's rows are drawn: every
     sender gives as many rows as any other while it has answers (max-min fair), and a sender
-    answering several of the families drawn has, in each, that family's part of their rows as
-    its turn.
+    answering several of the families drawn has, in each, its part of the rows it can give in
+    all of them (a family's rows, at most its answers there) as its turn, from a random phase:
+    a part of a turn is given in expectation however few rows a family has (red team rt57 F1:
+    from 0, the node's own answers in 16 families got 0.6 rows a sample against a specialist's
+    3.7), and one lucky answer elsewhere costs a specialist no turn at home (rt57 F2).
     Families are bounded by the caller (the node's own mixture: admission refuses others).
 
     Task ids are public, so one sender can answer every prompt. Replaced by the newest answer,
@@ -356,14 +360,18 @@ class DemoMemory(Generic[T]):
         # one identity that answered every family got a full turn in each, half of the rows in a
         # swarm of four specialists (red team rt55 N1); with 1/m of a turn per family instead, one
         # answering only the heaviest family got 2-3x an honest sender's rows (rt56 F1).
+        # A sender's part of a family is the rows it can give there, at most its answers: one lucky
+        # answer in another family cost a specialist most of its turn at home (red team rt57 F2).
         load: dict[Hashable, int] = {}
         for f in names:
-            for who in held[f].prompts_of:
-                load[who] = load.get(who, 0) + rows[f]
+            for who, prompts in held[f].prompts_of.items():
+                load[who] = load.get(who, 0) + min(rows[f], len(prompts))
         chosen: list[tuple[T, str]] = []
         for family in names:
             if rows[family]:
-                turns = {who: rows[family] / load[who] for who in held[family].prompts_of}
+                turns = {
+                    who: min(rows[family], len(p)) / load[who] for who, p in held[family].prompts_of.items()
+                }
                 drawn = self._round_robin(held[family], rows[family], rng, turns)
                 chosen += [(item, family) for item in drawn]
         return chosen
@@ -379,7 +387,10 @@ class DemoMemory(Generic[T]):
         K prompts (red team rt54 F1)."""
         unused = {who: list(prompts) for who, prompts in held.prompts_of.items()}
         taken: dict[Hashable, list[Hashable]] = {}  # a sender's prompts drawn with another's answer
-        credit = dict.fromkeys(unused, 0.0)
+        # A random phase: a part-timer's credit starts uniform in [0, 1), so it gives turns[who] rows a
+        # pass in expectation however few passes a family's rows take (from 0, one with 1/16 of a turn
+        # gave nothing in a family of 4 rows, and 16 one-family identities took 98% of the rows).
+        credit = {who: rng.random() if turns[who] < 1.0 - 1e-9 else 0.0 for who in unused}
         drawn: set[Hashable] = set()
         out: list[T] = []
         while len(out) < n and unused:

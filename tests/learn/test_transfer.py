@@ -305,3 +305,54 @@ def test_the_demo_memory_draws_distinct_prompts_by_family_weight_and_never_from_
     shared: DemoMemory[str] = DemoMemory(per_family=8)
     honest_and_mallory(shared, 3, 5, 2)
     assert sum(shared.shares("add").values()) == pytest.approx(8)
+
+
+def test_the_nodes_own_answers_in_every_family_get_their_rows_beside_one_specialist_in_each() -> None:
+    # Red team rt57 F1: every sample started each sender's credit at 0, so a sender answering all
+    # 16 families (the node itself, 1/16 of a turn in each) rarely reached a row in a family of ~4
+    # rows: 0.6 rows a sample against 3.7 for each specialist. A part-timer's credit starts at a
+    # random phase, so it gives its part of a turn in expectation.
+    families = [f"f{i}" for i in range(16)]
+    memory: DemoMemory[str] = DemoMemory(per_family=256)
+    rng = random.Random(0)
+    drawn: Counter[str] = Counter()
+    samples = 0
+    for r in range(80):
+        if r >= 40:
+            drawn.update(item for item, _ in memory.sample(64, dict.fromkeys(families, 1.0), rng))
+            samples += 1
+        for i, family in enumerate(families):
+            for p in range(2):
+                memory.add(f"s{i}", family, (family, "s", r, p), f"specialist{i}")
+                memory.add("local", family, (family, "local", r, p), "local")
+    specialist = sum(drawn[f"s{i}"] for i in range(16)) / 16 / samples
+    assert drawn["local"] / samples > 0.75 * specialist  # 17 senders of 64 rows: 3.8 each
+
+
+def test_a_specialists_lucky_answers_elsewhere_cost_it_no_turn_at_home() -> None:
+    # Red team rt57 F2: a sender's load counted the whole rows of every family it had an answer
+    # in, so a specialist with one lucky answer in each other family had about 1/4 of a turn at
+    # home, where an identity answering only that family kept a whole one (1.9 rows against 9.6).
+    # A sender's part of a family is the rows it can give there, at most its answers.
+    families = [f"f{i}" for i in range(4)]
+    memory: DemoMemory[str] = DemoMemory(per_family=256)
+    rng = random.Random(0)
+    home: Counter[str] = Counter()
+    for r in range(120):
+        if r >= 60:
+            home.update(
+                item
+                for item, family in memory.sample(64, dict.fromkeys(families, 1.0), rng)
+                if family == "f0"
+            )
+        for i, family in enumerate(families):
+            for p in range(2):
+                memory.add(f"s{i}", family, (family, i, r, p), f"specialist{i}")
+                memory.add("local", family, (family, i, r, p), "local")
+            if r == 0:
+                for other in families:
+                    if other != family:
+                        memory.add(f"s{i}", other, (other, "luck", i), f"specialist{i}")
+        for p in range(2):
+            memory.add("m", "f0", ("f0", "mallory", r, p), "mallory")
+    assert home["s0"] > 0.6 * home["m"]  # the same 2 prompts a round each
