@@ -280,7 +280,11 @@ class DemoMemory(Generic[T]):
     all of them (a family's rows, at most its answers there) as its turn, from a random phase:
     a part of a turn is given in expectation however few rows a family has (red team rt57 F1:
     from 0, the node's own answers in 16 families got 0.6 rows a sample against a specialist's
-    3.7), and one lucky answer elsewhere costs a specialist no turn at home (rt57 F2).
+    3.7), and one lucky answer elsewhere costs a specialist no turn at home (rt57 F2). Turns are
+    measured against the largest turn among the senders with answers left: with "no whole turn,
+    every sender gives a row a pass", a specialist with one stray answer elsewhere had no whole
+    turn at home, and an identity answering every family gave as many rows as each specialist, in
+    every family (3.5x a specialist's rows: rt58 F1).
     Families are bounded by the caller (the node's own mixture: admission refuses others).
 
     Task ids are public, so one sender can answer every prompt. Replaced by the newest answer,
@@ -379,7 +383,7 @@ class DemoMemory(Generic[T]):
     @staticmethod
     def _round_robin(held: _Family, n: int, rng: random.Random, turns: Mapping[Hashable, float]) -> list[T]:
         """``n`` answers of ``held``, the senders in turn (a new random order each turn; a sender
-        has ``turns[who]`` of a turn while a sender with a whole turn has answers left), each
+        has ``turns[who]`` over the largest turn of the senders with answers left), each
         its answer to a random prompt of its own,
         one not drawn yet while it has any, else one another sender's answer was drawn for.
         Rows to honest peers who answer the same prompts would otherwise run out while an
@@ -390,16 +394,20 @@ class DemoMemory(Generic[T]):
         # A random phase: a part-timer's credit starts uniform in [0, 1), so it gives turns[who] rows a
         # pass in expectation however few passes a family's rows take (from 0, one with 1/16 of a turn
         # gave nothing in a family of 4 rows, and 16 one-family identities took 98% of the rows).
-        credit = {who: rng.random() if turns[who] < 1.0 - 1e-9 else 0.0 for who in unused}
+        # Turns are relative to the largest turn among the senders with answers left (rt58 F1: with
+        # "no whole turn: everyone gives a row a pass", a specialist with one stray answer elsewhere
+        # was a part-timer at home and an every-family identity gave as many rows as it, everywhere).
+        top0 = max(turns[who] for who in unused) if unused else 1.0
+        credit = {who: rng.random() if turns[who] < top0 * (1.0 - 1e-9) else 0.0 for who in unused}
         drawn: set[Hashable] = set()
         out: list[T] = []
         while len(out) < n and unused:
             order = list(unused)
             rng.shuffle(order)
-            whole = any(turns[who] >= 1.0 - 1e-9 for who in unused)  # else the part-timers fill the rows
+            top = max(turns[who] for who in unused)
             for who in order:
-                credit[who] += turns[who]
-                if whole and credit[who] < 1.0 - 1e-9:
+                credit[who] += turns[who] / top
+                if credit[who] < 1.0 - 1e-9:
                     continue
                 credit[who] = max(0.0, credit[who] - 1.0)
                 prompts, spare = unused[who], taken.setdefault(who, [])

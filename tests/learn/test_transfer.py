@@ -356,3 +356,23 @@ def test_a_specialists_lucky_answers_elsewhere_cost_it_no_turn_at_home() -> None
         for p in range(2):
             memory.add("m", "f0", ("f0", "mallory", r, p), "mallory")
     assert home["s0"] > 0.6 * home["m"]  # the same 2 prompts a round each
+
+
+def test_an_identity_answering_every_family_gets_one_specialists_rows_when_no_one_has_a_whole_turn() -> None:
+    # Red team rt58 F1: a specialist with one stray answer in another family has less than a
+    # whole turn at home; with no whole turn in a family the round robin ignored the turns, and an
+    # identity answering every family gave as many rows as each specialist, in every family: 3.5x
+    # a specialist's rows. Turns are now measured against the largest one with answers left.
+    families = [f"f{i}" for i in range(4)]
+    memory: DemoMemory[tuple[str, int]] = DemoMemory(per_family=256)
+    for i, family in enumerate(families):
+        for p in range(40):
+            memory.add((f"s{i}", p), family, (family, "s", p), f"specialist{i}")
+            memory.add(("m", p), family, (family, "m", p), "mallory")
+        memory.add((f"s{i}", -1), families[(i + 1) % 4], ("stray", i), f"specialist{i}")
+    rng = random.Random(0)
+    rows = Counter(
+        who for _ in range(200) for (who, _), _ in memory.sample(64, dict.fromkeys(families, 1.0), rng)
+    )
+    specialist = sum(rows[f"s{i}"] for i in range(4)) / 4
+    assert rows["m"] < 1.3 * specialist, (rows["m"], specialist)
