@@ -283,7 +283,10 @@ class SwarmConfig(Section):
         256,
         ge=1,
         le=1024,  # an add to a full family costs O(drops x senders), senders <= 8 a prompt
-        description="Prompts with verified answers kept per family, 8 answers each (mixing = replay).",
+        description=(
+            "Prompts with verified answers kept per family, 8 answers each (mixing = replay); an answer"
+            " takes about 4 bytes a prompt and completion token, plus its text."
+        ),
     )
     initial_peers: list[str] = Field(default_factory=list, description="Bootstrap multiaddrs.")
     peers_file: str = Field("", description="File with one bootstrap multiaddr per line.")

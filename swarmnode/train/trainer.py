@@ -19,9 +19,10 @@ import logging
 import math
 import random
 import time
+from array import array
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -130,6 +131,51 @@ def distinct(groups: Sequence[ScoredGroup]) -> list[ScoredGroup]:
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Demonstration:
+    """One remembered verified success of ``replay`` (``Trainer.demo_memory``), kept compact.
+
+    A memory at ``swarm.replay_memory`` = 1,024 holds up to 8,192 answers a family, and peers fill
+    every slot for free: kept as a one-completion ``ScoredGroup`` (a prompt-ids list of its own,
+    token ids as Python ints, about 36 bytes a token) that was 19.6 KiB an entry for a 200-token
+    prompt and a 256-token completion, 2.45 GiB for 16 families (red team rt58 F2). Token ids
+    are kept as 4-byte arrays; the group is rebuilt at replay."""
+
+    task: Task
+    prompt_ids: array[int]
+    completion_ids: array[int]
+    text: str
+    reward: float
+    policy_version: int
+    source: str
+
+    @classmethod
+    def of(cls, group: ScoredGroup, i: int) -> Demonstration:
+        """Completion ``i`` of ``group``."""
+        return cls(
+            task=group.task,
+            prompt_ids=array("i", group.prompt_ids),
+            completion_ids=array("i", group.completion_ids[i]),
+            text=group.texts[i],
+            reward=group.rewards[i],
+            policy_version=group.policy_version,
+            source=group.source,
+        )
+
+    def group(self) -> ScoredGroup:
+        """A one-completion external group, scored under our policy at replay as any external row."""
+        return ScoredGroup(
+            task=self.task,
+            prompt_ids=list(self.prompt_ids),
+            completion_ids=[list(self.completion_ids)],
+            behaviour_logprobs=[],
+            texts=[self.text],
+            rewards=[self.reward],
+            policy_version=self.policy_version,
+            source=self.source,
+        )
+
+
 class Trainer:
     """Owns the policy's optimizer, the round counter and their persistence."""
 
@@ -181,7 +227,7 @@ class Trainer:
         self.family_baseline = FamilyBaseline(alpha=0.1)  # b_f of the baseline rules (learn.transfer)
         # ``replay``'s verified demonstrations (learn.transfer.DemoMemory). Not checkpointed: a
         # cache of what the swarm sent, refilled within a few rounds after a restart.
-        self.demo_memory: DemoMemory[ScoredGroup] = DemoMemory(config.swarm.replay_memory)
+        self.demo_memory: DemoMemory[Demonstration] = DemoMemory(config.swarm.replay_memory)
         self.last_replayed = 0  # demonstrations the last update replayed
         self.last_step_stale = False  # did the last update use M2PO (stale own groups)?
         self.last_m2po_masked = float("nan")  # share of tokens M2PO masked in that step
@@ -480,14 +526,7 @@ class Trainer:
             for i, reward in enumerate(group.rewards):
                 ids = group.completion_ids[i]
                 if success(reward) and ids and ids[-1] == eos and answer_span(group.texts[i]) == answer:
-                    demo = replace(
-                        group,
-                        completion_ids=[group.completion_ids[i]],
-                        behaviour_logprobs=[],  # scored under our policy at replay, as any external row
-                        texts=[group.texts[i]],
-                        rewards=[group.rewards[i]],
-                        source_mean_logprobs=[],
-                    )
+                    demo = Demonstration.of(group, i)
                     self.demo_memory.add(demo, family_of(group.task), group.task.id.key(), group.source)
                     break
 
@@ -495,7 +534,7 @@ class Trainer:
         """``replay``: K remembered demonstrations, families weighted by 1 - b_f (learn.transfer)."""
         weights = {f: 1.0 - self.family_baseline.rate(f) for f in self.demo_memory.families()}
         drawn = self.demo_memory.sample(self.config.swarm.replay_demos, weights, self.mixing_rng)
-        return [demo for demo, _ in drawn]
+        return [demo.group() for demo, _ in drawn]
 
     def _policy_steps(self, local: Sequence[ScoredGroup], ext: Sequence[ScoredGroup]) -> list[float]:
         """The ``k`` RL steps of a round on ``[*local, *ext]`` with the configured loss; their losses."""

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
+import tracemalloc
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -358,6 +360,40 @@ def test_the_replay_rule_trains_on_a_peers_success_remembered_from_an_earlier_ro
         wrong = [dataclasses.replace(g, rewards=[0.0] * 4) for g in own]
         trainer.update(wrong, [relabelled(own[1], [0.0, 1.0, 1.0, 0.0])])
         assert trainer.update(wrong, [])[1:] == (0, 0) and len(trainer.demo_memory) == 0  # no memory
+
+
+def test_replays_memory_keeps_token_ids_as_4_byte_arrays(quick_model: Path, tmp_path: Path) -> None:
+    # Red team rt58 F2: each answer was kept as a one-completion ScoredGroup, token ids as Python
+    # ints (about 36 bytes a token): 19.6 KiB an entry for a 200-token prompt and a 256-token
+    # completion, and peers fill all 8,192 answers a family at swarm.replay_memory = 1,024.
+    with rule_trainer(quick_model, tmp_path, "replay", 1, 1) as (trainer, own):
+        eos = trainer.policy.eos_token_id
+        answer = own[1].task.entry["answer"]
+
+        def sent_by(peer: int) -> ScoredGroup:  # fresh lists, as each peer's group is decoded anew
+            return dataclasses.replace(
+                relabelled(own[1], [1.0, 0.0, 0.0, 0.0]),
+                prompt_ids=[1000 + t for t in range(200)],
+                completion_ids=[[2000 + t for t in range(255)] + [eos] for _ in range(4)],
+                texts=[answer] * 4,
+                source=f"peer{peer}",
+            )
+
+        tracemalloc.start()
+        before = tracemalloc.get_traced_memory()[0]
+        for peer in range(8):
+            trainer._remember_demos([sent_by(peer)])
+        gc.collect()
+        kept = (tracemalloc.get_traced_memory()[0] - before) / 8
+        tracemalloc.stop()
+        assert trainer.demo_memory.families() == {family_of(own[1].task): 1}
+        assert len(trainer.demo_memory) == 1 and trainer.demo_memory.senders(family_of(own[1].task)) == {
+            f"peer{p}": 1 for p in range(8)
+        }
+        assert kept < 4 * 1024  # 456 tokens: 1.8 KiB as 4-byte ids (16.4 KiB as Python ints)
+        replayed = trainer._replayed()[0]  # rebuilt as a one-completion group
+        assert replayed.prompt_ids == [1000 + t for t in range(200)]
+        assert replayed.completion_ids == [[2000 + t for t in range(255)] + [eos]]
 
 
 def test_the_positive_only_rule_ignores_a_peers_errors_and_joint_needs_our_group_on_the_prompt(
