@@ -284,7 +284,11 @@ class DemoMemory(Generic[T]):
     measured against the largest turn among the senders with answers left: with "no whole turn,
     every sender gives a row a pass", a specialist with one stray answer elsewhere had no whole
     turn at home, and an identity answering every family gave as many rows as each specialist, in
-    every family (3.5x a specialist's rows: rt58 F1).
+    every family (3.5x a specialist's rows: rt58 F1). Open (rt59 F2, low): an identity answering
+    only the families that have no specialist (where an every-family sender's part of a turn
+    is small) is the top turn there and gets about 1.3x an honest every-family sender's rows;
+    specialists keep theirs. A max-min split of the rows over every family drawn at once would
+    close it.
     Families are bounded by the caller (the node's own mixture: admission refuses others).
 
     Task ids are public, so one sender can answer every prompt. Replaced by the newest answer,

@@ -139,12 +139,14 @@ class Demonstration:
     every slot for free: kept as a one-completion ``ScoredGroup`` (a prompt-ids list of its own,
     token ids as Python ints, about 36 bytes a token) that was 19.6 KiB an entry for a 200-token
     prompt and a 256-token completion, 2.45 GiB for 16 families (red team rt58 F2). Token ids
-    are kept as 4-byte arrays; the group is rebuilt at replay."""
+    are kept as 4-byte arrays; the group is rebuilt at replay. The completion's text is not kept:
+    nothing at replay reads it, and a sender chooses it (up to max_new_tokens x the longest token's
+    characters, at 4 bytes a character once it holds one character outside Latin-1: 16 KiB an answer,
+    2.27 GiB for 16 full families, red team rt59 F1); it is decoded from the ids at replay."""
 
     task: Task
     prompt_ids: array[int]
     completion_ids: array[int]
-    text: str
     reward: float
     policy_version: int
     source: str
@@ -156,20 +158,20 @@ class Demonstration:
             task=group.task,
             prompt_ids=array("i", group.prompt_ids),
             completion_ids=array("i", group.completion_ids[i]),
-            text=group.texts[i],
             reward=group.rewards[i],
             policy_version=group.policy_version,
             source=group.source,
         )
 
-    def group(self) -> ScoredGroup:
-        """A one-completion external group, scored under our policy at replay as any external row."""
+    def group(self, text: str) -> ScoredGroup:
+        """A one-completion external group, scored under our policy at replay as any external row
+        (``text``: our decoding of its ids)."""
         return ScoredGroup(
             task=self.task,
             prompt_ids=list(self.prompt_ids),
             completion_ids=[list(self.completion_ids)],
             behaviour_logprobs=[],
-            texts=[self.text],
+            texts=[text],
             rewards=[self.reward],
             policy_version=self.policy_version,
             source=self.source,
@@ -534,7 +536,8 @@ class Trainer:
         """``replay``: K remembered demonstrations, families weighted by 1 - b_f (learn.transfer)."""
         weights = {f: 1.0 - self.family_baseline.rate(f) for f in self.demo_memory.families()}
         drawn = self.demo_memory.sample(self.config.swarm.replay_demos, weights, self.mixing_rng)
-        return [demo.group() for demo, _ in drawn]
+        decode = self.policy.decode_completion
+        return [demo.group(decode(list(demo.completion_ids))) for demo, _ in drawn]
 
     def _policy_steps(self, local: Sequence[ScoredGroup], ext: Sequence[ScoredGroup]) -> list[float]:
         """The ``k`` RL steps of a round on ``[*local, *ext]`` with the configured loss; their losses."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import gc
 import logging
+import random
 import tracemalloc
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -342,7 +343,11 @@ def test_the_replay_rule_trains_on_a_peers_success_remembered_from_an_earlier_ro
         assert loss == pytest.approx(-1.0, abs=1e-5)  # ratio 1: -mean(A)
         [replayed] = trainer._replayed()
         assert replayed.completion_ids == [demo.completion_ids[3]] and replayed.rewards == [1.0]
-        assert replayed.texts == [answer]
+        # rt59 F1: the text is not kept (a sender sizes it); the replayed row's is our decoding of its ids
+        assert replayed.texts == [trainer.policy.decode_completion(demo.completion_ids[3])]
+        assert not hasattr(
+            trainer.demo_memory.sample(1, {family_of(demo.task): 1.0}, random.Random(0))[0][0], "text"
+        )
     # Red team rt51 F2: a peer's group on one of our held-out tasks is neither trained on nor
     # remembered (the held-out seed is public).
     (tmp_path / "heldout").mkdir()
@@ -366,6 +371,8 @@ def test_replays_memory_keeps_token_ids_as_4_byte_arrays(quick_model: Path, tmp_
     # Red team rt58 F2: each answer was kept as a one-completion ScoredGroup, token ids as Python
     # ints (about 36 bytes a token): 19.6 KiB an entry for a 200-token prompt and a 256-token
     # completion, and peers fill all 8,192 answers a family at swarm.replay_memory = 1,024.
+    # rt59 F1: its text, which nothing at replay reads, is the sender's to size: 4 bytes a
+    # character with one outside Latin-1 (16 KiB an answer); it is decoded at replay instead.
     with rule_trainer(quick_model, tmp_path, "replay", 1, 1) as (trainer, own):
         eos = trainer.policy.eos_token_id
         answer = own[1].task.entry["answer"]
@@ -375,7 +382,7 @@ def test_replays_memory_keeps_token_ids_as_4_byte_arrays(quick_model: Path, tmp_
                 relabelled(own[1], [1.0, 0.0, 0.0, 0.0]),
                 prompt_ids=[1000 + t for t in range(200)],
                 completion_ids=[[2000 + t for t in range(255)] + [eos] for _ in range(4)],
-                texts=[answer] * 4,
+                texts=["\N{SLIGHTLY SMILING FACE}" * 4000 + f"<answer>{answer}</answer>"] * 4,
                 source=f"peer{peer}",
             )
 
