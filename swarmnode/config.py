@@ -285,7 +285,7 @@ class SwarmConfig(Section):
         le=1024,  # an add to a full family costs O(drops x senders), senders <= 8 a prompt
         description=(
             "Prompts with verified answers kept per family, 8 answers each (mixing = replay); an answer"
-            " takes about 4 bytes a prompt and completion token, plus its text."
+            " takes about 4 bytes a prompt and completion token (up to max_new_tokens: 17 KiB at 4,096)."
         ),
     )
     initial_peers: list[str] = Field(default_factory=list, description="Bootstrap multiaddrs.")
