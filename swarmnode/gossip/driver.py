@@ -393,9 +393,10 @@ class GossipDriver:
         """Per signer (Ed25519 peer id): admitted groups and their rewards, ours and claimed."""
         return self._senders.as_dict()
 
-    def count_used(self, by_sender: Mapping[str, int]) -> None:
-        """Groups the trainer's sharing rule trained on, per signer (the dashboard's "used")."""
-        self._senders.used(by_sender)
+    def count_used(self, by_sender: Mapping[str, int], replayed: Mapping[str, int]) -> None:
+        """Groups the trainer's sharing rule trained on, and remembered answers ``replay`` trained
+        on again, per signer (the dashboard's "used" and "replayed")."""
+        self._senders.used(by_sender, replayed)
 
     async def _serve_pull(self, peer_id: str, request: bytes) -> bytes:
         if len(request) % DIGEST_BYTES:

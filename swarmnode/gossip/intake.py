@@ -333,6 +333,7 @@ class SenderTally:
     claimed_reward_sum: float = 0.0  # the sender's own claims: informational, never used
     refused_batches: int = 0  # its signed batches refused after the signature checked
     used: int = 0  # its admitted groups the sharing rule trained on
+    replayed: int = 0  # its remembered answers ``replay`` trained on again (one row each)
     last_seen: float = 0.0  # when its last batch was judged (0: never)
 
 
@@ -367,12 +368,17 @@ class SenderTallies:
             tally.refused_batches += 1
             tally.last_seen = max(tally.last_seen, now)
 
-    def used(self, by_sender: Mapping[str, int]) -> None:
-        """Groups the sharing rule trained on this round, per signer."""
+    def used(self, by_sender: Mapping[str, int], replayed: Mapping[str, int]) -> None:
+        """Groups the sharing rule trained on this round, and remembered answers it replayed, per
+        signer (signers not tallied, ours among them, are not counted)."""
         for sender, count in by_sender.items():
             tally = self._senders.get(sender)
             if tally is not None:
                 tally.used += count
+        for sender, count in replayed.items():
+            tally = self._senders.get(sender)
+            if tally is not None:
+                tally.replayed += count
 
     def as_dict(self) -> dict[str, dict[str, float]]:
         """Per signer (Ed25519 peer id): its ``SenderTally`` as a dict."""

@@ -240,7 +240,7 @@ class CounterHistory:
 
 # -- peers ---------------------------------------------------------------------------------------
 
-PEER_COLUMNS = ["peer", "score", "received", "admitted", "used", "rejections", "ban", "last seen"]
+PEER_COLUMNS = ["peer", "score", "received", "admitted", "used", "replayed", "rejections", "ban", "last seen"]
 
 
 @dataclass
@@ -253,6 +253,7 @@ class PeerRow:
     received: int = 0  # groups it signed that reached admission (admitted ones + rejected batches)
     admitted: int = 0
     used: int = 0  # admitted groups the sharing rule trained on
+    replayed: int = 0  # its remembered answers replay trained on again (mixing = replay)
     rejections: dict[str, int] = field(default_factory=dict)
     banned_until: float | None = None
     last_seen: float | None = None
@@ -283,6 +284,7 @@ def peers_table(rows: Iterable[PeerRow], now: float, max_rows: int = MAX_ROWS, m
             fmt(r.received),
             fmt(r.admitted),
             fmt(r.used),
+            fmt(r.replayed),
             ", ".join(f"{reason} {n}" for reason, n in sorted(r.rejections.items())) or "-",
             f"banned, {fmt((r.banned_until - now) / 60, 2)} min left" if r.banned_until else "-",
             ago(r.last_seen, now),

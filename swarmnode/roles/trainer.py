@@ -152,6 +152,7 @@ class SwarmNode:
                     received=int(tally.get("groups", 0) + tally.get("refused_batches", 0)),
                     admitted=int(tally.get("groups", 0)),
                     used=int(tally.get("used", 0)),
+                    replayed=int(tally.get("replayed", 0)),
                     rejections=rejections.get(peer, {}),
                     banned_until=bans.get(peer),
                     last_seen=tally.get("last_seen") or None,
@@ -297,7 +298,7 @@ class SwarmNode:
             # ahead or behind (measured after a restart: tests/swarm/test_node_restart.py).
             # The staleness bound is for rollouts of our own policy (learner/worker mode).
             self.last = metrics
-            self.driver.count_used(self.trainer.last_external_sources)
+            self.driver.count_used(self.trainer.last_external_sources, self.trainer.last_replayed_sources)
             self.verdicts_over_rounds.add(metrics.round, self.admission.counts())
             self.first_reward = metrics.mean_reward if self.first_reward is None else self.first_reward
             if metrics.heldout_accuracy is not None:

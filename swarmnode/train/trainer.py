@@ -231,6 +231,9 @@ class Trainer:
         # cache of what the swarm sent, refilled within a few rounds after a restart.
         self.demo_memory: DemoMemory[Demonstration] = DemoMemory(config.swarm.replay_memory)
         self.last_replayed = 0  # demonstrations the last update replayed
+        # ... per sender: the dashboard's "replayed" (red team rt60 L4: under replay, most rows of
+        # peers' data were replayed ones, and no figure showed whose).
+        self.last_replayed_sources: dict[str, int] = {}
         self.last_step_stale = False  # did the last update use M2PO (stale own groups)?
         self.last_m2po_masked = float("nan")  # share of tokens M2PO masked in that step
         self.saved_round = -1  # round of the newest checkpoint this trainer wrote or loaded
@@ -508,6 +511,7 @@ class Trainer:
             replayed = self._replayed()  # from earlier rounds: this round's are in ext already
             self._remember_demos([*own, *external])
         self.last_replayed = len(replayed)
+        self.last_replayed_sources = dict(Counter(g.source for g in replayed))
         if not local and not ext and not replayed:
             return float("nan"), 0, 0
         losses = self._policy_steps(local, [*ext, *replayed])

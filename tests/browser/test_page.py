@@ -32,7 +32,15 @@ class Node:
     def __init__(self) -> None:
         self.rounds = 10
         self.peers = [
-            PeerRow("honest-peer-aaaaaaaaaaaa", score=1.4, received=12, admitted=12, used=8, last_seen=1.0),
+            PeerRow(
+                "honest-peer-aaaaaaaaaaaa",
+                score=1.4,
+                received=12,
+                admitted=12,
+                used=8,
+                replayed=5,
+                last_seen=1.0,
+            ),
             PeerRow(HOSTILE, score=0.0, received=3, rejections={"bad_signature": 3}, banned_until=4e9),
         ]
 
@@ -92,8 +100,8 @@ def test_the_page_draws_the_document_and_redraws_it_live_without_reloading() -> 
         assert "no data yet" in page.inner_text('[data-chart="empty"]')
         assert chart_points(page, "ulps") == {"steady": 2}
         rows = table_rows(page, "peers")
-        assert rows[0][0] == "banned" and rows[0][1][6].startswith("banned,")  # banned peers first
-        assert rows[1][0] == "" and rows[1][1][:5] == ["honest-peer-…", "1.4", "12", "12", "8"]
+        assert rows[0][0] == "banned" and rows[0][1][7].startswith("banned,")  # banned peers first
+        assert rows[1][0] == "" and rows[1][1][:6] == ["honest-peer-…", "1.4", "12", "12", "8", "5"]
 
         page.evaluate("window.sameDocument = true")  # lost if the page reloads
         node.rounds = 25

@@ -250,6 +250,10 @@ def test_sender_tallies_are_bounded_and_count_our_rewards_beside_the_claimed_one
     assert only[1]["groups"] == 2 and only[1]["completions"] == 4 and only[1]["reward_sum"] == 3.0
     claimed = 2 * sum(c.claimed_reward_informational for c in group.completions)
     assert only[1]["claimed_reward_sum"] == claimed
+    # Groups trained on and remembered answers replayed (red team rt60 L4), per tallied signer only.
+    tallies.used({"alice": 2, "local": 8}, {"alice": 5, "bob": 1, "local": 30})
+    assert {k: tallies.as_dict()["alice"][k] for k in ("used", "replayed")} == {"used": 2, "replayed": 5}
+    assert tallies.as_dict()["bob"]["replayed"] == 1 and "local" not in tallies.as_dict()
 
 
 def test_one_signers_flood_evicts_its_own_groups_not_those_of_others() -> None:

@@ -53,13 +53,14 @@ def test_the_ledger_is_read_incrementally_and_charts_redrawn_only_for_new_rounds
 
 
 def test_the_peers_table_puts_banned_peers_first_and_never_grows_past_its_cap() -> None:
-    rows = [PeerRow(f"peer-{i}", admitted=i) for i in range(100)]
+    rows = [PeerRow(f"peer-{i}", admitted=i, used=i // 2, replayed=3 * i) for i in range(100)]
     rows.append(PeerRow("attacker", rejections={"bad_signature": 3}, banned_until=1_000.0))
     table = peers_table(rows, now=400.0, max_rows=10)
     assert len(table.rows) == 10 and table.note == "91 more peers not shown"
     assert table.row_classes[0] == "banned" and table.rows[0][0] == "attacker"
-    assert table.rows[0][5] == "bad_signature 3" and table.rows[0][6] == "banned, 10 min left"
+    assert table.rows[0][6] == "bad_signature 3" and table.rows[0][7] == "banned, 10 min left"
     assert [r[0] for r in table.rows[1:3]] == ["peer-99", "peer-98"]  # then by groups admitted
+    assert table.rows[1][3:6] == ["99", "49", "297"]  # admitted, used, replayed (rt60 L4)
 
 
 def test_nan_and_infinity_become_gaps_so_the_document_is_always_json() -> None:

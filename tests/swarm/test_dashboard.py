@@ -105,7 +105,7 @@ def test_node_bootstrap_and_swarm_pages_show_live_curves_peers_and_a_banned_atta
         other = next(v for k, v in by_id.items() if honest["node-1"].startswith(k))
         assert other[0] == "" and int(other[1][3].replace(",", "")) > 0  # admitted > 0, not banned
         banned = [cells for cls, cells in rows if cls == "banned"]
-        assert banned and all(cells[6].startswith("banned, ") for cells in banned)
+        assert banned and all(cells[7].startswith("banned, ") for cells in banned)
         assert any(i.startswith(cells[0].rstrip("…")) for cells in banned for i in banned_ids)
         assert all(not honest["node-1"].startswith(cells[0].rstrip("…")) for cells in banned)
         draws = int(page.evaluate("document.body.dataset.loaded"))

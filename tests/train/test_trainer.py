@@ -340,6 +340,7 @@ def test_the_replay_rule_trains_on_a_peers_success_remembered_from_an_earlier_ro
         # the one row, a one-completion group with A = S - b_f = 1 - 0.
         loss, used_own, used_ext = trainer.update(wrong, [])
         assert (used_own, used_ext, trainer.last_replayed) == (0, 0, 1)
+        assert trainer.last_replayed_sources == {"peer": 1}  # the dashboard's "replayed" (rt60 L4)
         assert loss == pytest.approx(-1.0, abs=1e-5)  # ratio 1: -mean(A)
         [replayed] = trainer._replayed()
         assert replayed.completion_ids == [demo.completion_ids[3]] and replayed.rewards == [1.0]
