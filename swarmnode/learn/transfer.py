@@ -103,8 +103,8 @@ cut at the token cap, replayed, is taught to us). Ownership by share and the rou
 what keeps an identity to one sender's part of the rows, however early, often or distinctly it
 answers, while a family's one teacher still fills its rows (``DemoMemory`` has the attacks). Measured
 (simulations/specialists.py, 1,000 rounds, seeds 0-2, J = K = 8 / 64, every rule on the same
-warm starts): peers' families 0.030 -> 0.586 +- 0.015 (positive_only 0.409, anchored 0.362; the
-first memory, kept first per prompt, 0.603); own family 0.995 -> 0.885 +- 0.009 (anchored 0.783);
+warm starts): peers' families 0.030 -> 0.591 +- 0.022 (positive_only 0.409, anchored 0.362; the
+first memory, kept first per prompt, 0.603); own family 0.995 -> 0.877 +- 0.008 (anchored 0.783);
 1.9x anchored's CPU a round. The same supervised loop with perfect answers reaches 0.744
 (simulations/imitation_bound.py).
 
