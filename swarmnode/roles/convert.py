@@ -223,10 +223,10 @@ def trained_texts(
     policy: Policy, texts: Sequence[str], max_new_tokens: int
 ) -> list[TrainedText | RejectReason]:
     """What admission scores for received completions: the decoding of exactly the ids we train."""
-    return [
-        row if isinstance(row, RejectReason) else TrainedText(policy.decode_completion(row), tuple(row))
-        for row in completion_token_rows(policy, texts, max_new_tokens)
-    ]
+    rows = completion_token_rows(policy, texts, max_new_tokens)
+    trained = [row for row in rows if not isinstance(row, RejectReason)]
+    decoded = iter(policy.decode_completions(trained))
+    return [row if isinstance(row, RejectReason) else TrainedText(next(decoded), tuple(row)) for row in rows]
 
 
 def to_scored(admitted: AdmittedGroup, policy: Policy, max_new_tokens: int) -> ScoredGroup:

@@ -23,6 +23,35 @@ PROMPT_FORMATS = ("question", "compact")
 MAX_DATASET_NAME = 64
 MAX_CONFIG_JSON = 1024
 
+#: reasoning-gym datasets whose entry ``index`` of a dataset seeded ``seed`` is drawn from
+#: ``Random(seed + index)`` alone (their ``__getitem__``; ``tests/tasks/test_ids.py`` checks the
+#: installed source and the entries). For them ``(seed + k, index - k)`` names the same question
+#: and answer as ``(seed, index)``: a peer could rename one of a node's held-out tasks and have it
+#: trained on, or send one question under k names (red team rt61 F1). ``entry_key`` is the same
+#: for every such spelling. Left out: ``composite`` (its entries depend on the seeds of the
+#: datasets it mixes), ``gsm_symbolic`` and ``list_functions`` (their ``__init__`` draws from
+#: ``Random(seed)`` too), ``sentence_reordering`` (builds entries in a helper taking the seed).
+SEED_PLUS_INDEX = frozenset(
+    """
+    ab advanced_geometry aiw arc_1d arc_agi base_conversion basic_arithmetic bf
+    binary_alternation binary_matrix bitwise_arithmetic boxnet caesar_cipher calendar_arithmetic
+    chain_sum circuit_logic codeio coin_flip color_cube_rotation complex_arithmetic count_bits
+    count_primes countdown course_schedule cryptarithm decimal_arithmetic decimal_chain_sum dice
+    emoji_mystery family_relationships figlet_font fraction_simplification futoshiki
+    game_of_life game_of_life_halting gcd graph_color group_anagrams intermediate_integration
+    isomorphic_strings jugs kakurasu knight_swap knights_knaves largest_island lcm leg_counting
+    letter_counting letter_jumble mahjong_puzzle manipulate_matrix maze mini_sudoku modulo_grid
+    n_queens needle_haystack number_filtering number_format number_sequence number_sorting
+    palindrome_generation palindrome_partitioning path_star polynomial_equations
+    polynomial_multiplication pool_matrix power_function prime_factorization products
+    propositional_logic puzzle24 quantum_lock ransom_note rearc rectangle_count rotate_matrix
+    rotten_oranges rubiks_cube rush_hour self_reference shortest_path simple_equations
+    simple_geometry simple_integration sokoban spell_backward spiral_matrix string_insertion
+    string_manipulation string_splitting string_synthesis sudoku survo syllogism time_intervals
+    tower_of_hanoi tsumego word_ladder word_sequence_reversal word_sorting zebra_puzzles
+    """.split()
+)
+
 
 def canonical_config(config: dict[str, Any]) -> str:
     """The one JSON spelling of a dataset config used inside task ids."""
@@ -63,3 +92,11 @@ class TaskId:
     def key(self) -> str:
         """A short, stable string form (for logs, ledger rows and dict keys)."""
         return f"{self.dataset}:{self.config}:{self.seed}:{self.index}:{self.prompt_format}"
+
+    def entry_key(self) -> str:
+        """What names the question itself: equal for every id that regenerates the same entry of
+        a ``SEED_PLUS_INDEX`` dataset, ``key()`` for any other. What a node compares when it asks
+        "the same task?" of a peer's group (held out, already received, already taught)."""
+        if self.dataset not in SEED_PLUS_INDEX:
+            return self.key()
+        return f"{self.dataset}:{self.config}:+{self.seed + self.index}:{self.prompt_format}"

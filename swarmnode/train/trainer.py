@@ -124,7 +124,7 @@ def distinct(groups: Sequence[ScoredGroup]) -> list[ScoredGroup]:
     seen: set[tuple[str, tuple[str, ...]]] = set()
     out = []
     for g in groups:
-        key = (g.task.id.key(), tuple(g.texts))
+        key = (g.task.id.entry_key(), tuple(g.texts))  # a renamed task is the same (rt61 F1b)
         if key not in seen:
             seen.add(key)
             out.append(g)
@@ -217,8 +217,9 @@ class Trainer:
         # Peers' groups on these are never trained on: task ids are public and so is the held-out
         # seed (tasks.seed + 1,000,003), and admission judges only a task's family, so peers could
         # make a node learn its own held-out set and inflate the accuracy it reports (red team
-        # rt51 F2: 8 of 8 such groups admitted, and remembered by ``replay``).
-        self._heldout_keys = frozenset(task.id.key() for task in self.heldout)
+        # rt51 F2: 8 of 8 such groups admitted, and remembered by ``replay``). Compared by the entry
+        # an id regenerates: (seed + k, index - k) renames a held-out task (red team rt61 F1).
+        self._heldout_keys = frozenset(task.id.entry_key() for task in self.heldout)
         self.heldout_by_family: dict[str, float] = {}  # the last evaluation's, with several families
         self.last_external_sources: dict[str, int] = {}  # groups the last update trained on, per sender
         self.round = 0  # rounds completed
@@ -391,7 +392,8 @@ class Trainer:
             # anchored rules add up to I own demonstrations (all correct: SAPO's filter drops them).
             local, _ = select_groups(own, (), swarm.local_groups, 0, self.mixing_rng)
             valued = [
-                (g, teaching_value(self._external_advantages(g)), g.source, g.task.id.key()) for g in external
+                (g, teaching_value(self._external_advantages(g)), g.source, g.task.id.entry_key())
+                for g in external
             ]
             ext = select_teaching(valued, swarm.external_groups, self.mixing_rng)
             if swarm.mixing in ANCHORED_RULES:
@@ -496,7 +498,7 @@ class Trainer:
         self, own: Sequence[ScoredGroup], external: Sequence[ScoredGroup] = ()
     ) -> tuple[float, int, int]:
         """``k`` optimizer steps; returns (mean loss or nan if nothing to learn, own used, external used)."""
-        external = [g for g in external if g.task.id.key() not in self._heldout_keys]
+        external = [g for g in external if g.task.id.entry_key() not in self._heldout_keys]
         if self.config.swarm.mixing == "hacpo":
             self.update_capabilities(own, external)
         if self.config.swarm.mixing in BASELINE_RULES:
@@ -533,15 +535,15 @@ class Trainer:
                 ids = group.completion_ids[i]
                 if success(reward) and ids and ids[-1] == eos and answer_span(group.texts[i]) == answer:
                     demo = Demonstration.of(group, i)
-                    self.demo_memory.add(demo, family_of(group.task), group.task.id.key(), group.source)
+                    self.demo_memory.add(demo, family_of(group.task), group.task.id.entry_key(), group.source)
                     break
 
     def _replayed(self) -> list[ScoredGroup]:
         """``replay``: K remembered demonstrations, families weighted by 1 - b_f (learn.transfer)."""
         weights = {f: 1.0 - self.family_baseline.rate(f) for f in self.demo_memory.families()}
         drawn = self.demo_memory.sample(self.config.swarm.replay_demos, weights, self.mixing_rng)
-        decode = self.policy.decode_completion
-        return [demo.group(decode(list(demo.completion_ids))) for demo, _ in drawn]
+        texts = self.policy.decode_completions(demo.completion_ids for demo, _ in drawn)
+        return [demo.group(text) for (demo, _), text in zip(drawn, texts, strict=True)]
 
     def _policy_steps(self, local: Sequence[ScoredGroup], ext: Sequence[ScoredGroup]) -> list[float]:
         """The ``k`` RL steps of a round on ``[*local, *ext]`` with the configured loss; their losses."""

@@ -180,13 +180,16 @@ class RolloutGroup:
     system_prompt_sha256: bytes = b""
 
     def content_digest(self) -> bytes:
-        """SHA-256 over the task key and the completion texts (length-prefixed).
+        """SHA-256 over the task's entry key (``TaskId.entry_key``) and the completion texts
+        (length-prefixed).
 
         Two groups with the same digest train the same way, whatever else differs;
-        admission uses it to refuse the same rollouts twice from one sender.
+        admission uses it to refuse the same rollouts twice from one sender. The entry key,
+        not the id: an id renamed to (seed + k, index - k) regenerates the same task (red team
+        rt61 F4).
         """
         h = hashlib.sha256()
-        for part in (self.task.key(), *(c.text for c in self.completions)):
+        for part in (self.task.entry_key(), *(c.text for c in self.completions)):
             data = part.encode("utf-8")
             h.update(len(data).to_bytes(4, "big"))
             h.update(data)

@@ -20,7 +20,7 @@ from swarmnode.admit import (
 )
 from swarmnode.identity import KeyAllowlist
 from swarmnode.store import Ledger
-from swarmnode.tasks import Task, TaskId, default_mixture
+from swarmnode.tasks import Task, TaskId, default_mixture, regenerate
 from swarmnode.tools import vectors
 from swarmnode.verify import Scored, VerifierFailure, VerifierReason
 from swarmnode.wire.envelope import (
@@ -294,6 +294,17 @@ def test_the_same_groups_in_a_new_envelope_are_a_duplicate_but_other_signers_may
     assert isinstance(verdict, Rejected) and verdict.reason is RejectReason.DUPLICATE
     assert verdict.charged == ALICE.peer_id
     assert reason(pipeline.admit(envelope(batch(group), BOB), T0)) == "accepted"
+
+
+def test_the_same_groups_under_a_renamed_task_id_are_a_duplicate(pipeline: AdmissionPipeline) -> None:
+    # Red team rt61 F4: (seed - k, index + k) regenerates the same task (SPEC 4.1a), so one signer
+    # re-sent the same rollouts under k names and each was admitted.
+    group = make_group(1)
+    renamed = replace(group.task, seed=group.task.seed - 5, index=group.task.index + 5)
+    assert regenerate(renamed).prompt == group.prompt  # the same question: admission checks it
+    assert reason(pipeline.admit(envelope(batch(group), ALICE), T0)) == "accepted"
+    again = pipeline.admit(envelope(batch(replace(group, task=renamed)), ALICE, T0 + 1), T0 + 1)
+    assert isinstance(again, Rejected) and again.reason is RejectReason.DUPLICATE
 
 
 @pytest.mark.parametrize(

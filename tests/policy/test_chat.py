@@ -195,12 +195,12 @@ def test_a_policys_groups_name_its_system_turn_and_a_bare_policys_name_none(
 def test_rendered_prompts_are_kept_within_a_bound(
     chat_tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("swarmnode.policy.model.CHAT_PROMPT_CACHE", 3)
+    monkeypatch.setattr("swarmnode.policy.model.PROMPT_CACHE", 3)
     policy = chat_policy(chat_tokenizer)
     first = policy.encode_prompt("q0")
     for i in range(1, 6):
         policy.encode_prompt(f"q{i}")
-    assert len(policy._chat_ids) == 3
+    assert len(policy._prompt_ids) == 3
     assert policy.encode_prompt("q0") == first  # evicted, rendered again: the same ids
     first.append(0)  # a caller's list is its own
     assert policy.encode_prompt("q0") != first
@@ -264,10 +264,10 @@ def test_any_template_failure_is_a_model_error_naming_the_model(
 def test_the_render_cache_evicts_the_least_recently_used_prompt(
     chat_tokenizer: PreTrainedTokenizerFast, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr("swarmnode.policy.model.CHAT_PROMPT_CACHE", 3)
+    monkeypatch.setattr("swarmnode.policy.model.PROMPT_CACHE", 3)
     policy = chat_policy(chat_tokenizer)
     policy.encode_prompt("hot")
     for i in range(10):
         policy.encode_prompt(f"cold {i}")
         policy.encode_prompt("hot")
-    assert any(key[2] == "hot" for key in policy._chat_ids)
+    assert any(key[2] == "hot" for key in policy._prompt_ids)

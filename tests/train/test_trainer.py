@@ -19,7 +19,7 @@ from swarmnode.learn import zero_advantage
 from swarmnode.policy import load_policy
 from swarmnode.rollout import make_engine
 from swarmnode.store import CheckpointStore, Ledger
-from swarmnode.tasks import default_mixture
+from swarmnode.tasks import TaskId, default_mixture, regenerate
 from swarmnode.train import ScoredGroup, Trainer, completion_logprobs
 from swarmnode.train.trainer import distinct, family_of
 
@@ -47,6 +47,11 @@ def make_trainer(model: Path, home: Path, cfg: Config, ledger: Ledger) -> Traine
         CheckpointStore(home / "ckpt"),
         eval_every=1000,
     )
+
+
+def shifted(task_id: TaskId, k: int) -> TaskId:
+    """Another id of the same task (SPEC 4.1a): reasoning-gym draws entry i of seed s from s + i."""
+    return dataclasses.replace(task_id, seed=task_id.seed + k, index=task_id.index - k)
 
 
 def relabelled(group: ScoredGroup, rewards: list[float], **extra: object) -> ScoredGroup:
@@ -296,6 +301,10 @@ def test_a_peers_group_counts_for_no_more_completions_than_ours(
         # are one group: they would fill every external place.
         copy = dataclasses.replace(big, source="sybil", texts=[*big.texts[:63], "other"])
         assert distinct([big.first(4), copy.first(4)]) == [big.first(4)]
+        # rt61 F1b: nor under a renamed task id, (seed + k, index - k): the same question
+        renamed = dataclasses.replace(big, task=regenerate(shifted(big.task.id, 3)))
+        assert renamed.task.prompt == big.task.prompt
+        assert distinct([big.first(4), renamed.first(4)]) == [big.first(4)]
     with rule_trainer(quick_model, tmp_path / "j2", mixing, 1, 2) as (trainer, own):
         own = [dataclasses.replace(g, rewards=[0.0, 1.0, 0.0, 0.0]) for g in own]
         _, ext = trainer.choose_groups(own, [big, copy])
@@ -358,6 +367,11 @@ def test_the_replay_rule_trains_on_a_peers_success_remembered_from_an_earlier_ro
         probe = relabelled(dataclasses.replace(own[1], texts=spelt), [0.0, 1.0, 1.0, 0.0])
         on_heldout = dataclasses.replace(probe, task=trainer.heldout[0])
         assert trainer.update(wrong, [on_heldout])[2] == 0 and len(trainer.demo_memory) == 0
+        # rt61 F1: nor under another id that regenerates it, (seed + k, index - k)
+        for k in (1, 1000):
+            renamed = dataclasses.replace(probe, task=regenerate(shifted(trainer.heldout[0].id, k)))
+            assert renamed.task.prompt == trainer.heldout[0].prompt
+            assert trainer.update(wrong, [renamed])[2] == 0 and len(trainer.demo_memory) == 0
         assert (
             trainer.update(wrong, [probe])[2] == 1 and len(trainer.demo_memory) == 1
         )  # the same, not held out
