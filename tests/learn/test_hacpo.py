@@ -61,6 +61,23 @@ def test_tracker_rejects_non_finite_values_and_round_trips_its_state() -> None:
     assert copy.agents() == ["a", "b"]
 
 
+def test_the_tracker_forgets_the_agent_updated_least_recently_past_its_bound() -> None:
+    # Red team rt61 F2: every signer that ever sent a group stayed (memory and checkpoints grew by
+    # one entry a signer); signers are free.
+    tracker = CapabilityTracker(window=2, max_agents=3)
+    for agent in ("local", "a", "b"):
+        tracker.update(agent, 0.5)
+    tracker.update("local", 0.7)  # our own sample each step keeps us in
+    tracker.update("c", 0.1)
+    assert tracker.agents() == ["b", "c", "local"]  # "a" went: the least recently updated
+    tracker.update("d", 0.2)
+    assert tracker.agents() == ["c", "d", "local"] and tracker.capability("local") == pytest.approx(0.6)
+    assert tracker.ratio("local", "a") == 1.0  # forgotten: neutral, as a newcomer
+    copy = CapabilityTracker(window=2, max_agents=2)
+    copy.load_state_dict(tracker.state_dict())  # a checkpoint of a larger tracker: the two updated last
+    assert copy.agents() == ["c", "d"]
+
+
 def test_capability_aware_advantages_by_hand() -> None:
     # learner a (P 0.5), responses from a and b (P 0.25): w(a, a) = 1, w(a, b) = 2
     # mu = (1*1 + 1*0 + 2*1 + 2*0) / 4 = 0.75; std of [1, 0, 1, 0] = sqrt(1/3) = 0.57735

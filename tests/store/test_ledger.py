@@ -11,7 +11,7 @@ import pytest
 
 from swarmnode.errors import SwarmError
 from swarmnode.store import Ledger, LedgerError, RoundRecord
-from swarmnode.store.ledger import APPLICATION_ID, SCHEMA_VERSION
+from swarmnode.store.ledger import APPLICATION_ID, OTHER_PEERS, SCHEMA_VERSION
 
 
 def record(round: int, **changes: object) -> RoundRecord:
@@ -152,6 +152,32 @@ def test_the_pages_rejection_read_is_bounded_and_keeps_every_shown_peers_record(
         shown = ledger.rejections_by_peer_and_reason(64, ["attacker", "never-rejected"])
         assert shown["attacker"] == {"from_future": 5} and "never-rejected" not in shown
         assert len(shown) == 65
+
+
+def test_past_its_bound_the_peers_with_fewest_rejections_fold_into_one_row_and_totals_stay(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Red team rt61 F3: free delivering ids each added a row, without end, and every page read
+    # grouped the whole table.
+    monkeypatch.setattr("swarmnode.store.ledger.MAX_REJECTION_PEERS", 3)
+    monkeypatch.setattr("swarmnode.store.ledger.REJECTION_PRUNE_EVERY", 5)
+    with Ledger(tmp_path / "ledger.sqlite") as ledger:
+        for _ in range(4):
+            ledger.count_rejection("persistent", "bad_signature")
+        for i in range(11):
+            ledger.count_rejection(f"fresh-{i:02d}", "malformed")
+        # 15 counted: two checks; at the second, 12 peers, the 3 with most kept (ties by id)
+        assert ledger.rejection_counts_by_peer() == {
+            "persistent": 4,
+            "fresh-00": 1,
+            "fresh-01": 1,
+            OTHER_PEERS: 9,
+        }
+        assert ledger.rejection_counts() == {"bad_signature": 4, "malformed": 11}
+        for i in range(11, 16):
+            ledger.count_rejection(f"fresh-{i:02d}", "stale")
+        assert ledger.rejection_counts() == {"bad_signature": 4, "malformed": 11, "stale": 5}
+        assert len(ledger.rejection_counts_by_peer()) == 4
 
 
 def test_ledger_can_be_written_from_several_threads(tmp_path: Path) -> None:
