@@ -45,7 +45,9 @@ _BUSY_TIMEOUT_S = 10.0
 #: Peers whose rejections are kept apart. Failures before a signature is checked are charged to
 #: the delivering peer, whose id is free: the table grew by a row a fresh id, without end, and
 #: every dashboard read grouped all of it (1 M rows: 51 MiB, 0.46 s a read; red team rt61 F3).
-#: Past the bound, the peers with the fewest rejections are folded into ``OTHER_PEERS``.
+#: Past the bound, the peers with the fewest rejections are folded into ``OTHER_PEERS``: 10,000
+#: free ids with more rejections each fold a peer's few into it too (red team rt62 F4: statistics
+#: only; totals stay exact and bans are kept apart).
 MAX_REJECTION_PEERS = 10_000
 #: ... checked once in this many counted rejections (a prune groups the table once).
 REJECTION_PRUNE_EVERY = 1_000
