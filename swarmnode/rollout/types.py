@@ -127,15 +127,13 @@ def group_completions(
     the completions and the number of tokens kept.
     """
     eos = policy.eos_token_id
+    kept = [row[: row.index(eos) + 1] if eos in row else row[:] for row in token_rows]
+    texts = policy.decode_completions(kept)  # one EOS lookup for the batch, not one a row
     completions: list[list[Completion]] = []
-    generated = 0
-    for start in range(0, len(token_rows), n):
-        group = []
-        for row, logprobs in zip(token_rows[start : start + n], logprob_rows[start : start + n], strict=True):
-            finished = eos in row
-            length = row.index(eos) + 1 if finished else len(row)
-            ids = row[:length]
-            group.append(Completion(ids, logprobs[:length], policy.decode_completion(ids), finished))
-            generated += length
-        completions.append(group)
-    return completions, generated
+    for start in range(0, len(kept), n):
+        window = slice(start, start + n)
+        rows = zip(kept[window], logprob_rows[window], texts[window], strict=True)
+        completions.append(
+            [Completion(ids, logprobs[: len(ids)], text, eos in ids) for ids, logprobs, text in rows]
+        )
+    return completions, sum(len(ids) for ids in kept)
