@@ -2,7 +2,8 @@
 
 8 agents, each generating 8 groups (G = 8) a round and training on I local + J external groups with
 I + J = 8: configurations 8/0, 6/2, 4/4, 2/6, and 4/4 with the anchored and replay rules (the
-transfer rules of the specialists testbed, #14), several seeds each. Learners are real (warm-started
+transfer rules of the specialists testbed, #14), and replay's control 8/0 replay (no exchange:
+replaying only the agent's own successes), several seeds each. Learners are real (warm-started
 tiny Llama, GRPO, no KL) and exchange rollouts through the gossip core and admission pipeline
 (``swarmnode.sim.learning``). Prints each configuration's total reward (sum over agents and rounds
 of each agent's mean reward on its own completions) and its gain over 8/0 beside the paper's, and
@@ -53,6 +54,9 @@ CONFIGS: dict[str, tuple[int, int, dict[str, Any]]] = {
     "2/6": (2, 6, {}),
     "4/4 anchored": (4, 4, {"mixing": "anchored"}),
     "4/4 replay": (4, 4, {"mixing": "replay"}),
+    # replay's control: no exchange, the memory holds only the agent's own verified successes,
+    # so 4/4 replay's gain over it is what the peers' data adds to plain experience replay
+    "8/0 replay": (8, 0, {"mixing": "replay"}),
 }
 #: The paper's Table (Qwen2.5-0.5B, 8 agents, 2000 rounds): total reward and gain over 8/0.
 PAPER = {"8/0": (561.79, None), "6/2": (854.43, 0.52), "4/4": (1093.31, 0.94), "2/6": (945.87, 0.68)}
