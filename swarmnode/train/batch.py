@@ -60,6 +60,14 @@ def pad_right(rows: Sequence[Sequence[float]], value: float, dtype: torch.dtype)
     return out
 
 
+def completion_mask(completion_ids: Sequence[Sequence[int]]) -> torch.Tensor:
+    """The (B, T) mask ``completion_logprobs`` returns with its log-probs: 1 at each row's
+    completion tokens, T the longest completion (at least 1)."""
+    width = max(max((len(c) for c in completion_ids), default=1), 1)
+    lengths = torch.tensor([len(c) for c in completion_ids])
+    return (torch.arange(width).unsqueeze(0) < lengths.unsqueeze(1)).float()
+
+
 def completion_logprobs(
     model: torch.nn.Module,
     prompt_ids: list[list[int]],
@@ -359,9 +367,7 @@ def _packed_outputs(
         inverse = torch.empty(len(order), dtype=torch.long)
         inverse[torch.tensor(order, dtype=torch.long)] = torch.arange(len(order))
         picked = picked[inverse]
-    row_lengths = torch.tensor([len(c) for c in completion_ids])
-    mask = (torch.arange(width).unsqueeze(0) < row_lengths.unsqueeze(1)).float()
-    return picked, targets, mask
+    return picked, targets, completion_mask(completion_ids)
 
 
 def _packed_forward(

@@ -9,6 +9,7 @@ in one batch.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -403,8 +404,11 @@ def test_the_trainer_scores_on_the_path_its_switch_names(
     with Ledger(tmp_path / "ledger.sqlite") as ledger:
         engine = make_engine("torch", policy)
         trainer = Trainer(config, policy, engine, default_mixture(0), ledger, CheckpointStore(tmp_path / "c"))
+        groups, _, _ = trainer.generate_groups(1)
         calls = count_packed_calls(monkeypatch)
-        trainer.run_round()
+        # Rewards with signal: rows whose advantage is 0 are never run through the model.
+        trainer.update([dataclasses.replace(g, rewards=[1.0, 0.0, 0.0, 0.0]) for g in groups])
+        assert trainer.last_scored_rows == 8
     assert (len(calls) > 0) is shared
 
 

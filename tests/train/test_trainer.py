@@ -205,6 +205,117 @@ def test_external_rows_old_logprobs_from_the_first_step_equal_a_pass_of_their_ow
         assert torch.equal(a[name], b[name]), name  # the same forward, bit for bit
 
 
+def gradients_at_each_step(trainer: Trainer) -> list[dict[str, torch.Tensor]]:
+    """A list that fills with every parameter's gradient at each optimizer step of ``trainer``."""
+    seen: list[dict[str, torch.Tensor]] = []
+    step = trainer.optimizer.step
+
+    def recording_step(*args: object, **kwargs: object) -> object:
+        seen.append(
+            {n: p.grad.clone() for n, p in trainer.policy.model.named_parameters() if p.grad is not None}
+        )
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = recording_step  # type: ignore[method-assign]
+    return seen
+
+
+def every_row(advantages: torch.Tensor, *, every_row: bool) -> list[int]:
+    """``Trainer._rows_to_score`` as before rows with advantage 0 were skipped: every row."""
+    return list(range(len(advantages)))
+
+
+def seeded_trainer(
+    model: Path, tmp_path: Path, cfg: Config, ledger: Ledger, *, skip: bool, seed: int
+) -> tuple[Trainer, list[ScoredGroup]]:
+    """A trainer and one round of its groups, the same for the same seed; ``skip=False``: it runs
+    every row through the model (``every_row``)."""
+    trainer = make_trainer(model, tmp_path / str(skip), cfg, ledger)
+    torch.manual_seed(seed)
+    trainer.generator.manual_seed(seed)
+    trainer.mixing_rng.seed(seed)
+    own, _, _ = trainer.generate_groups(1)
+    if not skip:
+        trainer._rows_to_score = every_row  # type: ignore[method-assign]
+    return trainer, own
+
+
+@pytest.mark.parametrize(
+    ("overrides", "steps"),
+    [
+        ({"swarm.mixing": "hacpo"}, 1),
+        ({"swarm.mixing": "hacpo"}, 3),
+        ({"swarm.mixing": "hacpo", "learn.micro_batch_tokens": 48}, 2),
+        ({"swarm.mixing": "none", "learn.drop_zero_advantage": False}, 1),
+        ({"swarm.mixing": "none", "learn.drop_zero_advantage": False, "learn.algorithm": "dapo"}, 1),
+        ({"swarm.mixing": "none", "learn.drop_zero_advantage": False, "learn.algorithm": "gspo"}, 2),
+    ],
+)
+def test_rows_with_advantage_zero_are_not_run_and_the_update_is_the_same(
+    quick_model: Path, tmp_path: Path, overrides: dict[str, object], steps: int
+) -> None:
+    """Every loss is A times a finite ratio per row: rows with A = 0 change nothing, so the update
+    skips them (HACPO trains on every own group, all-equal ones too) and ends where a forward and
+    backward of every row would, up to float rounding."""
+    cfg = config(**overrides, **{"learn.updates_per_round": steps, "swarm.external_groups": 4})
+    results = []
+    for skip in (True, False):
+        with Ledger(tmp_path / f"ledger-{skip}.sqlite") as ledger:
+            trainer, own = seeded_trainer(quick_model, tmp_path, cfg, ledger, skip=skip, seed=3)
+            # Half of our groups all wrong (A = 0 for each row), the rest with signal.
+            own = [
+                dataclasses.replace(g, rewards=[0.0] * g.size if i % 2 else [1.0, 0.0, 1.0, 0.0])
+                for i, g in enumerate(own)
+            ]
+            external = [relabelled(g, [1.0, 1.0, 0.0, 1.0], source_mean_logprobs=[-0.5] * 4) for g in own[:4]]
+            before = weights(trainer)
+            steps_seen = gradients_at_each_step(trainer)
+            metrics = trainer.train_round(own, external)
+            results.append((metrics.loss, trainer.last_scored_rows, steps_seen, weights(trainer)))
+    (loss_a, rows_a, grads_a, a), (loss_b, rows_b, grads_b, b) = results
+    assert rows_a < rows_b  # rows were skipped
+    assert loss_a == pytest.approx(loss_b, abs=1e-6)
+    assert any(not torch.equal(before[k], v) for k, v in a.items())  # it trained
+    assert len(grads_a) == len(grads_b) == steps
+    for step_a, step_b in zip(grads_a, grads_b, strict=True):
+        for name, grad in step_a.items():
+            # float32 sums in another order: within 1e-5 of the tensor's largest entry
+            scale = float(step_b[name].abs().max())
+            error = float((grad - step_b[name]).abs().max())
+            assert error <= 1e-5 * scale + 1e-12, (name, error, scale)
+    for name in a:  # Adam divides by sqrt(v): a ~1e-9 gradient's rounding moves its weight ~1e-6
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_an_update_in_which_every_advantage_is_zero_steps_adamw_on_zero_gradients(
+    quick_model: Path, tmp_path: Path
+) -> None:
+    """No row has signal: no forward runs, yet AdamW steps on zero gradients (its momentum moves
+    the weights) exactly as after a forward and backward of every row."""
+    cfg = config(**{"swarm.mixing": "none", "learn.drop_zero_advantage": False})
+    results = []
+    for skip in (True, False):
+        with Ledger(tmp_path / f"ledger-{skip}.sqlite") as ledger:
+            trainer, own = seeded_trainer(quick_model, tmp_path, cfg, ledger, skip=skip, seed=4)
+            signal = [dataclasses.replace(g, rewards=[1.0, 0.0, 0.0, 0.0]) for g in own]
+            flat = [dataclasses.replace(g, rewards=[0.0] * g.size) for g in own]
+            trainer.update(signal)  # AdamW's moments are not zero from here on
+            after_first = weights(trainer)
+            steps_seen = gradients_at_each_step(trainer)
+            loss, _, _ = trainer.update(flat)
+            results.append((loss, trainer.last_scored_rows, steps_seen, after_first, weights(trainer)))
+    (loss_a, rows_a, grads_a, first_a, a), (loss_b, rows_b, grads_b, _, b) = results
+    assert rows_a == 0 and rows_b == len(own) * 4
+    assert loss_a == 0.0 and loss_b == pytest.approx(0.0, abs=1e-9)
+    assert len(grads_a) == len(grads_b) == 1  # both stepped once
+    assert grads_a[0].keys() == grads_b[0].keys()
+    for name, grad in grads_a[0].items():
+        assert not grad.any() and not grads_b[0][name].any(), name
+    assert any(not torch.equal(first_a[k], v) for k, v in a.items())  # the momentum moved them
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6, msg=name)
+
+
 def test_hacpo_mixing_trains_on_external_groups(quick_model: Path, tmp_path: Path) -> None:
     cfg = config(**{"swarm.mixing": "hacpo", "swarm.external_groups": 2})
     with Ledger(tmp_path / "ledger.sqlite") as ledger:
