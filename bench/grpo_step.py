@@ -84,6 +84,11 @@ def ours_config(max_new: int, shared: bool, precision: str = "fp32") -> Config:
     )
 
 
+def every_row(advantages: torch.Tensor, *, every_row: bool) -> list[int]:
+    """``Trainer._rows_to_score`` that runs every row, as TRL does (like for like)."""
+    return list(range(len(advantages)))
+
+
 def bench_ours(
     model_dir: Path, prompt_format: str, repeats: int, warmup: int, precision: str = "fp32"
 ) -> dict[str, dict[str, Any]]:
@@ -109,6 +114,10 @@ def bench_ours(
                 ),
                 ledger,
             )
+        for trainer, _ in trainers.values():
+            # TRL runs every row through the model; ours skips rows whose advantage is 0 (most of
+            # them at random init), which would time a smaller update than the FLOPs counted here.
+            trainer._rows_to_score = every_row  # type: ignore[method-assign]
         for i in range(warmup + repeats):
             for name, (trainer, _) in trainers.items():
                 t0 = time.perf_counter()
