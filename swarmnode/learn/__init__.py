@@ -23,7 +23,7 @@ from swarmnode.learn.hacpo import (
     stepwise_clip_lower,
 )
 from swarmnode.learn.m2po import m2po_loss, m2po_mask
-from swarmnode.learn.sapo import HasRewards, has_signal, select_groups
+from swarmnode.learn.sapo import HasRewards, fair_sample, has_signal, select_groups
 
 __all__ = [
     "AGG_MODES",
@@ -36,6 +36,7 @@ __all__ = [
     "dapo_loss",
     "discrepancy_coefficients",
     "exponential_is",
+    "fair_sample",
     "group_advantages",
     "grpo_loss",
     "gspo_loss",

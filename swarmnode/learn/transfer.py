@@ -117,8 +117,9 @@ what it can do is send correct answers on families we are weak at, which is what
 
 The joint rule needs the prompts the receiver answered itself (``learning.shared_tasks``, or a
 node that answers the prompts it receives); an external group on a prompt we did not answer keeps
-its own group's advantage, as SAPO. Its J external groups are drawn uniformly among those whose
-joint rewards are not all equal; our groups on the same prompts come first among the I own ones.
+its own group's advantage, as SAPO. Its J external groups are drawn among those whose joint
+rewards are not all equal, fairly over their senders as SAPO's (``learn.sapo.fair_sample``); our
+groups on the same prompts come first among the I own ones.
 """
 
 from __future__ import annotations

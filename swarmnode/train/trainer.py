@@ -28,7 +28,15 @@ from typing import Any
 import torch
 
 from swarmnode.config import Config, LearnConfig
-from swarmnode.learn import dapo_loss, group_advantages, grpo_loss, gspo_loss, select_groups, zero_advantage
+from swarmnode.learn import (
+    dapo_loss,
+    fair_sample,
+    group_advantages,
+    grpo_loss,
+    gspo_loss,
+    select_groups,
+    zero_advantage,
+)
 from swarmnode.learn.gspo import EPS_HIGH as GSPO_EPS_HIGH
 from swarmnode.learn.gspo import EPS_LOW as GSPO_EPS_LOW
 from swarmnode.learn.hacpo import (
@@ -74,6 +82,12 @@ ANCHORED_RULES = ("anchored", "replay")
 def _widen(rows: torch.Tensor, width: int) -> torch.Tensor:
     """(R, t) log-probs right-padded with zeros to (R, width)."""
     return torch.nn.functional.pad(rows, (0, width - rows.shape[1]))
+
+
+def source_of(group: ScoredGroup) -> str:
+    """Who sent ``group`` ("local" for our own): external groups are drawn fairly over senders
+    (``learn.sapo.fair_sample``; red team rt63 F1)."""
+    return group.source
 
 
 def family_of(task: Task) -> str:
@@ -390,7 +404,7 @@ class Trainer:
             return keep, []
         if swarm.mixing == "sapo":
             local, ext = select_groups(
-                own, external, swarm.local_groups, swarm.external_groups, self.mixing_rng
+                own, external, swarm.local_groups, swarm.external_groups, self.mixing_rng, source_of
             )
             return list(local), list(ext)
         if swarm.mixing in BASELINE_RULES:
@@ -410,11 +424,10 @@ class Trainer:
             return self._choose_joint(own, external)
         # HACPO: every own group, and up to J external groups whose *joint* group (with ours on the
         # same prompt) can have signal: a peer's all-correct group beside our all-wrong one is
-        # exactly the cross-agent signal HACPO uses.
+        # exactly the cross-agent signal HACPO uses. Drawn fairly over senders, as SAPO's.
         own_keys = {g.task.id.key() for g in own}
         ext_ok = [g for g in external if not zero_advantage(g.rewards) or g.task.id.key() in own_keys]
-        ext = self.mixing_rng.sample(ext_ok, min(swarm.external_groups, len(ext_ok)))
-        return list(own), ext
+        return list(own), fair_sample(ext_ok, swarm.external_groups, source_of, self.mixing_rng)
 
     def _external_advantages(self, group: ScoredGroup) -> list[float]:
         """Advantages of an external group's completions under a baseline rule (learn.transfer)."""
@@ -436,7 +449,7 @@ class Trainer:
             return [*g.rewards, *(r for o in ours.get(g.task.id.key(), []) for r in o.rewards)]
 
         candidates = [g for g in external if not zero_advantage(joint_rewards(g))]
-        ext = self.mixing_rng.sample(candidates, min(swarm.external_groups, len(candidates)))
+        ext = fair_sample(candidates, swarm.external_groups, source_of, self.mixing_rng)
         keys = {g.task.id.key() for g in ext}
         paired = [g for g in own if g.task.id.key() in keys][: swarm.local_groups]
         rest = [g for g in own if g.task.id.key() not in keys and not zero_advantage(g.rewards)]
@@ -503,7 +516,11 @@ class Trainer:
     def update(
         self, own: Sequence[ScoredGroup], external: Sequence[ScoredGroup] = ()
     ) -> tuple[float, int, int]:
-        """``k`` optimizer steps; returns (mean loss or nan if nothing to learn, own used, external used)."""
+        """``k`` optimizer steps; returns (mean loss or nan if nothing to learn, own used, external used).
+
+        ``own`` groups are a learner's workers' too (they choose their task ids): held-out tasks are
+        left out of both (red team rt63 F3: a worker's group on one was trained on)."""
+        own = [g for g in own if g.task.id.entry_key() not in self._heldout_keys]
         external = [g for g in external if g.task.id.entry_key() not in self._heldout_keys]
         if self.config.swarm.mixing == "hacpo":
             self.update_capabilities(own, external)

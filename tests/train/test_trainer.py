@@ -7,6 +7,7 @@ import gc
 import logging
 import random
 import tracemalloc
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -491,6 +492,46 @@ def test_the_replay_rule_trains_on_a_peers_success_remembered_from_an_earlier_ro
         wrong = [dataclasses.replace(g, rewards=[0.0] * 4) for g in own]
         trainer.update(wrong, [relabelled(own[1], [0.0, 1.0, 1.0, 0.0])])
         assert trainer.update(wrong, [])[1:] == (0, 0) and len(trainer.demo_memory) == 0  # no memory
+
+
+@pytest.mark.parametrize("mixing", ["sapo", "hacpo", "joint"])
+def test_one_sender_of_many_groups_takes_no_more_external_places_than_another(
+    quick_model: Path, tmp_path: Path, mixing: str
+) -> None:
+    """Red team rt63 F1: drawn uniformly over groups, one identity sending 400 groups a round
+    against 7 honest peers' 16 each took 78% of the J places (SAPO, HACPO, joint alike)."""
+    with rule_trainer(quick_model, tmp_path, mixing, 4, 4) as (trainer, own):
+
+        def sent(source: str, n: int) -> list[ScoredGroup]:
+            return [
+                dataclasses.replace(
+                    relabelled(own[i % len(own)], [1.0, 0.0, 1.0, 0.0]),
+                    source=source,
+                    texts=[f"{source} {i} {j}" for j in range(4)],  # all distinct
+                )
+                for i in range(n)
+            ]
+
+        honest = [g for p in range(7) for g in sent(f"honest-{p}", 2)]
+        taken: Counter[str] = Counter()
+        for _ in range(200):
+            _, ext = trainer.choose_groups(own, [*honest, *sent("attacker", 40)])
+            assert len(ext) == 4
+            taken.update(g.source for g in ext)
+        assert taken["attacker"] / 800 < 0.2  # 1/8 expected; a uniform draw over groups: 40/54
+
+
+def test_a_group_of_our_own_on_a_held_out_task_is_not_trained_on(quick_model: Path, tmp_path: Path) -> None:
+    """Red team rt63 F3: a learner's "own" groups are its workers', and a worker chooses its task
+    ids: one on a held-out task (its seed is public) was trained on, inflating held-out accuracy."""
+    with rule_trainer(quick_model, tmp_path, "sapo", 4, 4) as (trainer, own):
+        before = weights(trainer)
+        on_heldout = dataclasses.replace(own[1], task=trainer.heldout[0], rewards=[0.0, 1.0, 1.0, 0.0])
+        renamed = dataclasses.replace(on_heldout, task=regenerate(shifted(trainer.heldout[0].id, 7)))
+        assert trainer.update([on_heldout, renamed], [])[1] == 0
+        assert all(torch.equal(before[k], v) for k, v in weights(trainer).items())
+        elsewhere = dataclasses.replace(on_heldout, task=own[1].task)
+        assert trainer.update([elsewhere], [])[1] == 1  # the same group on a training task
 
 
 def test_replays_memory_keeps_token_ids_as_4_byte_arrays(quick_model: Path, tmp_path: Path) -> None:
