@@ -369,8 +369,11 @@ class GossipDriver:
             return
         round_index = self.core.current_round(now)
         groups = verdict.groups
-        # Re-tokenizing peer text is work too: off the loop, in the admission thread.
-        converted = await self.intake.call(lambda: [self.convert(admitted) for admitted in groups])
+        # Re-tokenizing peer text is work too: off the loop, in the admission thread, charged to the
+        # envelope's signer and deliverer as its admit was.
+        converted = await self.intake.call_as(
+            lambda: [self.convert(admitted) for admitted in groups], signer=verdict.sender, via=action.peer
+        )
         for admitted, scored in zip(groups, converted, strict=True):
             self.metrics.inc("groups_accepted", "External groups admitted")
             self.pool.add(scored, round_index)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -473,6 +474,39 @@ def test_the_next_envelope_judged_is_from_the_peer_that_used_the_least_admission
     run_then_close(intake, scenario)
     last_honest = max(i for i, via in enumerate(pipeline.judged) if via == "honest")
     assert pipeline.judged[: last_honest + 1].count("mallory") <= 2  # round-robin: 6
+
+
+class ChargingPipeline(BurningPipeline):
+    """A ``BurningPipeline`` that adds up the admission CPU charged to each party."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.charged: Counter[str] = Counter()
+
+    def charge_cpu(self, signer: str | None, via: str | None, seconds: float, now: float) -> None:
+        for party in {signer, via} - {None}:
+            self.charged[str(party)] += seconds
+
+
+def test_work_an_admitted_envelope_makes_us_do_waits_with_its_deliverers_and_is_charged_to_it() -> None:
+    # Red team rt63 F2: rendering an admitted batch's groups for training ran first in line and
+    # charged to no one, 4.7x the admit's own CPU (11.8x under a long system prompt).
+    pipeline = ChargingPipeline()
+    intake = Intake(pipeline)  # type: ignore[arg-type]
+
+    def render() -> None:
+        pipeline.admit(b"0.02", 0.0, via="mallory")  # 20 ms of CPU, logged as mallory's
+
+    async def scenario() -> None:
+        costly = [intake.call_as(render, signer="mallory-signer", via="mallory") for _ in range(6)]
+        cheap = [intake.judge(b"0.0", via="honest", solicited=True) for _ in range(6)]
+        await asyncio.gather(*costly, *cheap)
+
+    run_then_close(intake, scenario)
+    last_honest = max(i for i, via in enumerate(pipeline.judged) if via == "honest")
+    assert pipeline.judged[: last_honest + 1].count("mallory") <= 2  # first in line: all 6
+    assert pipeline.charged["mallory"] >= 0.12 and pipeline.charged["mallory-signer"] >= 0.12
+    assert intake.cpu_seconds >= 0.12
 
 
 def test_an_envelope_that_waits_past_max_wait_is_given_up_and_never_judged() -> None:

@@ -358,3 +358,40 @@ def test_the_drivers_admission_queue_holds_all_the_core_may_hand_it() -> None:
         assert driver.intake.max_wait is not None and driver.intake.max_wait < config.admission_timeout
     finally:
         driver.intake.close()
+
+
+def test_the_driver_charges_rendering_an_admitted_batch_to_its_signer_and_deliverer() -> None:
+    # Red team rt63 F2: turning an admitted batch's groups into training groups (rendering the
+    # prompt, tokenizing) ran in the admission thread first in line and charged to no one: 4.7x
+    # the admit's own CPU on the chat model, 11.8x under a 4,096-character system prompt.
+    import asyncio
+    import time
+    from types import SimpleNamespace
+
+    from swarmnode.admit.intake import Intake
+    from swarmnode.gossip.driver import GossipDriver
+    from swarmnode.net.hivemind_runtime import HivemindRuntime
+    from swarmnode.ops.metrics import Metrics
+
+    admission = vectors_receiver()
+    rendering = 0.3  # seconds of CPU a group takes to render, far more than its admit
+
+    def convert(admitted: object) -> ScoredGroup:
+        deadline = time.thread_time() + rendering
+        while time.thread_time() < deadline:
+            pass
+        return cast(ScoredGroup, SimpleNamespace(source=ALICE.peer_id, rewards=[1.0, 0.0]))
+
+    core = GossipCore(GossipConfig(), "me")
+    runtime = cast(HivemindRuntime, None)  # not touched: no pull, no announcement
+    intake = Intake(admission, clock=lambda: T0)  # the vectors' receiver judges at T0
+    driver = GossipDriver(core, runtime, admission, ExternalPool(), convert, Metrics(), "s", intake=intake)
+    data = batch_bytes()
+    try:
+        asyncio.run(driver._admit(Admit("relay", envelope_digest(data), data)))
+    finally:
+        intake.close()
+    assert len(driver.pool) == 1  # admitted, and rendered
+    for party in (ALICE.peer_id, "relay"):
+        level = admission.cpu.level(party)
+        assert level is not None and level <= vectors.CPU_INITIAL - rendering, party
