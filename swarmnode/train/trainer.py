@@ -482,10 +482,17 @@ class Trainer:
 
     def update_capabilities(self, own: Sequence[ScoredGroup], external: Sequence[ScoredGroup]) -> None:
         """One capability sample per agent per step (ALGORITHMS.md §3.1), each the mean of rewards
-        *our* verifier gave that agent's groups this step: a peer's claimed batch mean is never used."""
+        *our* verifier gave that agent's groups this step: a peer's claimed batch mean is never used.
+
+        A peer's groups count on the prompts we answered this step only, the question batch every
+        HACPO agent answers: counted over all it sent, 60 all-correct groups on other prompts, never
+        trained on, raised an identity's capability from 0.375 to 0.961 and the weight of its
+        trained rows 2.56x (red team rt63 F5)."""
+        ours = {g.task.id.key() for g in own}
         by_source: dict[str, list[float]] = {}
         for g in external:
-            by_source.setdefault(g.source, []).extend(g.rewards)
+            if g.task.id.key() in ours:
+                by_source.setdefault(g.source, []).extend(g.rewards)
         if own:
             by_source[self.node_id] = [r for g in own for r in g.rewards]
         for source, rewards in by_source.items():

@@ -334,6 +334,23 @@ def test_hacpo_mixing_trains_on_external_groups(quick_model: Path, tmp_path: Pat
         assert any(not torch.equal(before[k], v) for k, v in weights(trainer).items())
 
 
+def test_hacpo_counts_a_peers_capability_on_the_prompts_we_answered_only(
+    quick_model: Path, tmp_path: Path
+) -> None:
+    # Red team rt63 F5: padded with 60 all-correct groups on other prompts (never trained on), an
+    # identity's capability rose from 0.375 to 0.961, and with it the weight of its trained rows.
+    with rule_trainer(quick_model, tmp_path, "hacpo", 4, 4) as (trainer, own):
+        elsewhere = regenerate(dataclasses.replace(own[0].task.id, seed=own[0].task.id.seed + 10**6))
+        assert all(g.task.id.key() != elsewhere.id.key() for g in own)
+        ours = [relabelled(g, [1.0, 0.0, 0.0, 0.0]) for g in own[:2]]
+        padding = [
+            dataclasses.replace(relabelled(own[0], [1.0] * 4), task=elsewhere, texts=[f"{i}"] * 4)
+            for i in range(60)
+        ]
+        trainer.update(own, [*ours, *padding])
+        assert trainer.capabilities.capability("peer") == pytest.approx(0.25)
+
+
 def test_own_groups_older_than_the_policy_train_with_m2po_and_fresh_ones_do_not(
     quick_model: Path, tmp_path: Path
 ) -> None:
