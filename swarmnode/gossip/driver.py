@@ -367,13 +367,15 @@ class GossipDriver:
             if verdict.sender is not None:
                 self._senders.refused(verdict.sender, now)
             return
-        round_index = self.core.current_round(now)
         groups = verdict.groups
         # Re-tokenizing peer text is work too: off the loop, in the admission thread, charged to the
         # envelope's signer and deliverer as its admit was.
         converted = await self.intake.call_as(
             lambda: [self.convert(admitted) for admitted in groups], signer=verdict.sender, via=action.peer
         )
+        # The round it joins the pool in is the one it is ready in: it waited in its deliverer's
+        # turn of the queue (red team rt64 F2).
+        round_index = self.core.current_round(time.time())
         for admitted, scored in zip(groups, converted, strict=True):
             self.metrics.inc("groups_accepted", "External groups admitted")
             self.pool.add(scored, round_index)

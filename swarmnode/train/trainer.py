@@ -484,20 +484,27 @@ class Trainer:
         """One capability sample per agent per step (ALGORITHMS.md §3.1), each the mean of rewards
         *our* verifier gave that agent's groups this step: a peer's claimed batch mean is never used.
 
-        A peer's groups count on the prompts we answered this step only, the question batch every
-        HACPO agent answers: counted over all it sent, 60 all-correct groups on other prompts, never
-        trained on, raised an identity's capability from 0.375 to 0.961 and the weight of its
-        trained rows 2.56x (red team rt63 F5)."""
-        ours = {g.task.id.key() for g in own}
-        by_source: dict[str, list[float]] = {}
+        A peer's sample is over the question batch every HACPO agent answers, the prompts we
+        answered this step: its first group on each, a prompt it sent none on counting 0. Counted
+        over all it sent, 60 solved groups on other prompts raised an identity's capability from
+        0.375 to 0.961 and its rows' weight 2.56x (red team rt63 F5); 60 copies of one solved
+        group on one of our prompts, 0.25 to 0.98 and 3.9x (rt64 F1); sending only the prompts
+        it solves would raise it as well."""
+        if not own:
+            return
+        size = self.config.rollout.group_size
+        prompts = {g.task.id.key() for g in own}
+        firsts: dict[str, dict[str, Sequence[float]]] = {}
         for g in external:
-            if g.task.id.key() in ours:
-                by_source.setdefault(g.source, []).extend(g.rewards)
-        if own:
-            by_source[self.node_id] = [r for g in own for r in g.rewards]
-        for source, rewards in by_source.items():
-            if rewards:
-                self.capabilities.update(source, sum(rewards) / len(rewards))
+            key = g.task.id.key()
+            if key in prompts and g.rewards:
+                firsts.setdefault(g.source, {}).setdefault(key, g.first(size).rewards)
+        for source, answered in firsts.items():
+            rates = [sum(rewards) / len(rewards) for rewards in answered.values()]
+            self.capabilities.update(source, sum(rates) / len(prompts))
+        own_rewards = [r for g in own for r in g.rewards]
+        if own_rewards:
+            self.capabilities.update(self.node_id, sum(own_rewards) / len(own_rewards))
 
     def _old_logprobs(self, groups: Sequence[ScoredGroup], current: torch.Tensor) -> torch.Tensor:
         """Behaviour log-probs per token: the generator's for own groups; ours (before the update) for

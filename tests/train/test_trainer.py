@@ -324,7 +324,7 @@ def test_hacpo_mixing_trains_on_external_groups(quick_model: Path, tmp_path: Pat
         own, _, _ = trainer.generate_groups(1)
         external = [
             relabelled(g, [1.0, 1.0, 0.0, 0.0], source_mean_logprobs=[-0.5] * 4, source_reward_mean=0.99)
-            for g in own[:2]
+            for g in own  # the peer answers our prompts, as every HACPO agent does
         ]
         before = weights(trainer)
         metrics = trainer.train_round(own, external)
@@ -334,21 +334,27 @@ def test_hacpo_mixing_trains_on_external_groups(quick_model: Path, tmp_path: Pat
         assert any(not torch.equal(before[k], v) for k, v in weights(trainer).items())
 
 
-def test_hacpo_counts_a_peers_capability_on_the_prompts_we_answered_only(
+def test_hacpo_counts_a_peers_capability_over_our_prompts_one_group_each(
     quick_model: Path, tmp_path: Path
 ) -> None:
     # Red team rt63 F5: padded with 60 all-correct groups on other prompts (never trained on), an
-    # identity's capability rose from 0.375 to 0.961, and with it the weight of its trained rows.
+    # identity's capability rose from 0.375 to 0.961, and with it the weight of its trained rows;
+    # rt64 F1: padded with 60 copies of a solved group on one of our prompts, from 0.25 to 0.98.
     with rule_trainer(quick_model, tmp_path, "hacpo", 4, 4) as (trainer, own):
         elsewhere = regenerate(dataclasses.replace(own[0].task.id, seed=own[0].task.id.seed + 10**6))
         assert all(g.task.id.key() != elsewhere.id.key() for g in own)
-        ours = [relabelled(g, [1.0, 0.0, 0.0, 0.0]) for g in own[:2]]
+        answers = [relabelled(g, [1.0, 0.0, 0.0, 0.0]) for g in own[:2]]  # 2 of our 8 prompts
+        solved = relabelled(own[0], [1.0] * 4)
         padding = [
-            dataclasses.replace(relabelled(own[0], [1.0] * 4), task=elsewhere, texts=[f"{i}"] * 4)
-            for i in range(60)
+            *(dataclasses.replace(solved, task=elsewhere, texts=[f"{i}"] * 4) for i in range(60)),
+            *(dataclasses.replace(solved, texts=[f"copy {i}"] * 4) for i in range(60)),
         ]
-        trainer.update(own, [*ours, *padding])
-        assert trainer.capabilities.capability("peer") == pytest.approx(0.25)
+        trainer.update(own, [*answers, *padding])
+        # 0.25 on each of two prompts, nothing on six: (0.25 + 0.25) / 8; its copies count once
+        assert len(own) == 8
+        assert trainer.capabilities.capability("peer") == pytest.approx(0.0625)
+        trainer.update(own, [relabelled(g, [1.0, 1.0, 0.0, 0.0]) for g in own])
+        assert trainer.capabilities.capability("peer") > 0.0625  # a full answer raises it
 
 
 def test_own_groups_older_than_the_policy_train_with_m2po_and_fresh_ones_do_not(
