@@ -84,6 +84,14 @@ def _widen(rows: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(rows, (0, width - rows.shape[1]))
 
 
+def hacpo_candidates(own: Sequence[ScoredGroup], external: Sequence[ScoredGroup]) -> list[ScoredGroup]:
+    """The external groups HACPO may train on beside ``own``: each with signal, or on a task we
+    answered (a peer's all-correct group beside our all-wrong one is exactly the cross-agent
+    signal HACPO uses), tasks compared by entry key (SPEC 4.1a)."""
+    ours = {g.task.id.entry_key() for g in own}
+    return [g for g in external if not zero_advantage(g.rewards) or g.task.id.entry_key() in ours]
+
+
 def source_of(group: ScoredGroup) -> str:
     """Who sent ``group`` ("local" for our own): external groups are drawn fairly over senders
     (``learn.sapo.fair_sample``; red team rt63 F1)."""
@@ -425,8 +433,7 @@ class Trainer:
         # HACPO: every own group, and up to J external groups whose *joint* group (with ours on the
         # same prompt) can have signal: a peer's all-correct group beside our all-wrong one is
         # exactly the cross-agent signal HACPO uses. Drawn fairly over senders, as SAPO's.
-        own_keys = {g.task.id.key() for g in own}
-        ext_ok = [g for g in external if not zero_advantage(g.rewards) or g.task.id.key() in own_keys]
+        ext_ok = hacpo_candidates(own, external)
         return list(own), fair_sample(ext_ok, swarm.external_groups, source_of, self.mixing_rng)
 
     def _external_advantages(self, group: ScoredGroup) -> list[float]:
@@ -443,16 +450,16 @@ class Trainer:
         swarm = self.config.swarm
         ours: dict[str, list[ScoredGroup]] = {}
         for g in own:
-            ours.setdefault(g.task.id.key(), []).append(g)
+            ours.setdefault(g.task.id.entry_key(), []).append(g)
 
         def joint_rewards(g: ScoredGroup) -> list[float]:
-            return [*g.rewards, *(r for o in ours.get(g.task.id.key(), []) for r in o.rewards)]
+            return [*g.rewards, *(r for o in ours.get(g.task.id.entry_key(), []) for r in o.rewards)]
 
         candidates = [g for g in external if not zero_advantage(joint_rewards(g))]
         ext = fair_sample(candidates, swarm.external_groups, source_of, self.mixing_rng)
-        keys = {g.task.id.key() for g in ext}
-        paired = [g for g in own if g.task.id.key() in keys][: swarm.local_groups]
-        rest = [g for g in own if g.task.id.key() not in keys and not zero_advantage(g.rewards)]
+        keys = {g.task.id.entry_key() for g in ext}
+        paired = [g for g in own if g.task.id.entry_key() in keys][: swarm.local_groups]
+        rest = [g for g in own if g.task.id.entry_key() not in keys and not zero_advantage(g.rewards)]
         local = paired + self.mixing_rng.sample(rest, min(swarm.local_groups - len(paired), len(rest)))
         return local, ext
 
@@ -462,7 +469,7 @@ class Trainer:
             groups = [*local, *ext]
             scale = "group" if self.config.learn.scale_rewards == "batch" else self.config.learn.scale_rewards
             values = joint_advantages(
-                [g.rewards for g in groups], [g.task.id.key() for g in groups], scale=scale
+                [g.rewards for g in groups], [g.task.id.entry_key() for g in groups], scale=scale
             )
             return torch.tensor([a for row in values for a in row], dtype=torch.float32)
         foreign = [a for g in ext for a in self._external_advantages(g)]
@@ -484,27 +491,30 @@ class Trainer:
         """One capability sample per agent per step (ALGORITHMS.md §3.1), each the mean of rewards
         *our* verifier gave that agent's groups this step: a peer's claimed batch mean is never used.
 
-        A peer's sample is over the question batch every HACPO agent answers, the prompts we
-        answered this step: its first group on each, a prompt it sent none on counting 0. Counted
-        over all it sent, 60 solved groups on other prompts raised an identity's capability from
-        0.375 to 0.961 and its rows' weight 2.56x (red team rt63 F5); 60 copies of one solved
-        group on one of our prompts, 0.25 to 0.98 and 3.9x (rt64 F1); sending only the prompts
-        it solves would raise it as well."""
-        if not own:
-            return
+        A peer's sample is over the groups of it HACPO could train on this step
+        (``hacpo_candidates``: with signal, or on a prompt we answered), its first on each task
+        (entry key): every peer it could weigh gets a fresh sample each step, whatever prompts it
+        answers (one answering fewer prompts than we do is not marked down for those it did not
+        get), and what it sends beside them does not count. Counted over all it sent, 60 solved
+        groups on other prompts raised an identity's capability from 0.375 to 0.961 and its rows'
+        weight 2.56x (red team rt63 F5); counted per group, 60 copies of one solved group on one
+        of our prompts, 0.25 to 0.98 (rt64 F1); sampled on our prompts only, a peer sending its
+        groups under other ids of our questions kept no sample, or an old one (rt65 F1).
+
+        What stays open is in the task, not the rule: a reasoning-gym answer is computable from
+        its task id, so any peer can answer every prompt correctly and show capability 1.0; the
+        tracker's clamp (``ratio_max``) bounds how much more than ours its rows then weigh."""
+        if own:
+            rewards = [r for g in own for r in g.rewards]
+            self.capabilities.update(self.node_id, sum(rewards) / len(rewards))
         size = self.config.rollout.group_size
-        prompts = {g.task.id.key() for g in own}
         firsts: dict[str, dict[str, Sequence[float]]] = {}
-        for g in external:
-            key = g.task.id.key()
-            if key in prompts and g.rewards:
-                firsts.setdefault(g.source, {}).setdefault(key, g.first(size).rewards)
-        for source, answered in firsts.items():
-            rates = [sum(rewards) / len(rewards) for rewards in answered.values()]
-            self.capabilities.update(source, sum(rates) / len(prompts))
-        own_rewards = [r for g in own for r in g.rewards]
-        if own_rewards:
-            self.capabilities.update(self.node_id, sum(own_rewards) / len(own_rewards))
+        for g in hacpo_candidates(own, distinct([g.first(size) for g in external])):  # as choose_groups
+            firsts.setdefault(g.source, {}).setdefault(g.task.id.entry_key(), g.rewards)
+        for source, by_task in firsts.items():
+            rewards = [r for group in by_task.values() for r in group]
+            if rewards:
+                self.capabilities.update(source, sum(rewards) / len(rewards))
 
     def _old_logprobs(self, groups: Sequence[ScoredGroup], current: torch.Tensor) -> torch.Tensor:
         """Behaviour log-probs per token: the generator's for own groups; ours (before the update) for
@@ -750,7 +760,7 @@ class Trainer:
         joint: dict[str, list[int]] = {}
         offset = 0
         for g in groups:
-            joint.setdefault(g.task.id.key(), []).extend(range(offset, offset + g.size))
+            joint.setdefault(g.task.id.entry_key(), []).extend(range(offset, offset + g.size))
             offset += g.size
         rewards = torch.tensor([r for g in groups for r in g.rewards], dtype=torch.float32)
         for rows in joint.values():

@@ -334,27 +334,43 @@ def test_hacpo_mixing_trains_on_external_groups(quick_model: Path, tmp_path: Pat
         assert any(not torch.equal(before[k], v) for k, v in weights(trainer).items())
 
 
-def test_hacpo_counts_a_peers_capability_over_our_prompts_one_group_each(
+def test_hacpo_samples_each_peers_capability_over_the_groups_it_could_train_on_one_per_task(
     quick_model: Path, tmp_path: Path
 ) -> None:
-    # Red team rt63 F5: padded with 60 all-correct groups on other prompts (never trained on), an
-    # identity's capability rose from 0.375 to 0.961, and with it the weight of its trained rows;
-    # rt64 F1: padded with 60 copies of a solved group on one of our prompts, from 0.25 to 0.98.
+    # Red teams rt63 F5 (60 solved groups on other prompts: 0.375 -> 0.961), rt64 F1 (60 copies of
+    # a solved group on one of our prompts: 0.25 -> 0.98), rt65 F1 (groups only under other ids of
+    # our questions: no sample, or a stale one) and F2 (a peer answering 4 of our 8 prompts, 0.75,
+    # was counted 0.375).
     with rule_trainer(quick_model, tmp_path, "hacpo", 4, 4) as (trainer, own):
+
+        def sent(source: str, groups: list[ScoredGroup], rewards: list[float]) -> list[ScoredGroup]:
+            return [
+                dataclasses.replace(relabelled(g, rewards), source=source, texts=[source] * g.size)
+                for g in groups  # each sender's own text: distinct() keeps one copy of a text
+            ]
+
         elsewhere = regenerate(dataclasses.replace(own[0].task.id, seed=own[0].task.id.seed + 10**6))
-        assert all(g.task.id.key() != elsewhere.id.key() for g in own)
-        answers = [relabelled(g, [1.0, 0.0, 0.0, 0.0]) for g in own[:2]]  # 2 of our 8 prompts
-        solved = relabelled(own[0], [1.0] * 4)
-        padding = [
+        assert all(g.task.id.entry_key() != elsewhere.id.entry_key() for g in own)
+        solved = sent("padder", own[:1], [1.0] * 4)[0]
+        padder = [
+            *sent("padder", own[:2], [1.0, 0.0, 0.0, 0.0]),
             *(dataclasses.replace(solved, task=elsewhere, texts=[f"{i}"] * 4) for i in range(60)),
             *(dataclasses.replace(solved, texts=[f"copy {i}"] * 4) for i in range(60)),
         ]
-        trainer.update(own, [*answers, *padding])
-        # 0.25 on each of two prompts, nothing on six: (0.25 + 0.25) / 8; its copies count once
-        assert len(own) == 8
-        assert trainer.capabilities.capability("peer") == pytest.approx(0.0625)
-        trainer.update(own, [relabelled(g, [1.0, 1.0, 0.0, 0.0]) for g in own])
-        assert trainer.capabilities.capability("peer") > 0.0625  # a full answer raises it
+        aliases = [dataclasses.replace(g, task=regenerate(shifted(g.task.id, 3))) for g in own]
+        dodger = sent("dodger", aliases, [1.0, 0.0, 0.0, 0.0])
+        fewer = sent("fewer", own[:4], [1.0, 1.0, 1.0, 0.0])
+        trainer.update(own, [*padder, *dodger, *fewer])
+        capability = trainer.capabilities.capability
+        assert capability("padder") == pytest.approx(0.25)  # its copies and padding count nothing
+        assert capability("dodger") == pytest.approx(0.25)  # sampled under any id of our questions
+        assert capability("fewer") == pytest.approx(0.75)  # not marked down for prompts it lacks
+        # A perfect round, then weak groups under other ids: each step samples it again.
+        trainer.update(own, sent("sticky", own, [1.0] * 4))
+        assert capability("sticky") == pytest.approx(1.0)
+        trainer.update(own, sent("sticky", aliases, [1.0, 0.0, 0.0, 0.0]))
+        after = capability("sticky")
+        assert after is not None and after < 1.0
 
 
 def test_own_groups_older_than_the_policy_train_with_m2po_and_fresh_ones_do_not(
