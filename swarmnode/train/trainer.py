@@ -487,32 +487,33 @@ class Trainer:
         ]
         return torch.cat(parts) if parts else torch.zeros(0)
 
-    def update_capabilities(self, own: Sequence[ScoredGroup], external: Sequence[ScoredGroup]) -> None:
+    def update_capabilities(self, own: Sequence[ScoredGroup], trained: Sequence[ScoredGroup]) -> None:
         """One capability sample per agent per step (ALGORITHMS.md §3.1), each the mean of rewards
         *our* verifier gave that agent's groups this step: a peer's claimed batch mean is never used.
 
-        A peer's sample is over the groups of it HACPO could train on this step
-        (``hacpo_candidates``: with signal, or on a prompt we answered), its first on each task
-        (entry key): every peer it could weigh gets a fresh sample each step, whatever prompts it
-        answers (one answering fewer prompts than we do is not marked down for those it did not
-        get), and what it sends beside them does not count. Counted over all it sent, 60 solved
-        groups on other prompts raised an identity's capability from 0.375 to 0.961 and its rows'
-        weight 2.56x (red team rt63 F5); counted per group, 60 copies of one solved group on one
-        of our prompts, 0.25 to 0.98 (rt64 F1); sampled on our prompts only, a peer sending its
-        groups under other ids of our questions kept no sample, or an old one (rt65 F1).
+        A peer's sample is over the groups of it this step trains on (``trained``: HACPO's J
+        external groups), so the weight of its rows follows how correct the rows we train of it
+        are. Counted over other groups, a peer raised the weight of its trained rows with groups
+        we never train on: 60 solved groups on other prompts took an identity's capability from
+        0.375 to 0.961 (red team rt63 F5), 60 copies of one solved group on one of our prompts
+        0.25 to 0.98 (rt64 F1), a solved group sent first on each task beside weak ones trained
+        in its place 1.0 for rows of 0.349 (rt66 F1); sampled on our prompts only, a peer
+        sending under other ids of our questions kept no sample or an old one, and one answering
+        fewer prompts than we do was marked down (rt65 F1, F2). A peer with no group trained this
+        step keeps its samples so far.
 
-        What stays open is in the task, not the rule: a reasoning-gym answer is computable from
-        its task id, so any peer can answer every prompt correctly and show capability 1.0; the
-        tracker's clamp (``ratio_max``) bounds how much more than ours its rows then weigh."""
+        What stays open is in the task and the estimate, not the rule: a reasoning-gym answer is
+        computable from its task id, so any peer can answer correctly and show capability 1.0
+        (the tracker's clamp, ``ratio_max``, bounds how much more than ours its rows then weigh);
+        and only groups with signal, or on our prompts, are trained, so a peer off our prompts
+        (late, or a round apart) is estimated from those (rt66 F3: at a true 0.1, 0.29)."""
         if own:
             rewards = [r for g in own for r in g.rewards]
             self.capabilities.update(self.node_id, sum(rewards) / len(rewards))
-        size = self.config.rollout.group_size
-        firsts: dict[str, dict[str, Sequence[float]]] = {}
-        for g in hacpo_candidates(own, distinct([g.first(size) for g in external])):  # as choose_groups
-            firsts.setdefault(g.source, {}).setdefault(g.task.id.entry_key(), g.rewards)
-        for source, by_task in firsts.items():
-            rewards = [r for group in by_task.values() for r in group]
+        by_source: dict[str, list[float]] = {}
+        for g in trained:
+            by_source.setdefault(g.source, []).extend(g.rewards)
+        for source, rewards in by_source.items():
             if rewards:
                 self.capabilities.update(source, sum(rewards) / len(rewards))
 
@@ -546,14 +547,14 @@ class Trainer:
         left out of both (red team rt63 F3: a worker's group on one was trained on)."""
         own = [g for g in own if g.task.id.entry_key() not in self._heldout_keys]
         external = [g for g in external if g.task.id.entry_key() not in self._heldout_keys]
-        if self.config.swarm.mixing == "hacpo":
-            self.update_capabilities(own, external)
         if self.config.swarm.mixing in BASELINE_RULES:
             by_family: dict[str, list[float]] = {}
             for g in own:
                 by_family.setdefault(family_of(g.task), []).extend(g.rewards)
             self.family_baseline.update(by_family)  # b_f includes this round: our competence now
         local, ext = self.choose_groups(own, external)
+        if self.config.swarm.mixing == "hacpo":
+            self.update_capabilities(own, ext)  # what it trains on: its rows are weighed by them
         self.last_external_sources = dict(Counter(g.source for g in ext))
         replayed: list[ScoredGroup] = []
         if self.config.swarm.mixing == "replay":

@@ -6,11 +6,13 @@ import dataclasses
 import gc
 import logging
 import random
+import statistics
 import tracemalloc
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -334,43 +336,48 @@ def test_hacpo_mixing_trains_on_external_groups(quick_model: Path, tmp_path: Pat
         assert any(not torch.equal(before[k], v) for k, v in weights(trainer).items())
 
 
-def test_hacpo_samples_each_peers_capability_over_the_groups_it_could_train_on_one_per_task(
+def test_hacpo_samples_a_peers_capability_over_the_groups_of_it_the_step_trains_on(
     quick_model: Path, tmp_path: Path
 ) -> None:
-    # Red teams rt63 F5 (60 solved groups on other prompts: 0.375 -> 0.961), rt64 F1 (60 copies of
-    # a solved group on one of our prompts: 0.25 -> 0.98), rt65 F1 (groups only under other ids of
-    # our questions: no sample, or a stale one) and F2 (a peer answering 4 of our 8 prompts, 0.75,
-    # was counted 0.375).
-    with rule_trainer(quick_model, tmp_path, "hacpo", 4, 4) as (trainer, own):
+    # Red teams rt63 F5, rt64 F1, rt65 F1/F2, rt66 F1: counted over other groups than those
+    # trained, padding (solved groups elsewhere, copies, a solved group first beside weak ones)
+    # raised the weight of a peer's trained rows; sampled on our prompts only, peers sending
+    # under other ids of our questions, or answering fewer prompts, were mis-weighted.
+    with rule_trainer(quick_model, tmp_path, "hacpo", 4, 8) as (trainer, own):
 
         def sent(source: str, groups: list[ScoredGroup], rewards: list[float]) -> list[ScoredGroup]:
             return [
-                dataclasses.replace(relabelled(g, rewards), source=source, texts=[source] * g.size)
-                for g in groups  # each sender's own text: distinct() keeps one copy of a text
+                dataclasses.replace(relabelled(g, rewards), source=source, texts=[f"{source} {i}"] * g.size)
+                for i, g in enumerate(groups)  # each its own text: distinct() keeps one copy of a text
             ]
 
         elsewhere = regenerate(dataclasses.replace(own[0].task.id, seed=own[0].task.id.seed + 10**6))
-        assert all(g.task.id.entry_key() != elsewhere.id.entry_key() for g in own)
-        solved = sent("padder", own[:1], [1.0] * 4)[0]
-        padder = [
-            *sent("padder", own[:2], [1.0, 0.0, 0.0, 0.0]),
-            *(dataclasses.replace(solved, task=elsewhere, texts=[f"{i}"] * 4) for i in range(60)),
-            *(dataclasses.replace(solved, texts=[f"copy {i}"] * 4) for i in range(60)),
-        ]
         aliases = [dataclasses.replace(g, task=regenerate(shifted(g.task.id, 3))) for g in own]
+        gamer = [
+            *sent("gamer", [dataclasses.replace(own[0], task=elsewhere)] * 30, [1.0] * 4),  # never trained
+            *sent("gamer", own, [1.0] * 4),  # a solved group first on each of our tasks...
+            *sent("gamer", own * 3, [1.0, 0.0, 0.0, 0.0]),  # ...then weak ones on them
+        ]
         dodger = sent("dodger", aliases, [1.0, 0.0, 0.0, 0.0])
         fewer = sent("fewer", own[:4], [1.0, 1.0, 1.0, 0.0])
-        trainer.update(own, [*padder, *dodger, *fewer])
-        capability = trainer.capabilities.capability
-        assert capability("padder") == pytest.approx(0.25)  # its copies and padding count nothing
-        assert capability("dodger") == pytest.approx(0.25)  # sampled under any id of our questions
-        assert capability("fewer") == pytest.approx(0.75)  # not marked down for prompts it lacks
-        # A perfect round, then weak groups under other ids: each step samples it again.
-        trainer.update(own, sent("sticky", own, [1.0] * 4))
-        assert capability("sticky") == pytest.approx(1.0)
-        trainer.update(own, sent("sticky", aliases, [1.0, 0.0, 0.0, 0.0]))
-        after = capability("sticky")
-        assert after is not None and after < 1.0
+        chosen: list[ScoredGroup] = []
+        choose = trainer.choose_groups
+
+        def recording(own: Sequence[ScoredGroup], external: Sequence[ScoredGroup]) -> Any:
+            local, ext = choose(own, external)
+            chosen[:] = ext
+            return local, ext
+
+        trainer.choose_groups = recording  # type: ignore[method-assign]
+        trainer.update(own, [*gamer, *dodger, *fewer])
+        by_source: dict[str, list[float]] = {}
+        for g in chosen:
+            by_source.setdefault(g.source, []).extend(g.rewards)
+        assert set(by_source) == {"gamer", "dodger", "fewer"}  # each has groups trained
+        for source, rewards in by_source.items():
+            assert trainer.capabilities.capability(source) == pytest.approx(statistics.fmean(rewards)), source
+        assert trainer.capabilities.capability("fewer") == pytest.approx(0.75)
+        assert trainer.capabilities.capability("dodger") == pytest.approx(0.25)
 
 
 def test_own_groups_older_than_the_policy_train_with_m2po_and_fresh_ones_do_not(
