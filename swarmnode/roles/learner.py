@@ -450,9 +450,16 @@ class LearnerNode:
             return reply
         assert isinstance(verdict, Accepted)
         max_new = self.config.rollout.max_new_tokens
+        size = self.config.rollout.group_size
+        policy = self.trainer.policy
         try:
-            size = self.config.rollout.group_size
-            groups = [from_worker(a, self.trainer.policy, max_new, size) for a in verdict.groups]
+            # Checking and decoding its tokens is work the batch makes us do: in the admission
+            # thread, charged to the worker as its admit was (red team rt67 F2: on the loop, free).
+            groups = await self.intake.call_as(
+                lambda: [from_worker(a, policy, max_new, size) for a in verdict.groups],
+                signer=verdict.sender,
+                via=sender,
+            )
         except WorkerDataError as e:
             self.intake.submit(lambda: self.admission.penalize(sender, RejectReason.INVALID_PAYLOAD, now))
             self.metrics.inc("worker_batches_refused", "Worker batches refused", reason="bad_tokens")

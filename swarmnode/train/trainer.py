@@ -85,11 +85,15 @@ def _widen(rows: torch.Tensor, width: int) -> torch.Tensor:
 
 
 def hacpo_candidates(own: Sequence[ScoredGroup], external: Sequence[ScoredGroup]) -> list[ScoredGroup]:
-    """The external groups HACPO may train on beside ``own``: each with signal, or on a task we
-    answered (a peer's all-correct group beside our all-wrong one is exactly the cross-agent
-    signal HACPO uses), tasks compared by entry key (SPEC 4.1a)."""
-    ours = {g.task.id.entry_key() for g in own}
-    return [g for g in external if not zero_advantage(g.rewards) or g.task.id.entry_key() in ours]
+    """The external groups HACPO may train on beside ``own``: those whose joint group (with ours
+    on the same task, by entry key: SPEC 4.1a) has signal. A peer's all-correct group beside our
+    all-wrong one is exactly the cross-agent signal HACPO uses; one beside our all-correct group
+    trains nothing, and took a place (32% of them on honest traffic) and counted in its sender's
+    capability (red team rt67 F1: its other rows weighed 3.4x an honest peer's same rows)."""
+    ours: dict[str, list[float]] = {}
+    for g in own:
+        ours.setdefault(g.task.id.entry_key(), []).extend(g.rewards)
+    return [g for g in external if not zero_advantage([*g.rewards, *ours.get(g.task.id.entry_key(), [])])]
 
 
 def source_of(group: ScoredGroup) -> str:
@@ -505,8 +509,10 @@ class Trainer:
         What stays open is in the task and the estimate, not the rule: a reasoning-gym answer is
         computable from its task id, so any peer can answer correctly and show capability 1.0
         (the tracker's clamp, ``ratio_max``, bounds how much more than ours its rows then weigh);
-        and only groups with signal, or on our prompts, are trained, so a peer off our prompts
-        (late, or a round apart) is estimated from those (rt66 F3: at a true 0.1, 0.29)."""
+        and only groups whose joint group with ours has signal are trained (``hacpo_candidates``),
+        so a peer is estimated from those: one off our prompts (late, or a round apart) from its
+        groups with signal (rt66 F3: at a true 0.1, 0.29), a strong one without its solved groups
+        beside our solved ones (rt67 F1's fix: 0.75 estimated 0.48)."""
         if own:
             rewards = [r for g in own for r in g.rewards]
             self.capabilities.update(self.node_id, sum(rewards) / len(rewards))

@@ -336,6 +336,27 @@ def test_hacpo_mixing_trains_on_external_groups(quick_model: Path, tmp_path: Pat
         assert any(not torch.equal(before[k], v) for k, v in weights(trainer).items())
 
 
+def test_hacpo_takes_no_external_group_whose_joint_group_with_ours_has_no_signal(
+    quick_model: Path, tmp_path: Path
+) -> None:
+    # Red team rt67 F1: a peer's solved group beside our solved group trains nothing, yet took a
+    # place (32% of them on honest traffic) and counted in its sender's capability (its other
+    # rows then weighed 3.4x an honest peer's same rows).
+    with rule_trainer(quick_model, tmp_path, "hacpo", 4, 8) as (trainer, own):
+        solved, failed = (
+            dataclasses.replace(own[0], rewards=[1.0] * 4),
+            dataclasses.replace(own[1], rewards=[0.0] * 4),
+        )
+        beside_solved = dataclasses.replace(relabelled(solved, [1.0] * 4), texts=["a"] * 4)
+        beside_failed = dataclasses.replace(relabelled(failed, [1.0] * 4), texts=["b"] * 4)
+        elsewhere = regenerate(dataclasses.replace(own[0].task.id, seed=own[0].task.id.seed + 10**6))
+        mixed_elsewhere = dataclasses.replace(relabelled(solved, [1.0, 0.0, 0.0, 0.0]), task=elsewhere)
+        _, ext = trainer.choose_groups([solved, failed], [beside_solved, beside_failed, mixed_elsewhere])
+        assert sorted(g.texts[0] for g in ext) == sorted(["b", mixed_elsewhere.texts[0]])
+        trainer.update([solved, failed], [beside_solved])
+        assert trainer.capabilities.capability("peer") is None  # nothing of it trained: no sample
+
+
 def test_hacpo_samples_a_peers_capability_over_the_groups_of_it_the_step_trains_on(
     quick_model: Path, tmp_path: Path
 ) -> None:

@@ -55,6 +55,21 @@ def learner(tmp_path: Path, held: list[int]) -> LearnerNode:
     return node
 
 
+def stub_intake(verdict: Accepted) -> tuple[Any, list[tuple[str | None, str | None]]]:
+    """An intake that accepts with ``verdict``, runs ``call_as`` work at once, and notes whom
+    each such job was charged to (signer, deliverer)."""
+    charged: list[tuple[str | None, str | None]] = []
+
+    async def judge(*args: Any, **kwargs: Any) -> Any:
+        return SimpleNamespace(verdict=verdict, banned_until=None)
+
+    async def call_as(fn: Any, *, signer: str | None, via: str | None) -> Any:
+        charged.append((signer, via))
+        return fn()
+
+    return SimpleNamespace(judge=judge, call_as=call_as), charged
+
+
 def batch_from(node: LearnerNode, version: int) -> Accepted:
     """A one-group batch, as admission accepts it: one EOS-ended completion per slot."""
     policy = node.trainer.policy
@@ -84,13 +99,12 @@ def test_a_group_of_a_version_the_learner_does_not_hold_is_refused_unchecked_and
     node = learner(tmp_path, held)
     node.offers[WORKER] = SimpleNamespace(peer_id=WORKER)  # type: ignore[assignment]
     accepted = batch_from(node, claimed)
-
-    async def judge(*args: Any, **kwargs: Any) -> Any:
-        return SimpleNamespace(verdict=accepted, banned_until=None)
-
-    node.intake = SimpleNamespace(judge=judge)  # type: ignore[assignment]
+    node.intake, charged = stub_intake(accepted)
     envelope = seal(load_or_create_identity(tmp_path / "worker.key"), accepted.message, to_ms(time.time()))
     asyncio.run(node._on_rollouts(WORKER, envelope, accepted.message))
+    # Its tokens were checked and decoded as the worker's work, charged to it (red team rt67 F2:
+    # on the event loop, charged to no one).
+    assert charged == [(WORKER, WORKER)]
     assert not node.queue  # never trained on
     assert node.completions_by_worker[WORKER] == 0 and node.cost_paid == 0.0  # nor paid
     assert not node.events  # nor counted as delivered (RolloutsReceived)
@@ -136,10 +150,7 @@ def test_a_version_retired_while_an_earlier_check_of_the_batch_ran_refuses_the_b
 
     node._timed = timed  # type: ignore[method-assign]
 
-    async def judge(*args: Any, **kwargs: Any) -> Any:
-        return SimpleNamespace(verdict=two, banned_until=None)
-
-    node.intake = SimpleNamespace(judge=judge)  # type: ignore[assignment]
+    node.intake, _ = stub_intake(two)
     envelope = seal(load_or_create_identity(tmp_path / "worker.key"), two.message, to_ms(time.time()))
     asyncio.run(node._on_rollouts(WORKER, envelope, two.message))
     assert scans == [4]  # the first group was checked; the second could no longer be
