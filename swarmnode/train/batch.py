@@ -122,11 +122,8 @@ def _completion_window(
     completion token (``len(prompt) - 1 + t``, clamped to ``positions - 1``) and the (B, T) mask."""
     width = max(max((len(c) for c in completion_ids), default=1), 1)
     starts = torch.tensor([len(p) - 1 for p in prompt_ids])
-    lengths = torch.tensor([len(c) for c in completion_ids])
-    offsets = torch.arange(width)
-    index = (starts.unsqueeze(1) + offsets.unsqueeze(0)).clamp(max=positions - 1)
-    mask = (offsets.unsqueeze(0) < lengths.unsqueeze(1)).float()
-    return index, mask
+    index = (starts.unsqueeze(1) + torch.arange(width).unsqueeze(0)).clamp(max=positions - 1)
+    return index, completion_mask(completion_ids)
 
 
 # ---------------------------------------------------------------------------------------------

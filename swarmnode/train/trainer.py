@@ -79,17 +79,13 @@ TRANSFER_RULES = (*BASELINE_RULES, "joint")
 ANCHORED_RULES = ("anchored", "replay")
 
 
-def _widen(rows: torch.Tensor, width: int) -> torch.Tensor:
-    """(R, t) log-probs right-padded with zeros to (R, width)."""
-    return torch.nn.functional.pad(rows, (0, width - rows.shape[1]))
-
-
-def hacpo_candidates(own: Sequence[ScoredGroup], external: Sequence[ScoredGroup]) -> list[ScoredGroup]:
-    """The external groups HACPO may train on beside ``own``: those whose joint group (with ours
-    on the same task, by entry key: SPEC 4.1a) has signal. A peer's all-correct group beside our
-    all-wrong one is exactly the cross-agent signal HACPO uses; one beside our all-correct group
-    trains nothing, and took a place (32% of them on honest traffic) and counted in its sender's
-    capability (red team rt67 F1: its other rows weighed 3.4x an honest peer's same rows)."""
+def with_joint_signal(own: Sequence[ScoredGroup], external: Sequence[ScoredGroup]) -> list[ScoredGroup]:
+    """The external groups whose joint group (with ours on the same task, by entry key: SPEC
+    4.1a) has signal: those HACPO and the joint rule may train on. A peer's all-correct group
+    beside our all-wrong one is exactly the cross-agent signal they use; one beside our
+    all-correct group trains nothing, and under HACPO took a place (32% of them on honest
+    traffic) and counted in its sender's capability (red team rt67 F1: its other rows weighed
+    3.4x an honest peer's same rows)."""
     ours: dict[str, list[float]] = {}
     for g in own:
         ours.setdefault(g.task.id.entry_key(), []).extend(g.rewards)
@@ -437,8 +433,8 @@ class Trainer:
         # HACPO: every own group, and up to J external groups whose *joint* group (with ours on the
         # same prompt) can have signal: a peer's all-correct group beside our all-wrong one is
         # exactly the cross-agent signal HACPO uses. Drawn fairly over senders, as SAPO's.
-        ext_ok = hacpo_candidates(own, external)
-        return list(own), fair_sample(ext_ok, swarm.external_groups, source_of, self.mixing_rng)
+        candidates = with_joint_signal(own, external)
+        return list(own), fair_sample(candidates, swarm.external_groups, source_of, self.mixing_rng)
 
     def _external_advantages(self, group: ScoredGroup) -> list[float]:
         """Advantages of an external group's completions under a baseline rule (learn.transfer)."""
@@ -452,15 +448,7 @@ class Trainer:
         """Joint rule (learn.transfer): J external groups among those whose joint rewards (with our
         groups on the same prompt) are not all equal; our groups on their prompts first among the I."""
         swarm = self.config.swarm
-        ours: dict[str, list[ScoredGroup]] = {}
-        for g in own:
-            ours.setdefault(g.task.id.entry_key(), []).append(g)
-
-        def joint_rewards(g: ScoredGroup) -> list[float]:
-            return [*g.rewards, *(r for o in ours.get(g.task.id.entry_key(), []) for r in o.rewards)]
-
-        candidates = [g for g in external if not zero_advantage(joint_rewards(g))]
-        ext = fair_sample(candidates, swarm.external_groups, source_of, self.mixing_rng)
+        ext = fair_sample(with_joint_signal(own, external), swarm.external_groups, source_of, self.mixing_rng)
         keys = {g.task.id.entry_key() for g in ext}
         paired = [g for g in own if g.task.id.entry_key() in keys][: swarm.local_groups]
         rest = [g for g in own if g.task.id.entry_key() not in keys and not zero_advantage(g.rewards)]
@@ -509,7 +497,7 @@ class Trainer:
         What stays open is in the task and the estimate, not the rule: a reasoning-gym answer is
         computable from its task id, so any peer can answer correctly and show capability 1.0
         (the tracker's clamp, ``ratio_max``, bounds how much more than ours its rows then weigh);
-        and only groups whose joint group with ours has signal are trained (``hacpo_candidates``),
+        and only groups whose joint group with ours has signal are trained (``with_joint_signal``),
         so a peer is estimated from those: one off our prompts (late, or a round apart) from its
         groups with signal (rt66 F3: at a true 0.1, 0.29), a strong one without its solved groups
         beside our solved ones (rt67 F1's fix: 0.75 estimated 0.48)."""
@@ -682,7 +670,8 @@ class Trainer:
             elif len(micro) == 1:
                 part, _ = score(micro[0])  # the rows with signal; the others' log-probs are 0
                 rows_index = torch.tensor(micro[0])
-                logp = part.new_zeros(mask.shape).index_put((rows_index,), _widen(part, mask.shape[1]))
+                widened = torch.nn.functional.pad(part, (0, mask.shape[1] - part.shape[1]))
+                logp = part.new_zeros(mask.shape).index_put((rows_index,), widened)
             else:
                 # Micro-batches, exactly (the chain rule through the log-probs): every row's log-probs
                 # without a graph, the loss and its gradient d loss / d logp on the whole batch, then
