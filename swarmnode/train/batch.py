@@ -189,11 +189,14 @@ def _packs(
 #: sequence, so one sequence per pack pays for the difference between every group and the
 #: longest: 37% of the tokens of a specialists update (groups of 21 to 53 tokens). Binned into
 #: sequences of 128 tokens, a specialists agent-round took 9% less CPU (0.077 -> 0.070 s,
-#: anchored, 150 rounds, alone on this 2-core machine). Attention's work grows with the sequence,
-#: about L / (8 x hidden size) of the linear layers' per token (12% at 128 tokens on the tiny
-#: model, the worst case). A longer pack (real models' long completions, or a peer's group) has a
-#: sequence of its own, in a forward of sequences of about its length (``_forwards``).
-SEQUENCE_TOKENS = 128
+#: anchored, 150 rounds, alone on this 2-core machine). Attention's work grows with the sequence
+#: (a token attends over the whole masked sequence), about L / (8 x hidden size) of the linear
+#: layers' per token, and the 4D mask's adds and softmax grow with it: at 64 tokens a replay
+#: update took 9-10% less CPU than at 128 (specialists, 40 rounds, three alternated pairs:
+#: 18.9 / 16.0 / 16.4 s against 20.6 / 17.8 / 18.4 s), the groups (21 to 53 tokens) still
+#: binned. A longer pack (real models' long completions, or a peer's group) has a sequence of
+#: its own, in a forward of sequences of about its length (``_forwards``).
+SEQUENCE_TOKENS = 64
 
 #: Sequences (one pack each) longer than this run their attention split (``split_attention``).
 #: Measured alone, forward + backward of 8 groups x 8 completions, 2 threads, split vs masked:

@@ -214,7 +214,7 @@ def test_a_long_group_runs_in_a_forward_of_its_own_length_class_and_never_pads_t
     lengths = [[sum(packs[k].length for k in seq) for seq in forward] for forward in forwards]
     assert len(forwards) == 3
     assert all(length <= cap for length in lengths[0]) and len(forwards[0]) < 64  # still binned
-    assert lengths[1:] == [[3 * cap, 2 * cap + 1], [2048]]  # 384 and 257 share the 512 class
+    assert lengths[1:] == [[3 * cap, 2 * cap + 1], [2048]]  # one class: the power of two above 3 * cap
     assert sorted(k for f in forwards for seq in f for k in seq) == list(range(len(packs)))
 
 
