@@ -288,6 +288,28 @@ class SwarmConfig(Section):
             " takes about 4 bytes a prompt and completion token (up to max_new_tokens: 17 KiB at 4,096)."
         ),
     )
+    round_demand: int = Field(
+        0,
+        ge=0,
+        le=4096,
+        description="Peers' items (batches) to pull per round, drawn fairly over their announcers at the "
+        "round's end (gossip.demand); 0: pull every item announced. In a large swarm about 1.5 x "
+        "external_groups: each item holds a peer's groups of a round.",
+    )
+    announce_buckets: int = Field(
+        1,
+        ge=1,
+        le=65536,
+        description="DHT keys each round's announcement records are spread over (the same on every node "
+        "of a swarm); 1: one key per round. In a large swarm about N / 64.",
+    )
+    read_buckets: int = Field(
+        0,
+        ge=0,
+        le=65536,
+        description="Announcement buckets a node reads per round at first (0: all); it reads more while "
+        "a round's offers fall short of round_demand.",
+    )
     initial_peers: list[str] = Field(default_factory=list, description="Bootstrap multiaddrs.")
     peers_file: str = Field("", description="File with one bootstrap multiaddr per line.")
     host_maddrs: list[str] = Field(

@@ -57,6 +57,10 @@ from swarmnode.core.events import Digest, PeerBanned, PeerId
 from swarmnode.core.limits import ExpiringMap, TokenBucket
 from swarmnode.core.rounds import round_at, round_start
 from swarmnode.errors import ConfigError
+from swarmnode.gossip.demand import RoundSampler, announcement_bucket
+
+# A reader ranks a round's buckets once (``RoundSampler.read_order``): at most this many.
+MAX_ANNOUNCE_BUCKETS = 65536
 
 # Each item of a pull's answer is a uint32 length, then the envelope (SPEC 1.4a): counted in the
 # most bytes an answer may hold (``max_pull_response``).
@@ -115,6 +119,22 @@ class GossipConfig:
     max_candidates: int = 8192  # announced digests waiting to be pulled
     max_candidates_per_peer: int = 1024
     max_announcers_per_digest: int = 8
+    # Demand-driven pulling (issue #18, ``gossip.demand``). 0: every announced digest is pulled,
+    # so each node downloads the whole swarm's output, which grows with the swarm. n > 0: the
+    # node obtains n items of each round (admitted, or being pulled or judged): announced digests
+    # wait as offers, and from ``select_at`` of their round on (a fraction of the round after its
+    # start; 1.0: when it ends, every offer read by then in the draw) a fair, keyed draw over
+    # their announcers picks which to pull (``RoundSampler``); an item that fails or is refused
+    # is replaced by the next pick while the round can still be read.
+    round_demand: int = 0
+    select_at: float = 1.0
+    # Announcement buckets (issue #18): K > 1 spreads each round's records over K DHT keys, a
+    # node's in bucket ``announcement_bucket(round, id, K)`` (swarm-wide: every node of a swarm
+    # must use the same K). A reader reads read_buckets of them (0: all K), in its own keyed order,
+    # and one more at each read while a round's offers fall short of round_demand.
+    announce_buckets: int = 1
+    read_buckets: int = 0
+    max_offers: int = 65536  # offers kept, all rounds (at most round_demand per announcer and round)
     max_digests_per_pull: int = 16
     max_inflight_pulls: int = 16
     max_inflight_pulls_per_peer: int = 2
@@ -286,6 +306,8 @@ class GossipConfig:
             "max_peers",
             "max_serving_peers",
             "max_bans",
+            "max_offers",
+            "announce_buckets",
         )
         for name in at_least_one:
             if getattr(self, name) < 1:
@@ -294,6 +316,24 @@ class GossipConfig:
             raise ConfigError(f"gossip.epoch must be a finite number, got {self.epoch!r}")
         if not (self.announce_delay >= 0 and math.isfinite(self.announce_delay)):
             raise ConfigError(f"gossip.announce_delay must be >= 0, got {self.announce_delay!r}")
+        if self.announce_buckets > MAX_ANNOUNCE_BUCKETS:
+            raise ConfigError(
+                f"gossip.announce_buckets must be <= {MAX_ANNOUNCE_BUCKETS}, got {self.announce_buckets!r}"
+            )
+        if not 0 <= self.read_buckets <= self.announce_buckets:
+            raise ConfigError(
+                f"gossip.read_buckets must be in [0, announce_buckets = {self.announce_buckets}] (0: all), "
+                f"got {self.read_buckets!r}"
+            )
+        if self.round_demand < 0:
+            raise ConfigError(
+                f"gossip.round_demand must be >= 0 (0: pull everything), got {self.round_demand!r}"
+            )
+        if not 0 <= self.select_at <= self.read_back_rounds + 1:
+            raise ConfigError(
+                "gossip.select_at must be in [0, read_back_rounds + 1] (a round is read no longer), "
+                f"got {self.select_at!r}"
+            )
         if self.keep_rounds < 0 or self.read_back_rounds < 0:
             raise ConfigError("gossip.keep_rounds and gossip.read_back_rounds must be >= 0")
         if self.pull_burst < 1 or self.serve_burst < 1:
@@ -347,6 +387,7 @@ class Announced:
     peer: PeerId
     round: int
     digests: tuple[Digest, ...]
+    bucket: int | None = None  # the bucket it was read from (None: a swarm without buckets)
 
 
 @dataclass(frozen=True)
@@ -451,13 +492,16 @@ class Announce:
     part: int
     digests: tuple[Digest, ...]
     expires_at: float
+    bucket: int | None = None  # with announcement buckets, the one its record goes to (this node's)
 
 
 @dataclass(frozen=True)
 class ReadAnnouncements:
-    """Read every announcement record of these rounds (newest first)."""
+    """Read every announcement record of these rounds (newest first); with announcement buckets,
+    of these buckets of each round (``buckets[i]`` of ``rounds[i]``)."""
 
     rounds: tuple[int, ...]
+    buckets: tuple[tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -530,6 +574,7 @@ class GossipStats:
     digests_ignored: int = 0
     candidates_dropped: int = 0
     candidates_evicted: int = 0  # a full table made room for a new digest (_evict_for)
+    offers_selected: int = 0  # demand-driven: offers drawn into the candidate table (round_demand)
     pulls_started: int = 0
     pulls_succeeded: int = 0
     pulls_failed: int = 0
@@ -570,6 +615,7 @@ class GossipSizes:
 
     own_items: int  # <= max_own_items
     candidates: int  # <= max_candidates
+    offers: int  # <= max_offers (demand-driven pulling)
     inflight_pulls: int  # <= max_inflight_pulls
     pending_admissions: int  # in-flight digests + awaiting a verdict, <= max_pending_admissions
     remembered: int  # handled digests, <= max_remembered + max_remembered_admitted
@@ -739,12 +785,16 @@ class GossipCore:
         self_id: PeerId,
         *,
         digest_of: Callable[[bytes], Digest] | None = None,
+        selection_key: bytes | None = None,
     ) -> None:
         """``digest_of``, when given, recomputes a pulled payload's digest: a payload that does not
         match the digest it was sent for is dropped (counted against the sender) and retried
         elsewhere. Without it the driver must check that itself before feeding ``PullSucceeded``
         (the node's driver does: each digest is its payload's own, from the payload's one decode,
-        ``gossip.intake.decode_pulled``)."""
+        ``gossip.intake.decode_pulled``).
+
+        ``selection_key`` keys the demand-driven draw (``RoundSampler``); a secret drawn at random
+        by default. The simulator passes a seeded one, so that runs repeat."""
         self.config = config
         self.self_id = self_id
         self.stats = GossipStats()
@@ -758,6 +808,12 @@ class GossipCore:
         self._own_rounds: dict[int, list[Digest]] = {}  # announcement order, per round
         self._dirty_parts: dict[tuple[int, int], float] = {}  # (round, part) -> announce at
         self._candidates: ExpiringMap[Digest, _Candidate] = ExpiringMap(c.max_candidates)
+        self._sampler = RoundSampler(max(c.round_demand, 1), c.max_offers, selection_key)
+        # Per round, the digests drawn for it that still count toward round_demand (pruned to the
+        # live ones at each draw: in the table, in flight, awaiting a verdict or admitted).
+        self._drawn: dict[int, dict[Digest, None]] = {}
+        self._draw_at: float | None = None  # when a round's offers first become drawable
+        self._read_widths: dict[int, int] = {}  # per round, how many of its buckets the last read read
         self._inflight: ExpiringMap[int, _InFlight] = ExpiringMap(c.max_inflight_pulls + c.max_probe_pulls)
         self._inflight_digests: dict[Digest, int] = {}
         self._awaiting: ExpiringMap[Digest, _Awaiting] = ExpiringMap(c.max_pending_admissions)
@@ -849,7 +905,12 @@ class GossipCore:
         for d in self._dirty_parts.values():
             if d < best:
                 best = d
-        for maybe in (self._inflight.next_expiry(), self._awaiting.next_expiry(), self._wake_at):
+        for maybe in (
+            self._inflight.next_expiry(),
+            self._awaiting.next_expiry(),
+            self._wake_at,
+            self._draw_at,
+        ):
             if maybe is not None and maybe < best:
                 best = maybe
         return best
@@ -871,6 +932,7 @@ class GossipCore:
         return GossipSizes(
             own_items=len(self._own),
             candidates=len(self._candidates),
+            offers=len(self._sampler),
             inflight_pulls=len(self._inflight),
             pending_admissions=len(self._inflight_digests) + len(self._awaiting),
             remembered=len(self._remembered) + len(self._admitted),
@@ -928,9 +990,11 @@ class GossipCore:
         if now >= self._next_read_at:
             current = self.current_round(now)
             rounds = tuple(current - k for k in range(self.config.read_back_rounds + 1))
-            actions.append(ReadAnnouncements(rounds))
+            actions.append(self._read_action(rounds))
             self._next_read_at = now + self.config.read_interval
             self.stats.reads += 1
+        if self.config.round_demand:
+            self._draw(now)
         return actions + self._schedule_pulls(now)
 
     # -- own items: publish, announce ---------------------------------------------------------
@@ -965,13 +1029,17 @@ class GossipCore:
     def _flush_announcements(self, now: float) -> list[GossipAction]:
         if not self._dirty_parts:
             return []
-        m = self.config.max_digests_per_announcement
+        c = self.config
+        m = c.max_digests_per_announcement
         actions: list[GossipAction] = []
         for key in sorted(k for k, at in self._dirty_parts.items() if at <= now):
             del self._dirty_parts[key]
             r, part = key
             digests = tuple(self._own_rounds[r][part * m : (part + 1) * m])
-            actions.append(Announce(r, part, digests, self._own_expiry(r)))
+            bucket = (
+                announcement_bucket(r, self.self_id, c.announce_buckets) if c.announce_buckets > 1 else None
+            )
+            actions.append(Announce(r, part, digests, self._own_expiry(r), bucket))
             self.stats.announcements_sent += 1
         return actions
 
@@ -1010,6 +1078,10 @@ class GossipCore:
         self.stats.announcements_seen += 1
         current = self.current_round(now)
         fresh = current - c.read_back_rounds <= event.round <= current + 1  # +1: small clock skew
+        if c.announce_buckets > 1 and event.bucket != announcement_bucket(
+            event.round, event.peer, c.announce_buckets
+        ):
+            fresh = False  # stored in a bucket not its owner's: one identity cannot fill every bucket
         state = None
         if fresh and event.peer != self.self_id and not self.is_banned(event.peer, now):
             state = self._peer(event.peer, now)
@@ -1042,6 +1114,10 @@ class GossipCore:
             if known is not None and event.peer in known.refused:
                 continue  # its copy of this digest was refused already: never asked again
             if known is not None and self._closed_to(known, event.peer):
+                continue
+            if c.round_demand and known is None:
+                # Demand-driven: an offer, pulled only if the round's draw picks it (``_draw``).
+                self._sampler.offer(event.round, digest, event.peer)
                 continue
             if state.candidates >= c.max_candidates_per_peer:
                 self.stats.candidates_dropped += 1
@@ -1111,6 +1187,89 @@ class GossipCore:
         return digest in self._admitted or digest in self._remembered
 
     # -- pulling ------------------------------------------------------------------------------
+
+    def _read_action(self, rounds: tuple[int, ...]) -> ReadAnnouncements:
+        """What to read of these rounds: every record, or with buckets this node's first buckets of
+        each round in its keyed order. A round starts from the width of the round before (at
+        least read_buckets), and doubles it at each read while the round's offers and live items
+        fall short of its demand: a small swarm with many buckets comes to read them all."""
+        c = self.config
+        if c.announce_buckets <= 1:
+            return ReadAnnouncements(rounds)
+        oldest = min(rounds)
+        self._sampler.forget_before(oldest)
+        start = c.read_buckets or c.announce_buckets
+        for r in [r for r in self._read_widths if r < oldest - 1]:
+            del self._read_widths[r]
+        per_round = []
+        for r in sorted(rounds):
+            width = self._read_widths.get(r)
+            if width is None:
+                width = max(start, self._read_widths.get(r - 1, start))
+            elif c.round_demand and self._sampler.offers_of(r) + len(self._drawn.get(r, ())) < c.round_demand:
+                width = min(2 * width, c.announce_buckets)
+            self._read_widths[r] = width
+        for r in rounds:
+            per_round.append(tuple(self._sampler.read_order(r, c.announce_buckets)[: self._read_widths[r]]))
+        return ReadAnnouncements(rounds, tuple(per_round))
+
+    def _draw(self, now: float) -> None:
+        """Demand-driven pulling: top up each readable round to ``round_demand`` live items from
+        its offers, in the sampler's fair keyed order, once the round is ``select_at`` old."""
+        c = self.config
+        oldest = self.current_round(now) - c.read_back_rounds
+        self._sampler.forget_before(oldest)
+        for r in [r for r in self._drawn if r < oldest]:
+            del self._drawn[r]
+        self._draw_at = None
+        for r in self._sampler.rounds():
+            if not self._sampler.waiting(r):
+                continue
+            opens = round_start(r, c.round_seconds, c.epoch) + c.select_at * c.round_seconds
+            if now < opens:
+                self._draw_at = opens if self._draw_at is None else min(self._draw_at, opens)
+                continue
+            drawn = self._drawn.setdefault(r, {})
+            for digest in [d for d in drawn if not self._live(d)]:
+                del drawn[digest]  # failed, refused or given up: the next pick replaces it
+            need = c.round_demand - len(drawn)
+            while need > 0 and self._sampler.waiting(r):
+                for digest, announcers in self._sampler.draw(r, need, lambda d: not self._known(d)):
+                    if self._add_drawn(digest, announcers, now):
+                        drawn[digest] = None
+                        need -= 1
+
+    def _live(self, digest: Digest) -> bool:
+        """Counts toward its round's demand: to be pulled, being pulled or judged, or admitted."""
+        return (
+            digest in self._candidates
+            or digest in self._inflight_digests
+            or digest in self._awaiting
+            or digest in self._admitted
+        )
+
+    def _add_drawn(self, digest: Digest, announcers: list[PeerId], now: float) -> bool:
+        """A drawn digest into the candidate table with every announcer still worth asking."""
+        c = self.config
+        if digest in self._candidates:
+            return True  # came back as a parked copy's candidate meanwhile
+        if self._candidates.full:
+            self.stats.candidates_dropped += 1
+            return False
+        candidate = _Candidate(
+            announcers={}, expires_at=now + c.candidate_ttl, first_expiry=now + c.candidate_ttl
+        )
+        for peer in announcers:
+            state = self._peers.get(peer)
+            if state is None or self.is_banned(peer, now) or state.candidates >= c.max_candidates_per_peer:
+                continue
+            if self._take_slot(candidate, peer, in_table=True):
+                state.candidates += 1
+        if not candidate.announcers:
+            return False
+        self._candidates.put(digest, candidate, candidate.expires_at)
+        self.stats.offers_selected += 1
+        return True
 
     def _schedule_pulls(self, now: float) -> list[GossipAction]:
         """Assign waiting candidates (oldest first) to the best eligible announcer, in batches.

@@ -8,7 +8,8 @@ what follows a verdict, an own envelope or a failed store (``gossip.intake`` and
 ``gossip.records`` do, for the simulator too).
 
 Wire details (protocol/SPEC.md "Gossip transport"):
-- announcement record: DHT key ``swarmnode/<swarm>/round/<r>``, subkey ``part<k>``,
+- announcement record: DHT key ``swarmnode/<swarm>/round/<r>`` (with announcement buckets,
+  ``swarmnode/<swarm>/round/<r>/bucket/<b>``), subkey ``part<k>``,
   value = an encoded ``Announce`` payload; records are owned (signed by the
   writer's libp2p key), so no peer can overwrite another's.
 - pull: stream handler ``swarmnode.pull.v1``; request = concatenated 32-byte
@@ -99,8 +100,12 @@ def pull_failure_charged(exc: BaseException) -> bool:
     return isinstance(exc, ValueError)  # decode_items: the items' framing is broken
 
 
-def announcement_key(swarm: str, round_index: int) -> str:
-    return f"swarmnode/{swarm}/round/{round_index}"
+def announcement_key(swarm: str, round_index: int, bucket: int | None = None) -> str:
+    """The DHT key of a round's announcement records; with buckets (``gossip.announce_buckets``
+    > 1), of one bucket of them."""
+    if bucket is None:
+        return f"swarmnode/{swarm}/round/{round_index}"
+    return f"swarmnode/{swarm}/round/{round_index}/bucket/{bucket}"
 
 
 def encode_items(items: Sequence[bytes]) -> bytes:
@@ -257,7 +262,7 @@ class GossipDriver:
         while (expires_at := stores.expiry_for(action, time.time())) is not None:
             try:
                 if await self.runtime.dht_store(
-                    announcement_key(self.swarm, action.round),
+                    announcement_key(self.swarm, action.round, action.bucket),
                     f"part{action.part}".encode(),
                     value,
                     expires_at,
@@ -283,10 +288,15 @@ class GossipDriver:
             attempt += 1
 
     async def _read(self, action: ReadAnnouncements) -> None:
-        for round_index in action.rounds:
+        keys: list[tuple[int, int | None]] = (
+            [(r, b) for r, buckets in zip(action.rounds, action.buckets, strict=True) for b in buckets]
+            if action.buckets
+            else [(r, None) for r in action.rounds]
+        )
+        for round_index, bucket in keys:
             try:
                 records = await self.runtime.dht_get(
-                    announcement_key(self.swarm, round_index), timeout=DHT_TIMEOUT
+                    announcement_key(self.swarm, round_index, bucket), timeout=DHT_TIMEOUT
                 )
             except (NetError, OSError) as exc:  # retried at the next read interval
                 log.info("reading announcements of round %d failed: %r", round_index, exc)
@@ -301,7 +311,8 @@ class GossipDriver:
                     log.debug("bad announcement from %s: %s", record.owner, message)
                     continue
                 if isinstance(message, AnnounceMessage):
-                    events.append(Announced(record.owner, message.round, tuple(message.rollout_digests)))
+                    digests = tuple(message.rollout_digests)
+                    events.append(Announced(record.owner, message.round, digests, bucket))
             # In no order a peer can choose: the DHT returns records by owner, and peers choose
             # their ids, so free ids sorted first had their digests in the table first (red team rt24 F1).
             _SHUFFLE.shuffle(events)

@@ -360,7 +360,11 @@ class SwarmNode:
         # (gossip.intake.decode_pulled), so a second decode by the core could never disagree.
         self.core = GossipCore(
             GossipConfig(
-                round_seconds=s.round_seconds, read_interval=max(0.5, min(5.0, s.round_seconds / 4))
+                round_seconds=s.round_seconds,
+                read_interval=max(0.5, min(5.0, s.round_seconds / 4)),
+                round_demand=s.round_demand,
+                announce_buckets=s.announce_buckets,
+                read_buckets=min(s.read_buckets, s.announce_buckets),
             ),
             self.runtime.peer_id,
         )

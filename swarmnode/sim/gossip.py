@@ -53,6 +53,10 @@ from swarmnode.sim.scenario import GossipSpec, gossip_config
 from swarmnode.sim.world import CORRUPT, FORGER, HONEST, SLOW, SimNode, World
 
 REQUEST_OVERHEAD = 64  # bytes of a pull response's framing
+# An announcement record as read from the DHT: its digests (32 bytes each on the wire) and about
+# this much of key, owner, signature and expiry.
+DIGEST_WIRE_BYTES = 32
+ANNOUNCE_RECORD_OVERHEAD = 160
 
 
 def _identity(payload: bytes) -> Digest:
@@ -77,7 +81,9 @@ class GossipPeer:
         self.layer = layer
         self.node = node
         self.sim = layer.sim
-        self.core = GossipCore(layer.config, node.name, digest_of=_identity)
+        # The demand-driven draw's key, seeded so that runs repeat (a node draws a secret one).
+        key = f"{layer.key_seed}:{node.name}:{node.joined_at}".encode()
+        self.core = GossipCore(layer.config, node.name, digest_of=_identity, selection_key=key)
         self.active = True
         self._poll_at = math.inf
 
@@ -118,7 +124,7 @@ class GossipPeer:
                     delay = layer.spec.admission_ms.sample(layer.rng) / 1000
                     self.sim.after(delay, self._admitted, action)
             elif isinstance(action, ReadAnnouncements):
-                self.sim.after(layer.dht_delay(), self._read_done, action.rounds)
+                self.sim.after(layer.dht_delay(), self._read_done, action)
             elif isinstance(action, Announce):
                 self.sim.after(layer.dht_delay(), layer.dht_store, self.node.name, action)
             # CancelPull: a late answer is ignored by the core; Retire: no payload is kept here;
@@ -128,9 +134,9 @@ class GossipPeer:
 
     # -- actions --------------------------------------------------------------------------------
 
-    def _read_done(self, rounds: tuple[int, ...]) -> None:
+    def _read_done(self, action: ReadAnnouncements) -> None:
         if self.active:
-            self.feed(self.layer.dht_read(rounds, self.node.name, self.sim.now))
+            self.feed([*self.layer.dht_read(action, self.node.name, self.sim.now)])
 
     def _pull(self, action: Pull) -> None:
         server = self.layer.peers.get(action.peer)
@@ -174,6 +180,7 @@ class GossipPeer:
         self, client: GossipPeer, request_id: int, payloads: tuple[tuple[Digest, bytes], ...], nbytes: int
     ) -> None:
         if self.active:
+            self.layer.count_bytes(self.node.name, client.node.name, nbytes)
             self.layer.world.network.transfer(
                 self.node.host, client.node.host, nbytes, client._on_pull_response, request_id,
                 self.node.name,
@@ -231,7 +238,8 @@ class GossipLayer:
         self.config = gossip_config(spec)
         self.peers: dict[str, GossipPeer] = {}
         self.items: dict[Digest, Item] = {}
-        self.dht: dict[int, dict[tuple[str, int], tuple[tuple[Digest, ...], float]]] = {}
+        # (round, bucket) -> (owner, part) -> (digests, expiry); bucket None: a swarm without buckets
+        self.dht: dict[tuple[int, int | None], dict[tuple[str, int], tuple[tuple[Digest, ...], float]]] = {}
         self.latencies: list[float] = []  # honest items, per accepting honest node
         self.slow_latencies: list[float] = []  # items of slow senders
         self.forged_accepted = 0
@@ -241,6 +249,15 @@ class GossipLayer:
         self._charges: dict[tuple[str, str], int] = {}
         self._item_counter = 0
         self._retired_cores: list[dict[str, int]] = []
+        self.key_seed = self.rng.getrandbits(64)
+        # Traffic per node: pull answers' bytes up (served) and down (received), announcement
+        # records' bytes read; and per (node, round) the honest items of that round accepted by
+        # the end of the next round, and the publishers a node accepted items from.
+        self.bytes_up: dict[str, int] = {}
+        self.bytes_down: dict[str, int] = {}
+        self.announce_bytes: dict[str, int] = {}
+        self.in_time: dict[tuple[str, int], int] = {}
+        self.sources: dict[str, set[str]] = {}
 
     # -- world hooks ----------------------------------------------------------------------------
 
@@ -266,15 +283,27 @@ class GossipLayer:
         return self.world.scenario.network.dht_delay_ms.sample(self.rng) / 1000
 
     def dht_store(self, owner: str, action: Announce) -> None:
-        self.dht.setdefault(action.round, {})[(owner, action.part)] = (action.digests, action.expires_at)
+        key = (action.round, action.bucket)
+        self.dht.setdefault(key, {})[(owner, action.part)] = (action.digests, action.expires_at)
 
-    def dht_read(self, rounds: tuple[int, ...], reader: str, now: float) -> list[GossipEvent]:
-        events: list[GossipEvent] = []
-        for r in rounds:
-            for (owner, _), (digests, expires_at) in self.dht.get(r, {}).items():
+    def dht_read(self, action: ReadAnnouncements, reader: str, now: float) -> list[Announced]:
+        events: list[Announced] = []
+        keys = (
+            [(r, b) for r, buckets in zip(action.rounds, action.buckets, strict=True) for b in buckets]
+            if action.buckets
+            else [(r, None) for r in action.rounds]
+        )
+        for r, bucket in keys:
+            for (owner, _), (digests, expires_at) in self.dht.get((r, bucket), {}).items():
                 if owner != reader and expires_at > now:
-                    events.append(Announced(owner, r, digests))
+                    events.append(Announced(owner, r, digests, bucket))
+        read = sum(ANNOUNCE_RECORD_OVERHEAD + len(e.digests) * DIGEST_WIRE_BYTES for e in events)
+        self.announce_bytes[reader] = self.announce_bytes.get(reader, 0) + read
         return events
+
+    def count_bytes(self, server: str, client: str, nbytes: int) -> None:
+        self.bytes_up[server] = self.bytes_up.get(server, 0) + nbytes
+        self.bytes_down[client] = self.bytes_down.get(client, 0) + nbytes
 
     def charge(self, judge: str, signer: str) -> int:
         key = (judge, signer)
@@ -311,8 +340,8 @@ class GossipLayer:
         peer.publish(item)
 
     def _prune_dht(self, current: int) -> None:
-        for r in [r for r in self.dht if r < current - self.config.keep_rounds - 2]:
-            del self.dht[r]
+        for key in [key for key in self.dht if key[0] < current - self.config.keep_rounds - 2]:
+            del self.dht[key]
 
     def record_accept(self, node: SimNode, item: Item) -> None:
         if item.role == FORGER:
@@ -322,6 +351,10 @@ class GossipLayer:
             return
         latency = self.sim.now - item.published_at
         if item.role == HONEST:
+            if self.sim.now < round_start(item.round + 2, self.config.round_seconds, self.config.epoch):
+                key = (node.name, item.round)
+                self.in_time[key] = self.in_time.get(key, 0) + 1
+            self.sources.setdefault(node.name, set()).add(item.publisher)
             item.accepted_by += 1
             self.latencies.append(latency)
         elif item.role == SLOW:
@@ -352,6 +385,7 @@ class GossipLayer:
                 stats[k] = stats.get(k, 0) + v
         lat = sorted(self.latencies)
         return {
+            **self._traffic(last_counted),
             "rounds": spec.rounds,
             "round_seconds": self.config.round_seconds,
             "items_published": {
@@ -372,6 +406,43 @@ class GossipLayer:
             "core_stats": stats,
             "end_time": end,
         }
+
+    def _traffic(self, last_counted: int) -> dict[str, Any]:
+        """Per-node traffic per round (mean, p99, max over honest nodes ever up), and, with
+        ``wanted``, the share of (node, round) that obtained ``wanted`` honest items of the round in
+        time (by the end of the next round), over nodes that joined before the round and are up at
+        the end (a node that left or crashed meanwhile is not counted)."""
+        spec, cfg = self.spec, self.config
+        honest = [n for n in self.world.nodes if n.honest]
+        per_round = max(spec.rounds + 1, 1)  # the workload runs one round past the last
+
+        def spread(values: dict[str, int]) -> dict[str, float] | None:
+            xs = sorted(values.get(n.name, 0) / per_round for n in honest)
+            return (
+                None
+                if not xs
+                else {"mean": statistics.fmean(xs), "p99": xs[int(0.99 * (len(xs) - 1))], "max": xs[-1]}
+            )
+
+        out: dict[str, Any] = {
+            "bytes_down_per_node_round": spread(self.bytes_down),
+            "bytes_up_per_node_round": spread(self.bytes_up),
+            "announcement_bytes_per_node_round": spread(self.announce_bytes),
+            "distinct_sources_per_node": statistics.fmean(len(self.sources.get(n.name, ())) for n in honest)
+            if honest
+            else None,
+        }
+        if spec.wanted:
+            met = total = 0
+            for r in range(last_counted):
+                start = round_start(r, cfg.round_seconds, cfg.epoch)
+                for n in honest:
+                    if n.joined_at <= start and n.alive:
+                        total += 1
+                        met += self.in_time.get((n.name, r), 0) >= spec.wanted
+            out["wanted"] = spec.wanted
+            out["wanted_met_share"] = met / total if total else None
+        return out
 
     def latency_samples(self) -> list[float]:
         return self.latencies

@@ -44,6 +44,8 @@ optional, unknown keys are an error)::
                                # swarm.mixing; learn.transfer)
     local_groups = 4           # I: own groups per update (SAPO; HACPO uses every own group)
     external_groups = 4        # J: external groups per update; 0 = no exchange (nothing published)
+    round_demand = 0           # peers' items pulled per round, drawn at its end (swarm.round_demand;
+                               # gossip.demand); 0: every item announced
     prompts_per_round = 8      # groups each agent generates per round
     group_size = 8             # G completions per prompt
     max_new_tokens = 6
@@ -156,6 +158,7 @@ class LearningScenario:
     mixing: str = "sapo"
     local_groups: int = 4
     external_groups: int = 4
+    round_demand: int = 0
     prompts_per_round: int = 8
     group_size: int = 8
     max_new_tokens: int = 6
@@ -210,6 +213,7 @@ _INT_KEYS = {
     "rounds": 0,
     "local_groups": 0,
     "external_groups": 0,
+    "round_demand": 0,
     "prompts_per_round": 1,
     "group_size": 1,
     "max_new_tokens": 1,
@@ -399,6 +403,7 @@ class Agent:
                 "swarm.mixing": spec.mixing,
                 "swarm.local_groups": spec.local_groups,
                 "swarm.external_groups": spec.external_groups,
+                "swarm.round_demand": spec.round_demand,
                 "checkpoint.every_rounds": 10**9,  # a simulated run is never resumed
             },
         )
@@ -419,8 +424,13 @@ class Agent:
         # No digest_of: every pulled item's digest is its payload's own (decode_pulled, as in the
         # node's driver), so the core's check could never fail, and it would decode it a second time.
         self.core = GossipCore(
-            GossipConfig(round_seconds=spec.round_seconds, read_interval=min(5.0, spec.round_seconds / 6)),
+            GossipConfig(
+                round_seconds=spec.round_seconds,
+                read_interval=min(5.0, spec.round_seconds / 6),
+                round_demand=spec.round_demand,
+            ),
             self.peer_id,
+            selection_key=f"swarmnode-sim:{node_seed}".encode(),  # seeded: runs repeat
         )
         max_new = spec.max_new_tokens
         self.admission = AdmissionPipeline(
@@ -749,6 +759,7 @@ def _run_seed(
                             if k
                             in (
                                 "published",
+                                "offers_selected",
                                 "pulls_started",
                                 "pulls_succeeded",
                                 "admits",

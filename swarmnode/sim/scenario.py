@@ -330,6 +330,10 @@ class GossipSpec:
     ban_after: int = 3  # rejections charged to a signer before admission bans it
     ban_seconds: float = 600.0
     settle_rounds: int = 1  # items of the last rounds are not counted in coverage (still travelling)
+    # Items of a round each node needs (a trainer's J external groups, as batches): the results
+    # give the share of (node, round) that obtained at least this many of the round's honest
+    # items by the end of the next round. 0: not reported.
+    wanted: int = 0
     core: Mapping[str, Any] = field(default_factory=dict)  # GossipConfig fields
 
 
@@ -500,6 +504,7 @@ def parse_scenario(data: Mapping[str, Any], name: str = "scenario") -> Scenario:
             ban_after=gs.integer("ban_after", 3, lo=1),
             ban_seconds=gs.number("ban_seconds", 600.0, lo=0.0),
             settle_rounds=gs.integer("settle_rounds", 1, lo=0),
+            wanted=gs.integer("wanted", 0, lo=0),
             core=dict(gs.sub("core").data),
         )
         gs.done()

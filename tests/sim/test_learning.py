@@ -223,3 +223,18 @@ def test_warm_starts_built_ahead_in_parallel_are_the_ones_every_run_then_reads(t
     assert sorted((cache / "models").iterdir()) == built  # read, none built again
     assert {path: path.stat().st_mtime_ns for path in built} == stamps
     assert result["timing"]["warm_start_seconds"] < 5.0
+
+
+@pytest.mark.slow
+def test_with_a_round_demand_each_agent_pulls_only_that_many_peer_batches_a_round(
+    cache: Path, tmp_path: Path
+) -> None:
+    # Issue #18: three agents, each wanting one peer's batch a round, drawn at the round's end
+    # (gossip.demand), so a round's batch arrives for the next round's update; without a demand
+    # each would pull both peers' batches every round (16 groups).
+    result = run_learning(scenario(cache, agents=3, rounds=3, round_demand=1), tmp_path)
+    for agent in result["runs"][0]["agents"]:
+        assert agent["external_received"] == [0, 8, 8]
+        assert sum(agent["external_sources"].values()) == 16
+        assert agent["gossip"]["offers_selected"] == 2  # rounds 0 and 1; round 2's after the run
+        assert agent["gossip"]["accepted"] == 2 and agent["gossip"]["rejected"] == 0

@@ -1,0 +1,298 @@
+"""Specification of demand-driven pulling (issue #18): ``gossip.demand.RoundSampler`` and the
+core's ``round_demand``. Each test name is a rule."""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+
+from swarmnode.errors import ConfigError
+from swarmnode.gossip import (
+    AdmissionResult,
+    Announce,
+    Announced,
+    GossipConfig,
+    GossipCore,
+    Publish,
+    Pull,
+    PullFailed,
+    PullSucceeded,
+    ReadAnnouncements,
+)
+from swarmnode.gossip.demand import RoundSampler, announcement_bucket
+
+
+def d(i: int) -> bytes:
+    return hashlib.sha256(b"item-%d" % i).digest()
+
+
+def everything(_digest: bytes) -> bool:
+    return True
+
+
+# -- the sampler ----------------------------------------------------------------------------------
+
+
+def test_each_announcer_gets_one_pick_per_pass_however_many_digests_it_offers() -> None:
+    sampler = RoundSampler(per_announcer=8, max_offers=10_000, key=b"k")
+    for i in range(500):
+        sampler.offer(3, d(10_000 + i), "flooder")
+    for peer in range(7):
+        sampler.offer(3, d(peer), f"honest-{peer}")
+    picked = sampler.draw(3, 8, everything)
+    sources = Counter(announcers[0] for _, announcers in picked)
+    assert len(picked) == 8
+    assert sources["flooder"] == 1  # one place of 8, as each honest announcer
+    assert all(sources[f"honest-{peer}"] == 1 for peer in range(7))
+    # a second pass: only the flooder has offers left
+    assert [a for _, a in sampler.draw(3, 2, everything)] == [["flooder"], ["flooder"]]
+
+
+def test_the_draw_does_not_depend_on_the_order_offers_arrived_in() -> None:
+    offers = [(f"p{i % 13}", d(i)) for i in range(200)]
+    draws = []
+    for seed in range(3):
+        shuffled = offers[:]
+        random.Random(seed).shuffle(shuffled)
+        sampler = RoundSampler(per_announcer=4, max_offers=10_000, key=b"same key")
+        for peer, digest in shuffled:
+            sampler.offer(5, digest, peer)
+        draws.append(sampler.draw(5, 20, everything))
+    assert draws[0] == draws[1] == draws[2]
+    assert len(draws[0]) == 20
+
+
+def test_no_digest_or_identity_an_attacker_picks_is_drawn_first_more_than_its_share() -> None:
+    # Without the key, the "smallest" digest and identity are as likely first as any other.
+    first = Counter()
+    trials = 2000
+    for trial in range(trials):
+        sampler = RoundSampler(per_announcer=1, max_offers=100, key=trial.to_bytes(4, "big"))
+        sampler.offer(0, bytes(32), "")  # the attacker's ground-down digest and id
+        for peer in range(7):
+            sampler.offer(0, d(peer), f"honest-{peer}")
+        (digest, _), *_ = sampler.draw(0, 1, everything)
+        first[digest == bytes(32)] += 1
+    assert 0.09 < first[True] / trials < 0.16  # 1/8 = 0.125
+
+
+def test_an_announcer_keeps_only_its_best_ranked_digests_whatever_order_it_sends_them() -> None:
+    forward = RoundSampler(per_announcer=3, max_offers=100, key=b"k")
+    backward = RoundSampler(per_announcer=3, max_offers=100, key=b"k")
+    for i in range(50):
+        forward.offer(1, d(i), "p")
+        backward.offer(1, d(49 - i), "p")
+    assert len(forward) == len(backward) == 3
+    assert forward.draw(1, 10, everything) == backward.draw(1, 10, everything)
+    assert len(forward) == 0
+
+
+def test_offers_are_bounded_in_all() -> None:
+    sampler = RoundSampler(per_announcer=2, max_offers=10, key=b"k")
+    for peer in range(100):
+        for i in range(5):
+            sampler.offer(0, d(peer * 10 + i), f"p{peer}")
+    assert len(sampler) == 10
+    assert sampler.dropped == 100 * 5 - 10
+
+
+def test_a_digest_offered_by_several_announcers_is_drawn_once_with_all_of_them() -> None:
+    sampler = RoundSampler(per_announcer=2, max_offers=100, key=b"k")
+    for peer in ("a", "b", "c"):
+        sampler.offer(0, d(1), peer)
+    picked = sampler.draw(0, 5, everything)
+    assert len(picked) == 1
+    assert sorted(picked[0][1]) == ["a", "b", "c"]
+    assert len(sampler) == 0
+
+
+def test_a_digest_not_usable_takes_no_pick_and_is_dropped() -> None:
+    sampler = RoundSampler(per_announcer=2, max_offers=100, key=b"k")
+    sampler.offer(0, d(1), "a")
+    sampler.offer(0, d(2), "b")
+    picked = sampler.draw(0, 2, lambda digest: digest != d(1))
+    assert [digest for digest, _ in picked] == [d(2)]
+    assert len(sampler) == 0
+
+
+def test_rounds_no_longer_read_are_forgotten() -> None:
+    sampler = RoundSampler(per_announcer=2, max_offers=100, key=b"k")
+    for r in range(4):
+        sampler.offer(r, d(r), "a")
+    sampler.forget_before(2)
+    assert sampler.rounds() == [2, 3] and len(sampler) == 2
+
+
+# -- the core ---------------------------------------------------------------------------------------
+
+
+def demand_cfg(**overrides: Any) -> GossipConfig:
+    base: dict[str, Any] = dict(
+        round_seconds=10.0,
+        read_interval=1.0,
+        pull_timeout=5.0,
+        admission_timeout=5.0,
+        round_demand=3,
+    )
+    base.update(overrides)
+    return GossipConfig(**base)
+
+
+def pulled(actions: list[Any]) -> list[tuple[Pull, bytes]]:
+    return [(a, digest) for a in actions if isinstance(a, Pull) for digest in a.digests]
+
+
+def offered_core(peers: int, config: GossipConfig | None = None) -> GossipCore:
+    """A core that read one digest from each of ``peers`` announcers, for round 0, at t = 1."""
+    core = GossipCore(config or demand_cfg(), "me", selection_key=b"test")
+    core.poll(0.0)
+    events = [Announced(f"p{i}", 0, (d(i),)) for i in range(peers)]
+    assert pulled(core.handle_all(events, 1.0)) == []  # offers wait for the round's draw
+    return core
+
+
+def test_with_a_demand_a_round_is_pulled_only_from_its_select_at_and_only_as_many_as_needed() -> None:
+    core = offered_core(20)
+    assert core.sizes().offers == 20
+    assert pulled(core.poll(9.9)) == []
+    assert core.next_deadline() is not None and core.next_deadline() <= 10.0
+    first = pulled(core.poll(10.0))  # round 0 ends: select_at = 1.0
+    assert len(first) == 3
+    assert len({pull.peer for pull, _ in first}) == 3
+    assert pulled(core.poll(10.5)) == []  # three live: nothing more
+
+
+def test_select_at_zero_draws_as_soon_as_offers_are_read() -> None:
+    core = GossipCore(demand_cfg(select_at=0.0), "me", selection_key=b"test")
+    core.poll(0.0)
+    events = [Announced(f"p{i}", 0, (d(i),)) for i in range(10)]
+    assert len(pulled(core.handle_all(events, 1.0))) == 3
+
+
+def test_a_refused_item_is_replaced_by_the_next_pick_an_admitted_or_retried_one_is_not() -> None:
+    core = offered_core(20)
+    first = pulled(core.poll(10.0))
+    (fail, retried), (serve, good), (junk_pull, junk) = first
+    actions = core.handle_all(
+        [
+            PullFailed(fail.request_id, fail.peer, "unreachable", received=0),
+            PullSucceeded(serve.request_id, serve.peer, ((good, good),)),
+            PullSucceeded(junk_pull.request_id, junk_pull.peer, ((junk, junk),)),
+        ],
+        10.2,
+    )
+    assert pulled(actions) == []  # the failed one waits for its announcer's backoff: still live
+    actions = core.handle_all(
+        [
+            AdmissionResult(serve.peer, good, True, "ok"),
+            AdmissionResult(junk_pull.peer, junk, False, "bad_signature"),
+        ],
+        10.3,
+    )
+    replacement = pulled(actions)
+    assert len(replacement) == 1  # the refused one is replaced; the admitted one stays counted
+    assert replacement[0][1] not in (retried, good, junk)
+    assert core.stats.offers_selected == 4
+    assert [digest for _, digest in pulled(core.poll(12.0))] == [retried]  # after its backoff
+
+
+def test_offers_of_a_round_no_longer_read_are_dropped() -> None:
+    core = offered_core(20, demand_cfg(select_at=2.0, read_back_rounds=1))
+    core.poll(15.0)
+    assert core.sizes().offers == 20
+    core.poll(20.5)  # round 2: round 0 is no longer read
+    assert core.sizes().offers == 0
+
+
+def test_without_a_demand_every_announced_digest_is_pulled_as_before() -> None:
+    core = GossipCore(demand_cfg(round_demand=0), "me")
+    core.poll(0.0)
+    events = [Announced(f"p{i}", 0, (d(i),)) for i in range(10)]
+    assert len(pulled(core.handle_all(events, 1.0))) == 10
+    assert core.sizes().offers == 0
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"round_demand": -1}, "gossip.round_demand"),
+        ({"select_at": -0.1}, "gossip.select_at"),
+        ({"select_at": 2.5, "read_back_rounds": 1}, "gossip.select_at"),
+        ({"max_offers": 0}, "gossip.max_offers"),
+    ],
+)
+def test_bad_demand_settings_are_errors_naming_the_key(overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        demand_cfg(**overrides)
+
+
+# -- announcement buckets -------------------------------------------------------------------------
+
+
+def test_a_node_announces_into_its_own_bucket_of_the_round() -> None:
+    core = GossipCore(demand_cfg(announce_buckets=16), "me", selection_key=b"test")
+    core.poll(0.0)
+    core.handle(Publish(d(1), 100), 0.1)
+    (announce,) = [a for a in core.poll(1.0) if isinstance(a, Announce)]
+    assert announce.bucket == announcement_bucket(0, "me", 16)
+    spread = Counter(announcement_bucket(0, f"peer-{i}", 16) for i in range(1600))
+    assert len(spread) == 16 and max(spread.values()) < 150  # about 100 each
+    plain = GossipCore(demand_cfg(), "me")
+    plain.poll(0.0)
+    plain.handle(Publish(d(1), 100), 0.1)
+    assert [a.bucket for a in plain.poll(1.0) if isinstance(a, Announce)] == [None]
+
+
+def test_a_record_read_from_a_bucket_not_its_owners_is_ignored() -> None:
+    core = GossipCore(demand_cfg(announce_buckets=16, select_at=0.0), "me", selection_key=b"test")
+    core.poll(0.0)
+    right = announcement_bucket(0, "p", 16)
+    wrong = (right + 1) % 16
+    core.handle(Announced("p", 0, (d(1),), wrong), 1.0)
+    assert core.sizes().offers == 0 and core.stats.announcements_ignored == 1
+    actions = core.handle(Announced("p", 0, (d(1),), right), 1.0)
+    assert [digest for _, digest in pulled(actions)] == [d(1)]
+
+
+def reads(actions: list[Any]) -> list[Any]:
+    return [a for a in actions if isinstance(a, ReadAnnouncements)]
+
+
+def test_a_reader_reads_its_first_buckets_in_its_keyed_order_and_widens_while_short_of_demand() -> None:
+    config = demand_cfg(announce_buckets=64, read_buckets=2, round_demand=3, read_back_rounds=0)
+    core = GossipCore(config, "me", selection_key=b"test")
+    (first,) = reads(core.poll(0.0))
+    assert first.rounds == (0,) and len(first.buckets[0]) == 2
+    other = GossipCore(config, "me", selection_key=b"another key")
+    assert reads(other.poll(0.0))[0].buckets != first.buckets  # each node its own buckets
+    (second,) = reads(core.poll(1.0))  # nothing offered: twice as many, the first two first
+    assert second.buckets[0][:2] == first.buckets[0] and len(second.buckets[0]) == 4
+    assert len(reads(core.poll(2.0))[0].buckets[0]) == 8
+    for i in range(3):  # enough offers: the width holds
+        core.handle(Announced(f"p{i}", 0, (d(i),), second.buckets[0][0]), 2.5)
+    assert core.sizes().offers == 0  # those ids' records belong to other buckets: ignored
+    wanted = second.buckets[0][0]
+    owners = [f"q{i}" for i in range(5000) if announcement_bucket(0, f"q{i}", 64) == wanted][:3]
+    for i, owner in enumerate(owners):
+        core.handle(Announced(owner, 0, (d(100 + i),), wanted), 2.5)
+    assert core.sizes().offers == 3
+    assert len(reads(core.poll(3.0))[0].buckets[0]) == 8
+    (next_round,) = reads(core.poll(10.0))  # round 1 starts from round 0's width
+    assert next_round.rounds == (1,) and len(next_round.buckets[0]) == 8
+
+
+def test_without_a_demand_a_reader_reads_every_bucket() -> None:
+    core = GossipCore(demand_cfg(announce_buckets=8, round_demand=0), "me", selection_key=b"k")
+    (read,) = reads(core.poll(0.0))
+    assert all(sorted(b) == list(range(8)) for b in read.buckets)
+
+
+def test_read_buckets_beyond_the_buckets_are_an_error() -> None:
+    with pytest.raises(ConfigError, match=r"gossip\.read_buckets"):
+        demand_cfg(announce_buckets=4, read_buckets=5)
+    with pytest.raises(ConfigError, match=r"gossip\.announce_buckets"):
+        demand_cfg(announce_buckets=0)
