@@ -808,7 +808,9 @@ class GossipCore:
         self._own_rounds: dict[int, list[Digest]] = {}  # announcement order, per round
         self._dirty_parts: dict[tuple[int, int], float] = {}  # (round, part) -> announce at
         self._candidates: ExpiringMap[Digest, _Candidate] = ExpiringMap(c.max_candidates)
-        self._sampler = RoundSampler(max(c.round_demand, 1), c.max_offers, selection_key)
+        # Announcers kept per round: the offers bound over the rounds a node reads (and one ahead).
+        per_round = max(1, c.max_offers // (max(c.round_demand, 1) * (c.read_back_rounds + 2)))
+        self._sampler = RoundSampler(max(c.round_demand, 1), per_round, selection_key)
         # Per round, the digests drawn for it that still count toward round_demand (pruned to the
         # live ones at each draw: in the table, in flight, awaiting a verdict or admitted).
         self._drawn: dict[int, dict[Digest, None]] = {}
@@ -1078,6 +1080,15 @@ class GossipCore:
         self.stats.announcements_seen += 1
         current = self.current_round(now)
         fresh = current - c.read_back_rounds <= event.round <= current + 1  # +1: small clock skew
+        if c.round_demand and fresh and event.peer != self.self_id and not self.is_banned(event.peer, now):
+            self._on_offered(event, now)
+        else:
+            self._on_announced_drawn(event, now, fresh=fresh)
+
+    def _on_announced_drawn(self, event: Announced, now: float, *, fresh: bool = True) -> None:
+        """An announcement's digests into the candidate table (without a demand: every digest; with
+        one, those drawn already, ``_on_offered``)."""
+        c = self.config
         if c.announce_buckets > 1 and event.bucket != announcement_bucket(
             event.round, event.peer, c.announce_buckets
         ):
@@ -1115,10 +1126,6 @@ class GossipCore:
                 continue  # its copy of this digest was refused already: never asked again
             if known is not None and self._closed_to(known, event.peer):
                 continue
-            if c.round_demand and known is None:
-                # Demand-driven: an offer, pulled only if the round's draw picks it (``_draw``).
-                self._sampler.offer(event.round, digest, event.peer)
-                continue
             if state.candidates >= c.max_candidates_per_peer:
                 self.stats.candidates_dropped += 1
                 continue
@@ -1143,6 +1150,36 @@ class GossipCore:
                 self._candidates.put(digest, candidate, expires_at)
             if self._take_slot(candidate, event.peer, in_table=True):
                 state.candidates += 1
+
+    def _on_offered(self, event: Announced, now: float) -> None:
+        """Demand-driven: a record's digests become offers, pulled only if the round's draw picks
+        them (``_draw``), and the announcer gets no place in the peer table until then. Before, every
+        offering peer took one, idle, so each new identity evicted another (a full-table scan: 24x
+        the CPU of an ignored record) and the table held only the peers read last, whose offers alone
+        could still be pulled when the round was drawn (red team rt69 F1, F6). A digest already
+        drawn (in the table, in flight) takes the announcer as usual."""
+        c = self.config
+        if c.announce_buckets > 1 and event.bucket != announcement_bucket(
+            event.round, event.peer, c.announce_buckets
+        ):
+            self.stats.announcements_ignored += 1  # stored in a bucket not its owner's
+            return
+        drawn: list[Digest] = []
+        for digest in event.digests[: c.max_digests_per_announcement]:
+            if not 0 < len(digest) <= c.max_digest_bytes:
+                self.stats.digests_ignored += 1
+            elif digest in self._own or self._closed(digest) or digest in self._awaiting:
+                continue
+            elif (
+                digest in self._inflight_digests
+                or digest in self._candidates
+                or digest in self._refused_copies
+            ):
+                drawn.append(digest)
+            else:
+                self._sampler.offer(event.round, digest, event.peer)
+        if drawn:
+            self._on_announced_drawn(Announced(event.peer, event.round, tuple(drawn), event.bucket), now)
 
     def _take_slot(self, candidate: _Candidate, peer: PeerId, *, in_table: bool) -> bool:
         """Make ``peer`` an announcer of ``candidate`` if there is a slot. When all are taken, a
@@ -1206,7 +1243,13 @@ class GossipCore:
             width = self._read_widths.get(r)
             if width is None:
                 width = max(start, self._read_widths.get(r - 1, start))
-            elif c.round_demand and self._sampler.offers_of(r) + len(self._drawn.get(r, ())) < c.round_demand:
+            elif (
+                c.round_demand
+                and self._now >= round_start(r, c.round_seconds, c.epoch) + c.select_at * c.round_seconds
+                and self._sampler.offers_of(r) + len(self._drawn.get(r, ())) < c.round_demand
+            ):
+                # Short of its demand once it can be drawn; before, a round's first read (no offers
+                # yet) doubled it every round, up to every bucket (red team rt69 F4).
                 width = min(2 * width, c.announce_buckets)
             self._read_widths[r] = width
         for r in rounds:
@@ -1240,9 +1283,14 @@ class GossipCore:
                         need -= 1
 
     def _live(self, digest: Digest) -> bool:
-        """Counts toward its round's demand: to be pulled, being pulled or judged, or admitted."""
+        """Counts toward its round's demand: to be pulled (until its first failed try), being
+        pulled or judged, or admitted. A pick that failed once is still retried, but a replacement
+        is drawn at once: a stalling announcer's pick otherwise held its place for the whole
+        round, through four timeouts and their backoffs (red team rt69 F3: 10 stalling ids among
+        10 honest announcers left 12 of 20 rounds short of their demand)."""
+        candidate = self._candidates.get(digest)
         return (
-            digest in self._candidates
+            (candidate is not None and not candidate.tried)
             or digest in self._inflight_digests
             or digest in self._awaiting
             or digest in self._admitted
@@ -1260,8 +1308,9 @@ class GossipCore:
             announcers={}, expires_at=now + c.candidate_ttl, first_expiry=now + c.candidate_ttl
         )
         for peer in announcers:
-            state = self._peers.get(peer)
-            if state is None or self.is_banned(peer, now) or state.candidates >= c.max_candidates_per_peer:
+            # Offering peers hold no place in the peer table (``_on_offered``): a drawn one gets it now.
+            state = None if self.is_banned(peer, now) else self._peer(peer, now)
+            if state is None or state.candidates >= c.max_candidates_per_peer:
                 continue
             if self._take_slot(candidate, peer, in_table=True):
                 state.candidates += 1

@@ -311,6 +311,9 @@ class GossipDriver:
                     log.debug("bad announcement from %s: %s", record.owner, message)
                     continue
                 if isinstance(message, AnnounceMessage):
+                    if message.round != round_index:  # SPEC 1.4: the same r as its key (rt69 F7)
+                        self.metrics.inc("announcements_invalid", "Unreadable announcement records")
+                        continue
                     digests = tuple(message.rollout_digests)
                     events.append(Announced(record.owner, message.round, digests, bucket))
             # In no order a peer can choose: the DHT returns records by owner, and peers choose

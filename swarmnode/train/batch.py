@@ -229,7 +229,8 @@ def _sequences(packs: Sequence[_Pack]) -> list[list[int]]:
 def _forwards(packs: Sequence[_Pack], completion_ids: Sequence[Sequence[int]]) -> list[list[list[int]]]:
     """The sequences (``_sequences``) each forward pass runs, shortest first: those of one class
     side by side. A class is the sequence's length (``SEQUENCE_TOKENS`` or the power of two a
-    longer one rounds up to) and its longest completion's (the power of two it rounds up to).
+    longer one rounds up to) and, under split attention, its longest completion's and its longest
+    prompt's (the powers of two they round up to).
 
     A forward pads every sequence to its longest, and attention's work per token grows with it,
     so one long pack in one forward with the short ones made every honest group pay for its
@@ -237,7 +238,7 @@ def _forwards(packs: Sequence[_Pack], completion_ids: Sequence[Sequence[int]]) -
     F3). Split attention pads every completion of a forward to the longest one there, so one
     long completion in a pack of the honest packs' length made their update 4-6x dearer (red
     team rt26). Within a class both are padded by less than their own length."""
-    classes: dict[tuple[int, int], list[list[int]]] = {}
+    classes: dict[tuple[int, int, int], list[list[int]]] = {}
     for sequence in _sequences(packs):
         length = sum(packs[k].length for k in sequence)
         longest = max((len(completion_ids[row]) for k in sequence for row in packs[k].rows), default=0)
@@ -246,7 +247,15 @@ def _forwards(packs: Sequence[_Pack], completion_ids: Sequence[Sequence[int]]) -
         # alone, so short ones of any completion length share one forward (replay's updates ran
         # three where one does, at ~3 ms of fixed cost each on the tiny model).
         split = width > SPLIT_ATTENTION_TOKENS
-        key = (width, 1 << max(longest - 1, 0).bit_length() if split else 0)
+        # Split attention also pads every prompt of a forward to the longest there: one admitted
+        # 441-token prompt among honest 67-token ones made their update 1.9x dearer (red team
+        # rt68 F1). Under it, packs are classed by their longest prompt too.
+        prompt = max(len(packs[k].prompt) for k in sequence)
+        key = (
+            width,
+            1 << max(longest - 1, 0).bit_length() if split else 0,
+            1 << max(prompt - 1, 0).bit_length() if split else 0,
+        )
         classes.setdefault(key, []).append(sequence)
     return [classes[key] for key in sorted(classes)]
 

@@ -80,16 +80,28 @@ ANCHORED_RULES = ("anchored", "replay")
 
 
 def with_joint_signal(own: Sequence[ScoredGroup], external: Sequence[ScoredGroup]) -> list[ScoredGroup]:
-    """The external groups whose joint group (with ours on the same task, by entry key: SPEC
-    4.1a) has signal: those HACPO and the joint rule may train on. A peer's all-correct group
-    beside our all-wrong one is exactly the cross-agent signal they use; one beside our
-    all-correct group trains nothing, and under HACPO took a place (32% of them on honest
-    traffic) and counted in its sender's capability (red team rt67 F1: its other rows weighed
-    3.4x an honest peer's same rows)."""
-    ours: dict[str, list[float]] = {}
+    """The external groups HACPO and the joint rule may train on: on a task we answered (same
+    entry key: SPEC 4.1a), those holding a success our group lacks (a reward above our lowest);
+    on another, those with signal of their own. A peer's all-correct group beside our all-wrong
+    one is exactly the cross-agent signal they use. One beside our all-correct group trains
+    nothing, and under HACPO took a place (32% of them on honest traffic) and counted in its
+    sender's capability (red team rt67 F1: its other rows weighed 3.4x an honest peer's same
+    rows). Nor does a peer's all-wrong group beside ours teach anything we do not know: it made
+    our all-correct rows' advantage non-zero, so an update ran them again (HACPO 2.8-3.0x the
+    CPU), and under the joint rule put our all-correct groups in the place of our groups with
+    signal (1 id of 4 senders: 4.00 -> 2.92 of 4 own groups with signal trained; rt68 F2)."""
+    lowest: dict[str, float] = {}
     for g in own:
-        ours.setdefault(g.task.id.entry_key(), []).extend(g.rewards)
-    return [g for g in external if not zero_advantage([*g.rewards, *ours.get(g.task.id.entry_key(), [])])]
+        if g.rewards:
+            key = g.task.id.entry_key()
+            lowest[key] = min(lowest.get(key, math.inf), *g.rewards)
+    chosen = []
+    for g in external:
+        ours = lowest.get(g.task.id.entry_key())
+        teaches = not zero_advantage(g.rewards) if ours is None else max(g.rewards, default=0.0) > ours
+        if teaches:
+            chosen.append(g)
+    return chosen
 
 
 def source_of(group: ScoredGroup) -> str:

@@ -38,7 +38,7 @@ def everything(_digest: bytes) -> bool:
 
 
 def test_each_announcer_gets_one_pick_per_pass_however_many_digests_it_offers() -> None:
-    sampler = RoundSampler(per_announcer=8, max_offers=10_000, key=b"k")
+    sampler = RoundSampler(per_announcer=8, max_announcers=10_000, key=b"k")
     for i in range(500):
         sampler.offer(3, d(10_000 + i), "flooder")
     for peer in range(7):
@@ -58,7 +58,7 @@ def test_the_draw_does_not_depend_on_the_order_offers_arrived_in() -> None:
     for seed in range(3):
         shuffled = offers[:]
         random.Random(seed).shuffle(shuffled)
-        sampler = RoundSampler(per_announcer=4, max_offers=10_000, key=b"same key")
+        sampler = RoundSampler(per_announcer=4, max_announcers=10_000, key=b"same key")
         for peer, digest in shuffled:
             sampler.offer(5, digest, peer)
         draws.append(sampler.draw(5, 20, everything))
@@ -71,7 +71,7 @@ def test_no_digest_or_identity_an_attacker_picks_is_drawn_first_more_than_its_sh
     first = Counter()
     trials = 2000
     for trial in range(trials):
-        sampler = RoundSampler(per_announcer=1, max_offers=100, key=trial.to_bytes(4, "big"))
+        sampler = RoundSampler(per_announcer=1, max_announcers=100, key=trial.to_bytes(4, "big"))
         sampler.offer(0, bytes(32), "")  # the attacker's ground-down digest and id
         for peer in range(7):
             sampler.offer(0, d(peer), f"honest-{peer}")
@@ -81,8 +81,8 @@ def test_no_digest_or_identity_an_attacker_picks_is_drawn_first_more_than_its_sh
 
 
 def test_an_announcer_keeps_only_its_best_ranked_digests_whatever_order_it_sends_them() -> None:
-    forward = RoundSampler(per_announcer=3, max_offers=100, key=b"k")
-    backward = RoundSampler(per_announcer=3, max_offers=100, key=b"k")
+    forward = RoundSampler(per_announcer=3, max_announcers=100, key=b"k")
+    backward = RoundSampler(per_announcer=3, max_announcers=100, key=b"k")
     for i in range(50):
         forward.offer(1, d(i), "p")
         backward.offer(1, d(49 - i), "p")
@@ -91,17 +91,25 @@ def test_an_announcer_keeps_only_its_best_ranked_digests_whatever_order_it_sends
     assert len(forward) == 0
 
 
-def test_offers_are_bounded_in_all() -> None:
-    sampler = RoundSampler(per_announcer=2, max_offers=10, key=b"k")
-    for peer in range(100):
-        for i in range(5):
-            sampler.offer(0, d(peer * 10 + i), f"p{peer}")
-    assert len(sampler) == 10
-    assert sampler.dropped == 100 * 5 - 10
+def test_past_its_bound_a_round_keeps_the_best_ranked_announcers_whoever_came_first() -> None:
+    # Red team rt69 F5: a full sampler dropped newcomers, so 1,000 ids announcing early held
+    # every place against 2,000 honest announcers (0 of 15 picks honest).
+    sybils = [f"sybil-{i}" for i in range(300)]
+    honest = [f"honest-{i}" for i in range(300)]
+    kept = []
+    for order in (sybils + honest, honest + sybils):
+        sampler = RoundSampler(per_announcer=2, max_announcers=50, key=b"k")
+        for peer in order:
+            for part in (b"a", b"b"):
+                sampler.offer(0, hashlib.sha256(peer.encode() + part).digest(), peer)
+        assert len(sampler) == 100
+        kept.append(sorted({a[0] for _, a in sampler.draw(0, 1000, everything)}))
+    assert kept[0] == kept[1] and len(kept[0]) == 50
+    assert 10 < sum(peer.startswith("honest") for peer in kept[0]) < 40  # about half of the 50
 
 
 def test_a_digest_offered_by_several_announcers_is_drawn_once_with_all_of_them() -> None:
-    sampler = RoundSampler(per_announcer=2, max_offers=100, key=b"k")
+    sampler = RoundSampler(per_announcer=2, max_announcers=100, key=b"k")
     for peer in ("a", "b", "c"):
         sampler.offer(0, d(1), peer)
     picked = sampler.draw(0, 5, everything)
@@ -111,7 +119,7 @@ def test_a_digest_offered_by_several_announcers_is_drawn_once_with_all_of_them()
 
 
 def test_a_digest_not_usable_takes_no_pick_and_is_dropped() -> None:
-    sampler = RoundSampler(per_announcer=2, max_offers=100, key=b"k")
+    sampler = RoundSampler(per_announcer=2, max_announcers=100, key=b"k")
     sampler.offer(0, d(1), "a")
     sampler.offer(0, d(2), "b")
     picked = sampler.draw(0, 2, lambda digest: digest != d(1))
@@ -120,7 +128,7 @@ def test_a_digest_not_usable_takes_no_pick_and_is_dropped() -> None:
 
 
 def test_rounds_no_longer_read_are_forgotten() -> None:
-    sampler = RoundSampler(per_announcer=2, max_offers=100, key=b"k")
+    sampler = RoundSampler(per_announcer=2, max_announcers=100, key=b"k")
     for r in range(4):
         sampler.offer(r, d(r), "a")
     sampler.forget_before(2)
@@ -173,19 +181,22 @@ def test_select_at_zero_draws_as_soon_as_offers_are_read() -> None:
     assert len(pulled(core.handle_all(events, 1.0))) == 3
 
 
-def test_a_refused_item_is_replaced_by_the_next_pick_an_admitted_or_retried_one_is_not() -> None:
+def test_a_failed_or_refused_pick_is_replaced_at_once_an_admitted_one_is_not() -> None:
+    # Red team rt69 F3: a pick whose pull stalled held its place for the whole round (four
+    # timeouts and their backoffs). A failed pick is still retried, beside its replacement.
     core = offered_core(20)
     first = pulled(core.poll(10.0))
     (fail, retried), (serve, good), (junk_pull, junk) = first
     actions = core.handle_all(
         [
-            PullFailed(fail.request_id, fail.peer, "unreachable", received=0),
+            PullFailed(fail.request_id, fail.peer, "timeout", received=0),
             PullSucceeded(serve.request_id, serve.peer, ((good, good),)),
             PullSucceeded(junk_pull.request_id, junk_pull.peer, ((junk, junk),)),
         ],
         10.2,
     )
-    assert pulled(actions) == []  # the failed one waits for its announcer's backoff: still live
+    replacement = pulled(actions)
+    assert len(replacement) == 1 and replacement[0][1] not in (retried, good, junk)
     actions = core.handle_all(
         [
             AdmissionResult(serve.peer, good, True, "ok"),
@@ -193,11 +204,23 @@ def test_a_refused_item_is_replaced_by_the_next_pick_an_admitted_or_retried_one_
         ],
         10.3,
     )
-    replacement = pulled(actions)
-    assert len(replacement) == 1  # the refused one is replaced; the admitted one stays counted
-    assert replacement[0][1] not in (retried, good, junk)
-    assert core.stats.offers_selected == 4
-    assert [digest for _, digest in pulled(core.poll(12.0))] == [retried]  # after its backoff
+    again = pulled(actions)
+    assert len(again) == 1  # the refused one is replaced; the admitted one stays counted
+    assert again[0][1] not in (retried, good, junk, replacement[0][1])
+    assert core.stats.offers_selected == 5
+    assert retried in [digest for _, digest in pulled(core.poll(12.0))]  # after its backoff
+
+
+def test_offering_peers_take_no_place_in_the_peer_table_so_ids_read_last_cannot_push_them_out() -> None:
+    # Red team rt69 F1, F6: each offering peer took an idle place in the peer table; 1,024 ids
+    # read last pushed the honest announcers out, and their drawn offers were dropped (0 pulls),
+    # each new id evicting another with a scan of the table.
+    core = GossipCore(demand_cfg(max_peers=4), "me", selection_key=b"test")
+    core.poll(0.0)
+    core.handle_all([Announced(f"p{i}", 0, (d(i),)) for i in range(10)], 1.0)
+    core.handle_all([Announced(f"sybil-{i}", 0, ()) for i in range(50)], 9.0)
+    assert core.sizes().peers == 0 and core.sizes().offers == 10
+    assert len(pulled(core.poll(10.0))) == 3
 
 
 def test_offers_of_a_round_no_longer_read_are_dropped() -> None:
@@ -263,7 +286,9 @@ def reads(actions: list[Any]) -> list[Any]:
 
 
 def test_a_reader_reads_its_first_buckets_in_its_keyed_order_and_widens_while_short_of_demand() -> None:
-    config = demand_cfg(announce_buckets=64, read_buckets=2, round_demand=3, read_back_rounds=0)
+    config = demand_cfg(
+        announce_buckets=64, read_buckets=2, round_demand=3, read_back_rounds=0, select_at=0.0
+    )
     core = GossipCore(config, "me", selection_key=b"test")
     (first,) = reads(core.poll(0.0))
     assert first.rounds == (0,) and len(first.buckets[0]) == 2
@@ -272,15 +297,15 @@ def test_a_reader_reads_its_first_buckets_in_its_keyed_order_and_widens_while_sh
     (second,) = reads(core.poll(1.0))  # nothing offered: twice as many, the first two first
     assert second.buckets[0][:2] == first.buckets[0] and len(second.buckets[0]) == 4
     assert len(reads(core.poll(2.0))[0].buckets[0]) == 8
-    for i in range(3):  # enough offers: the width holds
+    for i in range(3):
         core.handle(Announced(f"p{i}", 0, (d(i),), second.buckets[0][0]), 2.5)
-    assert core.sizes().offers == 0  # those ids' records belong to other buckets: ignored
+    assert core.stats.offers_selected == 0  # those ids' records belong to other buckets: ignored
     wanted = second.buckets[0][0]
     owners = [f"q{i}" for i in range(5000) if announcement_bucket(0, f"q{i}", 64) == wanted][:3]
     for i, owner in enumerate(owners):
         core.handle(Announced(owner, 0, (d(100 + i),), wanted), 2.5)
-    assert core.sizes().offers == 3
-    assert len(reads(core.poll(3.0))[0].buckets[0]) == 8
+    assert core.stats.offers_selected == 3  # drawn at once (select_at = 0): the demand is met
+    assert len(reads(core.poll(3.0))[0].buckets[0]) == 8  # so the width holds
     (next_round,) = reads(core.poll(10.0))  # round 1 starts from round 0's width
     assert next_round.rounds == (1,) and len(next_round.buckets[0]) == 8
 
@@ -296,3 +321,15 @@ def test_read_buckets_beyond_the_buckets_are_an_error() -> None:
         demand_cfg(announce_buckets=4, read_buckets=5)
     with pytest.raises(ConfigError, match=r"gossip\.announce_buckets"):
         demand_cfg(announce_buckets=0)
+
+
+def test_a_round_widens_its_reads_only_once_it_can_be_drawn() -> None:
+    # Red team rt69 F4: a round's first reads (no offers yet) doubled the width every round, up to
+    # every bucket: 2,000 honest peers, K = 64, read 4: 17,107 records a round instead of ~1,100.
+    config = demand_cfg(
+        announce_buckets=64, read_buckets=4, round_demand=3, read_back_rounds=0, select_at=0.5
+    )
+    core = GossipCore(config, "me", selection_key=b"test")
+    widths = [len(read.buckets[0]) for t in (0.0, 1.0, 2.0, 3.0, 4.0) for read in reads(core.poll(t))]
+    assert widths == [4, 4, 4, 4, 4]  # before select_at: offers still arriving
+    assert [len(read.buckets[0]) for read in reads(core.poll(5.0))] == [8]  # drawable and short

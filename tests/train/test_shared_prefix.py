@@ -234,6 +234,23 @@ def test_a_long_completion_never_shares_a_forward_with_packs_of_short_ones() -> 
     assert [sorted(k for seq in forward for k in seq) for forward in forwards] == [[0, 1, 2, 3], [4]]
 
 
+def test_a_long_prompt_never_shares_a_split_forward_with_packs_of_short_prompts() -> None:
+    # Red team rt68 F1: split attention pads every prompt of a forward to the longest there, so
+    # one admitted group with a 441-token prompt, its completions sized to the honest packs' class
+    # (one of 64 tokens, seven empty), made 3 honest groups' update 1.9x dearer. Under split
+    # attention, packs are classed by their longest prompt too.
+    prompts: list[list[int]] = []
+    completions: list[list[int]] = []
+    for i in range(3):  # honest: 67-token prompts, 8 completions of 54 tokens (499-token packs)
+        prompts += [[1, 2 + i, *([3] * 65)]] * 8
+        completions += [[4] * 54] * 8
+    prompts += [[1, 9, *([3] * 439)]] * 8  # hostile: 441 + 64 + 7 x 1 = 512 tokens, width 512
+    completions += [[4] * 64, *[[2]] * 7]
+    packs = batch_module._packs(prompts, completions)
+    forwards = batch_module._forwards(packs, completions)
+    assert [sorted(k for seq in forward for k in seq) for forward in forwards] == [[0, 1, 2], [3]]
+
+
 def test_a_forward_gathers_outputs_at_real_tokens_only_never_at_the_longest_completions_width(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -357,6 +357,31 @@ def test_hacpo_takes_no_external_group_whose_joint_group_with_ours_has_no_signal
         assert trainer.capabilities.capability("peer") is None  # nothing of it trained: no sample
 
 
+def test_a_peers_group_beside_ours_is_a_candidate_only_with_a_success_ours_lacks(
+    quick_model: Path, tmp_path: Path
+) -> None:
+    # Red team rt68 F2: a peer's all-wrong group beside our all-correct one has a joint signal,
+    # but teaches nothing: it made our solved rows' advantage non-zero (HACPO's update 2.8-3.0x
+    # the CPU) and, under the joint rule, put our solved groups in our signal groups' places.
+    for rule in ("hacpo", "joint"):
+        with rule_trainer(quick_model, tmp_path / rule, rule, 4, 8) as (trainer, own):
+            solved = dataclasses.replace(own[0], rewards=[1.0] * 4)
+            mixed = dataclasses.replace(own[1], rewards=[1.0, 0.0, 1.0, 0.0])
+            failed = dataclasses.replace(own[2], rewards=[0.0] * 4)
+            junk = [
+                dataclasses.replace(relabelled(g, [0.0] * 4), texts=[f"junk {i}"] * 4)
+                for i, g in enumerate((solved, mixed, failed))
+            ]
+            teaching = [
+                dataclasses.replace(relabelled(g, [1.0, 0.0, 0.0, 0.0]), texts=[f"teach {i}"] * 4)
+                for i, g in enumerate((mixed, failed))
+            ]
+            local, ext = trainer.choose_groups([solved, mixed, failed], [*junk, *teaching])
+            assert sorted(g.texts[0] for g in ext) == ["teach 0", "teach 1"]
+            if rule == "joint":
+                assert solved not in local  # no junk beside it: not put first
+
+
 def test_hacpo_samples_a_peers_capability_over_the_groups_of_it_the_step_trains_on(
     quick_model: Path, tmp_path: Path
 ) -> None:
