@@ -992,9 +992,14 @@ class GossipCore:
         if now >= self._next_read_at:
             current = self.current_round(now)
             rounds = tuple(current - k for k in range(self.config.read_back_rounds + 1))
-            actions.append(self._read_action(rounds))
+            if self.config.round_demand:
+                rounds = tuple(r for r in rounds if self._worth_reading(r, now))
             self._next_read_at = now + self.config.read_interval
-            self.stats.reads += 1
+            if rounds:
+                actions.append(self._read_action(rounds))
+                self.stats.reads += 1
+            elif self.config.round_demand:  # the current round's first read, if it comes sooner
+                self._next_read_at = min(self._next_read_at, max(now, self._read_from(current)))
         if self.config.round_demand:
             self._draw(now)
         return actions + self._schedule_pulls(now)
@@ -1225,6 +1230,17 @@ class GossipCore:
 
     # -- pulling ------------------------------------------------------------------------------
 
+    def _worth_reading(self, r: int, now: float) -> bool:
+        """Demand-driven: a round is read from the last read before it can be drawn, and then only
+        while it is short of its demand (its offers would replace a pick that failed). Reading
+        every round at every interval read each record about 12 times a round for nothing."""
+        return now >= self._read_from(r) and len(self._drawn.get(r, ())) < self.config.round_demand
+
+    def _read_from(self, r: int) -> float:
+        """When round ``r`` is first read with a demand: one read interval before its draw opens."""
+        c = self.config
+        return round_start(r, c.round_seconds, c.epoch) + c.select_at * c.round_seconds - c.read_interval
+
     def _read_action(self, rounds: tuple[int, ...]) -> ReadAnnouncements:
         """What to read of these rounds: every record, or with buckets this node's first buckets of
         each round in its keyed order. A round starts from the width of the round before (at
@@ -1242,7 +1258,12 @@ class GossipCore:
         for r in sorted(rounds):
             width = self._read_widths.get(r)
             if width is None:
-                width = max(start, self._read_widths.get(r - 1, start))
+                # The round before tells how dense the buckets are, if anything was found in them: a
+                # round with no offers at all (before a swarm's first publications) widened to every
+                # bucket, and every later round took that width.
+                before = self._read_widths.get(r - 1, start)
+                found = self._sampler.offers_of(r - 1) + len(self._drawn.get(r - 1, ())) > 0
+                width = max(start, before) if found else start
             elif (
                 c.round_demand
                 and self._now >= round_start(r, c.round_seconds, c.epoch) + c.select_at * c.round_seconds

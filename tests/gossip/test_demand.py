@@ -305,7 +305,7 @@ def test_a_reader_reads_its_first_buckets_in_its_keyed_order_and_widens_while_sh
     for i, owner in enumerate(owners):
         core.handle(Announced(owner, 0, (d(100 + i),), wanted), 2.5)
     assert core.stats.offers_selected == 3  # drawn at once (select_at = 0): the demand is met
-    assert len(reads(core.poll(3.0))[0].buckets[0]) == 8  # so the width holds
+    assert reads(core.poll(3.0)) == []  # so round 0 is read no more
     (next_round,) = reads(core.poll(10.0))  # round 1 starts from round 0's width
     assert next_round.rounds == (1,) and len(next_round.buckets[0]) == 8
 
@@ -323,13 +323,17 @@ def test_read_buckets_beyond_the_buckets_are_an_error() -> None:
         demand_cfg(announce_buckets=0)
 
 
-def test_a_round_widens_its_reads_only_once_it_can_be_drawn() -> None:
+def test_a_round_is_read_from_just_before_its_draw_and_widens_only_once_it_can_be_drawn() -> None:
     # Red team rt69 F4: a round's first reads (no offers yet) doubled the width every round, up to
     # every bucket: 2,000 honest peers, K = 64, read 4: 17,107 records a round instead of ~1,100.
+    # Reads before the last one ahead of the draw are skipped: they read each record again.
     config = demand_cfg(
         announce_buckets=64, read_buckets=4, round_demand=3, read_back_rounds=0, select_at=0.5
     )
     core = GossipCore(config, "me", selection_key=b"test")
-    widths = [len(read.buckets[0]) for t in (0.0, 1.0, 2.0, 3.0, 4.0) for read in reads(core.poll(t))]
-    assert widths == [4, 4, 4, 4, 4]  # before select_at: offers still arriving
+    assert [reads(core.poll(t)) for t in (0.0, 1.0, 2.0, 3.0)] == [[]] * 4
+    assert core.next_deadline() == 4.0  # the read one interval before the draw
+    assert [len(read.buckets[0]) for read in reads(core.poll(4.0))] == [4]
     assert [len(read.buckets[0]) for read in reads(core.poll(5.0))] == [8]  # drawable and short
+    # round 1 does not take the width of round 0, which found nothing in any bucket it read
+    assert [(read.rounds, len(read.buckets[0])) for read in reads(core.poll(14.0))] == [((1,), 4)]
