@@ -816,6 +816,8 @@ class GossipCore:
         self._drawn: dict[int, dict[Digest, None]] = {}
         self._draw_at: float | None = None  # when a round's offers first become drawable
         self._read_widths: dict[int, int] = {}  # per round, how many of its buckets the last read read
+        self._buckets: dict[int, dict[PeerId, int]] = {}  # per round, announcers' buckets (_bucket_of)
+        self._found: set[int] = set()  # rounds whose buckets read held offers (their width carries on)
         self._inflight: ExpiringMap[int, _InFlight] = ExpiringMap(c.max_inflight_pulls + c.max_probe_pulls)
         self._inflight_digests: dict[Digest, int] = {}
         self._awaiting: ExpiringMap[Digest, _Awaiting] = ExpiringMap(c.max_pending_admissions)
@@ -989,6 +991,8 @@ class GossipCore:
 
     def _timers(self, now: float) -> list[GossipAction]:
         actions = self._flush_announcements(now)
+        if self.config.round_demand:
+            self._draw(now)  # first: a round whose demand a draw meets needs no read now
         if now >= self._next_read_at:
             current = self.current_round(now)
             rounds = tuple(current - k for k in range(self.config.read_back_rounds + 1))
@@ -1000,8 +1004,6 @@ class GossipCore:
                 self.stats.reads += 1
             elif self.config.round_demand:  # the current round's first read, if it comes sooner
                 self._next_read_at = min(self._next_read_at, max(now, self._read_from(current)))
-        if self.config.round_demand:
-            self._draw(now)
         return actions + self._schedule_pulls(now)
 
     # -- own items: publish, announce ---------------------------------------------------------
@@ -1164,9 +1166,7 @@ class GossipCore:
         could still be pulled when the round was drawn (red team rt69 F1, F6). A digest already
         drawn (in the table, in flight) takes the announcer as usual."""
         c = self.config
-        if c.announce_buckets > 1 and event.bucket != announcement_bucket(
-            event.round, event.peer, c.announce_buckets
-        ):
+        if c.announce_buckets > 1 and event.bucket != self._bucket_of(event.round, event.peer):
             self.stats.announcements_ignored += 1  # stored in a bucket not its owner's
             return
         drawn: list[Digest] = []
@@ -1183,8 +1183,19 @@ class GossipCore:
                 drawn.append(digest)
             else:
                 self._sampler.offer(event.round, digest, event.peer)
+                self._found.add(event.round)
         if drawn:
             self._on_announced_drawn(Announced(event.peer, event.round, tuple(drawn), event.bucket), now)
+
+    def _bucket_of(self, r: int, peer: PeerId) -> int:
+        """``announcement_bucket``, remembered for the rounds read (a SHA-256 per record read)."""
+        known = self._buckets.setdefault(r, {})
+        bucket = known.get(peer)
+        if bucket is None:
+            if len(known) >= self.config.max_offers:
+                known.clear()  # bounded: recomputed after
+            bucket = known[peer] = announcement_bucket(r, peer, self.config.announce_buckets)
+        return bucket
 
     def _take_slot(self, candidate: _Candidate, peer: PeerId, *, in_table: bool) -> bool:
         """Make ``peer`` an announcer of ``candidate`` if there is a slot. When all are taken, a
@@ -1251,9 +1262,12 @@ class GossipCore:
             return ReadAnnouncements(rounds)
         oldest = min(rounds)
         self._sampler.forget_before(oldest)
+        for r in [r for r in self._buckets if r < oldest]:
+            del self._buckets[r]
         start = c.read_buckets or c.announce_buckets
         for r in [r for r in self._read_widths if r < oldest - 1]:
             del self._read_widths[r]
+            self._found.discard(r)
         per_round = []
         for r in sorted(rounds):
             width = self._read_widths.get(r)
@@ -1262,8 +1276,7 @@ class GossipCore:
                 # round with no offers at all (before a swarm's first publications) widened to every
                 # bucket, and every later round took that width.
                 before = self._read_widths.get(r - 1, start)
-                found = self._sampler.offers_of(r - 1) + len(self._drawn.get(r - 1, ())) > 0
-                width = max(start, before) if found else start
+                width = max(start, before) if r - 1 in self._found else start
             elif (
                 c.round_demand
                 and self._now >= round_start(r, c.round_seconds, c.epoch) + c.select_at * c.round_seconds
@@ -1285,6 +1298,8 @@ class GossipCore:
         self._sampler.forget_before(oldest)
         for r in [r for r in self._drawn if r < oldest]:
             del self._drawn[r]
+        for r in [r for r in self._found if r < oldest - 1]:
+            self._found.discard(r)
         self._draw_at = None
         for r in self._sampler.rounds():
             if not self._sampler.waiting(r):

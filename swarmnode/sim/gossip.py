@@ -27,6 +27,7 @@ Must not
 
 from __future__ import annotations
 
+import bisect
 import math
 import statistics
 from dataclasses import dataclass
@@ -369,12 +370,15 @@ class GossipLayer:
         honest_items = [i for i in self.items.values() if i.role == HONEST and i.round < last_counted]
         coverages = []
         full = 0
+        # Honest nodes up at the end, by join time: an item's eligible receivers are those that
+        # joined by its publication, less its publisher (a scan of every node per item was
+        # O(items x nodes): hours at 10,000 nodes publishing every round).
+        joined = sorted(n.joined_at for n in self.world.nodes if n.honest and n.alive)
+        alive_honest = {n.name: n.joined_at for n in self.world.nodes if n.honest and n.alive}
         for item in honest_items:
-            eligible = sum(
-                1
-                for n in self.world.nodes
-                if n.honest and n.alive and n.joined_at <= item.published_at and n.name != item.publisher
-            )
+            eligible = bisect.bisect_right(joined, item.published_at)
+            if alive_honest.get(item.publisher, math.inf) <= item.published_at:
+                eligible -= 1
             if eligible:
                 c = min(1.0, item.accepted_by / eligible)
                 coverages.append(c)
