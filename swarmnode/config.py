@@ -292,9 +292,9 @@ class SwarmConfig(Section):
         0,
         ge=0,
         le=4096,
-        description="Peers' items (batches) to pull per round, drawn fairly over their announcers at the "
-        "round's end (gossip.demand); 0: pull every item announced. In a large swarm about 1.5 x "
-        "external_groups: each item holds a peer's groups of a round.",
+        description="Peers' batches to pull per round, drawn fairly over their announcers at the round's "
+        "end (gossip.demand); 0: pull every batch announced. In a large swarm about 1.5 x external_groups"
+        " / rollout.prompts_per_round (a batch holds a peer's groups of a round), at least 2.",
     )
     announce_buckets: int = Field(
         1,

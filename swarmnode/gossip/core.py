@@ -1260,7 +1260,8 @@ class GossipCore:
         c = self.config
         if c.announce_buckets <= 1:
             return ReadAnnouncements(rounds)
-        oldest = min(rounds)
+        # Rounds still read, not only those read now: a met round's offers wait to replace a pick.
+        oldest = self.current_round(self._now) - c.read_back_rounds
         self._sampler.forget_before(oldest)
         for r in [r for r in self._buckets if r < oldest]:
             del self._buckets[r]
@@ -1300,6 +1301,9 @@ class GossipCore:
             del self._drawn[r]
         for r in [r for r in self._found if r < oldest - 1]:
             self._found.discard(r)
+        for drawn in self._drawn.values():  # every round's, offers left or not (``_worth_reading``)
+            for digest in [d for d in drawn if not self._live(d)]:
+                del drawn[digest]  # failed, refused or given up: the next pick replaces it
         self._draw_at = None
         for r in self._sampler.rounds():
             if not self._sampler.waiting(r):
@@ -1309,8 +1313,6 @@ class GossipCore:
                 self._draw_at = opens if self._draw_at is None else min(self._draw_at, opens)
                 continue
             drawn = self._drawn.setdefault(r, {})
-            for digest in [d for d in drawn if not self._live(d)]:
-                del drawn[digest]  # failed, refused or given up: the next pick replaces it
             need = c.round_demand - len(drawn)
             while need > 0 and self._sampler.waiting(r):
                 for digest, announcers in self._sampler.draw(r, need, lambda d: not self._known(d)):

@@ -337,3 +337,19 @@ def test_a_round_is_read_from_just_before_its_draw_and_widens_only_once_it_can_b
     assert [len(read.buckets[0]) for read in reads(core.poll(5.0))] == [8]  # drawable and short
     # round 1 does not take the width of round 0, which found nothing in any bucket it read
     assert [(read.rounds, len(read.buckets[0])) for read in reads(core.poll(14.0))] == [((1,), 4)]
+
+
+def test_a_round_whose_picks_all_failed_is_read_again_for_replacements() -> None:
+    # Every offer of round 0 drawn, then both picks fail: the round is short again, so the next
+    # read asks for it (a replacement may have been announced since).
+    core = GossipCore(demand_cfg(round_demand=2, read_back_rounds=1), "me", selection_key=b"test")
+    core.poll(0.0)
+    core.handle_all([Announced(f"p{i}", 0, (d(i),)) for i in range(2)], 9.0)
+    picks = pulled(core.poll(10.0))
+    assert len(picks) == 2
+    assert reads(core.poll(11.0)) == []  # met: round 0 is not read
+    core.handle_all(
+        [PullFailed(pull.request_id, pull.peer, "timeout", received=0) for pull, _ in picks], 11.5
+    )
+    (read,) = reads(core.poll(12.0))
+    assert 0 in read.rounds
