@@ -813,8 +813,9 @@ class GossipCore:
         self._sampler = RoundSampler(max(c.round_demand, 1), per_round, selection_key)
         # Per round, the digests drawn for it that still count toward round_demand (pruned to the
         # live ones at each draw: in the table, in flight, awaiting a verdict or admitted).
-        self._drawn: dict[int, dict[Digest, None]] = {}
+        self._drawn: dict[int, dict[Digest, float]] = {}  # digest -> when it was drawn
         self._draw_at: float | None = None  # when a round's offers first become drawable
+        self._read_at: dict[int, float] = {}  # when each round was last read (``_read_action``)
         self._read_widths: dict[int, int] = {}  # per round, how many of its buckets the last read read
         self._buckets: dict[int, dict[PeerId, int]] = {}  # per round, announcers' buckets (_bucket_of)
         self._found: set[int] = set()  # rounds whose buckets read held offers (their width carries on)
@@ -1003,7 +1004,8 @@ class GossipCore:
                 actions.append(self._read_action(rounds))
                 self.stats.reads += 1
             elif self.config.round_demand:  # the current round's first read, if it comes sooner
-                self._next_read_at = min(self._next_read_at, max(now, self._read_from(current)))
+                if self._read_from(current) > now:  # never now: the driver would spin (rt70 F4)
+                    self._next_read_at = min(self._next_read_at, self._read_from(current))
         return actions + self._schedule_pulls(now)
 
     # -- own items: publish, announce ---------------------------------------------------------
@@ -1184,8 +1186,24 @@ class GossipCore:
             else:
                 self._sampler.offer(event.round, digest, event.peer)
                 self._found.add(event.round)
+        drawn = [d for d in drawn if self._has_room(d, event.peer)]  # rt70 F2: no table place otherwise
         if drawn:
             self._on_announced_drawn(Announced(event.peer, event.round, tuple(drawn), event.bucket), now)
+
+    def _has_room(self, digest: Digest, peer: PeerId) -> bool:
+        """Whether ``peer``'s announcement of a drawn digest could take an announcer slot: only then
+        does it get a place in the peer table. Before, every copycat of a drawn digest got one (a
+        scan of the full table each: one draw beside 5,000 copycats took 15.8 s; red team rt70 F2)."""
+        request_id = self._inflight_digests.get(digest)
+        in_flight = None if request_id is None else self._inflight.get(request_id)
+        candidate = in_flight.digests.get(digest) if in_flight is not None else self._candidates.get(digest)
+        if candidate is None:
+            return digest in self._refused_copies
+        if peer in candidate.announcers or self._closed_to(candidate, peer):
+            return False
+        return len(candidate.announcers) < self.config.max_announcers_per_digest or any(
+            p in candidate.tried for p in candidate.announcers
+        )
 
     def _bucket_of(self, r: int, peer: PeerId) -> int:
         """``announcement_bucket``, remembered for the rounds read (a SHA-256 per record read)."""
@@ -1268,6 +1286,7 @@ class GossipCore:
         start = c.read_buckets or c.announce_buckets
         for r in [r for r in self._read_widths if r < oldest - 1]:
             del self._read_widths[r]
+            self._read_at.pop(r, None)
             self._found.discard(r)
         per_round = []
         for r in sorted(rounds):
@@ -1282,11 +1301,15 @@ class GossipCore:
                 c.round_demand
                 and self._now >= round_start(r, c.round_seconds, c.epoch) + c.select_at * c.round_seconds
                 and self._sampler.offers_of(r) + len(self._drawn.get(r, ())) < c.round_demand
+                and self._read_at.get(r, -math.inf)
+                >= round_start(r, c.round_seconds, c.epoch) + c.select_at * c.round_seconds
             ):
-                # Short of its demand once it can be drawn; before, a round's first read (no offers
-                # yet) doubled it every round, up to every bucket (red team rt69 F4).
+                # Short of its demand once it can be drawn, after a read made since it could be: before,
+                # a round's first read (no offers yet) doubled it every round, up to every bucket (red
+                # team rt69 F4), and records written after the read ahead of the draw did (rt70 F3).
                 width = min(2 * width, c.announce_buckets)
             self._read_widths[r] = width
+            self._read_at[r] = self._now
         for r in rounds:
             per_round.append(tuple(self._sampler.read_order(r, c.announce_buckets)[: self._read_widths[r]]))
         return ReadAnnouncements(rounds, tuple(per_round))
@@ -1302,7 +1325,7 @@ class GossipCore:
         for r in [r for r in self._found if r < oldest - 1]:
             self._found.discard(r)
         for drawn in self._drawn.values():  # every round's, offers left or not (``_worth_reading``)
-            for digest in [d for d in drawn if not self._live(d)]:
+            for digest in [d for d, at in drawn.items() if not self._live(d, at, now)]:
                 del drawn[digest]  # failed, refused or given up: the next pick replaces it
         self._draw_at = None
         for r in self._sampler.rounds():
@@ -1317,18 +1340,20 @@ class GossipCore:
             while need > 0 and self._sampler.waiting(r):
                 for digest, announcers in self._sampler.draw(r, need, lambda d: not self._known(d)):
                     if self._add_drawn(digest, announcers, now):
-                        drawn[digest] = None
+                        drawn[digest] = now
                         need -= 1
 
-    def _live(self, digest: Digest) -> bool:
-        """Counts toward its round's demand: to be pulled (until its first failed try), being
-        pulled or judged, or admitted. A pick that failed once is still retried, but a replacement
-        is drawn at once: a stalling announcer's pick otherwise held its place for the whole
-        round, through four timeouts and their backoffs (red team rt69 F3: 10 stalling ids among
-        10 honest announcers left 12 of 20 rounds short of their demand)."""
+    def _live(self, digest: Digest, drawn_at: float, now: float) -> bool:
+        """Counts toward its round's demand: to be pulled (until its first failed try, and for at
+        most ``pull_timeout`` after it was drawn), being pulled or judged, or admitted. A pick that
+        failed once is still retried, but a replacement is drawn at once: a stalling announcer's
+        pick otherwise held its place for the whole round, through four timeouts and their
+        backoffs (red team rt69 F3: 10 stalling ids among 10 honest announcers left 12 of 20
+        rounds short of their demand), and one never tried (its announcers backed off) held it
+        untried (rt70 F1)."""
         candidate = self._candidates.get(digest)
         return (
-            (candidate is not None and not candidate.tried)
+            (candidate is not None and not candidate.tried and now < drawn_at + self.config.pull_timeout)
             or digest in self._inflight_digests
             or digest in self._awaiting
             or digest in self._admitted
@@ -1346,6 +1371,8 @@ class GossipCore:
             announcers={}, expires_at=now + c.candidate_ttl, first_expiry=now + c.candidate_ttl
         )
         for peer in announcers:
+            if len(candidate.announcers) >= c.max_announcers_per_digest:
+                break
             # Offering peers hold no place in the peer table (``_on_offered``): a drawn one gets it now.
             state = None if self.is_banned(peer, now) else self._peer(peer, now)
             if state is None or state.candidates >= c.max_candidates_per_peer:

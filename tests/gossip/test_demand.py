@@ -334,7 +334,10 @@ def test_a_round_is_read_from_just_before_its_draw_and_widens_only_once_it_can_b
     assert [reads(core.poll(t)) for t in (0.0, 1.0, 2.0, 3.0)] == [[]] * 4
     assert core.next_deadline() == 4.0  # the read one interval before the draw
     assert [len(read.buckets[0]) for read in reads(core.poll(4.0))] == [4]
-    assert [len(read.buckets[0]) for read in reads(core.poll(5.0))] == [8]  # drawable and short
+    # drawable and short, but the records seen were read before it could be drawn (red team rt70
+    # F3: records written after the read ahead of the draw doubled the width for good)
+    assert [len(read.buckets[0]) for read in reads(core.poll(5.0))] == [4]
+    assert [len(read.buckets[0]) for read in reads(core.poll(6.0))] == [8]  # short after that read too
     # round 1 does not take the width of round 0, which found nothing in any bucket it read
     assert [(read.rounds, len(read.buckets[0])) for read in reads(core.poll(14.0))] == [((1,), 4)]
 
@@ -353,3 +356,43 @@ def test_a_round_whose_picks_all_failed_is_read_again_for_replacements() -> None
     )
     (read,) = reads(core.poll(12.0))
     assert 0 in read.rounds
+
+
+def test_copycats_of_a_drawn_digest_take_no_place_in_the_peer_table_once_its_slots_are_full() -> None:
+    # Red team rt70 F2: every identity re-announcing a drawn digest got a peer-table place (a
+    # scan of the full table each): one draw beside 5,000 copycats took 15.8 s of CPU.
+    core = GossipCore(demand_cfg(round_demand=1, max_peers=64), "me", selection_key=b"test")
+    core.poll(0.0)
+    copycats = [Announced(f"copy-{i}", 0, (d(1),)) for i in range(500)]
+    core.handle_all([Announced("author", 0, (d(1),)), *copycats], 9.0)
+    assert len(pulled(core.poll(10.0))) == 1
+    assert core.sizes().peers <= 8  # max_announcers_per_digest
+    core.handle_all(copycats, 11.0)  # read again after the draw
+    assert core.sizes().peers <= 8
+
+
+def test_with_select_at_below_one_a_met_round_never_makes_the_next_deadline_now() -> None:
+    # Red team rt70 F4: with both read rounds met, the next read was set to "now" until the
+    # current round's read ahead of its draw: a driver sleeping until next_deadline() spun.
+    core = GossipCore(demand_cfg(round_demand=1, select_at=0.5), "me", selection_key=b"test")
+    core.poll(0.0)
+    for r, peer, at in ((0, "p", 5.0), (1, "q", 15.0)):
+        core.handle_all([Announced(peer, r, (d(r),))], at - 0.5)
+        ((pull, digest),) = pulled(core.poll(at))
+        core.handle(PullSucceeded(pull.request_id, peer, ((digest, digest),)), at + 0.1)
+        core.handle(AdmissionResult(peer, digest, True, "ok"), at + 0.2)
+    for t in (15.5, 16.0, 17.25):  # rounds 0 and 1 both met
+        core.poll(t)
+        deadline = core.next_deadline()
+        assert deadline is not None and deadline > t
+
+
+def test_a_drawn_pick_never_tried_stops_counting_after_the_pull_timeout() -> None:
+    # Red team rt70 F1 (in part): a pick whose announcers could not be asked (backed off, or no
+    # pull slot) was never tried, so it counted toward the demand for the whole round.
+    core = offered_core(20, demand_cfg(max_probe_pulls=1))  # newcomers: one small pull at a time
+    assert len(pulled(core.poll(10.0))) == 1  # three drawn, one pull slot
+    core.poll(14.9)
+    assert core.stats.offers_selected == 3
+    core.poll(15.2)  # the two untried picks stop counting: replaced (the one in flight still counts)
+    assert core.stats.offers_selected == 5
