@@ -293,7 +293,7 @@ class SwarmConfig(Section):
         ge=0,
         le=4096,
         description="Peers' batches to pull per round, drawn fairly over their announcers at the round's "
-        "end (gossip.demand); 0: pull every batch announced. In a large swarm about 1.5 x external_groups"
+        "end (core.demand); 0: pull every batch announced. In a large swarm about 1.5 x external_groups"
         " / rollout.prompts_per_round (a batch holds a peer's groups of a round), at least 2.",
     )
     announce_buckets: int = Field(

@@ -53,11 +53,11 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 
+from swarmnode.core.demand import RoundSampler, announcement_bucket
 from swarmnode.core.events import Digest, PeerBanned, PeerId
 from swarmnode.core.limits import ExpiringMap, TokenBucket
 from swarmnode.core.rounds import round_at, round_start
 from swarmnode.errors import ConfigError
-from swarmnode.gossip.demand import RoundSampler, announcement_bucket
 
 # A reader ranks a round's buckets once (``RoundSampler.read_order``): at most this many.
 MAX_ANNOUNCE_BUCKETS = 65536
@@ -119,7 +119,7 @@ class GossipConfig:
     max_candidates: int = 8192  # announced digests waiting to be pulled
     max_candidates_per_peer: int = 1024
     max_announcers_per_digest: int = 8
-    # Demand-driven pulling (issue #18, ``gossip.demand``). 0: every announced digest is pulled,
+    # Demand-driven pulling (issue #18, ``core.demand``). 0: every announced digest is pulled,
     # so each node downloads the whole swarm's output, which grows with the swarm. n > 0: the
     # node obtains n items of each round (admitted, or being pulled or judged): announced digests
     # wait as offers, and from ``select_at`` of their round on (a fraction of the round after its
@@ -793,8 +793,9 @@ class GossipCore:
         (the node's driver does: each digest is its payload's own, from the payload's one decode,
         ``gossip.intake.decode_pulled``).
 
-        ``selection_key`` keys the demand-driven draw (``RoundSampler``); a secret drawn at random
-        by default. The simulator passes a seeded one, so that runs repeat."""
+        ``selection_key`` keys the demand-driven draw and the order buckets are read in
+        (``RoundSampler``): a secret the driver draws at random (required with ``round_demand`` or
+        ``announce_buckets``); the simulator passes a seeded one, so that runs repeat."""
         self.config = config
         self.self_id = self_id
         self.stats = GossipStats()
@@ -810,7 +811,12 @@ class GossipCore:
         self._candidates: ExpiringMap[Digest, _Candidate] = ExpiringMap(c.max_candidates)
         # Announcers kept per round: the offers bound over the rounds a node reads (and one ahead).
         per_round = max(1, c.max_offers // (max(c.round_demand, 1) * (c.read_back_rounds + 2)))
-        self._sampler = RoundSampler(max(c.round_demand, 1), per_round, selection_key)
+        if selection_key is None and (c.round_demand or c.announce_buckets > 1):
+            raise ConfigError(
+                "gossip.round_demand and gossip.announce_buckets need a selection_key: a secret the driver "
+                "draws at random (the core hides no randomness)"
+            )
+        self._sampler = RoundSampler(max(c.round_demand, 1), per_round, selection_key or b"unused")
         # Per round, the digests drawn for it that still count toward round_demand (pruned to the
         # live ones at each draw: in the table, in flight, awaiting a verdict or admitted).
         self._drawn: dict[int, dict[Digest, float]] = {}  # digest -> when it was drawn

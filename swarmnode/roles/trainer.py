@@ -18,6 +18,7 @@ import heapq
 import logging
 import math
 import operator
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -367,6 +368,7 @@ class SwarmNode:
                 read_buckets=min(s.read_buckets, s.announce_buckets),
             ),
             self.runtime.peer_id,
+            selection_key=os.urandom(32),  # the demand-driven draw's secret (core.demand)
         )
         self.driver = GossipDriver(
             self.core,

@@ -45,7 +45,7 @@ optional, unknown keys are an error)::
     local_groups = 4           # I: own groups per update (SAPO; HACPO uses every own group)
     external_groups = 4        # J: external groups per update; 0 = no exchange (nothing published)
     round_demand = 0           # peers' items pulled per round, drawn at its end (swarm.round_demand;
-                               # gossip.demand); 0: every item announced
+                               # core.demand); 0: every item announced
     prompts_per_round = 8      # groups each agent generates per round
     group_size = 8             # G completions per prompt
     max_new_tokens = 6

@@ -1,4 +1,4 @@
-"""Specification of demand-driven pulling (issue #18): ``gossip.demand.RoundSampler`` and the
+"""Specification of demand-driven pulling (issue #18): ``core.demand.RoundSampler`` and the
 core's ``round_demand``. Each test name is a rule."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from swarmnode.core.demand import RoundSampler, announcement_bucket
 from swarmnode.errors import ConfigError
 from swarmnode.gossip import (
     AdmissionResult,
@@ -23,7 +24,6 @@ from swarmnode.gossip import (
     PullSucceeded,
     ReadAnnouncements,
 )
-from swarmnode.gossip.demand import RoundSampler, announcement_bucket
 
 
 def d(i: int) -> bytes:
@@ -264,7 +264,7 @@ def test_a_node_announces_into_its_own_bucket_of_the_round() -> None:
     assert announce.bucket == announcement_bucket(0, "me", 16)
     spread = Counter(announcement_bucket(0, f"peer-{i}", 16) for i in range(1600))
     assert len(spread) == 16 and max(spread.values()) < 150  # about 100 each
-    plain = GossipCore(demand_cfg(), "me")
+    plain = GossipCore(demand_cfg(), "me", selection_key=b"test")
     plain.poll(0.0)
     plain.handle(Publish(d(1), 100), 0.1)
     assert [a.bucket for a in plain.poll(1.0) if isinstance(a, Announce)] == [None]
@@ -396,3 +396,12 @@ def test_a_drawn_pick_never_tried_stops_counting_after_the_pull_timeout() -> Non
     assert core.stats.offers_selected == 3
     core.poll(15.2)  # the two untried picks stop counting: replaced (the one in flight still counts)
     assert core.stats.offers_selected == 5
+
+
+def test_a_demand_or_buckets_without_a_selection_key_is_an_error() -> None:
+    # The core hides no randomness: the driver draws the secret the keyed orders derive from.
+    with pytest.raises(ConfigError, match="selection_key"):
+        GossipCore(demand_cfg(), "me")
+    with pytest.raises(ConfigError, match="selection_key"):
+        GossipCore(demand_cfg(round_demand=0, announce_buckets=4), "me")
+    GossipCore(demand_cfg(round_demand=0), "me")  # neither: none needed

@@ -230,7 +230,7 @@ def test_with_a_round_demand_each_agent_pulls_only_that_many_peer_batches_a_roun
     cache: Path, tmp_path: Path
 ) -> None:
     # Issue #18: three agents, each wanting one peer's batch a round, drawn at the round's end
-    # (gossip.demand), so a round's batch arrives for the next round's update; without a demand
+    # (core.demand), so a round's batch arrives for the next round's update; without a demand
     # each would pull both peers' batches every round (16 groups).
     result = run_learning(scenario(cache, agents=3, rounds=3, round_demand=1), tmp_path)
     for agent in result["runs"][0]["agents"]:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import bisect
 import hashlib
 import heapq
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -84,12 +83,14 @@ class RoundSampler:
     a full sampler dropped newcomers, and 1,000 ids announcing early held every place against
     2,000 honest ones (red team rt69 F5). Per announcer, its ``per_announcer`` best-ranked digests."""
 
-    def __init__(self, per_announcer: int, max_announcers: int, key: bytes | None = None) -> None:
+    def __init__(self, per_announcer: int, max_announcers: int, key: bytes) -> None:
+        """``key``: the secret every keyed order derives from; the caller draws it (a node: at random
+        at each start; the simulator: seeded), so that nothing here hides randomness."""
         if per_announcer < 1 or max_announcers < 1:
             raise ValueError("per_announcer and max_announcers must be >= 1")
         self.per_announcer = per_announcer
         self.max_announcers = max_announcers
-        self._key = os.urandom(32) if key is None else hashlib.blake2b(key, digest_size=32).digest()
+        self._key = hashlib.blake2b(key, digest_size=32).digest()
         self._rounds: dict[int, _Round] = {}
         self._read_orders: dict[int, list[int]] = {}
         self._offers = 0  # (announcer, digest) pairs kept, every round
