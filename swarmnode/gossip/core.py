@@ -1104,9 +1104,7 @@ class GossipCore:
         """An announcement's digests into the candidate table (without a demand: every digest; with
         one, those drawn already, ``_on_offered``)."""
         c = self.config
-        if c.announce_buckets > 1 and event.bucket != announcement_bucket(
-            event.round, event.peer, c.announce_buckets
-        ):
+        if c.announce_buckets > 1 and event.bucket != self._bucket_of(event.round, event.peer):
             fresh = False  # stored in a bucket not its owner's: one identity cannot fill every bucket
         state = None
         if fresh and event.peer != self.self_id and not self.is_banned(event.peer, now):
@@ -1205,11 +1203,7 @@ class GossipCore:
         candidate = in_flight.digests.get(digest) if in_flight is not None else self._candidates.get(digest)
         if candidate is None:
             return digest in self._refused_copies
-        if peer in candidate.announcers or self._closed_to(candidate, peer):
-            return False
-        return len(candidate.announcers) < self.config.max_announcers_per_digest or any(
-            p in candidate.tried for p in candidate.announcers
-        )
+        return peer not in candidate.announcers and self._slot_for(candidate, peer)
 
     def _bucket_of(self, r: int, peer: PeerId) -> int:
         """``announcement_bucket``, remembered for the rounds read (a SHA-256 per record read)."""
@@ -1227,18 +1221,25 @@ class GossipCore:
         peers that failed it cannot hold every slot against its honest announcer (red team R8-3).
         Once ``_max_unserved`` announcers failed it, only proven peers join (``_closed_to``).
         ``in_table``: the candidate waits in the table, whose slots count in ``_Peer.candidates``."""
-        if self._closed_to(candidate, peer):
+        if not self._slot_for(candidate, peer):
             return False
         if len(candidate.announcers) >= self.config.max_announcers_per_digest:
-            failed = next((p for p in candidate.announcers if p in candidate.tried), None)
-            if failed is None or peer in candidate.tried:
-                return False
+            failed = next(p for p in candidate.announcers if p in candidate.tried)
             del candidate.announcers[failed]
             state = self._peers.get(failed)
             if in_table and state is not None:
                 state.candidates -= 1
         candidate.announcers[peer] = None
         return True
+
+    def _slot_for(self, candidate: _Candidate, peer: PeerId) -> bool:
+        """Whether ``peer`` could join ``candidate``'s announcers (``_take_slot``'s rule): not closed
+        to it, and a free slot or, for a peer not tried yet, one held by a peer that failed it."""
+        if self._closed_to(candidate, peer):
+            return False
+        if len(candidate.announcers) < self.config.max_announcers_per_digest:
+            return True
+        return peer not in candidate.tried and any(p in candidate.tried for p in candidate.announcers)
 
     def _closed_to(self, candidate: _Candidate, peer: PeerId) -> bool:
         """Whether ``candidate`` takes no new announcer ``peer``: ``_max_unserved`` announcers failed
@@ -1273,8 +1274,12 @@ class GossipCore:
 
     def _read_from(self, r: int) -> float:
         """When round ``r`` is first read with a demand: one read interval before its draw opens."""
+        return self._opens(r) - self.config.read_interval
+
+    def _opens(self, r: int) -> float:
+        """When round ``r``'s offers can first be drawn (``select_at`` of it)."""
         c = self.config
-        return round_start(r, c.round_seconds, c.epoch) + c.select_at * c.round_seconds - c.read_interval
+        return round_start(r, c.round_seconds, c.epoch) + c.select_at * c.round_seconds
 
     def _read_action(self, rounds: tuple[int, ...]) -> ReadAnnouncements:
         """What to read of these rounds: every record, or with buckets this node's first buckets of
@@ -1305,10 +1310,9 @@ class GossipCore:
                 width = max(start, before) if r - 1 in self._found else start
             elif (
                 c.round_demand
-                and self._now >= round_start(r, c.round_seconds, c.epoch) + c.select_at * c.round_seconds
+                and self._now >= self._opens(r)
                 and self._sampler.offers_of(r) + len(self._drawn.get(r, ())) < c.round_demand
-                and self._read_at.get(r, -math.inf)
-                >= round_start(r, c.round_seconds, c.epoch) + c.select_at * c.round_seconds
+                and self._read_at.get(r, -math.inf) >= self._opens(r)
             ):
                 # Short of its demand once it can be drawn, after a read made since it could be: before,
                 # a round's first read (no offers yet) doubled it every round, up to every bucket (red
@@ -1337,7 +1341,7 @@ class GossipCore:
         for r in self._sampler.rounds():
             if not self._sampler.waiting(r):
                 continue
-            opens = round_start(r, c.round_seconds, c.epoch) + c.select_at * c.round_seconds
+            opens = self._opens(r)
             if now < opens:
                 self._draw_at = opens if self._draw_at is None else min(self._draw_at, opens)
                 continue
