@@ -14,9 +14,10 @@ Owns
 
 Model
     No chunk bytes exist: a chunk is its length on the wire and a validity bit (a corrupt node
-    serves chunks whose driver-side hash check fails). The signed manifest reaches each node
-    ``dht_delay_ms`` after the broadcast starts (or after it joins). Every node knows the
-    publisher (it signs the manifest), so every node may fetch from it; relays are the overlay
+    serves chunks whose driver-side hash check fails; a silent one never answers a request).
+    The signed manifest reaches each node ``dht_delay_ms`` after the broadcast starts (or after
+    it joins). Every node knows the publisher (it signs the manifest), so every node may fetch
+    from it; relays are the overlay
     neighbours, who tell each other what they hold (``Have``), and a newly linked pair swaps
     full ``holding`` sets. By default one version is broadcast; ``later_versions`` (seconds after
     the start) publishes more, each manifest reaching every receiver after its own DHT delay, so
@@ -64,7 +65,7 @@ from swarmnode.broadcast.receiver import (
 )
 from swarmnode.errors import ConfigError
 from swarmnode.sim.scenario import BroadcastSpec, ScenarioError, broadcast_config
-from swarmnode.sim.world import CORRUPT, SimNode, World
+from swarmnode.sim.world import CORRUPT, SILENT, SimNode, World
 
 DIGEST = b"weights-v1".ljust(32, b"\x00")
 #: The receivers' staleness bound S unless the layer is given one: a newer manifest within S waits
@@ -207,8 +208,8 @@ class BroadcastPeer:
     # -- messages from the network ----------------------------------------------------------------
 
     def _on_request(self, client: BroadcastPeer, digest: bytes, index: int, request_id: int) -> None:
-        if not self.active:
-            return
+        if not self.active or self.node.role == SILENT:
+            return  # a silent node never answers: the client's core expires the fetch
         self._clients[request_id] = client
         self.feed(ChunkRequested(client.name, digest, index, request_id))
 

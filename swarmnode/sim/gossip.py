@@ -19,7 +19,9 @@ Model
       churn is modelled (records survive their writer, as hivemind's replicas do).
     * Pull: the request is a control message; the server's core answers it at once (``Serve``),
       the answer is a bulk transfer of the served items' sizes; a slow sender waits
-      ``slow_delay_ms`` first and has a thin uplink.
+      ``slow_delay_ms`` first and has a thin uplink; a silent sender never answers (the
+      client's core gives the pull up at its timeout); a copycat re-announces every digest it
+      reads as its own and answers pulls with none of them (red team rt70 F1, F6).
 
 Must not
     Decide what to pull, serve or retry (the core does) or keep payload bytes.
@@ -33,6 +35,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+from swarmnode.core.demand import announcement_bucket
 from swarmnode.core.events import Digest
 from swarmnode.core.rounds import round_start
 from swarmnode.gossip.core import (
@@ -51,8 +54,19 @@ from swarmnode.gossip.core import (
 )
 from swarmnode.gossip.intake import admission_events
 from swarmnode.sim.scenario import GossipSpec, gossip_config
-from swarmnode.sim.world import CORRUPT, FORGER, HONEST, SLOW, SimNode, World
+from swarmnode.sim.world import (
+    ADVERSARY_ROLES,
+    COPYCAT,
+    CORRUPT,
+    FORGER,
+    HONEST,
+    SILENT,
+    SLOW,
+    SimNode,
+    World,
+)
 
+COPY_BUCKETS = 2  # announcement buckets a copycat reads a sweep
 REQUEST_OVERHEAD = 64  # bytes of a pull response's framing
 # An announcement record as read from the DHT: its digests (32 bytes each on the wire) and about
 # this much of key, owner, signature and expiry.
@@ -87,6 +101,7 @@ class GossipPeer:
         self.core = GossipCore(layer.config, node.name, digest_of=_identity, selection_key=key)
         self.active = True
         self._poll_at = math.inf
+        self._copied: dict[int, set[Digest]] = {}  # a copycat's: round -> digests it re-announces
 
     # -- core plumbing --------------------------------------------------------------------------
 
@@ -139,6 +154,28 @@ class GossipPeer:
         if self.active:
             self.feed([*self.layer.dht_read(action, self.node.name, self.sim.now)])
 
+    def copy_round(self, r: int) -> None:
+        """A copycat's sweep, every ``read_interval`` of round ``r`` whatever its core does: it reads
+        the round's records (``COPY_BUCKETS`` random buckets of them: about 128 records, enough to
+        fill its record) and announces, as its own, the digests it read (one record, as full as a
+        record may be). It holds none of them: its answers hold nothing."""
+        c, layer = self.layer.config, self.layer
+        if not self.active:
+            return
+        k = c.announce_buckets
+        buckets = tuple(layer.rng.sample(range(k), min(COPY_BUCKETS, k))) if k > 1 else ()
+        read = ReadAnnouncements((r,), (buckets,) if buckets else ())
+        copied = self._copied.setdefault(r, set())
+        for event in layer.dht_read(read, self.node.name, self.sim.now):
+            fresh = [d for d in event.digests if d not in copied]
+            copied.update(fresh[: max(0, c.max_digests_per_announcement - len(copied))])
+        for old in [old for old in self._copied if old < r - 1]:
+            del self._copied[old]
+        if copied:
+            bucket = announcement_bucket(r, self.node.name, c.announce_buckets) if buckets else None
+            record = Announce(r, 0, tuple(sorted(copied)), self.sim.now + c.candidate_ttl, bucket)
+            self.sim.after(layer.dht_delay(), layer.dht_store, self.node.name, record)
+
     def _pull(self, action: Pull) -> None:
         server = self.layer.peers.get(action.peer)
         net = self.layer.world.network
@@ -155,14 +192,14 @@ class GossipPeer:
         )
 
     def _on_pull_request(self, client: GossipPeer, request_id: int, digests: tuple[Digest, ...]) -> None:
-        if not self.active:
-            return
+        if not self.active or self.node.role == SILENT:
+            return  # a silent node holds the stream open and never answers: the client times out
         served: tuple[Digest, ...] = ()
         actions = self.core.handle(PullRequest(client.node.name, digests), self.sim.now)
         rest = []
         for action in actions:
             if isinstance(action, Serve):
-                served = action.digests
+                served = () if self.node.role == COPYCAT else action.digests  # relays included
             else:
                 rest.append(action)
         self._perform(rest)
@@ -181,7 +218,7 @@ class GossipPeer:
         self, client: GossipPeer, request_id: int, payloads: tuple[tuple[Digest, bytes], ...], nbytes: int
     ) -> None:
         if self.active:
-            self.layer.count_bytes(self.node.name, client.node.name, nbytes)
+            self.layer.count_bytes(self.node, client.node.name, nbytes)
             self.layer.world.network.transfer(
                 self.node.host, client.node.host, nbytes, client._on_pull_response, request_id,
                 self.node.name,
@@ -256,6 +293,7 @@ class GossipLayer:
         # the end of the next round, and the publishers a node accepted items from.
         self.bytes_up: dict[str, int] = {}
         self.bytes_down: dict[str, int] = {}
+        self.bytes_down_adversarial: dict[str, int] = {}  # of bytes_down, what adversaries served
         self.announce_bytes: dict[str, int] = {}
         self.in_time: dict[tuple[str, int], int] = {}
         self.sources: dict[str, set[str]] = {}
@@ -302,9 +340,11 @@ class GossipLayer:
         self.announce_bytes[reader] = self.announce_bytes.get(reader, 0) + read
         return events
 
-    def count_bytes(self, server: str, client: str, nbytes: int) -> None:
-        self.bytes_up[server] = self.bytes_up.get(server, 0) + nbytes
+    def count_bytes(self, server: SimNode, client: str, nbytes: int) -> None:
+        self.bytes_up[server.name] = self.bytes_up.get(server.name, 0) + nbytes
         self.bytes_down[client] = self.bytes_down.get(client, 0) + nbytes
+        if not server.honest:
+            self.bytes_down_adversarial[client] = self.bytes_down_adversarial.get(client, 0) + nbytes
 
     def charge(self, judge: str, signer: str) -> int:
         key = (judge, signer)
@@ -321,7 +361,12 @@ class GossipLayer:
             self._prune_dht(r)
             honest = [n for n in self.world.alive_nodes() if n.role == HONEST]
             publishers = self.rng.sample(honest, min(spec.publishers, len(honest)))
-            publishers += [n for n in self.world.alive_nodes() if n.role != HONEST]
+            # Adversaries publish one item a round too (copycats only re-announce others').
+            publishers += [n for n in self.world.alive_nodes() if n.role not in (HONEST, COPYCAT)]
+            for node in self.world.alive_nodes():
+                if node.role == COPYCAT:
+                    for k in range(1, math.ceil(cfg.round_seconds / cfg.read_interval)):
+                        self.sim.at(start + k * cfg.read_interval, self._copy_round, node, r)
             for node in publishers:
                 for j in range(spec.items_per_round):
                     # Producing a rollout is a modelled cost: 1/rate seconds each, back to back.
@@ -329,6 +374,11 @@ class GossipLayer:
         # One more round for the last items to travel, then the figures are final.
         await self.sim.sleep_until(round_start(spec.rounds + 1, cfg.round_seconds, cfg.epoch))
         self.world.layer_done(self)
+
+    def _copy_round(self, node: SimNode, r: int) -> None:
+        peer = self.peers.get(node.name)
+        if peer is not None and peer.node is node:
+            peer.copy_round(r)
 
     def _publish(self, node: SimNode, r: int) -> None:
         peer = self.peers.get(node.name)
@@ -394,7 +444,7 @@ class GossipLayer:
             "round_seconds": self.config.round_seconds,
             "items_published": {
                 role: sum(1 for i in self.items.values() if i.role == role)
-                for role in (HONEST, FORGER, SLOW, CORRUPT)
+                for role in (HONEST, *ADVERSARY_ROLES)
             },
             "items_counted": len(honest_items),
             "coverage_mean": statistics.fmean(coverages) if coverages else None,
@@ -431,6 +481,7 @@ class GossipLayer:
         out: dict[str, Any] = {
             "bytes_down_per_node_round": spread(self.bytes_down),
             "bytes_up_per_node_round": spread(self.bytes_up),
+            "bytes_down_from_adversaries_per_node_round": spread(self.bytes_down_adversarial),
             "announcement_bytes_per_node_round": spread(self.announce_bytes),
             "distinct_sources_per_node": statistics.fmean(len(self.sources.get(n.name, ())) for n in honest)
             if honest

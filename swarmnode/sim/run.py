@@ -24,7 +24,7 @@ def _quiet(_: str) -> None:
 
 def simulate_network(scenario: Scenario, progress: Progress = _quiet) -> dict[str, Any]:
     """Run the scenario; return every figure (JSON-ready). Deterministic given the seed."""
-    from swarmnode.sim.world import World
+    from swarmnode.sim.world import ADVERSARY_ROLES, HONEST, World
 
     wall0 = time.perf_counter()
     results: dict[str, Any] = {"scenario": scenario.name, "mode": "network", "seed": scenario.seed}
@@ -51,9 +51,7 @@ def simulate_network(scenario: Scenario, progress: Progress = _quiet) -> dict[st
             "initial": scenario.nodes.count,
             "total": len(world.nodes),
             "alive_at_end": len(world.alive_nodes()),
-            "roles": {
-                r: sum(1 for n in world.nodes if n.role == r) for r in ("honest", "forger", "slow", "corrupt")
-            },
+            "roles": {r: sum(1 for n in world.nodes if n.role == r) for r in (HONEST, *ADVERSARY_ROLES)},
         }
         results["churn"] = world.churn_log
         net = world.network

@@ -304,6 +304,8 @@ class AdversarySpec:
     forgers: int = 0
     slow: int = 0
     corrupt: int = 0
+    silent: int = 0  # announce (gossip) and accept requests, never answer them
+    copycats: int = 0  # gossip: re-announce others' digests as their own, answer pulls with nothing
     slow_upload_mbps: float = 1.0
     slow_delay_ms: float = 0.0
 
@@ -462,15 +464,18 @@ def parse_scenario(data: Mapping[str, Any], name: str = "scenario") -> Scenario:
         forgers=ad.integer("forgers", 0, lo=0),
         slow=ad.integer("slow", 0, lo=0),
         corrupt=ad.integer("corrupt", 0, lo=0),
+        silent=ad.integer("silent", 0, lo=0),
+        copycats=ad.integer("copycats", 0, lo=0),
         slow_upload_mbps=ad.number("slow_upload_mbps", 1.0, lo=0.0, lo_open=True),
         slow_delay_ms=ad.number("slow_delay_ms", 0.0, lo=0.0),
     )
     ad.done()
-    bad = adversaries.forgers + adversaries.slow + adversaries.corrupt
+    a = adversaries
+    bad = a.forgers + a.slow + a.corrupt + a.silent + a.copycats
     if bad >= nodes.count:
         raise ScenarioError(
-            f"scenario key adversaries.forgers: forgers + slow + corrupt ({bad}) must be fewer than "
-            f"nodes.count ({nodes.count}): at least one node must be honest"
+            f"scenario key adversaries: forgers + slow + corrupt + silent + copycats ({bad}) must be "
+            f"fewer than nodes.count ({nodes.count}): at least one node must be honest"
         )
 
     broadcast = None

@@ -19,7 +19,8 @@ from swarmnode.sim.engine import Simulation
 from swarmnode.sim.network import MBPS, Host, Network
 from swarmnode.sim.scenario import Scenario
 
-HONEST, FORGER, SLOW, CORRUPT = "honest", "forger", "slow", "corrupt"
+HONEST, FORGER, SLOW, CORRUPT, SILENT, COPYCAT = "honest", "forger", "slow", "corrupt", "silent", "copycat"
+ADVERSARY_ROLES = (FORGER, SLOW, CORRUPT, SILENT, COPYCAT)
 
 
 @dataclass
@@ -72,10 +73,11 @@ class World:
         protected = {sc.broadcast.publisher} if sc.broadcast is not None else set()
         candidates = [i for i in range(count) if i not in protected]
         adv = sc.adversaries
-        bad = self.rng.sample(candidates, adv.forgers + adv.slow + adv.corrupt)
+        drawn = [FORGER] * adv.forgers + [SLOW] * adv.slow + [CORRUPT] * adv.corrupt + [SILENT] * adv.silent
+        drawn += [COPYCAT] * adv.copycats
         roles = dict.fromkeys(range(count), HONEST)
-        for i, index in enumerate(bad):
-            roles[index] = FORGER if i < adv.forgers else SLOW if i < adv.forgers + adv.slow else CORRUPT
+        for role, index in zip(drawn, self.rng.sample(candidates, len(drawn)), strict=True):
+            roles[index] = role
         for i in range(count):
             self._new_node(roles[i], joined_at=0.0)
 
