@@ -310,6 +310,12 @@ class SwarmConfig(Section):
         description="Announcement buckets a node reads per round at first (0: all); it reads more while "
         "a round's offers fall short of round_demand.",
     )
+    relay: bool = Field(
+        False,
+        description="Serve and announce the peers' batches this node admitted, in their round and while "
+        "their author does, within the gossip serve budgets and 64 MiB (SPEC 1.4): shares the upload of "
+        "a batch many nodes pull.",
+    )
     initial_peers: list[str] = Field(default_factory=list, description="Bootstrap multiaddrs.")
     peers_file: str = Field("", description="File with one bootstrap multiaddr per line.")
     host_maddrs: list[str] = Field(

@@ -110,6 +110,11 @@ class GossipConfig:
     max_digests_per_announcement: int = 64  # 64 x 32-byte digests ~ 2 KiB: far below DHT value limits
     announce_delay: float = 0.5  # coalesce publications this long before (re)writing a record
     keep_rounds: int = 2  # own items stay servable for their round and this many more
+    # Relaying (issue #18): an item this node admitted is served and announced as its own are, in
+    # the round it was announced in and for as long as its author serves it (``_relay``), so the
+    # upload of an item many nodes want is shared. Off: only authors serve their items.
+    relay: bool = False
+    max_relay_bytes: int = 64 * 1024 * 1024  # payloads kept to relay, all of them (the driver holds them)
     max_own_items: int = 4096
     # Reading announcements.
     read_interval: float = 5.0
@@ -252,6 +257,8 @@ class GossipConfig:
     max_bans: int = 4096
 
     def __post_init__(self) -> None:
+        if not isinstance(self.relay, bool):
+            raise ConfigError(f"gossip.relay must be true or false, got {self.relay!r}")
         positive = (
             "round_seconds",
             "read_interval",
@@ -280,6 +287,7 @@ class GossipConfig:
         at_least_one = (
             "max_digests_per_announcement",
             "max_own_items",
+            "max_relay_bytes",
             "max_digest_bytes",
             "max_candidates",
             "max_candidates_per_peer",
@@ -566,6 +574,8 @@ class GossipStats:
 
     published: int = 0
     publish_dropped: int = 0
+    relayed: int = 0  # admitted items served and announced as a relay
+    relay_dropped: int = 0  # admitted items not relayed: their round no longer read, or own items full
     retired: int = 0
     announcements_sent: int = 0
     reads: int = 0
@@ -632,6 +642,7 @@ class GossipSizes:
 class _OwnItem:
     size: int
     round: int
+    relayed: bool = False  # admitted from a peer, not published here (``_relay``)
 
 
 @dataclass
@@ -648,6 +659,7 @@ class _Candidate:
     # Announcers dropped for what they served of it (``_drop_announcer``), and tries past max_attempts:
     # from _max_unserved on, only proven peers join its announcers (``_closed_to``).
     unserved: int = 0
+    round: int | None = None  # the round it was first announced in: a relay announces it there
 
 
 @dataclass
@@ -845,6 +857,13 @@ class GossipCore:
         self._round = 0
         self._round_start = math.inf
         self._round_end = -math.inf
+        # The relayed items in _own and their payload bytes: at most half of max_own_items, so
+        # that relaying never crowds out this node's own publications, and max_relay_bytes.
+        self._relay_items = 0
+        self._relay_bytes = 0
+        # Relayed ids per round: at most one record part's worth (max_digests_per_announcement), so
+        # a node that pulls every item does not list the whole swarm's output in its records.
+        self._relayed_in: dict[int, int] = {}
         self._pruned_round: int | None = None  # the round own-round bookkeeping was pruned for
         # Announcers that may answer a pull of one digest without it before it is given up: a full
         # table of them, and as many again that took the slots they gave up. More than a table,
@@ -962,17 +981,21 @@ class GossipCore:
 
     def _expire(self, now: float) -> list[GossipAction]:
         actions: list[GossipAction] = []
-        for digest, _ in self._own.pop_expired(now):
+        for digest, item in self._own.pop_expired(now):
+            if item.relayed:
+                self._relay_bytes -= item.size
+                self._relay_items -= 1
             actions.append(Retire(digest))
             self.stats.retired += 1
             self._remember(digest, now)  # a stray re-announcement of it is still never pulled
         current = self.current_round(now)
         if current != self._pruned_round:
-            # Own rounds are only ever added for the current round, so which ones are past
-            # keeping changes only when the round does.
+            # Own rounds are only ever added for the current round or (relays) one still kept,
+            # so which ones are past keeping changes only when the round does.
             self._pruned_round = current
             for r in [r for r in self._own_rounds if r + self.config.keep_rounds < current]:
                 del self._own_rounds[r]
+                self._relayed_in.pop(r, None)
             for key in [key for key in self._dirty_parts if key[0] not in self._own_rounds]:
                 del self._dirty_parts[key]
         for _, candidate in self._candidates.pop_expired(now):
@@ -1028,16 +1051,54 @@ class GossipCore:
         ):
             self.stats.publish_dropped += 1
             return [Retire(digest)]
-        r = self.current_round(now)
-        self._own.put(digest, _OwnItem(event.size, r), self._own_expiry(r))
         self._forget_remote(digest)
+        self._serve_and_announce(digest, event.size, self.current_round(now), now)
         self.stats.published += 1
+        return []
+
+    def _serve_and_announce(
+        self, digest: Digest, size: int, r: int, now: float, *, relayed: bool = False
+    ) -> None:
+        """``digest`` among the items this node serves until ``_own_expiry(r)`` and lists in its
+        announcement record of round ``r`` (written ``announce_delay`` later, or now once a part fills)."""
+        c = self.config
+        self._own.put(digest, _OwnItem(size, r, relayed), self._own_expiry(r))
         listed = self._own_rounds.setdefault(r, [])
         listed.append(digest)
         part = (len(listed) - 1) // c.max_digests_per_announcement
         part_full = len(listed) % c.max_digests_per_announcement == 0
         due = now if part_full else now + c.announce_delay
         self._dirty_parts[(r, part)] = min(due, self._dirty_parts.get((r, part), math.inf))
+
+    def _relay(self, digest: Digest, waiting: _Awaiting, now: float) -> list[GossipAction]:
+        """An admitted item, served and announced as a relay (``GossipConfig.relay``; the driver kept
+        its payload): in the round it was first announced in (``_Candidate.round``) and until its
+        author's copy expires, never later, so relaying never makes an item live longer or reach
+        readers of a later round (admission refuses envelopes past ``max_age_s``, and charges their
+        deliverer). Not relayed (its payload retired at once): an item whose round this node no
+        longer reads, past ``max_digests_per_announcement`` relayed in its round, or with relays
+        holding half the own-item table or ``max_relay_bytes``."""
+        c = self.config
+        r = waiting.candidate.round
+        size = max(0, waiting.size - ITEM_PREFIX_BYTES)
+        if digest in self._own:
+            return []
+        if (
+            r is None
+            or r < self.current_round(now) - c.read_back_rounds  # no longer read: no one would pull it
+            or self._own_expiry(r) <= now
+            or self._own.full
+            or self._relay_items >= c.max_own_items // 2
+            or self._relayed_in.get(r, 0) >= c.max_digests_per_announcement
+            or self._relay_bytes + size > c.max_relay_bytes
+        ):
+            self.stats.relay_dropped += 1
+            return [Retire(digest)]
+        self._serve_and_announce(digest, size, r, now, relayed=True)
+        self._relay_bytes += size
+        self._relay_items += 1
+        self._relayed_in[r] = self._relayed_in.get(r, 0) + 1
+        self.stats.relayed += 1
         return []
 
     def _own_expiry(self, r: int) -> float:
@@ -1148,7 +1209,9 @@ class GossipCore:
                     continue
                 expires_at = now + c.candidate_ttl
                 if parked is None:
-                    candidate = _Candidate(announcers={}, expires_at=expires_at, first_expiry=expires_at)
+                    candidate = _Candidate(
+                        announcers={}, expires_at=expires_at, first_expiry=expires_at, round=event.round
+                    )
                 else:
                     # A new announcer of a digest whose copy was refused: pull it from this one,
                     # keeping the attempts and refusals so far (their number stays bounded), and
@@ -1349,7 +1412,7 @@ class GossipCore:
             need = c.round_demand - len(drawn)
             while need > 0 and self._sampler.waiting(r):
                 for digest, announcers in self._sampler.draw(r, need, lambda d: not self._known(d)):
-                    if self._add_drawn(digest, announcers, now):
+                    if self._add_drawn(digest, announcers, r, now):
                         drawn[digest] = now
                         need -= 1
 
@@ -1369,8 +1432,8 @@ class GossipCore:
             or digest in self._admitted
         )
 
-    def _add_drawn(self, digest: Digest, announcers: list[PeerId], now: float) -> bool:
-        """A drawn digest into the candidate table with every announcer still worth asking."""
+    def _add_drawn(self, digest: Digest, announcers: list[PeerId], r: int, now: float) -> bool:
+        """A drawn digest of round ``r`` into the candidate table with every announcer still worth asking."""
         c = self.config
         if digest in self._candidates:
             return True  # came back as a parked copy's candidate meanwhile
@@ -1378,7 +1441,7 @@ class GossipCore:
             self.stats.candidates_dropped += 1
             return False
         candidate = _Candidate(
-            announcers={}, expires_at=now + c.candidate_ttl, first_expiry=now + c.candidate_ttl
+            announcers={}, expires_at=now + c.candidate_ttl, first_expiry=now + c.candidate_ttl, round=r
         )
         for peer in announcers:
             if len(candidate.announcers) >= c.max_announcers_per_digest:
@@ -2201,7 +2264,9 @@ class GossipCore:
         waiting = self._awaiting.get(event.digest)
         if waiting is None or waiting.peer != event.peer:
             self.stats.results_ignored += 1  # late (timed out) or never asked
-            return []
+            # Relaying, the driver kept an accepted item's payload for us: not ours to serve.
+            keep = not (self.config.relay and event.accepted) or event.digest in self._own
+            return [] if keep else [Retire(event.digest)]
         self._awaiting.pop(event.digest)
         self._add_pending(event.peer, -1)
         state = self._peers.get(event.peer)
@@ -2216,7 +2281,7 @@ class GossipCore:
                 state.unusable = 0
                 earned = state.credit + self.config.credit_per_accepted_byte * waiting.size
                 state.credit = min(earned, 2.0 * self.config.max_serve_bytes)
-            return []
+            return self._relay(event.digest, waiting, now) if self.config.relay else []
         self.stats.rejected += 1
         if event.busy:
             # Downloaded for nothing: waste of its server's, whoever it is (its debt and credit;

@@ -372,6 +372,9 @@ class GossipDriver:
         judged = await self.intake.judge(action.payload, via=action.peer, solicited=True, envelope=envelope)
         verdict, now = judged.verdict, time.time()
         busy, overloaded = judged.busy, judged.overloaded
+        if self.core.config.relay and not isinstance(verdict, Rejected):
+            # Kept before the core hears of the verdict: it serves the item as a relay, or retires it.
+            self.own_payloads[action.digest] = action.payload
         for event in verdict_events(
             action.peer, action.digest, verdict, judged.banned_until, busy=busy, overloaded=overloaded
         ):

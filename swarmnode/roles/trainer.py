@@ -366,6 +366,7 @@ class SwarmNode:
                 round_demand=s.round_demand,
                 announce_buckets=s.announce_buckets,
                 read_buckets=min(s.read_buckets, s.announce_buckets),
+                relay=s.relay,
             ),
             self.runtime.peer_id,
             selection_key=os.urandom(32),  # the demand-driven draw's secret (core.demand)
