@@ -65,6 +65,9 @@ MAX_ANNOUNCE_BUCKETS = 65536
 # Each item of a pull's answer is a uint32 length, then the envelope (SPEC 1.4a): counted in the
 # most bytes an answer may hold (``max_pull_response``).
 ITEM_PREFIX_BYTES = 4
+# A node's announcement record parts from this number on list ids it relays (SPEC 1.4, Relaying):
+# its own ids are in parts 0, 1, ...
+RELAY_PART = 1000
 
 # Why pulled bytes were no envelope, when a peer on a newer protocol may have served them honestly
 # (``WireReason`` values; the core does not import the wire format).
@@ -396,6 +399,9 @@ class Announced:
     round: int
     digests: tuple[Digest, ...]
     bucket: int | None = None  # the bucket it was read from (None: a swarm without buckets)
+    # A relay's record (its part >= RELAY_PART): ids it admitted from others. With a demand they are
+    # never offers of its own, only more announcers of ids drawn already (red team rt71 F4).
+    relayed: bool = False
 
 
 @dataclass(frozen=True)
@@ -465,7 +471,11 @@ class AdmissionResult:
 
     ``overloaded`` (with ``busy``): ...except when the queue was full with every peer's work while
     this server's own share of it was not (``admit.intake.Judged.overloaded``). That is our load
-    alone: the server keeps its standing, and no pull opens for ``overload_pause``."""
+    alone: the server keeps its standing, and no pull opens for ``overload_pause``.
+
+    ``sent_at``, ``stale_at`` (accepted): the envelope's signed send time, and when admission will
+    refuse it as too old (``sent_at + max_age_s``); a relay takes its round and lifetime from them
+    (``GossipCore._relay``), never from an announcer's record."""
 
     peer: PeerId
     digest: Digest
@@ -475,6 +485,8 @@ class AdmissionResult:
     charged: bool = True
     busy: bool = False
     overloaded: bool = False
+    sent_at: float | None = None
+    stale_at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -861,9 +873,10 @@ class GossipCore:
         # that relaying never crowds out this node's own publications, and max_relay_bytes.
         self._relay_items = 0
         self._relay_bytes = 0
-        # Relayed ids per round: at most one record part's worth (max_digests_per_announcement), so
-        # a node that pulls every item does not list the whole swarm's output in its records.
-        self._relayed_in: dict[int, int] = {}
+        # Relayed ids per round, announced in parts from RELAY_PART on: at most one part's worth
+        # (max_digests_per_announcement), so a node that pulls every item does not list the whole
+        # swarm's output in its records.
+        self._relay_rounds: dict[int, list[Digest]] = {}
         self._pruned_round: int | None = None  # the round own-round bookkeeping was pruned for
         # Announcers that may answer a pull of one digest without it before it is given up: a full
         # table of them, and as many again that took the slots they gave up. More than a table,
@@ -993,10 +1006,14 @@ class GossipCore:
             # Own rounds are only ever added for the current round or (relays) one still kept,
             # so which ones are past keeping changes only when the round does.
             self._pruned_round = current
-            for r in [r for r in self._own_rounds if r + self.config.keep_rounds < current]:
-                del self._own_rounds[r]
-                self._relayed_in.pop(r, None)
-            for key in [key for key in self._dirty_parts if key[0] not in self._own_rounds]:
+            for listed in (self._own_rounds, self._relay_rounds):
+                for r in [r for r in listed if r + self.config.keep_rounds < current]:
+                    del listed[r]
+            for key in [
+                key
+                for key in self._dirty_parts
+                if key[0] not in self._own_rounds and key[0] not in self._relay_rounds
+            ]:
                 del self._dirty_parts[key]
         for _, candidate in self._candidates.pop_expired(now):
             self._release_announcers(candidate)
@@ -1060,36 +1077,52 @@ class GossipCore:
         self, digest: Digest, size: int, r: int, now: float, *, relayed: bool = False
     ) -> None:
         """``digest`` among the items this node serves until ``_own_expiry(r)`` and lists in its
-        announcement record of round ``r`` (written ``announce_delay`` later, or now once a part fills)."""
+        announcement record of round ``r`` (written ``announce_delay`` later, or now once a part
+        fills). A relayed id goes to the relay parts, written at most once a ``read_interval``: peers
+        set how often this node relays, and each write stores the whole part (red team rt71 F3)."""
         c = self.config
         self._own.put(digest, _OwnItem(size, r, relayed), self._own_expiry(r))
-        listed = self._own_rounds.setdefault(r, [])
+        listed = (self._relay_rounds if relayed else self._own_rounds).setdefault(r, [])
         listed.append(digest)
         part = (len(listed) - 1) // c.max_digests_per_announcement
+        if relayed:
+            key = (r, RELAY_PART + part)
+            self._dirty_parts.setdefault(key, now + max(c.announce_delay, c.read_interval))
+            return
         part_full = len(listed) % c.max_digests_per_announcement == 0
         due = now if part_full else now + c.announce_delay
         self._dirty_parts[(r, part)] = min(due, self._dirty_parts.get((r, part), math.inf))
 
-    def _relay(self, digest: Digest, waiting: _Awaiting, now: float) -> list[GossipAction]:
+    def _relay(self, event: AdmissionResult, waiting: _Awaiting, now: float) -> list[GossipAction]:
         """An admitted item, served and announced as a relay (``GossipConfig.relay``; the driver kept
-        its payload): in the round it was first announced in (``_Candidate.round``) and until its
-        author's copy expires, never later, so relaying never makes an item live longer or reach
-        readers of a later round (admission refuses envelopes past ``max_age_s``, and charges their
-        deliverer). Not relayed (its payload retired at once): an item whose round this node no
-        longer reads, past ``max_digests_per_announcement`` relayed in its round, or with relays
-        holding half the own-item table or ``max_relay_bytes``."""
+        its payload) in the round of its signed send time, and until its author's copy expires:
+        relaying never makes an item live longer or reach readers of a later round. Not the round
+        of the record it was read from: anyone can list an old id in a later round, and a relay
+        that followed served it past its author, refused by readers as a replay or too old and
+        charged for it (red team rt71 F2). Not relayed either (its payload retired at once): an
+        item whose round this node no longer reads, one admission would refuse as too old before
+        the relay's last reader could judge it (rt71 F1: an author signing near ``max_age_s`` got
+        honest relays banned for "too old"), past ``max_digests_per_announcement`` relayed in its
+        round, or with relays holding half the own-item table or ``max_relay_bytes``."""
         c = self.config
-        r = waiting.candidate.round
-        size = max(0, waiting.size - ITEM_PREFIX_BYTES)
+        digest = event.digest
         if digest in self._own:
             return []
+        r = None if event.sent_at is None else round_at(event.sent_at, c.round_seconds, c.epoch)
+        current = self.current_round(now)
+        size = max(0, waiting.size - ITEM_PREFIX_BYTES)
+        # The last moment a reader may judge it: pulled before the copy expires, then a pull and
+        # an admission later.
+        judged_by = None if r is None else self._own_expiry(r) + c.pull_timeout + c.admission_timeout
         if (
             r is None
-            or r < self.current_round(now) - c.read_back_rounds  # no longer read: no one would pull it
+            or judged_by is None
+            or not current - c.read_back_rounds <= r <= current + 1  # read, or no one would pull it
             or self._own_expiry(r) <= now
+            or (event.stale_at is not None and event.stale_at < judged_by)
             or self._own.full
             or self._relay_items >= c.max_own_items // 2
-            or self._relayed_in.get(r, 0) >= c.max_digests_per_announcement
+            or len(self._relay_rounds.get(r, ())) >= c.max_digests_per_announcement
             or self._relay_bytes + size > c.max_relay_bytes
         ):
             self.stats.relay_dropped += 1
@@ -1097,7 +1130,6 @@ class GossipCore:
         self._serve_and_announce(digest, size, r, now, relayed=True)
         self._relay_bytes += size
         self._relay_items += 1
-        self._relayed_in[r] = self._relayed_in.get(r, 0) + 1
         self.stats.relayed += 1
         return []
 
@@ -1113,7 +1145,10 @@ class GossipCore:
         for key in sorted(k for k, at in self._dirty_parts.items() if at <= now):
             del self._dirty_parts[key]
             r, part = key
-            digests = tuple(self._own_rounds[r][part * m : (part + 1) * m])
+            if part >= RELAY_PART:
+                digests = tuple(self._relay_rounds[r][(part - RELAY_PART) * m : (part - RELAY_PART + 1) * m])
+            else:
+                digests = tuple(self._own_rounds[r][part * m : (part + 1) * m])
             bucket = (
                 announcement_bucket(r, self.self_id, c.announce_buckets) if c.announce_buckets > 1 else None
             )
@@ -1250,7 +1285,7 @@ class GossipCore:
                 or digest in self._refused_copies
             ):
                 drawn.append(digest)
-            else:
+            elif not event.relayed:
                 self._sampler.offer(event.round, digest, event.peer)
                 self._found.add(event.round)
         drawn = [d for d in drawn if self._has_room(d, event.peer)]  # rt70 F2: no table place otherwise
@@ -2281,7 +2316,7 @@ class GossipCore:
                 state.unusable = 0
                 earned = state.credit + self.config.credit_per_accepted_byte * waiting.size
                 state.credit = min(earned, 2.0 * self.config.max_serve_bytes)
-            return self._relay(event.digest, waiting, now) if self.config.relay else []
+            return self._relay(event, waiting, now) if self.config.relay else []
         self.stats.rejected += 1
         if event.busy:
             # Downloaded for nothing: waste of its server's, whoever it is (its debt and credit;

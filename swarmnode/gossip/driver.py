@@ -31,6 +31,7 @@ from swarmnode.admit import AdmissionPipeline, Rejected, RejectReason
 from swarmnode.admit.intake import Intake
 from swarmnode.gossip.core import (
     ITEM_PREFIX_BYTES,
+    RELAY_PART,
     Admit,
     Announce,
     Announced,
@@ -98,6 +99,12 @@ def pull_failure_charged(exc: BaseException) -> bool:
             return exc.received >= STALLED_ANSWER_BYTES
         return exc.reason in _SERVERS_BYTES
     return isinstance(exc, ValueError)  # decode_items: the items' framing is broken
+
+
+def is_relay_part(subkey: bytes) -> bool:
+    """Whether an announcement record's subkey names a relay part (``part<N>``, N >= RELAY_PART)."""
+    number = subkey.removeprefix(b"part")
+    return number != subkey and number.isdigit() and int(number) >= RELAY_PART
 
 
 def announcement_key(swarm: str, round_index: int, bucket: int | None = None) -> str:
@@ -315,7 +322,8 @@ class GossipDriver:
                         self.metrics.inc("announcements_invalid", "Unreadable announcement records")
                         continue
                     digests = tuple(message.rollout_digests)
-                    events.append(Announced(record.owner, message.round, digests, bucket))
+                    relayed = is_relay_part(record.subkey)
+                    events.append(Announced(record.owner, message.round, digests, bucket, relayed))
             # In no order a peer can choose: the DHT returns records by owner, and peers choose
             # their ids, so free ids sorted first had their digests in the table first (red team rt24 F1).
             _SHUFFLE.shuffle(events)
@@ -376,7 +384,13 @@ class GossipDriver:
             # Kept before the core hears of the verdict: it serves the item as a relay, or retires it.
             self.own_payloads[action.digest] = action.payload
         for event in verdict_events(
-            action.peer, action.digest, verdict, judged.banned_until, busy=busy, overloaded=overloaded
+            action.peer,
+            action.digest,
+            verdict,
+            judged.banned_until,
+            busy=busy,
+            overloaded=overloaded,
+            max_age_s=self.admission.config.max_age_s,
         ):
             self._feed(event)
         if isinstance(verdict, Rejected):

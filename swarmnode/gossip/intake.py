@@ -177,6 +177,8 @@ def admission_events(
     busy: bool = False,
     overloaded: bool = False,
     ban_on_signer: bool = False,
+    sent_at: float | None = None,
+    stale_at: float | None = None,
 ) -> list[GossipEvent]:
     """The core's events for a verdict on an item ``peer`` delivered (``digest`` None: bytes that
     were no envelope, which the core never asked to admit). A rejection that left a ban (on the
@@ -206,6 +208,8 @@ def admission_events(
                 charged=charged,
                 busy=busy,
                 overloaded=busy and overloaded,
+                sent_at=sent_at if accepted else None,
+                stale_at=stale_at if accepted else None,
             )
         )
     if not accepted and banned_until is not None:
@@ -221,9 +225,11 @@ def verdict_events(
     *,
     busy: bool = False,
     overloaded: bool = False,
+    max_age_s: float | None = None,
 ) -> list[GossipEvent]:
     """``admission_events`` for a pipeline verdict (``banned_until``: its ``ban_left_by``; ``busy``,
-    ``overloaded``: ``Judged``'s, refused because our admission queue was full). A reason in
+    ``overloaded``: ``Judged``'s, refused because our admission queue was full; ``max_age_s``:
+    admission's, so that an accepted envelope's result says when it turns too old). A reason in
     ``RECEIVER_STATE_REASONS`` is reported busy too, never overloaded: a proven peer serving
     envelopes of fresh signers drains the new-identity budget itself (red team rt29 F1)."""
     if isinstance(verdict, Rejected):
@@ -242,7 +248,11 @@ def verdict_events(
             # ``ban_left_by`` names the charged party, else the signer, else the deliverer.
             ban_on_signer=(verdict.charged or verdict.sender or peer) != peer,
         )
-    return admission_events(peer, digest, accepted=True, reason="accepted", banned_until=None)
+    sent_at = verdict.envelope.sent_at_ms / 1000.0
+    stale_at = None if max_age_s is None else sent_at + max_age_s
+    return admission_events(
+        peer, digest, accepted=True, reason="accepted", banned_until=None, sent_at=sent_at, stale_at=stale_at
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -39,6 +39,7 @@ from swarmnode.core.demand import announcement_bucket
 from swarmnode.core.events import Digest
 from swarmnode.core.rounds import round_start
 from swarmnode.gossip.core import (
+    RELAY_PART,
     Admit,
     Announce,
     Announced,
@@ -259,6 +260,7 @@ class GossipPeer:
             reason=reason,
             banned_until=banned_until,
             ban_on_signer=not accepted and signer != action.peer,
+            sent_at=item.published_at if item is not None else None,  # no age limit modelled
         )
 
     def publish(self, item: Item) -> None:
@@ -333,9 +335,9 @@ class GossipLayer:
             else [(r, None) for r in action.rounds]
         )
         for r, bucket in keys:
-            for (owner, _), (digests, expires_at) in self.dht.get((r, bucket), {}).items():
+            for (owner, part), (digests, expires_at) in self.dht.get((r, bucket), {}).items():
                 if owner != reader and expires_at > now:
-                    events.append(Announced(owner, r, digests, bucket))
+                    events.append(Announced(owner, r, digests, bucket, part >= RELAY_PART))
         read = sum(ANNOUNCE_RECORD_OVERHEAD + len(e.digests) * DIGEST_WIRE_BYTES for e in events)
         self.announce_bytes[reader] = self.announce_bytes.get(reader, 0) + read
         return events

@@ -22,6 +22,7 @@ from swarmnode.gossip import (
     Retire,
     Serve,
 )
+from swarmnode.gossip.core import RELAY_PART
 from swarmnode.gossip.intake import ExternalPool, envelope_digest
 from swarmnode.train.batch import ScoredGroup
 
@@ -33,19 +34,35 @@ def relaying(**overrides: Any) -> GossipConfig:
     return cfg(**{"relay": True, "admission_timeout": 30.0, **overrides})
 
 
-def admitted(core: GossipCore, author: str, digest: bytes, now: float, *, size: int = 100) -> list[Any]:
-    """``author`` announces ``digest`` in the round of ``now``; it is pulled at once and accepted
-    at ``now``: the core's actions on the verdict."""
-    [pull] = only(Pull, core.handle(Announced(author, core.current_round(now), (digest,)), now))
+def admitted(
+    core: GossipCore,
+    author: str,
+    digest: bytes,
+    now: float,
+    *,
+    size: int = 100,
+    sent_at: float | None = None,
+    stale_at: float | None = None,
+    record_round: int | None = None,
+) -> list[Any]:
+    """``author`` announces ``digest`` (in ``record_round``, else the round of ``now``); it is pulled
+    at once and accepted at ``now``, signed at ``sent_at`` (else ``now``): the core's actions on the
+    verdict."""
+    r = core.current_round(now) if record_round is None else record_round
+    [pull] = only(Pull, core.handle(Announced(author, r, (digest,)), now))
     admit = only(Admit, core.handle(PullSucceeded(pull.request_id, author, ((digest, b"x" * size),)), now))
     assert [a.digest for a in admit] == [digest]
-    return core.handle(AdmissionResult(author, digest, True, "ok"), now)
+    signed = now if sent_at is None else sent_at
+    return core.handle(AdmissionResult(author, digest, True, "ok", sent_at=signed, stale_at=stale_at), now)
 
 
 def test_an_admitted_item_is_served_and_announced_in_its_round_until_its_authors_copy_expires() -> None:
     core = started(relaying(keep_rounds=1))
     assert only(Retire, admitted(core, "author", d(1), 12.0)) == []  # round 1
-    assert only(Announce, core.poll(12.5)) == [Announce(1, 0, (d(1),), 30.0)]  # as the author's
+    # In a relay part of round 1's record, written a read interval (1 s) later; served until 30 s
+    # as the author's copy is.
+    assert only(Announce, core.poll(12.5)) == []
+    assert only(Announce, core.poll(13.0)) == [Announce(1, RELAY_PART, (d(1),), 30.0)]
     assert core.handle(PullRequest("reader", (d(1),)), 13.0) == [Serve("reader", (d(1),))]
     assert core.stats.relayed == 1
     assert Retire(d(1)) in core.poll(30.0)
@@ -59,7 +76,8 @@ def test_an_item_admitted_after_its_round_went_out_of_reading_is_not_relayed() -
     [pull] = only(Pull, core.handle(Announced("author", 0, (d(1),)), 1.0))
     core.handle(PullSucceeded(pull.request_id, "author", ((d(1), b"x" * 100),)), 1.0)
     # Round 2: round 0 is no longer read (read_back_rounds = 1), so no one would pull it from us.
-    assert only(Retire, core.handle(AdmissionResult("author", d(1), True, "ok"), 21.0)) == [Retire(d(1))]
+    verdict = AdmissionResult("author", d(1), True, "ok", sent_at=1.0)
+    assert only(Retire, core.handle(verdict, 21.0)) == [Retire(d(1))]
     assert core.stats.relay_dropped == 1
     assert core.handle(PullRequest("reader", (d(1),)), 21.0) == [Serve("reader", ())]
 
@@ -69,7 +87,9 @@ def test_a_verdict_the_core_no_longer_waits_for_retires_the_payload_the_driver_k
     [pull] = only(Pull, core.handle(Announced("author", 0, (d(1),)), 1.0))
     core.handle(PullSucceeded(pull.request_id, "author", ((d(1), b"x"),)), 1.0)
     core.poll(4.0)  # the admission timed out
-    assert only(Retire, core.handle(AdmissionResult("author", d(1), True, "ok"), 5.0)) == [Retire(d(1))]
+    assert only(Retire, core.handle(AdmissionResult("author", d(1), True, "ok", sent_at=1.0), 5.0)) == [
+        Retire(d(1))
+    ]
     # Without relaying the driver keeps nothing, and nothing is retired.
     plain = started(cfg(admission_timeout=2.0))
     [pull] = only(Pull, plain.handle(Announced("author", 0, (d(1),)), 1.0))
@@ -99,7 +119,7 @@ def test_a_round_holds_at_most_one_record_part_of_relayed_ids() -> None:
     core = started(relaying(max_digests_per_announcement=2))
     actions = [admitted(core, f"author{i}", d(i), 2.0) for i in range(3)]
     assert [only(Retire, a) for a in actions] == [[], [], [Retire(d(2))]]
-    assert only(Announce, actions[1]) == [Announce(0, 0, (d(0), d(1)), 30.0)]  # a full part: at once
+    assert only(Announce, core.poll(3.0)) == [Announce(0, RELAY_PART, (d(0), d(1)), 30.0)]
     assert core.handle(PullRequest("r", (d(0), d(1), d(2))), 3.0) == [Serve("r", (d(0), d(1)))]
     assert only(Retire, admitted(core, "author7", d(7), 12.0)) == []  # the next round has room again
 
@@ -156,3 +176,61 @@ def test_the_driver_keeps_an_admitted_payload_for_the_core_to_serve_and_drops_wh
     for action in actions:
         driver._perform(action)
     assert driver.own_payloads == {}
+
+
+def test_the_relay_round_is_the_envelopes_signed_round_whatever_round_listed_it() -> None:
+    # Red team rt71 F2: a copycat listed an author's round-0 id in round 1; the relay announced it
+    # there and served it 10 s past the author's copy, to readers that had judged it already.
+    core = started(relaying(keep_rounds=1))
+    assert only(Retire, admitted(core, "copycat", d(1), 12.0, sent_at=5.0, record_round=1)) == []
+    assert only(Announce, core.poll(13.0)) == [Announce(0, RELAY_PART, (d(1),), 20.0)]
+    assert Retire(d(1)) in core.poll(20.0)
+    # Signed in a round no longer read: not relayed at all.
+    late = started(relaying())
+    assert only(Retire, admitted(late, "copycat", d(2), 22.0, sent_at=5.0, record_round=2)) == [Retire(d(2))]
+
+
+def test_an_envelope_that_turns_too_old_before_its_last_reader_could_judge_it_is_not_relayed() -> None:
+    # Red team rt71 F1: an author signed envelopes 280 s old (max_age 300 s); readers refused them
+    # from the relay as too old, charged the relay, and banned it.
+    core = started(relaying(keep_rounds=1))  # round 0's copy served until 20 s
+    judged_by = 20.0 + core.config.pull_timeout + core.config.admission_timeout
+    assert only(Retire, admitted(core, "a", d(1), 2.0, sent_at=1.0, stale_at=judged_by - 0.1)) == [
+        Retire(d(1))
+    ]
+    assert only(Retire, admitted(core, "b", d(2), 2.0, sent_at=1.0, stale_at=judged_by)) == []
+    assert core.stats.relay_dropped == 1 and core.stats.relayed == 1
+
+
+def test_relay_parts_are_written_at_most_once_a_read_interval() -> None:
+    # Red team rt71 F3: each relayed admission rewrote the whole part 0.5 s later: 192 stores.
+    core = started(relaying())
+    stores: list[Announce] = []
+    for i in range(6):  # admitted at 2.0, 2.3, ... 3.5; read_interval 1 s
+        stores += only(Announce, admitted(core, f"a{i}", d(i), 2.0 + 0.3 * i))
+        stores += only(Announce, core.poll(2.1 + 0.3 * i))
+    stores += only(Announce, core.poll(5.0))
+    assert [(a.part, len(a.digests)) for a in stores] == [(RELAY_PART, 4), (RELAY_PART, 6)]
+
+
+def test_with_a_demand_a_relays_ids_are_never_its_offers_only_more_sources_of_ids_drawn() -> None:
+    # Red team rt71 F4: relayed ids took their relay's turns in the fair draw; 32 honest relays of
+    # one attacker's 8 ids gave it 60% of a reader's picks.
+    core = started(cfg(round_demand=2, select_at=0.0), selection_key=b"k")
+    listed = core.handle(Announced("relay", 0, (d(1), d(2)), relayed=True), 1.0)
+    assert only(Pull, listed + core.poll(2.0)) == [] and core._sampler.offers_of(0) == 0
+    # Its author's record makes d(1) an offer; drawn, it is pulled from both.
+    [pull] = only(Pull, core.handle(Announced("author", 0, (d(1),)), 2.5))
+    assert pull.digests == (d(1),)
+    core.handle(Announced("relay", 0, (d(1), d(2)), relayed=True), 3.0)
+    in_flight = core._inflight.get(pull.request_id)
+    assert in_flight is not None and set(in_flight.digests[d(1)].announcers) == {"author", "relay"}
+    assert core._sampler.offers_of(0) == 0  # d(2) is still no offer
+
+
+def test_a_record_is_a_relays_when_its_subkey_is_a_part_from_relay_part_on() -> None:
+    from swarmnode.gossip.driver import is_relay_part
+
+    assert is_relay_part(b"part%d" % RELAY_PART) and is_relay_part(b"part9999")
+    for subkey in (b"part0", b"part999", b"part", b"partx1000", b"record", b"1000", b"part-1000"):
+        assert not is_relay_part(subkey), subkey
