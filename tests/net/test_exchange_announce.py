@@ -109,3 +109,48 @@ def test_an_announcement_whose_store_failed_is_stored_again(
         assert failures == [announcement_key("retry", 0)]
 
     trio.run(scenario())
+
+
+def test_a_relayed_id_is_stored_in_a_relay_part_that_readers_see_as_relayed(trio: Trio) -> None:
+    # SPEC 1.4, Relaying: relayed ids go to subkeys part1000+, which the DHT record rules accept
+    # and a reading driver flags, so a reader with a demand never takes them as the relay's offers.
+    from swarmnode.gossip.core import AdmissionResult, Announced, Pull, PullSucceeded, ReadAnnouncements
+    from swarmnode.gossip.driver import is_relay_part
+
+    async def scenario() -> None:
+        relay = make_driver(trio.a, "relay")
+        relay.core = GossipCore(
+            GossipConfig(round_seconds=3600.0, epoch=time.time() - 10.0, read_interval=0.5, relay=True),
+            trio.a.peer_id,
+        )
+        job = asyncio.create_task(relay.run())
+        try:
+            data = envelope(1)
+            digest = envelope_digest(data)
+            assert digest is not None
+            now = time.time()
+            core = relay.core  # the pull and the admission stand in for the driver's own
+            [pull] = [a for a in core.handle(Announced("author", 0, (digest,)), now) if isinstance(a, Pull)]
+            core.handle(PullSucceeded(pull.request_id, "author", ((digest, data),)), now)
+            core.handle(AdmissionResult("author", digest, True, "ok", sent_at=now), now)
+            assert core.stats.relayed == 1
+            relay._wake.set()  # the loop's next deadline is the relay part's write
+            deadline = time.monotonic() + DEADLINE
+            while True:
+                records = await trio.b.dht_get(announcement_key("relay", 0), timeout=T, latest=True)
+                parts = {r.subkey: decode_payload(Kind.ANNOUNCE, r.value) for r in records}
+                if parts:
+                    break
+                assert time.monotonic() < deadline, "the relay part was never stored"
+                await asyncio.sleep(0.1)
+            assert list(parts) == [b"part1000"] and is_relay_part(b"part1000")
+            message = parts[b"part1000"]
+            assert isinstance(message, Announce) and message.rollout_digests == (digest,)
+            reader = make_driver(trio.b, "relay")
+            await reader._read(ReadAnnouncements((0,)))
+            assert reader._pending == [Announced(trio.a.peer_id, 0, (digest,), None, relayed=True)]
+        finally:
+            job.cancel()
+            await asyncio.wait([job])
+
+    trio.run(scenario())
