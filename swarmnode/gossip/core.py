@@ -114,8 +114,8 @@ class GossipConfig:
     announce_delay: float = 0.5  # coalesce publications this long before (re)writing a record
     keep_rounds: int = 2  # own items stay servable for their round and this many more
     # Relaying (issue #18): an item this node admitted is served and announced as its own are, in
-    # the round it was announced in and for as long as its author serves it (``_relay``), so the
-    # upload of an item many nodes want is shared. Off: only authors serve their items.
+    # the round of its signed send time and for as long as its author serves it (``_relay``), so
+    # the upload of an item many nodes want is shared. Off: only authors serve their items.
     relay: bool = False
     max_relay_bytes: int = 64 * 1024 * 1024  # payloads kept to relay, all of them (the driver holds them)
     max_own_items: int = 4096
@@ -587,7 +587,7 @@ class GossipStats:
     published: int = 0
     publish_dropped: int = 0
     relayed: int = 0  # admitted items served and announced as a relay
-    relay_dropped: int = 0  # admitted items not relayed: their round no longer read, or own items full
+    relay_dropped: int = 0  # admitted items not relayed (``GossipCore._relay`` says why not)
     retired: int = 0
     announcements_sent: int = 0
     reads: int = 0
@@ -671,7 +671,6 @@ class _Candidate:
     # Announcers dropped for what they served of it (``_drop_announcer``), and tries past max_attempts:
     # from _max_unserved on, only proven peers join its announcers (``_closed_to``).
     unserved: int = 0
-    round: int | None = None  # the round it was first announced in: a relay announces it there
 
 
 @dataclass
@@ -1108,16 +1107,17 @@ class GossipCore:
         digest = event.digest
         if digest in self._own:
             return []
-        r = None if event.sent_at is None else round_at(event.sent_at, c.round_seconds, c.epoch)
+        if event.sent_at is None:
+            self.stats.relay_dropped += 1
+            return [Retire(digest)]
+        r = round_at(event.sent_at, c.round_seconds, c.epoch)
         current = self.current_round(now)
         size = max(0, waiting.size - ITEM_PREFIX_BYTES)
         # The last moment a reader may judge it: pulled before the copy expires, then a pull and
         # an admission later.
-        judged_by = None if r is None else self._own_expiry(r) + c.pull_timeout + c.admission_timeout
+        judged_by = self._own_expiry(r) + c.pull_timeout + c.admission_timeout
         if (
-            r is None
-            or judged_by is None
-            or not current - c.read_back_rounds <= r <= current + 1  # read, or no one would pull it
+            not current - c.read_back_rounds <= r <= current + 1  # read, or no one would pull it
             or self._own_expiry(r) <= now
             or (event.stale_at is not None and event.stale_at < judged_by)
             or self._own.full
@@ -1244,9 +1244,7 @@ class GossipCore:
                     continue
                 expires_at = now + c.candidate_ttl
                 if parked is None:
-                    candidate = _Candidate(
-                        announcers={}, expires_at=expires_at, first_expiry=expires_at, round=event.round
-                    )
+                    candidate = _Candidate(announcers={}, expires_at=expires_at, first_expiry=expires_at)
                 else:
                     # A new announcer of a digest whose copy was refused: pull it from this one,
                     # keeping the attempts and refusals so far (their number stays bounded), and
@@ -1447,7 +1445,7 @@ class GossipCore:
             need = c.round_demand - len(drawn)
             while need > 0 and self._sampler.waiting(r):
                 for digest, announcers in self._sampler.draw(r, need, lambda d: not self._known(d)):
-                    if self._add_drawn(digest, announcers, r, now):
+                    if self._add_drawn(digest, announcers, now):
                         drawn[digest] = now
                         need -= 1
 
@@ -1467,8 +1465,8 @@ class GossipCore:
             or digest in self._admitted
         )
 
-    def _add_drawn(self, digest: Digest, announcers: list[PeerId], r: int, now: float) -> bool:
-        """A drawn digest of round ``r`` into the candidate table with every announcer still worth asking."""
+    def _add_drawn(self, digest: Digest, announcers: list[PeerId], now: float) -> bool:
+        """A drawn digest into the candidate table with every announcer still worth asking."""
         c = self.config
         if digest in self._candidates:
             return True  # came back as a parked copy's candidate meanwhile
@@ -1476,7 +1474,7 @@ class GossipCore:
             self.stats.candidates_dropped += 1
             return False
         candidate = _Candidate(
-            announcers={}, expires_at=now + c.candidate_ttl, first_expiry=now + c.candidate_ttl, round=r
+            announcers={}, expires_at=now + c.candidate_ttl, first_expiry=now + c.candidate_ttl
         )
         for peer in announcers:
             if len(candidate.announcers) >= c.max_announcers_per_digest:

@@ -234,3 +234,11 @@ def test_a_record_is_a_relays_when_its_subkey_is_a_part_from_relay_part_on() -> 
     assert is_relay_part(b"part%d" % RELAY_PART) and is_relay_part(b"part9999")
     for subkey in (b"part0", b"part999", b"part", b"partx1000", b"record", b"1000", b"part-1000"):
         assert not is_relay_part(subkey), subkey
+
+
+def test_a_verdict_without_the_envelopes_send_time_is_not_relayed() -> None:
+    core = started(relaying())
+    [pull] = only(Pull, core.handle(Announced("author", 0, (d(1),)), 1.0))
+    core.handle(PullSucceeded(pull.request_id, "author", ((d(1), b"x"),)), 1.0)
+    assert only(Retire, core.handle(AdmissionResult("author", d(1), True, "ok"), 2.0)) == [Retire(d(1))]
+    assert core.stats.relay_dropped == 1
