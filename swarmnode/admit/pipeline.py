@@ -314,8 +314,9 @@ class AdmissionPipeline:
         if self.replay.seen(envelope_id, now):
             # Nobody is charged when the signer delivers its own envelope after another peer relayed
             # it first: a race it cannot see (red team: 34 such races banned an honest signer). A
-            # pulled replay is still the deliverer's: a gossip core pulls an id once, and only the
-            # announcer of an id it did not sign (no relaying in this version) can serve it twice.
+            # pulled replay is still the deliverer's: a gossip core pulls an id once, and an honest
+            # relay lists an id only in its signed round, which a reader stops reading before it
+            # forgets the id (SPEC 1.4, Relaying): a second copy comes from someone who chose to.
             race = via is not None and via == envelope.sender_id
             return self._reject(
                 RejectReason.REPLAY,

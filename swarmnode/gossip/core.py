@@ -118,6 +118,7 @@ class GossipConfig:
     # the upload of an item many nodes want is shared. Off: only authors serve their items.
     relay: bool = False
     max_relay_bytes: int = 64 * 1024 * 1024  # payloads kept to relay, all of them (the driver holds them)
+    max_relay_per_signer: int = 4  # relayed envelopes of one signer per round
     max_own_items: int = 4096
     # Reading announcements.
     read_interval: float = 5.0
@@ -291,6 +292,7 @@ class GossipConfig:
             "max_digests_per_announcement",
             "max_own_items",
             "max_relay_bytes",
+            "max_relay_per_signer",
             "max_digest_bytes",
             "max_candidates",
             "max_candidates_per_peer",
@@ -487,6 +489,7 @@ class AdmissionResult:
     overloaded: bool = False
     sent_at: float | None = None
     stale_at: float | None = None
+    signer: PeerId | None = None  # the envelope's (accepted): a relay takes a few of each a round
 
 
 @dataclass(frozen=True)
@@ -655,6 +658,15 @@ class _OwnItem:
     size: int
     round: int
     relayed: bool = False  # admitted from a peer, not published here (``_relay``)
+
+
+@dataclass
+class _RelayRound:
+    """What this node relays of one round (``GossipCore._relay``)."""
+
+    ids: list[Digest] = field(default_factory=list)  # in announcement order: its relay parts
+    bytes: int = 0
+    by_signer: dict[PeerId, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -875,7 +887,7 @@ class GossipCore:
         # Relayed ids per round, announced in parts from RELAY_PART on: at most one part's worth
         # (max_digests_per_announcement), so a node that pulls every item does not list the whole
         # swarm's output in its records.
-        self._relay_rounds: dict[int, list[Digest]] = {}
+        self._relay_rounds: dict[int, _RelayRound] = {}
         self._pruned_round: int | None = None  # the round own-round bookkeeping was pruned for
         # Announcers that may answer a pull of one digest without it before it is given up: a full
         # table of them, and as many again that took the slots they gave up. More than a table,
@@ -1081,7 +1093,11 @@ class GossipCore:
         set how often this node relays, and each write stores the whole part (red team rt71 F3)."""
         c = self.config
         self._own.put(digest, _OwnItem(size, r, relayed), self._own_expiry(r))
-        listed = (self._relay_rounds if relayed else self._own_rounds).setdefault(r, [])
+        listed = (
+            self._relay_rounds.setdefault(r, _RelayRound()).ids
+            if relayed
+            else self._own_rounds.setdefault(r, [])
+        )
         listed.append(digest)
         part = (len(listed) - 1) // c.max_digests_per_announcement
         if relayed:
@@ -1101,13 +1117,18 @@ class GossipCore:
         charged for it (red team rt71 F2). Not relayed either (its payload retired at once): an
         item whose round this node no longer reads, one admission would refuse as too old before
         the relay's last reader could judge it (rt71 F1: an author signing near ``max_age_s`` got
-        honest relays banned for "too old"), past ``max_digests_per_announcement`` relayed in its
-        round, or with relays holding half the own-item table or ``max_relay_bytes``."""
+        honest relays banned for "too old"), or dated ahead of this node's clock (rt72 F-A:
+        envelopes dated in the next round filled its relaying before it began). Nor past a round's share:
+        ``max_digests_per_announcement`` ids, ``max_relay_per_signer`` of one signer, and its part of
+        ``max_relay_bytes`` (the rounds served at once share it), so that no one fills a relay's
+        capacity for every round (rt72 F-A); nor with relays holding half the own-item table."""
         c = self.config
         digest = event.digest
         if digest in self._own:
             return []
-        if event.sent_at is None:
+        if event.sent_at is None or event.sent_at > now:
+            # Dated ahead of our clock: a reader that judged it in its author's round could forget
+            # it while still reading the later round a relay would list it in (rt72 F-D).
             self.stats.relay_dropped += 1
             return [Retire(digest)]
         r = round_at(event.sent_at, c.round_seconds, c.epoch)
@@ -1116,18 +1137,24 @@ class GossipCore:
         # The last moment a reader may judge it: pulled before the copy expires, then a pull and
         # an admission later.
         judged_by = self._own_expiry(r) + c.pull_timeout + c.admission_timeout
+        held = self._relay_rounds.get(r) or _RelayRound()
+        signer = event.signer if event.signer is not None else event.peer
         if (
-            not current - c.read_back_rounds <= r <= current + 1  # read, or no one would pull it
+            not current - c.read_back_rounds <= r <= current  # read (no one would pull it), and begun
             or self._own_expiry(r) <= now
             or (event.stale_at is not None and event.stale_at < judged_by)
             or self._own.full
             or self._relay_items >= c.max_own_items // 2
-            or len(self._relay_rounds.get(r, ())) >= c.max_digests_per_announcement
-            or self._relay_bytes + size > c.max_relay_bytes
+            or len(held.ids) >= c.max_digests_per_announcement
+            or held.by_signer.get(signer, 0) >= c.max_relay_per_signer
+            or held.bytes + size > c.max_relay_bytes // (c.keep_rounds + 1)
         ):
             self.stats.relay_dropped += 1
             return [Retire(digest)]
         self._serve_and_announce(digest, size, r, now, relayed=True)
+        held = self._relay_rounds[r]
+        held.bytes += size
+        held.by_signer[signer] = held.by_signer.get(signer, 0) + 1
         self._relay_bytes += size
         self._relay_items += 1
         self.stats.relayed += 1
@@ -1146,7 +1173,8 @@ class GossipCore:
             del self._dirty_parts[key]
             r, part = key
             if part >= RELAY_PART:
-                digests = tuple(self._relay_rounds[r][(part - RELAY_PART) * m : (part - RELAY_PART + 1) * m])
+                relayed = self._relay_rounds[r].ids
+                digests = tuple(relayed[(part - RELAY_PART) * m : (part - RELAY_PART + 1) * m])
             else:
                 digests = tuple(self._own_rounds[r][part * m : (part + 1) * m])
             bucket = (

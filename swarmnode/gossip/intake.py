@@ -179,6 +179,7 @@ def admission_events(
     ban_on_signer: bool = False,
     sent_at: float | None = None,
     stale_at: float | None = None,
+    signer: PeerId | None = None,
 ) -> list[GossipEvent]:
     """The core's events for a verdict on an item ``peer`` delivered (``digest`` None: bytes that
     were no envelope, which the core never asked to admit). A rejection that left a ban (on the
@@ -210,6 +211,7 @@ def admission_events(
                 overloaded=busy and overloaded,
                 sent_at=sent_at if accepted else None,
                 stale_at=stale_at if accepted else None,
+                signer=signer if accepted else None,
             )
         )
     if not accepted and banned_until is not None:
@@ -251,7 +253,14 @@ def verdict_events(
     sent_at = verdict.envelope.sent_at_ms / 1000.0
     stale_at = None if max_age_s is None else sent_at + max_age_s
     return admission_events(
-        peer, digest, accepted=True, reason="accepted", banned_until=None, sent_at=sent_at, stale_at=stale_at
+        peer,
+        digest,
+        accepted=True,
+        reason="accepted",
+        banned_until=None,
+        sent_at=sent_at,
+        stale_at=stale_at,
+        signer=verdict.sender,
     )
 
 

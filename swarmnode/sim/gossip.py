@@ -261,6 +261,7 @@ class GossipPeer:
             banned_until=banned_until,
             ban_on_signer=not accepted and signer != action.peer,
             sent_at=item.published_at if item is not None else None,  # no age limit modelled
+            signer=item.publisher if item is not None else None,
         )
 
     def publish(self, item: Item) -> None:

@@ -242,3 +242,36 @@ def test_a_verdict_without_the_envelopes_send_time_is_not_relayed() -> None:
     core.handle(PullSucceeded(pull.request_id, "author", ((d(1), b"x"),)), 1.0)
     assert only(Retire, core.handle(AdmissionResult("author", d(1), True, "ok"), 2.0)) == [Retire(d(1))]
     assert core.stats.relay_dropped == 1
+
+
+def test_an_envelope_dated_ahead_of_the_relays_clock_is_not_relayed() -> None:
+    # Red team rt72 F-A: 64 envelopes signed for the next round filled its relaying before it began;
+    # F-D: one dated ahead was listed a round after its author's, re-pulled and charged as a replay.
+    core = started(relaying())
+    assert only(Retire, admitted(core, "a", d(1), 8.0, sent_at=11.0)) == [Retire(d(1))]
+    assert only(Retire, admitted(core, "b", d(2), 8.0, sent_at=8.5)) == [Retire(d(2))]
+    assert only(Retire, admitted(core, "c", d(3), 8.0, sent_at=7.5)) == []
+
+
+def test_a_round_relays_a_few_envelopes_of_each_signer_and_its_share_of_the_bytes() -> None:
+    # Red team rt72 F-A: one signer (or a few) filled every relay place and all 64 MiB.
+    core = started(relaying(max_relay_per_signer=2))
+    signed = [
+        core.handle(
+            AdmissionResult(*pulled(core, "via", d(i), 2.0), True, "ok", sent_at=2.0, signer="s"), 2.0
+        )
+        for i in range(3)
+    ]
+    assert [only(Retire, a) for a in signed] == [[], [], [Retire(d(2))]]
+    # 600 bytes over the 3 rounds an item lives (keep_rounds 2): 200 a round, 96 bytes an item.
+    shared = started(relaying(max_relay_bytes=600))
+    kept = [only(Retire, admitted(shared, f"a{i}", d(i), 2.0)) for i in range(3)]
+    assert kept == [[], [], [Retire(d(2))]]
+    assert only(Retire, admitted(shared, "a9", d(9), 12.0)) == []  # the next round has its own share
+
+
+def pulled(core: GossipCore, peer: str, digest: bytes, now: float) -> tuple[str, bytes]:
+    """``peer`` announces ``digest`` and serves it at once: the ``(peer, digest)`` awaiting a verdict."""
+    [pull] = only(Pull, core.handle(Announced(peer, core.current_round(now), (digest,)), now))
+    core.handle(PullSucceeded(pull.request_id, peer, ((digest, b"x" * 100),)), now)
+    return peer, digest
