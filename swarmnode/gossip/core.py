@@ -2309,10 +2309,13 @@ class GossipCore:
         if candidate is not None:
             self._release_announcers(candidate)
 
-    def _remember(self, digest: Digest, now: float, *, admitted: bool = False) -> None:
-        """Close ``digest`` for ``remember_ttl``; full, each map forgets its oldest entry."""
+    def _remember(
+        self, digest: Digest, now: float, *, admitted: bool = False, until: float | None = None
+    ) -> None:
+        """Close ``digest`` for ``remember_ttl`` (or ``until``, if later); full, each map forgets its
+        oldest entry."""
         self._refused_copies.pop(digest)
-        expires_at = now + self.config.remember_ttl
+        expires_at = max(now + self.config.remember_ttl, until or 0.0)
         if admitted:
             self._remembered.pop(digest)
             self._admitted.put(digest, None, expires_at)
@@ -2335,7 +2338,19 @@ class GossipCore:
         if state is not None and not ours:
             state.credit += waiting.held  # not refused for our own reasons: nothing to pay
         if event.accepted:
-            self._remember(event.digest, now, admitted=True)
+            # At least while its signed round is read: relays list it there, and an envelope dated
+            # ahead (admission allows 30 s) was otherwise forgotten first with short rounds, pulled
+            # again from an honest relay and charged to it as a replay (red team rt73 F1).
+            c = self.config
+            signed_round = (
+                None if event.sent_at is None else round_at(event.sent_at, c.round_seconds, c.epoch)
+            )
+            read_until = (
+                None
+                if signed_round is None
+                else round_start(signed_round + c.read_back_rounds + 1, c.round_seconds, c.epoch)
+            )
+            self._remember(event.digest, now, admitted=True, until=read_until)
             self.stats.accepted += 1
             if state is not None:
                 state.adjust(_SCORE_ACCEPTED)

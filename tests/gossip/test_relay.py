@@ -275,3 +275,15 @@ def pulled(core: GossipCore, peer: str, digest: bytes, now: float) -> tuple[str,
     [pull] = only(Pull, core.handle(Announced(peer, core.current_round(now), (digest,)), now))
     core.handle(PullSucceeded(pull.request_id, peer, ((digest, b"x" * 100),)), now)
     return peer, digest
+
+
+def test_an_admitted_id_is_remembered_while_its_signed_round_is_read() -> None:
+    # Red team rt73 F1: with 10-s rounds, an envelope dated 30 s ahead (admission's allowance) was
+    # forgotten by a reader before its signed round stopped being read; a relay listing it there
+    # was asked for it again, and the reader's admission charged the relay with a replay.
+    core = started(cfg(remember_rounds=4), now=100.0)  # remembered for 40 s
+    [pull] = only(Pull, core.handle(Announced("author", 10, (d(1),)), 100.5))
+    core.handle(PullSucceeded(pull.request_id, "author", ((d(1), b"x"),)), 100.5)
+    core.handle(AdmissionResult("author", d(1), True, "ok", sent_at=130.4), 100.5)  # signed in round 13
+    assert only(Pull, core.handle(Announced("relay", 13, (d(1),), relayed=True), 141.0)) == []
+    assert only(Pull, core.handle(Announced("relay", 13, (d(1),)), 149.0)) == []  # round 13 read until 150
