@@ -334,24 +334,6 @@ class SwarmConfig(Section):
         "fetching a version once one more than this many versions newer is announced.",
     )
 
-    @model_validator(mode="after")
-    def _relay_fits_the_age_window(self) -> SwarmConfig:
-        if self.relay:
-            from swarmnode.admit import AdmissionConfig
-            from swarmnode.gossip.core import GossipConfig
-
-            # A relayed batch is served until the end of its round + keep_rounds, then may still be
-            # pulled and judged: all of it within admission's max age, or none is relayed.
-            g, max_age = GossipConfig(), AdmissionConfig(allowed_tasks=frozenset()).max_age_s
-            longest = (max_age - g.pull_timeout - g.admission_timeout) / (g.keep_rounds + 1)
-            if self.round_seconds > longest:
-                raise ValueError(
-                    f"swarm.relay needs swarm.round_seconds <= {longest:.1f} (got {self.round_seconds:g}): a "
-                    f"relayed batch is served for {g.keep_rounds + 1} rounds and must still be younger "
-                    f"than admission's {max_age:g} s when its last reader judges it"
-                )
-        return self
-
 
 class LearnerConfig(Section):
     groups_per_step: int = Field(

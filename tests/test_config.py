@@ -65,14 +65,18 @@ def test_out_of_range_values_are_refused() -> None:
         load_config(None, environ={}, overrides={"rollout.group_size": 0})
 
 
-def test_relaying_with_rounds_too_long_for_admissions_age_window_is_refused() -> None:
+def test_relaying_with_rounds_too_long_for_admissions_age_window_is_refused_at_start() -> None:
     # Red team rt72 F-C: with 120-s rounds every relayed batch would turn too old before its last
     # reader judged it, so the node relayed nothing, silently.
+    from swarmnode.roles.trainer import check_relaying
+
+    def config(**overrides: object) -> Config:
+        return load_config(None, environ={}, overrides=overrides)
+
     with pytest.raises(ConfigError, match=r"swarm.relay needs swarm.round_seconds <= 76.7 \(got 120\)"):
-        load_config(None, environ={}, overrides={"swarm.relay": True, "swarm.round_seconds": 120})
-    relaying = load_config(None, environ={}, overrides={"swarm.relay": True, "swarm.round_seconds": 60})
-    assert relaying.swarm.relay
-    assert load_config(None, environ={}, overrides={"swarm.round_seconds": 120}).swarm.round_seconds == 120
+        check_relaying(config(**{"swarm.relay": True, "swarm.round_seconds": 120}))
+    check_relaying(config(**{"swarm.relay": True, "swarm.round_seconds": 60}))  # fits
+    check_relaying(config(**{"swarm.round_seconds": 120}))  # no relaying: any round
 
 
 def test_an_unknown_key_is_an_error_not_silently_ignored() -> None:

@@ -373,6 +373,13 @@ class GossipConfig:
         return self.remember_rounds * self.round_seconds
 
 
+def longest_relay_round(config: GossipConfig, max_age_s: float) -> float:
+    """The longest ``round_seconds`` with which every envelope can be relayed: one is served for
+    ``keep_rounds + 1`` rounds, then may still be pulled and judged, and must be younger than
+    admission's ``max_age_s`` then (``GossipCore._relay``; red team rt72 F-C)."""
+    return (max_age_s - config.pull_timeout - config.admission_timeout) / (config.keep_rounds + 1)
+
+
 def max_pull_response(config: GossipConfig, digests: int) -> int:
     """The most bytes an honest answer to a pull of ``digests`` ids holds (SPEC 1.4a): at most one
     envelope of ``max_item_bytes`` per id, and a server stops adding items at its byte cap, so

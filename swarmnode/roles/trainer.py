@@ -30,7 +30,8 @@ from swarmnode import __version__
 from swarmnode.admit import AdmissionConfig, AdmissionPipeline, task_families
 from swarmnode.config import Config
 from swarmnode.core.rounds import round_at, round_start
-from swarmnode.gossip.core import GossipConfig, GossipCore
+from swarmnode.errors import ConfigError
+from swarmnode.gossip.core import GossipConfig, GossipCore, longest_relay_round
 from swarmnode.gossip.driver import GossipDriver
 from swarmnode.gossip.intake import ExternalPool
 from swarmnode.home import NodeHome
@@ -80,8 +81,25 @@ class OwnRound:
     started: float
 
 
+def check_relaying(config: Config) -> None:
+    """``swarm.relay`` with rounds too long for admission's age window relays nothing: refused at
+    start, naming both keys (red team rt72 F-C)."""
+    s = config.swarm
+    if not s.relay:
+        return
+    max_age = AdmissionConfig(allowed_tasks=None).max_age_s
+    longest = longest_relay_round(GossipConfig(round_seconds=s.round_seconds), max_age)
+    if s.round_seconds > longest:
+        raise ConfigError(
+            f"swarm.relay needs swarm.round_seconds <= {longest:.1f} (got {s.round_seconds:g}): a relayed "
+            "batch is served for 3 rounds and must still be younger than admission's age window "
+            "when its last reader judges it"
+        )
+
+
 class SwarmNode:
     def __init__(self, config: Config, home: NodeHome, *, max_rounds: int | None = None) -> None:
+        check_relaying(config)
         self.config = config
         self.home = home.ensure()
         self.max_rounds = max_rounds

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from swarmnode.core.rounds import round_at
+from swarmnode.core.rounds import round_at, round_start
 from swarmnode.gossip.driver import (
     DIGEST_BYTES,
     MAX_PULL_REQUEST,
@@ -51,7 +51,7 @@ from swarmnode.gossip.driver import (
 from swarmnode.gossip.intake import envelope_digest
 from swarmnode.identity import NodeIdentity
 from swarmnode.net.config import NetConfig
-from swarmnode.net.errors import PeerCallError
+from swarmnode.net.errors import NetError, PeerCallError
 from swarmnode.net.hivemind_runtime import HivemindRuntime
 from swarmnode.tasks import Task, default_mixture, score_completion
 from swarmnode.wire import (
@@ -78,6 +78,7 @@ log = logging.getLogger("adversary")
 SWARM = "default"
 MODEL_ID = "adversary/inflated"
 CALL_TIMEOUT = 10.0
+REANNOUNCE_ROUNDS = 2  # rounds after its own that a phase's record is written again
 # A payload that is an envelope's bytes to no one: field number 0 makes the envelope scan fail.
 MALFORMED = b"\x00\x00 not an envelope " * 8
 OVERSIZED = b"\x0a" * (MAX_ENVELOPE_BYTES + 1)
@@ -133,6 +134,8 @@ class Adversary:
         # backed off, and did not pull phase 2 within the dashboard test's 120 s.
         self.earlier: list[Item] = []
         self.served: dict[str, int] = {}  # requesting peer -> items served
+        self._latest: int | None = None  # the round of the latest phase's first record
+        self._reannouncing: asyncio.Task[None] | None = None
 
     # -- building items ------------------------------------------------------------------
 
@@ -213,7 +216,18 @@ class Adversary:
         raise TimeoutError("no honest announcement to capture")
 
     async def announce(self, items: list[Item]) -> int:
+        """Announce ``items`` in this round's record, and again in the next ``REANNOUNCE_ROUNDS``
+        rounds' (in the background): a node whose pull of some of them failed pulls them again
+        from a later round's record. A node that judged them remembers them for 4 rounds, longer
+        than the records are read, so none is pulled twice (a CI run failed when one node's pull
+        of 2 of the 8 phase-1 items failed and the round's record was no longer read)."""
         r = self._now_round()
+        await self._store(r, items)
+        self._latest = r
+        self._reannouncing = asyncio.create_task(self._reannounce(r, items))
+        return r
+
+    async def _store(self, r: int, items: list[Item]) -> None:
         value = encode_payload(Announce(round=r, rollout_digests=tuple(i.digest for i in items)))
         stored = await self.runtime.dht_store(
             announcement_key(SWARM, r),
@@ -224,7 +238,16 @@ class Adversary:
         )
         if not stored:
             raise RuntimeError(f"announcement of round {r} was not stored")
-        return r
+
+    async def _reannounce(self, r: int, items: list[Item]) -> None:
+        for later in range(r + 1, r + 1 + REANNOUNCE_ROUNDS):
+            await asyncio.sleep(max(0.0, round_start(later, self.round_seconds) - time.time()) + 0.05)
+            if self._latest != r:
+                return  # the next phase began: its items replace these
+            try:
+                await self._store(later, items)
+            except (RuntimeError, NetError, OSError) as exc:
+                log.info("re-announcement of round %d failed: %s", later, exc)
 
     async def phase1(self) -> dict[str, Any]:
         honest, captured = await self.capture_honest_envelope(time.time() + 120)
