@@ -17,6 +17,7 @@ through files in ``--home``:
                  ``phase2.json`` with each item's digest and the verdict an honest node
                  must reach.
 
+Each phase's record is written again in the 2 rounds after its own (``Adversary.announce``).
 Order matters, because bans are sticky: every item gets its own verdict only if the
 items that ban a signer or the transport peer come after the ones they would mask.
 Signers: ``main`` (the adversary's identity), ``forger`` (a bad signature),
@@ -219,8 +220,8 @@ class Adversary:
         """Announce ``items`` in this round's record, and again in the next ``REANNOUNCE_ROUNDS``
         rounds' (in the background): a node whose pull of some of them failed pulls them again
         from a later round's record. A node that judged them remembers them for 4 rounds, longer
-        than the records are read, so none is pulled twice (a CI run failed when one node's pull
-        of 2 of the 8 phase-1 items failed and the round's record was no longer read)."""
+        than the records are read, so none is pulled twice (a clean-clone CI run failed when one
+        node's pull of 2 of the 8 phase-1 items failed and they were not pulled again in 240 s)."""
         r = self._now_round()
         await self._store(r, items)
         self._latest = r
