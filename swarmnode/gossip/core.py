@@ -664,7 +664,6 @@ class GossipSizes:
 class _OwnItem:
     size: int
     round: int
-    relayed: bool = False  # admitted from a peer, not published here (``_relay``)
 
 
 @dataclass
@@ -887,13 +886,10 @@ class GossipCore:
         self._round = 0
         self._round_start = math.inf
         self._round_end = -math.inf
-        # The relayed items in _own and their payload bytes: at most half of max_own_items, so
-        # that relaying never crowds out this node's own publications, and max_relay_bytes.
-        self._relay_items = 0
-        self._relay_bytes = 0
         # Relayed ids per round, announced in parts from RELAY_PART on: at most one part's worth
         # (max_digests_per_announcement), so a node that pulls every item does not list the whole
-        # swarm's output in its records.
+        # swarm's output in its records. A round's are served until its own items expire, and it
+        # is pruned with them (``_expire``), so these are exactly the relayed items in _own.
         self._relay_rounds: dict[int, _RelayRound] = {}
         self._pruned_round: int | None = None  # the round own-round bookkeeping was pruned for
         # Announcers that may answer a pull of one digest without it before it is given up: a full
@@ -1012,10 +1008,7 @@ class GossipCore:
 
     def _expire(self, now: float) -> list[GossipAction]:
         actions: list[GossipAction] = []
-        for digest, item in self._own.pop_expired(now):
-            if item.relayed:
-                self._relay_bytes -= item.size
-                self._relay_items -= 1
+        for digest, _ in self._own.pop_expired(now):
             actions.append(Retire(digest))
             self.stats.retired += 1
             self._remember(digest, now)  # a stray re-announcement of it is still never pulled
@@ -1099,7 +1092,7 @@ class GossipCore:
         fills). A relayed id goes to the relay parts, written at most once a ``read_interval``: peers
         set how often this node relays, and each write stores the whole part (red team rt71 F3)."""
         c = self.config
-        self._own.put(digest, _OwnItem(size, r, relayed), self._own_expiry(r))
+        self._own.put(digest, _OwnItem(size, r), self._own_expiry(r))
         listed = (
             self._relay_rounds.setdefault(r, _RelayRound()).ids
             if relayed
@@ -1125,10 +1118,10 @@ class GossipCore:
         item whose round this node no longer reads, one admission would refuse as too old before
         the relay's last reader could judge it (rt71 F1: an author signing near ``max_age_s`` got
         honest relays banned for "too old"), or dated ahead of this node's clock (rt72 F-A:
-        envelopes dated in the next round filled its relaying before it began). Nor past a round's share:
-        ``max_digests_per_announcement`` ids, ``max_relay_per_signer`` of one signer, and its part of
-        ``max_relay_bytes`` (the rounds served at once share it), so that no one fills a relay's
-        capacity for every round (rt72 F-A); nor with relays holding half the own-item table."""
+        envelopes dated in the next round filled its relaying before it began). Nor past a round's
+        share: ``max_digests_per_announcement`` ids, ``max_relay_per_signer`` of one signer, and its
+        part of ``max_relay_bytes`` (the rounds served at once share it), so that no one fills a
+        relay's capacity for every round (rt72 F-A); nor with relays holding half the own-item table."""
         c = self.config
         digest = event.digest
         if digest in self._own:
@@ -1151,7 +1144,7 @@ class GossipCore:
             or self._own_expiry(r) <= now
             or (event.stale_at is not None and event.stale_at < judged_by)
             or self._own.full
-            or self._relay_items >= c.max_own_items // 2
+            or sum(len(kept.ids) for kept in self._relay_rounds.values()) >= c.max_own_items // 2
             or len(held.ids) >= c.max_digests_per_announcement
             or held.by_signer.get(signer, 0) >= c.max_relay_per_signer
             or held.bytes + size > c.max_relay_bytes // (c.keep_rounds + 1)
@@ -1162,10 +1155,14 @@ class GossipCore:
         held = self._relay_rounds[r]
         held.bytes += size
         held.by_signer[signer] = held.by_signer.get(signer, 0) + 1
-        self._relay_bytes += size
-        self._relay_items += 1
         self.stats.relayed += 1
         return []
+
+    def _read_until(self, sent_at: float) -> float:
+        """When the round of ``sent_at`` is no longer read (``read_back_rounds`` after it)."""
+        c = self.config
+        r = round_at(sent_at, c.round_seconds, c.epoch)
+        return round_start(r + c.read_back_rounds + 1, c.round_seconds, c.epoch)
 
     def _own_expiry(self, r: int) -> float:
         return round_start(r + self.config.keep_rounds + 1, self.config.round_seconds, self.config.epoch)
@@ -2348,15 +2345,7 @@ class GossipCore:
             # At least while its signed round is read: relays list it there, and an envelope dated
             # ahead (admission allows 30 s) was otherwise forgotten first with short rounds, pulled
             # again from an honest relay and charged to it as a replay (red team rt73 F1).
-            c = self.config
-            signed_round = (
-                None if event.sent_at is None else round_at(event.sent_at, c.round_seconds, c.epoch)
-            )
-            read_until = (
-                None
-                if signed_round is None
-                else round_start(signed_round + c.read_back_rounds + 1, c.round_seconds, c.epoch)
-            )
+            read_until = None if event.sent_at is None else self._read_until(event.sent_at)
             self._remember(event.digest, now, admitted=True, until=read_until)
             self.stats.accepted += 1
             if state is not None:

@@ -136,7 +136,7 @@ class Adversary:
         self.earlier: list[Item] = []
         self.served: dict[str, int] = {}  # requesting peer -> items served
         self._latest: int | None = None  # the round of the latest phase's first record
-        self._reannouncing: asyncio.Task[None] | None = None
+        self._reannouncing: asyncio.Task[None] | None = None  # held: a task no one refers to may be collected
 
     # -- building items ------------------------------------------------------------------
 
