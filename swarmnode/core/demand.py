@@ -31,6 +31,7 @@ Must not
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import heapq
 from collections.abc import Callable
@@ -39,39 +40,56 @@ from dataclasses import dataclass, field
 from swarmnode.core.events import Digest, PeerId
 
 _RANK_BYTES = 8
+# The rank of an announcer's only digest: never compared, so not computed (``RoundSampler.offer``).
+_UNRANKED = b""
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def announcement_bucket(r: int, peer: PeerId, buckets: int) -> int:
     """The bucket of round ``r`` that ``peer``'s announcement records live in: a public rule, so a
     reader ignores a record stored in another bucket (one identity cannot write to every bucket).
     An identity can be ground to land in a bucket of its choice, but not in the buckets a reader
-    reads (``RoundSampler.read_order``: keyed), so its records reach the readers of that bucket only."""
+    reads (``RoundSampler.read_order``: keyed), so its records reach the readers of that bucket only.
+
+    Checked for every record read, so remembered (bounded: a flood of new ids only costs each its
+    SHA-256 again); the simulator's nodes share it: each record is read by about N k / K of them."""
     if buckets <= 1:
         return 0
     h = hashlib.sha256(f"swarmnode-bucket:{r}:{peer}".encode()).digest()
     return int.from_bytes(h[:8], "big") % buckets
 
 
-def _rank(key: bytes, *parts: bytes) -> bytes:
-    h = hashlib.blake2b(key=key, digest_size=_RANK_BYTES)
-    for part in parts:
-        h.update(len(part).to_bytes(4, "big"))  # unambiguous concatenation
-        h.update(part)
+def _fed(keyed: hashlib.blake2b, *parts: bytes) -> hashlib.blake2b:
+    """A copy of ``keyed`` (a keyed BLAKE2b) fed ``parts``, each length-prefixed (unambiguous)."""
+    h = keyed.copy()
+    h.update(b"".join(len(part).to_bytes(4, "big") + part for part in parts))
+    return h
+
+
+def _rank(keyed: hashlib.blake2b, part: bytes) -> bytes:
+    """``H(key, ..., part)``: ``keyed`` is keyed already and fed the parts before ``part`` (copied, not
+    keyed again, at each of the N k / K ranks a round; as ``_fed``, without its generic loop)."""
+    h = keyed.copy()
+    h.update(len(part).to_bytes(4, "big") + part)
     return h.digest()
 
 
 @dataclass
 class _Round:
-    # announcer -> its kept digests as (rank, digest), best first
+    # The keyed hash fed the round's number: an announcer's rank is H(key, round, id).
+    peer_keyed: hashlib.blake2b
+    # announcer -> its kept digests as (rank, digest), best first (a lone one's rank _UNRANKED)
     by_announcer: dict[PeerId, list[tuple[bytes, Digest]]] = field(default_factory=dict)
     # digest -> every announcer that offered it (ordered set): all of them may be asked
     announcers: dict[Digest, dict[PeerId, None]] = field(default_factory=dict)
     charged: dict[PeerId, int] = field(default_factory=dict)  # picks per announcer this round
     peer_rank: dict[PeerId, bytes] = field(default_factory=dict)  # of the announcers kept
     # The draw's order, (picks charged, rank, announcer), and the kept announcers by rank, worst
-    # first (negated): both lazy, an entry stale once its announcer left or was charged again.
-    turns: list[tuple[int, bytes, PeerId]] = field(default_factory=list)
-    worst: list[tuple[int, PeerId]] = field(default_factory=list)
+    # first (negated): both lazy, an entry stale once its announcer left or was charged again; and
+    # built at their first use (``RoundSampler._turns``, ``_worst``), not kept up at every offer of
+    # a round most of whose offers are never drawn nor evicted.
+    turns: list[tuple[int, bytes, PeerId]] | None = None
+    worst: list[tuple[int, PeerId]] | None = None
 
 
 class RoundSampler:
@@ -90,7 +108,9 @@ class RoundSampler:
             raise ValueError("per_announcer and max_announcers must be >= 1")
         self.per_announcer = per_announcer
         self.max_announcers = max_announcers
-        self._key = hashlib.blake2b(key, digest_size=32).digest()
+        self._keyed = hashlib.blake2b(
+            key=hashlib.blake2b(key, digest_size=32).digest(), digest_size=_RANK_BYTES
+        )
         self._rounds: dict[int, _Round] = {}
         self._read_orders: dict[int, list[int]] = {}
         self._offers = 0  # (announcer, digest) pairs kept, every round
@@ -112,32 +132,47 @@ class RoundSampler:
 
     def offer(self, r: int, digest: Digest, peer: PeerId) -> None:
         """``peer`` announced ``digest`` for round ``r``; kept if ``peer`` is among the round's
-        best-ranked announcers and ``digest`` among its ``per_announcer`` best-ranked ones."""
-        state = self._rounds.setdefault(r, _Round())
+        best-ranked announcers and ``digest`` among its ``per_announcer`` best-ranked ones. Called
+        for every record read (N k / K a round), so the common case, an announcer's first digest,
+        computes one keyed hash: a digest is ranked only once its announcer offers a second."""
+        state = self._rounds.get(r)
+        if state is None:
+            state = self._rounds[r] = _Round(_fed(self._keyed, r.to_bytes(8, "big", signed=True)))
         offered = state.announcers.get(digest)
         if offered is not None and peer in offered:
             return
         kept = state.by_announcer.get(peer)
         if kept is None:
-            rank = self._peer_rank(state, r, peer)
+            rank = _rank(state.peer_keyed, peer.encode())  # none yet: kept and ranked together
             if len(state.by_announcer) >= self.max_announcers and not self._evict_worse_than(state, rank):
                 self.dropped += 1
                 return
             kept = state.by_announcer[peer] = []
             state.peer_rank[peer] = rank
+            if state.worst is not None:
+                heapq.heappush(state.worst, (-int.from_bytes(rank, "big"), peer))
+            if state.turns is not None:
+                heapq.heappush(state.turns, (state.charged.get(peer, 0), rank, peer))
             self._compact(state)
-            heapq.heappush(state.worst, (-int.from_bytes(rank, "big"), peer))
-            heapq.heappush(state.turns, (state.charged.get(peer, 0), rank, peer))
-        entry = (_rank(self._key, digest), digest)
-        if len(kept) >= self.per_announcer:
-            if entry >= kept[-1]:
+        if not kept:
+            kept.append((_UNRANKED, digest))
+        else:
+            if kept[0][0] == _UNRANKED:  # alone so far: ranked now that it is compared
+                kept[0] = (_rank(self._keyed, kept[0][1]), kept[0][1])
+            entry = (_rank(self._keyed, digest), digest)
+            if len(kept) >= self.per_announcer:
+                if entry >= kept[-1]:
+                    self.dropped += 1
+                    return
+                _, worst = kept.pop()  # replaced by a better-ranked one: whatever order they came in
+                self._unlink(state, worst, peer)
                 self.dropped += 1
-                return
-            _, worst = kept.pop()  # replaced by a better-ranked one: whatever order they came in
-            self._unlink(state, worst, peer)
-            self.dropped += 1
-        bisect.insort(kept, entry)
-        state.announcers.setdefault(digest, {})[peer] = None
+            bisect.insort(kept, entry)
+        offered = state.announcers.get(digest)  # again: an announcer evicted above may have taken it
+        if offered is None:
+            state.announcers[digest] = {peer: None}
+        else:
+            offered[peer] = None
         self._offers += 1
 
     def draw(self, r: int, count: int, usable: Callable[[Digest], bool]) -> list[tuple[Digest, list[PeerId]]]:
@@ -147,8 +182,9 @@ class RoundSampler:
         digest (red team rt69 F2: a scan of every announcer per pick cost seconds)."""
         state = self._rounds.get(r)
         picked: list[tuple[Digest, list[PeerId]]] = []
-        while state is not None and state.turns and len(picked) < count:
-            charged, rank, peer = heapq.heappop(state.turns)
+        turns = [] if state is None else self._turns(state)
+        while state is not None and turns and len(picked) < count:
+            charged, rank, peer = heapq.heappop(turns)
             kept = state.by_announcer.get(peer)
             if kept is None or charged != state.charged.get(peer, 0) or state.peer_rank.get(peer) != rank:
                 continue  # stale: the announcer left, or has a newer turn
@@ -162,7 +198,7 @@ class RoundSampler:
                 state.charged[peer] = charged + 1
                 picked.append((digest, announcers))
             if kept:
-                heapq.heappush(state.turns, (state.charged.get(peer, 0), rank, peer))
+                heapq.heappush(turns, (state.charged.get(peer, 0), rank, peer))
             else:
                 self._drop_announcer(state, peer)
         return picked
@@ -182,30 +218,25 @@ class RoundSampler:
         if cached is None or len(cached) != buckets:
             tag = r.to_bytes(8, "big", signed=True)
             cached = sorted(
-                range(buckets), key=lambda b: _rank(self._key, b"bucket", tag, b.to_bytes(4, "big"))
+                range(buckets), key=lambda b: _fed(self._keyed, b"bucket", tag, b.to_bytes(4, "big")).digest()
             )
             self._read_orders[r] = cached
         return cached
 
-    def _peer_rank(self, state: _Round, r: int, peer: PeerId) -> bytes:
-        rank = state.peer_rank.get(peer)
-        if rank is None:
-            rank = _rank(self._key, r.to_bytes(8, "big", signed=True), peer.encode())
-        return rank
-
     def _evict_worse_than(self, state: _Round, rank: bytes) -> bool:
         """Make room for an announcer of ``rank`` by dropping the kept one ranked worst, if it
         ranks worse; whether there is room now."""
-        while state.worst:
-            negated, peer = state.worst[0]
+        worst = self._worst(state)
+        while worst:
+            negated, peer = worst[0]
             if peer not in state.by_announcer or state.peer_rank.get(peer) != (-negated).to_bytes(
                 _RANK_BYTES, "big"
             ):
-                heapq.heappop(state.worst)  # stale
+                heapq.heappop(worst)  # stale
                 continue
             if -negated <= int.from_bytes(rank, "big"):
                 return False  # every kept announcer ranks better
-            heapq.heappop(state.worst)
+            heapq.heappop(worst)
             for _, digest in list(state.by_announcer[peer]):
                 self._unlink(state, digest, peer)
                 self.dropped += 1
@@ -217,12 +248,26 @@ class RoundSampler:
         """Rebuild the lazy heaps once stale entries outnumber live ones 4 to 1 (an id flood
         evicting itself would otherwise grow them by two entries an id)."""
         live = len(state.by_announcer)
-        if len(state.worst) > 4 * live + 64:
-            state.worst = [(-int.from_bytes(state.peer_rank[p], "big"), p) for p in state.by_announcer]
-            heapq.heapify(state.worst)
-        if len(state.turns) > 4 * live + 64:
+        if state.worst is not None and len(state.worst) > 4 * live + 64:
+            state.worst = None
+            self._worst(state)
+        if state.turns is not None and len(state.turns) > 4 * live + 64:
+            state.turns = None
+            self._turns(state)
+
+    def _turns(self, state: _Round) -> list[tuple[int, bytes, PeerId]]:
+        """The round's draw order (``_Round.turns``), built from its kept announcers if need be."""
+        if state.turns is None:
             state.turns = [(state.charged.get(p, 0), state.peer_rank[p], p) for p in state.by_announcer]
             heapq.heapify(state.turns)
+        return state.turns
+
+    def _worst(self, state: _Round) -> list[tuple[int, PeerId]]:
+        """The round's kept announcers, worst-ranked first (``_Round.worst``), built if need be."""
+        if state.worst is None:
+            state.worst = [(-int.from_bytes(state.peer_rank[p], "big"), p) for p in state.by_announcer]
+            heapq.heapify(state.worst)
+        return state.worst
 
     def _drop_announcer(self, state: _Round, peer: PeerId) -> None:
         state.by_announcer.pop(peer, None)

@@ -864,7 +864,6 @@ class GossipCore:
         self._draw_at: float | None = None  # when a round's offers first become drawable
         self._read_at: dict[int, float] = {}  # when each round was last read (``_read_action``)
         self._read_widths: dict[int, int] = {}  # per round, how many of its buckets the last read read
-        self._buckets: dict[int, dict[PeerId, int]] = {}  # per round, announcers' buckets (_bucket_of)
         self._found: set[int] = set()  # rounds whose buckets read held offers (their width carries on)
         self._inflight: ExpiringMap[int, _InFlight] = ExpiringMap(c.max_inflight_pulls + c.max_probe_pulls)
         self._inflight_digests: dict[Digest, int] = {}
@@ -1232,7 +1231,7 @@ class GossipCore:
         """An announcement's digests into the candidate table (without a demand: every digest; with
         one, those drawn already, ``_on_offered``)."""
         c = self.config
-        if c.announce_buckets > 1 and event.bucket != self._bucket_of(event.round, event.peer):
+        if self._misfiled(event):
             fresh = False  # stored in a bucket not its owner's: one identity cannot fill every bucket
         state = None
         if fresh and event.peer != self.self_id and not self.is_banned(event.peer, now):
@@ -1300,7 +1299,7 @@ class GossipCore:
         could still be pulled when the round was drawn (red team rt69 F1, F6). A digest already
         drawn (in the table, in flight) takes the announcer as usual."""
         c = self.config
-        if c.announce_buckets > 1 and event.bucket != self._bucket_of(event.round, event.peer):
+        if self._misfiled(event):
             self.stats.announcements_ignored += 1  # stored in a bucket not its owner's
             return
         drawn: list[Digest] = []
@@ -1318,9 +1317,16 @@ class GossipCore:
             elif not event.relayed:
                 self._sampler.offer(event.round, digest, event.peer)
                 self._found.add(event.round)
-        drawn = [d for d in drawn if self._has_room(d, event.peer)]  # rt70 F2: no table place otherwise
+        if drawn:
+            drawn = [d for d in drawn if self._has_room(d, event.peer)]  # rt70 F2: no table place otherwise
         if drawn:
             self._on_announced_drawn(Announced(event.peer, event.round, tuple(drawn), event.bucket), now)
+
+    def _misfiled(self, event: Announced) -> bool:
+        """Stored in a bucket not its owner's (``announcement_bucket``, remembered: it is checked for
+        every record read): one identity cannot write to every bucket."""
+        buckets = self.config.announce_buckets
+        return buckets > 1 and event.bucket != announcement_bucket(event.round, event.peer, buckets)
 
     def _has_room(self, digest: Digest, peer: PeerId) -> bool:
         """Whether ``peer``'s announcement of a drawn digest could take an announcer slot: only then
@@ -1332,16 +1338,6 @@ class GossipCore:
         if candidate is None:
             return digest in self._refused_copies
         return peer not in candidate.announcers and self._slot_for(candidate, peer)
-
-    def _bucket_of(self, r: int, peer: PeerId) -> int:
-        """``announcement_bucket``, remembered for the rounds read (a SHA-256 per record read)."""
-        known = self._buckets.setdefault(r, {})
-        bucket = known.get(peer)
-        if bucket is None:
-            if len(known) >= self.config.max_offers:
-                known.clear()  # bounded: recomputed after
-            bucket = known[peer] = announcement_bucket(r, peer, self.config.announce_buckets)
-        return bucket
 
     def _take_slot(self, candidate: _Candidate, peer: PeerId, *, in_table: bool) -> bool:
         """Make ``peer`` an announcer of ``candidate`` if there is a slot. When all are taken, a
@@ -1420,8 +1416,6 @@ class GossipCore:
         # Rounds still read, not only those read now: a met round's offers wait to replace a pick.
         oldest = self.current_round(self._now) - c.read_back_rounds
         self._sampler.forget_before(oldest)
-        for r in [r for r in self._buckets if r < oldest]:
-            del self._buckets[r]
         start = c.read_buckets or c.announce_buckets
         for r in [r for r in self._read_widths if r < oldest - 1]:
             del self._read_widths[r]

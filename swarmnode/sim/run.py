@@ -6,10 +6,12 @@ Must not: parse TOML (``scenario``) or draw (``plots``).
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,22 @@ Progress = Callable[[str], None]
 
 def _quiet(_: str) -> None:
     pass
+
+
+@contextlib.contextmanager
+def _no_cyclic_collection() -> Iterator[None]:
+    """Python's cyclic garbage collector off for the run. The heap is every node's state (the
+    cores of 10,000 nodes), and each full collection walks all of it: with it on, a 300-node
+    gossip run took 1.26x as long. A run makes little cyclic garbage (a 1,000-node run peaked at
+    the same memory either way); what it made is collected at its end."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+        gc.collect()
 
 
 def simulate_network(scenario: Scenario, progress: Progress = _quiet) -> dict[str, Any]:
@@ -44,7 +62,8 @@ def simulate_network(scenario: Scenario, progress: Progress = _quiet) -> dict[st
         world.start()
         end = scenario.end_time()
         progress(f"simulating {len(world.nodes)} nodes for up to {end:g} virtual seconds")
-        world.sim.run(end)
+        with _no_cyclic_collection():
+            world.sim.run(end)
         results["virtual_seconds"] = world.sim.now
         results["calendar_entries"] = world.sim.events_run
         results["nodes"] = {
