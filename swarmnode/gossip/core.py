@@ -1492,7 +1492,11 @@ class GossipCore:
         )
 
     def _add_drawn(self, digest: Digest, announcers: list[PeerId], now: float) -> bool:
-        """A drawn digest into the candidate table with every announcer still worth asking."""
+        """A drawn digest into the candidate table with the first ``max_announcers_per_digest``
+        announcers still worth asking, in the sampler's order (``RoundSampler._ordered``): those
+        that offered fewer of the round's digests first, then a keyed order. Taken in the order
+        offers arrived, copycats re-announcing honest ids of the round held every slot, the
+        author's often not among them (red team rt70 F1)."""
         c = self.config
         if digest in self._candidates:
             return True  # came back as a parked copy's candidate meanwhile

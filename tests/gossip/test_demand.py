@@ -4,6 +4,7 @@ core's ``round_demand``. Each test name is a rule."""
 from __future__ import annotations
 
 import hashlib
+import heapq
 import random
 from collections import Counter
 from typing import Any
@@ -14,6 +15,7 @@ from swarmnode.core.demand import RoundSampler, announcement_bucket
 from swarmnode.errors import ConfigError
 from swarmnode.gossip import (
     AdmissionResult,
+    Admit,
     Announce,
     Announced,
     GossipConfig,
@@ -405,3 +407,90 @@ def test_a_demand_or_buckets_without_a_selection_key_is_an_error() -> None:
     with pytest.raises(ConfigError, match="selection_key"):
         GossipCore(demand_cfg(round_demand=0, announce_buckets=4), "me")
     GossipCore(demand_cfg(round_demand=0), "me")  # neither: none needed
+
+
+# -- copycats: ids that own no item and re-announce honest ids of the round -----------------------
+
+
+def test_a_drawn_digests_announcers_come_fewest_offers_first_then_in_a_keyed_order_not_arrival() -> None:
+    # Red team rt70 F1: the core gives a drawn id's first 8 announcers its slots, and they came in
+    # the order offers arrived: copycats re-announcing the author's id and others held all of them.
+    author, fellow = "author", "fellow"
+    copycats = [f"copycat-{i}" for i in range(20)]
+    orders = []
+    for copycats_first in (True, False):
+        sampler = RoundSampler(per_announcer=4, max_announcers=10_000, key=b"k")
+        offers = [(c, d(k)) for c in copycats for k in (0, 1, 2, 3)]  # each copies 4 authors' ids
+        own = [(author, d(0)), (fellow, d(0))]  # two that offer one id each: a tie
+        for peer, digest in offers + own if copycats_first else own + offers:
+            sampler.offer(0, digest, peer)
+        picked = dict(sampler.draw(0, 10, everything))
+        assert len(picked[d(0)]) == 22
+        assert set(picked[d(0)][:2]) == {author, fellow}  # before every copycat, however read
+        orders.append(picked[d(0)])
+    assert orders[0] == orders[1]  # ties (the two, and the copycats) in the keyed order alone
+
+
+def copycat_rounds(*, authors: int, copycats: int, copies: int, answer: str, rounds: int = 6) -> list[int]:
+    """Honest items one core (``round_demand`` 4) admitted for each of rounds 0 .. rounds - 2.
+    ``authors`` peers each publish one item a round and serve it; ``copycats`` ids re-announce
+    ``copies`` of the round's honest ids each (read from the DHT: every honest id the same number
+    of times) and answer each pull ``"stall"`` (it times out) or ``"empty"`` (without the item).
+    A read returns the records in a shuffled order, as the driver's does."""
+    round_seconds = 30.0
+    config = GossipConfig(round_seconds=round_seconds, read_interval=5.0, pull_timeout=10.0, round_demand=4)
+    core = GossipCore(config, "me", selection_key=b"test")
+    rng = random.Random(0)
+    honest = [f"author-{i}" for i in range(authors)]
+    owner: dict[bytes, tuple[str, int]] = {}
+
+    def records(r: int, now: float) -> list[Announced]:
+        if now < r * round_seconds + 2.0:
+            return []
+        ids = [hashlib.sha256(f"{peer}:{r}".encode()).digest() for peer in honest]
+        owner.update({digest: (peer, r) for digest, peer in zip(ids, honest, strict=True)})
+        read = [Announced(peer, r, (digest,)) for peer, digest in zip(honest, ids, strict=True)]
+        for j in range(copycats):
+            copied = tuple(ids[(j * copies + k) % authors] for k in range(copies))
+            read.append(Announced(f"copycat-{j}", r, copied))
+        rng.shuffle(read)
+        return read
+
+    queue: list[tuple[float, int, list[Any]]] = []
+    admitted: Counter[int] = Counter()
+    step = 0
+
+    def later(when: float, events: list[Any]) -> None:
+        nonlocal step
+        step += 1
+        heapq.heappush(queue, (when, step, events))
+
+    now = 0.0
+    while now < rounds * round_seconds:
+        events: list[Any] = []
+        while queue and queue[0][0] <= now:
+            events += heapq.heappop(queue)[2]
+        for action in core.handle_all(events, now) if events else core.poll(now):
+            if isinstance(action, ReadAnnouncements):
+                later(now + 0.5, [a for r in action.rounds for a in records(r, now)])
+            elif isinstance(action, Pull) and action.peer.startswith("author"):
+                items = tuple((digest, b"item") for digest in action.digests)
+                later(now + 0.3, [PullSucceeded(action.request_id, action.peer, items)])
+            elif isinstance(action, Pull) and answer == "empty":
+                later(now + 0.3, [PullSucceeded(action.request_id, action.peer, ())])
+            elif isinstance(action, Pull):
+                later(now + action.timeout, [PullFailed(action.request_id, action.peer, "timeout")])
+            elif isinstance(action, Admit):
+                admitted[owner[action.digest][1]] += 1
+                later(now + 0.2, [AdmissionResult(action.peer, action.digest, True, "ok")])
+        now += 0.25
+    return [admitted[r] for r in range(rounds - 1)]
+
+
+def test_copycats_of_honest_ids_that_stall_never_crowd_their_authors_out_of_a_drawn_ids_slots() -> None:
+    # Red team rt70 F1: 200 copycats of 4 honest ids each (40 announcers an id, for 8 slots) took
+    # the slots in the order they were read, the author's often not among them: 2.8-3.4 honest
+    # items a round of 4 in the red team's runs, [4, 4, 3, 3, 3] here. The author, offering its
+    # own id alone, comes first.
+    per_round = copycat_rounds(authors=20, copycats=200, copies=4, answer="stall")
+    assert per_round == [4] * 5
