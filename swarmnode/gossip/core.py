@@ -859,8 +859,11 @@ class GossipCore:
             )
         self._sampler = RoundSampler(max(c.round_demand, 1), per_round, selection_key or b"unused")
         # Per round, the digests drawn for it that still count toward round_demand (pruned to the
-        # live ones at each draw: in the table, in flight, awaiting a verdict or admitted).
+        # live ones at each draw, ``_recount``: to be pulled, in flight, being judged or admitted).
         self._drawn: dict[int, dict[Digest, float]] = {}  # digest -> when it was drawn
+        # Per round, picks that stopped counting but are still pulled (``_pursued``), with when they
+        # were drawn: one delivered later counts again (``_recount``).
+        self._replaced: dict[int, dict[Digest, float]] = {}
         self._draw_at: float | None = None  # when a round's offers first become drawable
         self._read_at: dict[int, float] = {}  # when each round was last read (``_read_action``)
         self._read_widths: dict[int, int] = {}  # per round, how many of its buckets the last read read
@@ -1454,11 +1457,11 @@ class GossipCore:
         self._sampler.forget_before(oldest)
         for r in [r for r in self._drawn if r < oldest]:
             del self._drawn[r]
+            self._replaced.pop(r, None)
         for r in [r for r in self._found if r < oldest - 1]:
             self._found.discard(r)
-        for drawn in self._drawn.values():  # every round's, offers left or not (``_worth_reading``)
-            for digest in [d for d, at in drawn.items() if not self._live(d, at, now)]:
-                del drawn[digest]  # failed, refused or given up: the next pick replaces it
+        for r, drawn in self._drawn.items():  # every round's, offers left or not (``_worth_reading``)
+            self._recount(r, drawn, now)
         self._draw_at = None
         for r in self._sampler.rounds():
             if not self._sampler.waiting(r):
@@ -1475,6 +1478,47 @@ class GossipCore:
                         drawn[digest] = now
                         need -= 1
 
+    def _recount(self, r: int, drawn: dict[Digest, float], now: float) -> None:
+        """Keep round ``r``'s picks that count toward its demand (``_live``). One that stops counting
+        (failed, refused, given up) is replaced by the next pick, but is still pulled while it waits
+        (``_pursued``); once delivered (being judged, or admitted) it counts again, so the round
+        draws nothing more for it. Before, such a pick's item was admitted uncounted, and the round
+        went on drawing as if it were short (red team rt70 F6). A pick in flight or waiting in the
+        table does not count again, so a stall holds no place (rt69 F3)."""
+        replaced = self._replaced.get(r)
+        if replaced:
+            for digest, drawn_at in list(replaced.items()):
+                if digest in self._admitted or digest in self._awaiting:
+                    del replaced[digest]
+                    drawn[digest] = drawn_at  # not a new pick: refused now, it stops counting again
+                elif not self._pursued(digest):
+                    del replaced[digest]  # given up or dropped: nothing more of it to count
+        for digest, drawn_at in [(d, at) for d, at in drawn.items() if not self._live(d, at, now)]:
+            del drawn[digest]  # failed, refused or given up: the next pick replaces it
+            if self._pursued(digest):
+                self._replaced.setdefault(r, {})[digest] = drawn_at
+        if sum(digest in self._admitted for digest in drawn) >= self.config.round_demand:
+            self._drop_waiting(r, drawn)
+
+    def _pursued(self, digest: Digest) -> bool:
+        """Still pulled: in the table, in flight, or parked with its refusals (a new announcer of it
+        takes it up again, ``_on_announced_drawn``)."""
+        return (
+            digest in self._candidates or digest in self._inflight_digests or digest in self._refused_copies
+        )
+
+    def _drop_waiting(self, r: int, drawn: dict[Digest, float]) -> None:
+        """Round ``r``'s demand is met by admitted items: its picks still waiting in the table, live
+        or replaced, are not pulled (those in flight are left to land). Counted again only once
+        admitted (``_recount``), picks that failed once still came in beside the replacements drawn
+        meanwhile (red team rt70 F6: copycats of one id each answering empty, without the rule of
+        ``_live``: 8-14 items a round against 4; 5-8 with this)."""
+        replaced = self._replaced.get(r, {})
+        for digest in [d for d in itertools.chain(drawn, replaced) if d in self._candidates]:
+            self._forget_remote(digest)
+            drawn.pop(digest, None)
+            replaced.pop(digest, None)
+
     def _live(self, digest: Digest, drawn_at: float, now: float) -> bool:
         """Counts toward its round's demand: to be pulled (until its first failed try, and for at
         most ``pull_timeout`` after it was drawn), being pulled or judged, or admitted. A pick that
@@ -1482,14 +1526,28 @@ class GossipCore:
         pick otherwise held its place for the whole round, through four timeouts and their
         backoffs (red team rt69 F3: 10 stalling ids among 10 honest announcers left 12 of 20
         rounds short of their demand), and one never tried (its announcers backed off) held it
-        untried (rt70 F1)."""
-        candidate = self._candidates.get(digest)
-        return (
-            (candidate is not None and not candidate.tried and now < drawn_at + self.config.pull_timeout)
-            or digest in self._inflight_digests
-            or digest in self._awaiting
-            or digest in self._admitted
-        )
+        untried (rt70 F1).
+
+        An announcer dropped for what it served of the pick (answered without it, a broken copy:
+        ``_drop_announcer``) is no failed try here either: the pick still counts while its other
+        announcers are asked, within the same ``pull_timeout`` of its draw. Counted as failed,
+        copycats answering its pulls empty had a replacement drawn for each pick, while its
+        author's copy still came in: up to 18 items a round against a demand of 4 (red team
+        rt70 F6). A retry in flight counts within that time only, so a slow empty answer holds
+        no place longer than a stall does."""
+        if digest in self._awaiting or digest in self._admitted:
+            return True
+        request_id = self._inflight_digests.get(digest)
+        if request_id is not None:
+            in_flight = self._inflight.get(request_id)
+            candidate = None if in_flight is None else in_flight.digests.get(digest)
+            if candidate is None or not candidate.tried:
+                return True  # its first try: a stall holds it at most until the pull's timeout
+        else:
+            candidate = self._candidates.get(digest)
+            if candidate is None:
+                return False
+        return candidate.tried <= candidate.refused and now < drawn_at + self.config.pull_timeout
 
     def _add_drawn(self, digest: Digest, announcers: list[PeerId], now: float) -> bool:
         """A drawn digest into the candidate table with the first ``max_announcers_per_digest``

@@ -494,3 +494,49 @@ def test_copycats_of_honest_ids_that_stall_never_crowd_their_authors_out_of_a_dr
     # own id alone, comes first.
     per_round = copycat_rounds(authors=20, copycats=200, copies=4, answer="stall")
     assert per_round == [4] * 5
+
+
+def test_copycats_answering_without_the_item_do_not_make_a_node_pull_more_than_its_demand() -> None:
+    # Red team rt70 F6: each copycat's empty answer failed its pick once, a replacement was drawn,
+    # and the author's copy still came in, uncounted: [11, 9, 8, 5, 12] items a round here against
+    # a demand of 4. Each copycat copies one id (8 an id), so it ties the author (rt70 F1's order
+    # does not put it first) and is often asked before it.
+    per_round = copycat_rounds(authors=128, copycats=1024, copies=1, answer="empty")
+    assert min(per_round) >= 4 and max(per_round) <= 5
+
+
+def test_an_empty_answer_is_no_failed_try_of_a_pick_its_other_announcers_are_asked_first() -> None:
+    # Red team rt70 F6: an announcer answering a pick's pull without it made the pick stop counting,
+    # and a replacement was pulled beside the author's copy. Within pull_timeout of its draw the
+    # pick keeps its place while its other announcers are asked.
+    core = GossipCore(demand_cfg(round_demand=1), "me", selection_key=b"test")
+    core.poll(0.0)
+    core.handle_all([Announced("copycat", 0, (d(1),))], 9.0)
+    ((pull, digest),) = pulled(core.poll(10.0))
+    assert (pull.peer, digest) == ("copycat", d(1))
+    core.handle_all([Announced("author", 0, (d(1),)), Announced("other", 0, (d(2),))], 10.1)
+    actions = core.handle(PullSucceeded(pull.request_id, "copycat", ()), 10.3)
+    assert [(p.peer, digest) for p, digest in pulled(actions)] == [("author", d(1))]  # no replacement
+    assert core.stats.offers_selected == 1
+
+
+def test_an_item_admitted_after_its_pick_was_replaced_counts_and_its_rounds_waiting_picks_go() -> None:
+    # Red team rt70 F6: a pick that failed once (a stall) is replaced and still retried; when its
+    # retry was admitted it did not count, so every later failure drew yet another item.
+    core = GossipCore(demand_cfg(round_demand=1), "me", selection_key=b"test")
+    core.poll(0.0)
+    core.handle_all([Announced("staller", 0, (d(1),))], 9.0)
+    ((stalled, _),) = pulled(core.poll(10.0))
+    core.handle_all([Announced("author", 0, (d(1),)), Announced("q", 0, (d(2),))], 10.1)
+    core.handle_all([Announced(f"p{i}", 0, (d(10 + i),)) for i in range(5)], 10.1)
+    actions = core.handle(PullFailed(stalled.request_id, "staller", "timeout", received=0), 11.0)
+    pulls = {digest: pull for pull, digest in pulled(actions)}
+    assert pulls[d(1)].peer == "author" and len(pulls) == 2  # retried, and replaced at once
+    (replacement,) = [digest for digest in pulls if digest != d(1)]
+    core.handle(PullSucceeded(pulls[d(1)].request_id, "author", ((d(1), d(1)),)), 11.2)
+    core.handle(AdmissionResult("author", d(1), True, "ok"), 11.3)
+    holder = pulls[replacement]
+    actions = core.handle(PullFailed(holder.request_id, holder.peer, "timeout", received=0), 12.0)
+    assert pulled(actions) == [] and core.stats.offers_selected == 2  # met: nothing more drawn
+    assert core.sizes().candidates == 0  # the replacement, back in the table, is not pulled again
+    assert reads(core.poll(13.0)) == []  # nor is the round read
