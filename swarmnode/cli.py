@@ -7,6 +7,7 @@
     swarmnode status --home DIR           a running node's status
     swarmnode demo                        a short solo run on the tiny model
     swarmnode config show|reference       the effective config / the reference table
+    swarmnode config large-swarm --nodes N  the [swarm] settings of a swarm of about N nodes
     swarmnode export --home DIR --out D   the node's current policy as a Hugging Face directory
     swarmnode protocol check|vectors      wire-protocol tools
     swarmnode simulate SCENARIO.toml      run a simulation scenario (see simulations/README.md)
@@ -25,7 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from swarmnode import __version__
-from swarmnode.config import Config, load_config, reference_markdown, render_commented_config
+from swarmnode.config import (
+    Config,
+    large_swarm_settings,
+    load_config,
+    reference_markdown,
+    render_commented_config,
+    render_large_swarm,
+)
 from swarmnode.errors import ConfigError, SwarmError
 from swarmnode.home import NodeHome
 
@@ -50,10 +58,13 @@ def parse_set(items: Sequence[str]) -> dict[str, Any]:
 
 
 def _config_from_args(args: argparse.Namespace) -> Config:
-    home = NodeHome(Path(args.home))
-    path = Path(args.config) if getattr(args, "config", None) else home.config_file
-    if getattr(args, "config", None) and not path.exists():
-        raise ConfigError(f"config file {path} does not exist")
+    path: Path | None = None  # neither: the defaults (`config large-swarm` alone)
+    if getattr(args, "config", None):
+        path = Path(args.config)
+        if not path.exists():
+            raise ConfigError(f"config file {path} does not exist")
+    elif getattr(args, "home", None):
+        path = NodeHome(Path(args.home)).config_file
     overrides = parse_set(getattr(args, "set", None) or [])
     if getattr(args, "seed", None) is not None:
         overrides["node.seed"] = args.seed
@@ -187,8 +198,17 @@ def cmd_swarm(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
+    if args.nodes is not None and args.action != "large-swarm":
+        raise ConfigError(f"--nodes is for `swarmnode config large-swarm`, not `config {args.action}`")
     if args.action == "reference":
         print(reference_markdown())
+        return EXIT_OK
+    if args.action == "large-swarm":
+        if args.nodes is None:
+            raise ConfigError(
+                "`swarmnode config large-swarm` needs --nodes N (about how many nodes the swarm has)"
+            )
+        print(render_large_swarm(large_swarm_settings(args.nodes, _config_from_args(args))))
         return EXIT_OK
     if not args.home:
         raise ConfigError("`swarmnode config show` needs --home DIR")
@@ -332,11 +352,29 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(handler=cmd_swarm)
 
-    p = sub.add_parser("config", help="show the effective config or the reference of every key")
-    p.add_argument("action", choices=["show", "reference"])
-    p.add_argument("--home", help="node home (for show)")
-    p.add_argument("--config")
-    p.add_argument("--set", action="append", metavar="KEY=VALUE")
+    p = sub.add_parser(
+        "config",
+        help="show the effective config, the reference of every key, or a large swarm's settings",
+        description="show: the effective config (--home) as commented TOML; reference: the table of every "
+        "key (README, Configuration); large-swarm: the [swarm] settings of a swarm of about --nodes N "
+        "nodes (swarm.round_demand from the effective config, swarm.announce_buckets, which must be the "
+        'same on every node, and swarm.read_buckets; README, "In a large swarm") as commented TOML.',
+    )
+    p.add_argument(
+        "action", choices=["show", "reference", "large-swarm"], help="show, reference or large-swarm"
+    )
+    p.add_argument("--home", help="node home (show; large-swarm: its config file)")
+    p.add_argument(
+        "--config",
+        help="config file (default: HOME/swarmnode.toml; large-swarm without --home: the defaults)",
+    )
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="override a config key (repeatable)")
+    p.add_argument(
+        "--nodes",
+        type=int,
+        metavar="N",
+        help="large-swarm: about how many nodes the swarm has (announce_buckets = ceil(N / 64))",
+    )
     p.set_defaults(handler=cmd_config)
 
     p = sub.add_parser(

@@ -1,14 +1,17 @@
 """One typed configuration: TOML file < environment (``SWARMNODE_SECTION__KEY``) < flags.
 
-Owns: the schema, its defaults and its validation messages. Must not read
+Owns: the schema, its defaults and its validation messages, and the [swarm]
+settings it advises for a swarm of N nodes (``large_swarm_settings``). Must not read
 anything but the config file and the environment it is given.
 """
 
 from __future__ import annotations
 
 import os
+import textwrap
 import tomllib
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -602,3 +605,149 @@ def reference_markdown() -> str:
             default = _toml_value(getattr(section, key))
             rows.append(f"| `{section_name}.{key}` | `{default}` | `{env}` | {sub.description} |")
     return "\n".join(rows)
+
+
+#: Nodes whose announcement records share one DHT key in a large swarm: ``swarm.announce_buckets``
+#: is about N / 64 (README, "In a large swarm"; ``simulations/README.md``, "Gossip at scale").
+NODES_PER_ANNOUNCE_BUCKET = 64
+#: The least ``swarm.round_demand`` of a large swarm: one failed or refused batch is replaced.
+MIN_ROUND_DEMAND = 2
+#: Buckets a node reads a round at first in a large swarm: enough with a demand (it reads more
+#: while a round's offers fall short of it).
+LARGE_SWARM_READ_BUCKETS = 2
+
+
+@dataclass(frozen=True)
+class LargeSwarmSettings:
+    """The ``[swarm]`` settings of a swarm of about ``nodes`` nodes (``large_swarm_settings``)."""
+
+    nodes: int
+    round_demand: int
+    announce_buckets: int
+    read_buckets: int
+    #: Why ``round_demand`` is what it is, for the comment above it.
+    demand_basis: str
+
+
+def large_swarm_settings(nodes: int, config: Config | None = None) -> LargeSwarmSettings:
+    """``swarm.round_demand``, ``announce_buckets`` and ``read_buckets`` for a swarm of about ``nodes``
+    nodes, under ``config`` (default: the defaults). README, "In a large swarm":
+
+    - round_demand = max(2, ceil(1.5 x swarm.external_groups / rollout.prompts_per_round)): a
+      peer's batch holds its groups of a round; 2 where the node trains on no peer's group
+      (``external_groups = 0`` or ``mixing = "none"``);
+    - announce_buckets = max(1, ceil(nodes / 64)), the same on every node of the swarm;
+    - read_buckets = 2 where there is more than one bucket, else 0 (all).
+
+    Raises ConfigError naming the value for ``nodes < 1``, or a swarm too large for the keys' limits."""
+    config = config or Config()
+    if nodes < 1:
+        raise ConfigError(f"--nodes must be at least 1 (got {nodes})")
+    buckets = -(-nodes // NODES_PER_ANNOUNCE_BUCKET)  # ceil
+    bucket_limit = _field_limit(SwarmConfig, "announce_buckets")
+    if buckets > bucket_limit:
+        raise ConfigError(
+            f"--nodes {nodes} needs swarm.announce_buckets = {buckets}, above its limit {bucket_limit} "
+            f"(at most {bucket_limit * NODES_PER_ANNOUNCE_BUCKET:,} nodes)"
+        )
+    swarm, per_batch = config.swarm, config.rollout.prompts_per_round
+    if swarm.mixing == "none":
+        demand = MIN_ROUND_DEMAND
+        basis = (
+            f'swarm.mixing = "none" trains on no peer\'s group (swarm.external_groups is unused): the least '
+            f"demand, {MIN_ROUND_DEMAND}; with a sharing rule, 1.5 x swarm.external_groups / "
+            f"rollout.prompts_per_round, at least {MIN_ROUND_DEMAND}"
+        )
+    elif swarm.external_groups == 0:
+        demand = MIN_ROUND_DEMAND
+        basis = (
+            f"swarm.external_groups = 0 trains on no peer's group: the least demand, {MIN_ROUND_DEMAND} "
+            f"(swarm.mixing = {swarm.mixing!r} may still learn from peers' batches)"
+        )
+    else:
+        wanted = -(-3 * swarm.external_groups // (2 * per_batch))  # ceil(1.5 x J / groups per batch)
+        demand = max(MIN_ROUND_DEMAND, wanted)
+        basis = (
+            f"1.5 x swarm.external_groups ({swarm.external_groups}) / rollout.prompts_per_round "
+            f"({per_batch}, the groups in a peer's batch) = {1.5 * swarm.external_groups / per_batch:g}, "
+            f"rounded up: {wanted}, at least {MIN_ROUND_DEMAND}"
+        )
+    demand_limit = _field_limit(SwarmConfig, "round_demand")
+    if demand > demand_limit:
+        raise ConfigError(
+            f"swarm.round_demand would be {demand}, above its limit {demand_limit}: swarm.external_groups "
+            f"= {swarm.external_groups} is far more than rollout.prompts_per_round = {per_batch}"
+        )
+    return LargeSwarmSettings(
+        nodes=nodes,
+        round_demand=demand,
+        announce_buckets=max(1, buckets),
+        read_buckets=LARGE_SWARM_READ_BUCKETS if buckets > 1 else 0,
+        demand_basis=basis,
+    )
+
+
+def _field_limit(model: type[BaseModel], key: str) -> int:
+    """The ``le`` bound of an integer field."""
+    for item in model.model_fields[key].metadata:
+        limit = getattr(item, "le", None)
+        if isinstance(limit, int):
+            return limit
+    raise KeyError(f"{model.__name__}.{key} has no upper bound")
+
+
+def render_large_swarm(settings: LargeSwarmSettings) -> str:
+    """``large_swarm_settings`` as a commented ``[swarm]`` TOML block (``swarmnode config large-swarm``)."""
+    n, nodes = settings.nodes, f"{settings.nodes:,} node{'s' if settings.nodes != 1 else ''}"
+    header = (
+        f"swarmnode config large-swarm --nodes {n}: the [swarm] settings of a swarm of about {nodes} "
+        '(README, "In a large swarm"). Merge them into the [swarm] table of swarmnode.toml (a second '
+        "[swarm] table is a TOML error), or pass each as --set swarm.KEY=VALUE."
+    )
+    if settings.announce_buckets == 1:
+        header += " A swarm this small also runs well on the defaults (every batch pulled, one key)."
+    demand = (
+        "Peers' batches pulled a round, drawn fairly over their announcers at the round's end (0 pulls "
+        f"every batch announced, which grows with the swarm): {settings.demand_basis}."
+    )
+    if settings.announce_buckets > 1:
+        where = (
+            f"ceil({n} / {NODES_PER_ANNOUNCE_BUCKET}), about {NODES_PER_ANNOUNCE_BUCKET} nodes' records a key"
+        )
+    else:
+        where = f"one key holds the records of {nodes} (up to {NODES_PER_ANNOUNCE_BUCKET})"
+    buckets = (
+        f"DHT keys a round's announcement records are spread over: {where}. It must be the same on "
+        "every node of the swarm: a node with another value writes and reads other keys and misses its "
+        "peers. The swarm's bootstrap operator publishes it with the bootstrap addresses; no node "
+        "chooses it alone."
+    )
+    if settings.read_buckets:
+        read = (
+            f"Buckets read a round at first ({settings.read_buckets} is enough with a demand); more "
+            "while a round's offers fall short of round_demand."
+        )
+    else:
+        read = "Buckets read a round at first: 0, all of them (there is one)."
+    relay = (
+        "Relaying stays off with a demand: a node pulls right after the round, before relays list what "
+        'they pulled, so relays would only serve retries (README, "In a large swarm").'
+    )
+    return "\n".join(
+        [
+            _comment(header),
+            "[swarm]",
+            _comment(demand),
+            f"round_demand = {settings.round_demand}",
+            _comment(buckets),
+            f"announce_buckets = {settings.announce_buckets}",
+            _comment(read),
+            f"read_buckets = {settings.read_buckets}",
+            _comment(relay),
+            "relay = false",
+        ]
+    )
+
+
+def _comment(text: str, width: int = 96) -> str:
+    return textwrap.fill(text, width, initial_indent="# ", subsequent_indent="# ", break_on_hyphens=False)

@@ -134,3 +134,23 @@ def test_readme_configuration_reference_is_up_to_date() -> None:
     assert section == reference_markdown().strip(), (
         "README's configuration reference is stale: paste the output of `swarmnode config reference`"
     )
+
+
+def test_large_swarm_settings_follow_the_readme_rules() -> None:
+    from swarmnode.config import large_swarm_settings
+
+    def settings(nodes: int, **overrides: object) -> tuple[int, int, int]:
+        got = large_swarm_settings(nodes, load_config(None, environ={}, overrides=overrides))
+        return got.round_demand, got.announce_buckets, got.read_buckets
+
+    assert settings(10_000) == (2, 157, 2)  # the defaults: mixing = "none", the least demand
+    assert settings(64) == (2, 1, 0)  # one key: read it all
+    sapo = {"swarm.mixing": "sapo", "swarm.external_groups": 24, "rollout.prompts_per_round": 8}
+    assert settings(1000, **sapo) == (5, 16, 2)  # ceil(1.5 x 24 / 8) = ceil(4.5)
+    assert settings(1000, **{**sapo, "swarm.external_groups": 0}) == (2, 16, 2)
+    with pytest.raises(ConfigError, match=r"--nodes must be at least 1 \(got 0\)"):
+        large_swarm_settings(0)
+    with pytest.raises(ConfigError, match=r"swarm.round_demand would be 6144, above its limit 4096"):
+        large_swarm_settings(
+            10, load_config(None, environ={}, overrides={**sapo, "swarm.external_groups": 32768})
+        )

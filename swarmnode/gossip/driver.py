@@ -29,6 +29,7 @@ from typing import Any
 
 from swarmnode.admit import AdmissionPipeline, Rejected, RejectReason
 from swarmnode.admit.intake import Intake
+from swarmnode.gossip.census import AnnouncerCensus
 from swarmnode.gossip.core import (
     ITEM_PREFIX_BYTES,
     RELAY_PART,
@@ -181,6 +182,8 @@ class GossipDriver:
         self._senders = SenderTallies()
         self._stores = AnnouncementStores()
         self._decoded = DecodedEnvelopes()  # pulled payloads' decodes, until their Admit
+        # Warns once when a round's announcers outgrow small-swarm settings (README, "In a large swarm").
+        self._census = AnnouncerCensus(c.round_demand, c.announce_buckets)
 
     # ------------------------------------------------------------------ entry points
 
@@ -329,6 +332,9 @@ class GossipDriver:
             _SHUFFLE.shuffle(events)
             for event in events:
                 self._feed(event)
+            self._census.count(events)
+        if (warning := self._census.warning()) is not None:
+            log.warning(warning)
 
     async def _pull(self, action: Pull) -> None:
         limit = action.max_bytes  # a probe's; else what an honest answer may hold
