@@ -38,6 +38,7 @@ import bisect
 import functools
 import hashlib
 import heapq
+import itertools
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -120,6 +121,7 @@ class RoundSampler:
         )
         self._rounds: dict[int, _Round] = {}
         self._read_orders: dict[int, list[int]] = {}
+        self._lowest: int | None = None  # the lowest round either holds (``forget_before``: at every event)
         self._offers = 0  # (announcer, digest) pairs kept, every round
         self.dropped = 0  # offers not kept: an announcer ranked out, or an announcer's worse digests
 
@@ -145,6 +147,7 @@ class RoundSampler:
         state = self._rounds.get(r)
         if state is None:
             state = self._rounds[r] = _Round(_fed(self._keyed, r.to_bytes(8, "big", signed=True)))
+            self._note_round(r)
         offered = state.announcers.get(digest)
         if offered is not None and peer in offered:
             return
@@ -240,22 +243,30 @@ class RoundSampler:
 
     def forget_before(self, r: int) -> None:
         """Drop every round before ``r`` (no longer read, nor worth pulling)."""
+        if self._lowest is None or self._lowest >= r:
+            return  # the common case: nothing to drop
         for old in [old for old in self._rounds if old < r]:
             state = self._rounds.pop(old)
             self._offers -= sum(len(kept) for kept in state.by_announcer.values())
         for old in [old for old in self._read_orders if old < r]:
             del self._read_orders[old]
+        self._lowest = min(itertools.chain(self._rounds, self._read_orders), default=None)
+
+    def _note_round(self, r: int) -> None:
+        if self._lowest is None or r < self._lowest:
+            self._lowest = r
 
     def read_order(self, r: int, buckets: int) -> list[int]:
         """The announcement buckets of round ``r`` in the order this node reads them (keyed: no
         one else knows which buckets it reads first); ranked once per round."""
         cached = self._read_orders.get(r)
         if cached is None or len(cached) != buckets:
-            tag = r.to_bytes(8, "big", signed=True)
-            cached = sorted(
-                range(buckets), key=lambda b: _fed(self._keyed, b"bucket", tag, b.to_bytes(4, "big")).digest()
-            )
+            # H(key, "bucket", r, b) for each of the K buckets: K hashes a round (160 at 10,000
+            # nodes, more than the records read), so the prefix is hashed once.
+            keyed = _fed(self._keyed, b"bucket", r.to_bytes(8, "big", signed=True))
+            cached = sorted(range(buckets), key=lambda b: _rank(keyed, b.to_bytes(4, "big")))
             self._read_orders[r] = cached
+            self._note_round(r)
         return cached
 
     def _evict_worse_than(self, state: _Round, rank: bytes) -> bool:

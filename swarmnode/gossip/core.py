@@ -865,6 +865,7 @@ class GossipCore:
         # were drawn: one delivered later counts again (``_recount``).
         self._replaced: dict[int, dict[Digest, float]] = {}
         self._draw_at: float | None = None  # when a round's offers first become drawable
+        self._draw_oldest: int | None = None  # the oldest round kept at the last draw
         self._read_at: dict[int, float] = {}  # when each round was last read (``_read_action``)
         self._read_widths: dict[int, int] = {}  # per round, how many of its buckets the last read read
         self._found: set[int] = set()  # rounds whose buckets read held offers (their width carries on)
@@ -1454,12 +1455,16 @@ class GossipCore:
         its offers, in the sampler's fair keyed order, once the round is ``select_at`` old."""
         c = self.config
         oldest = self.current_round(now) - c.read_back_rounds
-        self._sampler.forget_before(oldest)
-        for r in [r for r in self._drawn if r < oldest]:
-            del self._drawn[r]
-            self._replaced.pop(r, None)
-        for r in [r for r in self._found if r < oldest - 1]:
-            self._found.discard(r)
+        if oldest != self._draw_oldest:
+            # Only rounds from ``oldest`` on gain offers or picks (``_on_announced``: fresh ones), so
+            # what is past keeping changes only when the round does (this runs at every event).
+            self._draw_oldest = oldest
+            self._sampler.forget_before(oldest)
+            for r in [r for r in self._drawn if r < oldest]:
+                del self._drawn[r]
+                self._replaced.pop(r, None)
+            for r in [r for r in self._found if r < oldest - 1]:
+                self._found.discard(r)
         for r, drawn in self._drawn.items():  # every round's, offers left or not (``_worth_reading``)
             self._recount(r, drawn, now)
         self._draw_at = None

@@ -280,9 +280,9 @@ class GossipLayer:
         self.peers: dict[str, GossipPeer] = {}
         self.items: dict[Digest, Item] = {}
         # (round, bucket) -> (owner, part) -> (digests, expiry); bucket None: a swarm without buckets
-        # (round, bucket) -> (owner, part) -> (the record as every reader gets it, its expiry): one
-        # event shared by the N k / K readers of a record (the core keeps none of them).
-        self.dht: dict[tuple[int, int | None], dict[tuple[str, int], tuple[Announced, float]]] = {}
+        # (round, bucket) -> (owner, part) -> (the record as every reader gets it, its expiry, its
+        # bytes on the wire): one event shared by the N k / K readers of a record (the core keeps none).
+        self.dht: dict[tuple[int, int | None], dict[tuple[str, int], tuple[Announced, float, int]]] = {}
         self.latencies: list[float] = []  # honest items, per accepting honest node
         self.slow_latencies: list[float] = []  # items of slow senders
         self.forged_accepted = 0
@@ -329,7 +329,8 @@ class GossipLayer:
     def dht_store(self, owner: str, action: Announce) -> None:
         key = (action.round, action.bucket)
         record = Announced(owner, action.round, action.digests, action.bucket, action.part >= RELAY_PART)
-        self.dht.setdefault(key, {})[(owner, action.part)] = (record, action.expires_at)
+        wire = ANNOUNCE_RECORD_OVERHEAD + len(action.digests) * DIGEST_WIRE_BYTES
+        self.dht.setdefault(key, {})[(owner, action.part)] = (record, action.expires_at, wire)
 
     def dht_read(self, action: ReadAnnouncements, reader: str, now: float) -> list[Announced]:
         events: list[Announced] = []
@@ -338,13 +339,12 @@ class GossipLayer:
             if action.buckets
             else [(r, None) for r in action.rounds]
         )
+        read = 0
         for r, bucket in keys:
-            for (owner, _), (record, expires_at) in self.dht.get((r, bucket), {}).items():
+            for (owner, _), (record, expires_at, wire) in self.dht.get((r, bucket), {}).items():
                 if owner != reader and expires_at > now:
                     events.append(record)
-        read = ANNOUNCE_RECORD_OVERHEAD * len(events) + DIGEST_WIRE_BYTES * sum(
-            len(e.digests) for e in events
-        )
+                    read += wire
         self.announce_bytes[reader] = self.announce_bytes.get(reader, 0) + read
         return events
 
