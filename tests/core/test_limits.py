@@ -76,6 +76,70 @@ def test_expiring_map_expires_in_order_and_evicts_the_oldest_beyond_capacity() -
     assert len(m) == 1 and "c" in m and m.get("c") == 3
 
 
+class _PlainExpiringMap:
+    """The expiring map's rules without its remembered first expiry: the reference it must match."""
+
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.entries: dict[str, tuple[float, int]] = {}
+
+    def put(self, key: str, value: int, expires_at: float) -> list[tuple[str, int]]:
+        self.entries.pop(key, None)
+        self.entries[key] = (expires_at, value)
+        evicted = []
+        while len(self.entries) > self.capacity:
+            oldest = next(iter(self.entries))
+            evicted.append((oldest, self.entries.pop(oldest)[1]))
+        return evicted
+
+    def pop_expired(self, now: float) -> list[tuple[str, int]]:
+        expired = []
+        while self.entries and next(iter(self.entries.values()))[0] <= now:
+            key = next(iter(self.entries))
+            expired.append((key, self.entries.pop(key)[1]))
+        return expired
+
+
+_OPS = st.lists(
+    st.tuples(st.sampled_from(["put", "pop", "expire"]), st.sampled_from("abcde"), st.integers(0, 20)),
+    max_size=60,
+)
+
+
+@given(ops=_OPS, capacity=st.integers(1, 4))
+def test_expiring_map_expires_exactly_as_the_plain_rules_whatever_is_popped_or_put_again(
+    ops: list[tuple[str, str, int]], capacity: int
+) -> None:
+    # The map remembers its first entry's expiry (pop_expired runs at every event of a core);
+    # popping that entry, putting it again (it moves to the end), or an eviction must not leave a
+    # stale one that hides an entry now due, as re-putting "a" would hide "b" here:
+    # put a@5, put b@1 (out of order: waits behind a), put a@9 -> b is first, due at 1.
+    m: ExpiringMap[str, int] = ExpiringMap(capacity)
+    ref = _PlainExpiringMap(capacity)
+    now = 0.0
+    for i, (op, key, t) in enumerate(ops):
+        if op == "put":
+            assert m.put(key, i, now + t) == ref.put(key, i, now + t)
+        elif op == "pop":
+            assert m.pop(key) == (None if key not in ref.entries else ref.entries.pop(key)[1])
+        else:
+            now += t / 4
+            assert m.pop_expired(now) == ref.pop_expired(now)
+        first = next(iter(ref.entries.values()))[0] if ref.entries else None
+        assert m.next_expiry() == first
+        assert list(m) == list(ref.entries)
+
+
+def test_a_key_put_again_moves_behind_an_earlier_expiry_which_then_expires_first() -> None:
+    m: ExpiringMap[str, int] = ExpiringMap(capacity=4)
+    m.put("a", 1, expires_at=5.0)
+    m.put("b", 2, expires_at=1.0)  # out of order: waits behind "a"
+    assert m.pop_expired(2.0) == []
+    m.put("a", 3, expires_at=9.0)  # moves to the end: "b" is first now
+    assert m.next_expiry() == 1.0
+    assert m.pop_expired(2.0) == [("b", 2)]
+
+
 def test_tokens_given_back_refill_the_bucket_but_never_past_its_burst() -> None:
     bucket = TokenBucket(rate=1.0, burst=2.0, updated=0.0)
     assert bucket.take(0.0, 2.0) and bucket.available(0.0) == 0.0
