@@ -1396,9 +1396,23 @@ class GossipCore:
 
     def _worth_reading(self, r: int, now: float) -> bool:
         """Demand-driven: a round is read from the last read before it can be drawn, and then only
-        while it is short of its demand (its offers would replace a pick that failed). Reading
-        every round at every interval read each record about 12 times a round for nothing."""
-        return now >= self._read_from(r) and len(self._drawn.get(r, ())) < self.config.round_demand
+        while it is short of its demand (its offers would replace a pick that failed), or, once it
+        can be drawn, while its offers left and the picks that arrived (``_arrived``) fall short of
+        it. Reading every round at every interval read each record about 12 times a round for
+        nothing. Picks merely live (waiting for a try, being pulled) held a round's reads off: a
+        few stalling ids in a reader's narrow buckets, drawn again each time the last failed, kept
+        it from reading, and so from widening, while the buckets it read ran out of offers (red
+        team rt70 F5)."""
+        c = self.config
+        if now < self._read_from(r):
+            return False
+        return len(self._drawn.get(r, ())) < c.round_demand or (
+            now >= self._opens(r) and self._sampler.offers_of(r) + self._arrived(r) < c.round_demand
+        )
+
+    def _arrived(self, r: int) -> int:
+        """Picks of round ``r`` that arrived: awaiting a verdict, or admitted."""
+        return sum(1 for d in self._drawn.get(r, ()) if d in self._awaiting or d in self._admitted)
 
     def _read_from(self, r: int) -> float:
         """When round ``r`` is first read with a demand: one read interval before its draw opens."""
@@ -1437,12 +1451,15 @@ class GossipCore:
             elif (
                 c.round_demand
                 and self._now >= self._opens(r)
-                and self._sampler.offers_of(r) + len(self._drawn.get(r, ())) < c.round_demand
+                and self._sampler.offers_of(r) + self._arrived(r) < c.round_demand
                 and self._read_at.get(r, -math.inf) >= self._opens(r)
             ):
                 # Short of its demand once it can be drawn, after a read made since it could be: before,
                 # a round's first read (no offers yet) doubled it every round, up to every bucket (red
                 # team rt69 F4), and records written after the read ahead of the draw did (rt70 F3).
+                # Counted in offers left and picks that arrived, not picks merely live: stalling ids'
+                # picks, in flight, then waiting out their backoff, kept a narrow read "met" while
+                # its buckets held no offer left (red team rt70 F5).
                 width = min(2 * width, c.announce_buckets)
             self._read_widths[r] = width
             self._read_at[r] = self._now

@@ -304,9 +304,13 @@ def test_a_reader_reads_its_first_buckets_in_its_keyed_order_and_widens_while_sh
     assert core.stats.offers_selected == 0  # those ids' records belong to other buckets: ignored
     wanted = second.buckets[0][0]
     owners = [f"q{i}" for i in range(5000) if announcement_bucket(0, f"q{i}", 64) == wanted][:3]
+    picks = []
     for i, owner in enumerate(owners):
-        core.handle(Announced(owner, 0, (d(100 + i),), wanted), 2.5)
-    assert core.stats.offers_selected == 3  # drawn at once (select_at = 0): the demand is met
+        picks += pulled(core.handle(Announced(owner, 0, (d(100 + i),), wanted), 2.5))
+    assert core.stats.offers_selected == 3  # drawn at once (select_at = 0)
+    for pull, digest in picks:  # they arrive and are admitted: the demand is met
+        core.handle(PullSucceeded(pull.request_id, pull.peer, ((digest, digest),)), 2.6)
+        core.handle(AdmissionResult(pull.peer, digest, True, "ok"), 2.7)
     assert reads(core.poll(3.0)) == []  # so round 0 is read no more
     (next_round,) = reads(core.poll(10.0))  # round 1 starts from round 0's width
     assert next_round.rounds == (1,) and len(next_round.buckets[0]) == 8
@@ -345,17 +349,16 @@ def test_a_round_is_read_from_just_before_its_draw_and_widens_only_once_it_can_b
 
 
 def test_a_round_whose_picks_all_failed_is_read_again_for_replacements() -> None:
-    # Every offer of round 0 drawn, then both picks fail: the round is short again, so the next
-    # read asks for it (a replacement may have been announced since).
+    # Every offer of round 0 drawn and pulled, then both picks are refused: the round is short
+    # again, so the next read asks for it (a replacement may have been announced since).
     core = GossipCore(demand_cfg(round_demand=2, read_back_rounds=1), "me", selection_key=b"test")
     core.poll(0.0)
     core.handle_all([Announced(f"p{i}", 0, (d(i),)) for i in range(2)], 9.0)
     picks = pulled(core.poll(10.0))
     assert len(picks) == 2
-    assert reads(core.poll(11.0)) == []  # met: round 0 is not read
-    core.handle_all(
-        [PullFailed(pull.request_id, pull.peer, "timeout", received=0) for pull, _ in picks], 11.5
-    )
+    core.handle_all([PullSucceeded(pull.request_id, pull.peer, ((dg, dg),)) for pull, dg in picks], 10.5)
+    assert reads(core.poll(11.0)) == []  # met, both being judged: round 0 is not read
+    core.handle_all([AdmissionResult(pull.peer, dg, False, "bad_signature") for pull, dg in picks], 11.5)
     (read,) = reads(core.poll(12.0))
     assert 0 in read.rounds
 
@@ -540,3 +543,44 @@ def test_an_item_admitted_after_its_pick_was_replaced_counts_and_its_rounds_wait
     assert pulled(actions) == [] and core.stats.offers_selected == 2  # met: nothing more drawn
     assert core.sizes().candidates == 0  # the replacement, back in the table, is not pulled again
     assert reads(core.poll(13.0)) == []  # nor is the round read
+
+
+def test_stalling_picks_in_a_readers_narrow_buckets_do_not_hold_off_its_reads_and_widening() -> None:
+    # Red team rt70 F5: live picks counted as the round's demand met, so while stalling ids'
+    # picks were in flight (then backed off, untried) the round was not read, and its read never
+    # widened to the buckets holding honest offers: ~1.9 of 4 honest items admitted a round.
+    config = demand_cfg(announce_buckets=16, read_buckets=1, round_demand=2, read_back_rounds=1)
+    core = GossipCore(config, "me", selection_key=b"test")
+    order = core._sampler.read_order(0, 16)
+
+    def owners(bucket: int, prefix: str) -> list[str]:
+        ids = (f"{prefix}{i}" for i in range(10_000))
+        return [p for p in ids if announcement_bucket(0, p, 16) == bucket][:2]
+
+    stalling, honest = owners(order[0], "stall-"), owners(order[1], "honest-")
+    core.poll(0.0)
+    widths: list[int] = []
+
+    def read_round_0(actions: list[Any], now: float) -> None:
+        for read in reads(actions):
+            for r, buckets in zip(read.rounds, read.buckets, strict=True):
+                if r == 0:
+                    widths.append(len(buckets))
+                    listed = {order[0]: stalling, order[1]: honest}
+                    ids = {p: d(i) for i, p in enumerate(stalling + honest)}
+                    core.handle_all(
+                        [Announced(p, 0, (ids[p],), b) for b in buckets for p in listed.get(b, ())], now
+                    )
+
+    read_round_0(core.poll(9.0), 9.0)  # one interval ahead of the draw: the first bucket, 2 stalling ids
+    drawn = core.poll(10.0)
+    picks = pulled(drawn)
+    assert sorted(pull.peer for pull, _ in picks) == sorted(stalling)
+    read_round_0(drawn, 10.0)
+    read_round_0(core.poll(11.0), 11.0)
+    # Read again once drawable, though both picks are live, and widened: the second bucket's
+    # honest offers are in the draw while the stalling pulls run.
+    assert widths == [1, 1, 2] and core._sampler.offers_of(0) == 2
+    failed = [PullFailed(pull.request_id, pull.peer, "timeout", received=0) for pull, _ in picks]
+    replaced = pulled(core.handle_all(failed, 15.0))
+    assert sorted(pull.peer for pull, _ in replaced) == sorted(honest)  # at once, not a read later
