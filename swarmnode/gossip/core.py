@@ -48,6 +48,7 @@ Driving it
 
 from __future__ import annotations
 
+import hashlib
 import itertools
 import math
 from collections.abc import Callable, Iterable
@@ -596,8 +597,9 @@ class GossipStats:
 
     published: int = 0
     publish_dropped: int = 0
-    relayed: int = 0  # admitted items served and announced as a relay
+    relayed: int = 0  # admitted items served as a relay (and announced, but for those displaced)
     relay_dropped: int = 0  # admitted items not relayed (``GossipCore._relay`` says why not)
+    relay_displaced: int = 0  # relayed items not listed yet, given up for better-ranked ones (``_relay``)
     retired: int = 0
     announcements_sent: int = 0
     reads: int = 0
@@ -671,7 +673,11 @@ class _RelayRound:
     """What this node relays of one round (``GossipCore._relay``)."""
 
     ids: list[Digest] = field(default_factory=list)  # in announcement order: its relay parts
+    listed: int = 0  # ids[:listed] were in a relay part written: fixed; the rest may be displaced
+    ranks: dict[Digest, bytes] = field(default_factory=dict)  # of the ids not listed yet (keyed)
+    sizes: dict[Digest, int] = field(default_factory=dict)  # payload bytes of each id
     bytes: int = 0
+    # Items of each signer the round took in, displaced ones too: a signer's draws of the keyed order.
     by_signer: dict[PeerId, int] = field(default_factory=dict)
 
 
@@ -852,12 +858,14 @@ class GossipCore:
         self._candidates: ExpiringMap[Digest, _Candidate] = ExpiringMap(c.max_candidates)
         # Announcers kept per round: the offers bound over the rounds a node reads (and one ahead).
         per_round = max(1, c.max_offers // (max(c.round_demand, 1) * (c.read_back_rounds + 2)))
-        if selection_key is None and (c.round_demand or c.announce_buckets > 1):
+        if selection_key is None and (c.round_demand or c.announce_buckets > 1 or c.relay):
             raise ConfigError(
-                "gossip.round_demand and gossip.announce_buckets need a selection_key: a secret the driver "
-                "draws at random (the core hides no randomness)"
+                "gossip.round_demand, gossip.announce_buckets and gossip.relay need a selection_key: a "
+                "secret the driver draws at random (the core hides no randomness)"
             )
         self._sampler = RoundSampler(max(c.round_demand, 1), per_round, selection_key or b"unused")
+        # Keys the order of a round's relay places (``_relay``): nobody can grind ids that rank first.
+        self._relay_key = hashlib.blake2b(b"relay:" + (selection_key or b"unused"), digest_size=32).digest()
         # Per round, the digests drawn for it that still count toward round_demand (pruned to the
         # live ones at each draw, ``_recount``: to be pulled, in flight, being judged or admitted).
         self._drawn: dict[int, dict[Digest, float]] = {}  # digest -> when it was drawn
@@ -1104,8 +1112,13 @@ class GossipCore:
         listed.append(digest)
         part = (len(listed) - 1) // c.max_digests_per_announcement
         if relayed:
-            key = (r, RELAY_PART + part)
-            self._dirty_parts.setdefault(key, now + max(c.announce_delay, c.read_interval))
+            # Not before the round ends: until a part is written its places go to the best-ranked
+            # items (``_relay``), so ids dated at the round's start cannot take them first (red team
+            # rt73 F2). With keep_rounds = 0 the items expire as their round ends: nothing is listed.
+            at = max(
+                now + max(c.announce_delay, c.read_interval), round_start(r + 1, c.round_seconds, c.epoch)
+            )
+            self._dirty_parts.setdefault((r, RELAY_PART + part), at)
             return
         part_full = len(listed) % c.max_digests_per_announcement == 0
         due = now if part_full else now + c.announce_delay
@@ -1124,7 +1137,17 @@ class GossipCore:
         envelopes dated in the next round filled its relaying before it began). Nor past a round's
         share: ``max_digests_per_announcement`` ids, ``max_relay_per_signer`` of one signer, and its
         part of ``max_relay_bytes`` (the rounds served at once share it), so that no one fills a
-        relay's capacity for every round (rt72 F-A); nor with relays holding half the own-item table."""
+        relay's capacity for every round (rt72 F-A); nor with relays holding half the own-item table.
+
+        A round's places are not first come: until a relay part lists them (not before the round
+        ends, ``_serve_and_announce``), they hold the best-ranked items by a keyed hash of the id
+        (``_relay_key``, secret), and a better-ranked later item displaces worse-ranked ones not
+        listed yet, which are retired (served meanwhile, never announced: no reader was told of
+        them). Ids listed stay until they expire. Before, ~16 new identities a round, each with 4
+        tiny valid batches dated at the round's start, took all 64 places, and honest batches of
+        the round were not relayed (red team rt73 F2); now they take the places in proportion to
+        their items, and which ones nobody can choose. ``max_relay_per_signer`` counts displaced
+        items too: a signer gets that many draws of the order a round."""
         c = self.config
         digest = event.digest
         if digest in self._own:
@@ -1142,24 +1165,59 @@ class GossipCore:
         judged_by = self._own_expiry(r) + c.pull_timeout + c.admission_timeout
         held = self._relay_rounds.get(r) or _RelayRound()
         signer = event.signer if event.signer is not None else event.peer
+        rank = self._relay_rank(digest)
+        displaced = self._relay_room(held, rank, size)
+        freed = len(displaced or ())
         if (
             not current - c.read_back_rounds <= r <= current  # read (no one would pull it), and begun
             or self._own_expiry(r) <= now
             or (event.stale_at is not None and event.stale_at < judged_by)
-            or self._own.full
-            or sum(len(kept.ids) for kept in self._relay_rounds.values()) >= c.max_own_items // 2
-            or len(held.ids) >= c.max_digests_per_announcement
+            or displaced is None
+            or len(self._own) - freed >= c.max_own_items
+            or sum(len(kept.ids) for kept in self._relay_rounds.values()) - freed >= c.max_own_items // 2
             or held.by_signer.get(signer, 0) >= c.max_relay_per_signer
-            or held.bytes + size > c.max_relay_bytes // (c.keep_rounds + 1)
         ):
             self.stats.relay_dropped += 1
             return [Retire(digest)]
+        actions: list[GossipAction] = []
+        for worse in displaced:
+            held.ids.remove(worse)
+            held.ranks.pop(worse)
+            held.bytes -= held.sizes.pop(worse)
+            self._own.pop(worse)
+            self.stats.relay_displaced += 1
+            actions.append(Retire(worse))
         self._serve_and_announce(digest, size, r, now, relayed=True)
         held = self._relay_rounds[r]
+        held.ranks[digest] = rank
+        held.sizes[digest] = size
         held.bytes += size
         held.by_signer[signer] = held.by_signer.get(signer, 0) + 1
         self.stats.relayed += 1
-        return []
+        return actions
+
+    def _relay_rank(self, digest: Digest) -> bytes:
+        """Where ``digest`` stands for a relay place: lower is better (``_relay``)."""
+        return hashlib.blake2b(digest, key=self._relay_key, digest_size=8).digest()
+
+    def _relay_room(self, held: _RelayRound, rank: bytes, size: int) -> list[Digest] | None:
+        """The ids of ``held`` not listed yet that an item of ``rank`` and ``size`` displaces to fit
+        in the round's places (ids and bytes), worst-ranked first, each ranked worse than it; None
+        if it does not fit even so. At most ``max_digests_per_announcement`` ids: a sort of 64."""
+        c = self.config
+        places, share = c.max_digests_per_announcement, c.max_relay_bytes // (c.keep_rounds + 1)
+        count, total = len(held.ids), held.bytes
+        worse = sorted(
+            ((held.ranks[d], d) for d in held.ids[held.listed :] if held.ranks[d] > rank), reverse=True
+        )
+        displaced: list[Digest] = []
+        for _, d in worse:
+            if count < places and total + size <= share:
+                break
+            displaced.append(d)
+            count -= 1
+            total -= held.sizes[d]
+        return displaced if count < places and total + size <= share else None
 
     def _read_until(self, sent_at: float) -> float:
         """When the round of ``sent_at`` is no longer read (``read_back_rounds`` after it)."""
@@ -1180,8 +1238,11 @@ class GossipCore:
             del self._dirty_parts[key]
             r, part = key
             if part >= RELAY_PART:
-                relayed = self._relay_rounds[r].ids
-                digests = tuple(relayed[(part - RELAY_PART) * m : (part - RELAY_PART + 1) * m])
+                held = self._relay_rounds[r]
+                digests = tuple(held.ids[(part - RELAY_PART) * m : (part - RELAY_PART + 1) * m])
+                held.listed = max(held.listed, (part - RELAY_PART) * m + len(digests))  # fixed from now on
+                for listed in digests:
+                    held.ranks.pop(listed, None)
             else:
                 digests = tuple(self._own_rounds[r][part * m : (part + 1) * m])
             bucket = (

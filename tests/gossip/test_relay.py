@@ -8,6 +8,9 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any, cast
 
+import pytest
+
+from swarmnode.errors import ConfigError
 from swarmnode.gossip import (
     AdmissionResult,
     Admit,
@@ -26,8 +29,15 @@ from swarmnode.gossip.core import RELAY_PART
 from swarmnode.gossip.intake import ExternalPool, envelope_digest
 from swarmnode.train.batch import ScoredGroup
 
-from .test_core import cfg, d, only, started
+from .test_core import cfg, d, only
+from .test_core import started as started_core
 from .test_intake import T0, batch_bytes, vectors_receiver
+
+KEY = b"relay test"  # the secret a relay's places are ranked by (``selection_key``)
+
+
+def started(config: GossipConfig | None = None, now: float = 0.0, **kwargs: Any) -> GossipCore:
+    return started_core(config, now, **{"selection_key": KEY, **kwargs})
 
 
 def relaying(**overrides: Any) -> GossipConfig:
@@ -59,11 +69,11 @@ def admitted(
 def test_an_admitted_item_is_served_and_announced_in_its_round_until_its_authors_copy_expires() -> None:
     core = started(relaying(keep_rounds=1))
     assert only(Retire, admitted(core, "author", d(1), 12.0)) == []  # round 1
-    # In a relay part of round 1's record, written a read interval (1 s) later; served until 30 s
-    # as the author's copy is.
-    assert only(Announce, core.poll(12.5)) == []
-    assert only(Announce, core.poll(13.0)) == [Announce(1, RELAY_PART, (d(1),), 30.0)]
+    # Served at once; in a relay part of round 1's record, written when round 1 ends (its places
+    # are the best-ranked until then: red team rt73 F2); served until 30 s as the author's copy is.
     assert core.handle(PullRequest("reader", (d(1),)), 13.0) == [Serve("reader", (d(1),))]
+    assert only(Announce, core.poll(19.9)) == []
+    assert only(Announce, core.poll(20.0)) == [Announce(1, RELAY_PART, (d(1),), 30.0)]
     assert core.stats.relayed == 1
     assert Retire(d(1)) in core.poll(30.0)
     assert core.handle(PullRequest("reader", (d(1),)), 30.0) == [Serve("reader", ())]
@@ -108,6 +118,7 @@ def test_without_relaying_an_admitted_item_is_neither_served_nor_announced() -> 
 def test_relays_take_at_most_half_the_own_items_so_own_publications_still_go_out() -> None:
     core = started(relaying(max_own_items=4))
     actions = [only(Retire, admitted(core, f"author{i}", d(i), 2.0)) for i in range(3)]
+    # A bound over every round (never reached with the defaults: 3 rounds of 64 places), not ranked.
     assert actions == [[], [], [Retire(d(2))]]
     assert core.stats.relayed == 2 and core.stats.relay_dropped == 1
     assert core.handle(Publish(d(10), 10), 2.0) == []
@@ -118,9 +129,11 @@ def test_relays_take_at_most_half_the_own_items_so_own_publications_still_go_out
 def test_a_round_holds_at_most_one_record_part_of_relayed_ids() -> None:
     core = started(relaying(max_digests_per_announcement=2))
     actions = [admitted(core, f"author{i}", d(i), 2.0) for i in range(3)]
-    assert [only(Retire, a) for a in actions] == [[], [], [Retire(d(2))]]
-    assert only(Announce, core.poll(3.0)) == [Announce(0, RELAY_PART, (d(0), d(1)), 30.0)]
-    assert core.handle(PullRequest("r", (d(0), d(1), d(2))), 3.0) == [Serve("r", (d(0), d(1)))]
+    out = worst(core, d(0), d(1), d(2))
+    kept = tuple(x for x in (d(0), d(1), d(2)) if x != out)
+    assert [r for a in actions for r in only(Retire, a)] == [Retire(out)]
+    assert only(Announce, core.poll(10.0)) == [Announce(0, RELAY_PART, kept, 30.0)]
+    assert core.handle(PullRequest("r", (d(0), d(1), d(2))), 10.0) == [Serve("r", kept)]
     assert only(Retire, admitted(core, "author7", d(7), 12.0)) == []  # the next round has room again
 
 
@@ -128,7 +141,8 @@ def test_relayed_payload_bytes_are_bounded_by_max_relay_bytes_and_freed_as_items
     core = started(relaying(max_relay_bytes=250, keep_rounds=0))
     sizes = [100, 100, 100]
     actions = [only(Retire, admitted(core, f"author{i}", d(i), 2.0, size=s)) for i, s in enumerate(sizes)]
-    assert actions == [[], [], [Retire(d(2))]]  # 96 payload bytes each (the 4-byte prefix is not kept)
+    # 96 payload bytes each (the 4-byte prefix is not kept): two fit, the best-ranked two
+    assert [r for a in actions for r in a] == [Retire(worst(core, d(0), d(1), d(2)))]
     core.poll(10.0)  # round 0's items expire (keep_rounds = 0)
     assert only(Retire, admitted(core, "author9", d(9), 11.0, size=100)) == []
 
@@ -159,7 +173,7 @@ def test_the_driver_keeps_an_admitted_payload_for_the_core_to_serve_and_drops_wh
         return driver, core.handle_all(driver._pending, T0)  # type: ignore[arg-type]
 
     # Pulled and awaited by the core: relayed, the bytes served are the author's signed envelope.
-    core = GossipCore(GossipConfig(relay=True, round_seconds=60.0), "me")
+    core = GossipCore(GossipConfig(relay=True, round_seconds=60.0), "me", selection_key=KEY)
     core.poll(T0)
     [pull] = only(Pull, core.handle(Announced("author", core.current_round(T0), (digest,)), T0))
     [admit] = only(Admit, core.handle(PullSucceeded(pull.request_id, "author", ((digest, data),)), T0))
@@ -169,7 +183,7 @@ def test_the_driver_keeps_an_admitted_payload_for_the_core_to_serve_and_drops_wh
     assert driver.own_payloads[digest] == data
 
     # A verdict the core did not wait for: retired, and the driver lets the bytes go.
-    stray = GossipCore(GossipConfig(relay=True, round_seconds=60.0), "me")
+    stray = GossipCore(GossipConfig(relay=True, round_seconds=60.0), "me", selection_key=KEY)
     stray.poll(T0)
     driver, actions = judged(stray, Admit("author", digest, data))
     assert actions == [Retire(digest)]
@@ -206,10 +220,10 @@ def test_relay_parts_are_written_at_most_once_a_read_interval() -> None:
     # Red team rt71 F3: each relayed admission rewrote the whole part 0.5 s later: 192 stores.
     core = started(relaying())
     stores: list[Announce] = []
-    for i in range(6):  # admitted at 2.0, 2.3, ... 3.5; read_interval 1 s
-        stores += only(Announce, admitted(core, f"a{i}", d(i), 2.0 + 0.3 * i))
-        stores += only(Announce, core.poll(2.1 + 0.3 * i))
-    stores += only(Announce, core.poll(5.0))
+    for i in range(6):  # signed in round 0, admitted in round 1 at 12.0, 12.3, ... 13.5; read_interval 1 s
+        stores += only(Announce, admitted(core, f"a{i}", d(i), 12.0 + 0.3 * i, sent_at=2.0))
+        stores += only(Announce, core.poll(12.1 + 0.3 * i))
+    stores += only(Announce, core.poll(15.0))
     assert [(a.part, len(a.digests)) for a in stores] == [(RELAY_PART, 4), (RELAY_PART, 6)]
 
 
@@ -266,8 +280,13 @@ def test_a_round_relays_a_few_envelopes_of_each_signer_and_its_share_of_the_byte
     # 600 bytes over the 3 rounds an item lives (keep_rounds 2): 200 a round, 96 bytes an item.
     shared = started(relaying(max_relay_bytes=600))
     kept = [only(Retire, admitted(shared, f"a{i}", d(i), 2.0)) for i in range(3)]
-    assert kept == [[], [], [Retire(d(2))]]
+    assert [r for a in kept for r in a] == [Retire(worst(shared, d(0), d(1), d(2)))]
     assert only(Retire, admitted(shared, "a9", d(9), 12.0)) == []  # the next round has its own share
+
+
+def worst(core: GossipCore, *digests: bytes) -> bytes:
+    """The worst-ranked of ``digests`` for a relay place (``GossipCore._relay_rank``)."""
+    return max(digests, key=core._relay_rank)
 
 
 def pulled(core: GossipCore, peer: str, digest: bytes, now: float) -> tuple[str, bytes]:
@@ -287,3 +306,54 @@ def test_an_admitted_id_is_remembered_while_its_signed_round_is_read() -> None:
     core.handle(AdmissionResult("author", d(1), True, "ok", sent_at=130.4), 100.5)  # signed in round 13
     assert only(Pull, core.handle(Announced("relay", 13, (d(1),), relayed=True), 141.0)) == []
     assert only(Pull, core.handle(Announced("relay", 13, (d(1),)), 149.0)) == []  # round 13 read until 150
+
+
+def test_a_rounds_relay_places_go_to_the_best_ranked_items_not_the_first_to_come() -> None:
+    # Red team rt73 F2: 16 new identities, each with 4 tiny valid batches dated at the round's
+    # start, took a relay's 64 places of the round before any honest batch came; all 20 honest
+    # batches of the round were then not relayed.
+    core = started(relaying(round_seconds=30.0, read_interval=5.0))
+    sybil = [d(1000 + i) for i in range(64)]
+    honest = [d(i) for i in range(20)]
+    retired: list[Retire] = []
+    for i, digest in enumerate(sybil):
+        retired += only(
+            Retire, admitted(core, f"sybil{i // 4}", digest, 1.0 + 0.05 * i, size=200, sent_at=1.0)
+        )
+    assert retired == [] and core.stats.relayed == 64
+    for i, digest in enumerate(honest):
+        retired += only(Retire, admitted(core, f"honest{i}", digest, 10.0 + i, size=64 * 1024))
+    # The round's 64 places hold the 64 best-ranked of the 84 items, whatever order they came in:
+    # the attacker's share is its share of the items (unsteerable: the order is keyed and secret).
+    best = sorted(sybil + honest, key=core._relay_rank)[:64]
+    assert {r.digest for r in retired} == set(sybil + honest) - set(best)
+    [part] = only(Announce, core.poll(30.0))  # listed when the round ends, not before
+    assert set(part.digests) == set(best)
+    relayed_honest = len(set(honest) & set(part.digests))
+    assert relayed_honest == 17  # of 20 (before: 0); 64 x 20 / 84 = 15.2 expected
+    assert core.stats.relay_displaced + core.stats.relay_dropped == 84 - 64  # each retired once
+    served = core.handle(PullRequest("reader", tuple(honest[:16])), 30.0)
+    assert set(served[0].digests) == set(honest[:16]) & set(best)  # a displaced id is no longer served
+
+
+def test_a_listed_relay_id_is_never_displaced_and_a_displaced_one_was_never_listed() -> None:
+    core = started(relaying(max_digests_per_announcement=2))
+    first, second, better = sorted((d(i) for i in range(3)), key=core._relay_rank)[::-1]  # worst first
+    assert only(Retire, admitted(core, "a", first, 2.0)) == []
+    assert only(Retire, admitted(core, "b", second, 3.0)) == []
+    # Before the round's part is written, a better-ranked item takes the worst one's place; that
+    # one was served, never announced, and is retired (the driver drops its payload).
+    assert only(Retire, admitted(core, "c", better, 4.0)) == [Retire(first)]
+    assert core.handle(PullRequest("r", (first, second, better)), 4.0) == [Serve("r", (second, better))]
+    assert only(Announce, core.poll(10.0)) == [Announce(0, RELAY_PART, (second, better), 30.0)]
+    # Listed, they stay until they expire: a better-ranked item after that is not relayed.
+    best = min((d(i) for i in range(3, 40)), key=core._relay_rank)
+    assert core._relay_rank(best) < core._relay_rank(second)
+    assert only(Retire, admitted(core, "e", best, 11.0, sent_at=5.0)) == [Retire(best)]
+    assert core.handle(PullRequest("r", (second, better, best)), 11.0) == [Serve("r", (second, better))]
+
+
+def test_relaying_without_a_selection_key_is_an_error() -> None:
+    # The places are ranked by a keyed hash: without a secret anyone could grind ids that rank first.
+    with pytest.raises(ConfigError, match="selection_key"):
+        GossipCore(relaying(), "me")

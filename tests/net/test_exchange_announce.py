@@ -119,9 +119,11 @@ def test_a_relayed_id_is_stored_in_a_relay_part_that_readers_see_as_relayed(trio
 
     async def scenario() -> None:
         relay = make_driver(trio.a, "relay")
+        # A round that ends in a few seconds: relay parts are written when their round ends.
         relay.core = GossipCore(
-            GossipConfig(round_seconds=3600.0, epoch=time.time() - 10.0, read_interval=0.5, relay=True),
+            GossipConfig(round_seconds=3600.0, epoch=time.time() - 3595.0, read_interval=0.5, relay=True),
             trio.a.peer_id,
+            selection_key=b"test",
         )
         job = asyncio.create_task(relay.run())
         try:
@@ -130,14 +132,15 @@ def test_a_relayed_id_is_stored_in_a_relay_part_that_readers_see_as_relayed(trio
             assert digest is not None
             now = time.time()
             core = relay.core  # the pull and the admission stand in for the driver's own
-            [pull] = [a for a in core.handle(Announced("author", 0, (digest,)), now) if isinstance(a, Pull)]
+            r = core.current_round(now)
+            [pull] = [a for a in core.handle(Announced("author", r, (digest,)), now) if isinstance(a, Pull)]
             core.handle(PullSucceeded(pull.request_id, "author", ((digest, data),)), now)
             core.handle(AdmissionResult("author", digest, True, "ok", sent_at=now), now)
             assert core.stats.relayed == 1
             relay._wake.set()  # the loop's next deadline is the relay part's write
             deadline = time.monotonic() + DEADLINE
             while True:
-                records = await trio.b.dht_get(announcement_key("relay", 0), timeout=T, latest=True)
+                records = await trio.b.dht_get(announcement_key("relay", r), timeout=T, latest=True)
                 parts = {r.subkey: decode_payload(Kind.ANNOUNCE, r.value) for r in records}
                 if parts:
                     break
@@ -147,8 +150,8 @@ def test_a_relayed_id_is_stored_in_a_relay_part_that_readers_see_as_relayed(trio
             message = parts[b"part1000"]
             assert isinstance(message, Announce) and message.rollout_digests == (digest,)
             reader = make_driver(trio.b, "relay")
-            await reader._read(ReadAnnouncements((0,)))
-            assert reader._pending == [Announced(trio.a.peer_id, 0, (digest,), None, relayed=True)]
+            await reader._read(ReadAnnouncements((r,)))
+            assert reader._pending == [Announced(trio.a.peer_id, r, (digest,), None, relayed=True)]
         finally:
             job.cancel()
             await asyncio.wait([job])
