@@ -88,6 +88,7 @@ class _Round:
     # digest -> every announcer that offered it (ordered set): all of them may be asked
     announcers: dict[Digest, dict[PeerId, None]] = field(default_factory=dict)
     charged: dict[PeerId, int] = field(default_factory=dict)  # picks per announcer this round
+    offers: int = 0  # (announcer, digest) pairs kept: the sum of by_announcer's lengths
     # Of the kept announcers, how many of their offers were drawn (under whichever announcer was
     # charged): with what they still offer, how many of the round's digests each offered (``_ordered``).
     drawn_from: dict[PeerId, int] = field(default_factory=dict)
@@ -137,7 +138,7 @@ class RoundSampler:
 
     def offers_of(self, r: int) -> int:
         state = self._rounds.get(r)
-        return 0 if state is None else sum(len(kept) for kept in state.by_announcer.values())
+        return 0 if state is None else state.offers
 
     def offer(self, r: int, digest: Digest, peer: PeerId) -> None:
         """``peer`` announced ``digest`` for round ``r``; kept if ``peer`` is among the round's
@@ -184,6 +185,7 @@ class RoundSampler:
         else:
             offered[peer] = None
         self._offers += 1
+        state.offers += 1
 
     def draw(self, r: int, count: int, usable: Callable[[Digest], bool]) -> list[tuple[Digest, list[PeerId]]]:
         """Up to ``count`` digests of round ``r``, each with every announcer that offered it (in
@@ -205,6 +207,7 @@ class RoundSampler:
                 if other != peer:
                     self._remove(state, other, digest)
             self._offers -= len(announcers)
+            state.offers -= len(announcers)
             if usable(digest):
                 state.charged[peer] = charged + 1
                 picked.append((digest, announcers))
@@ -247,7 +250,7 @@ class RoundSampler:
             return  # the common case: nothing to drop
         for old in [old for old in self._rounds if old < r]:
             state = self._rounds.pop(old)
-            self._offers -= sum(len(kept) for kept in state.by_announcer.values())
+            self._offers -= state.offers
         for old in [old for old in self._read_orders if old < r]:
             del self._read_orders[old]
         self._lowest = min(itertools.chain(self._rounds, self._read_orders), default=None)
@@ -338,3 +341,4 @@ class RoundSampler:
             if not offered:
                 del state.announcers[digest]
         self._offers -= 1
+        state.offers -= 1
