@@ -1637,7 +1637,12 @@ class GossipCore:
         announcers still worth asking, in the sampler's order (``RoundSampler._ordered``): those
         that offered fewer of the round's digests first, then a keyed order. Taken in the order
         offers arrived, copycats re-announcing honest ids of the round held every slot, the
-        author's often not among them (red team rt70 F1)."""
+        author's often not among them (red team rt70 F1).
+
+        Proven announcers (``_proven``: their items were accepted here) come before all others,
+        in that order: an author of several ids a round offered more than copycats copying one id
+        each, so 8 of them held every slot and it was never asked (red team rt77 F1: 0 of 4
+        honest items a round); copycats never deliver, so they never get ahead of it once it has."""
         c = self.config
         if digest in self._candidates:
             return True  # came back as a parked copy's candidate meanwhile
@@ -1647,7 +1652,7 @@ class GossipCore:
         candidate = _Candidate(
             announcers={}, expires_at=now + c.candidate_ttl, first_expiry=now + c.candidate_ttl
         )
-        for peer in announcers:
+        for peer in sorted(announcers, key=lambda p: not self._proven(p)):  # stable: keeps the order within
             if len(candidate.announcers) >= c.max_announcers_per_digest:
                 break
             # Offering peers hold no place in the peer table (``_on_offered``): a drawn one gets it now.
