@@ -22,7 +22,8 @@ Owns
     * **Announcers of a drawn id.** A digest is drawn with every announcer that offered it,
       those that offered fewer of the round's digests first, ties in a keyed order
       (``H(key, digest, id)``): an id's author, which offers its own ids only, comes before
-      copycats that re-announce several ids of others (red team rt70 F1).
+      copycats that re-announce several ids of others (red team rt70 F1). The core puts the
+      announcers proven to it first (rt77 F1): standing is not the sampler's to know.
     * **Bounded.** Per round, the ``max_announcers`` best-ranked announcers (keyed, so the kept
       set does not depend on who came first), and of each its ``per_announcer`` best-ranked
       digests (an announcer is never picked more often than that in a round).

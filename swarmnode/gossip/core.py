@@ -675,7 +675,7 @@ class _RelayRound:
     ids: list[Digest] = field(default_factory=list)  # in announcement order: its relay parts
     listed: int = 0  # ids[:listed] were in a relay part written: fixed; the rest may be displaced
     ranks: dict[Digest, bytes] = field(default_factory=dict)  # of the ids not listed yet (keyed)
-    sizes: dict[Digest, int] = field(default_factory=dict)  # payload bytes of each id
+    sizes: dict[Digest, int] = field(default_factory=dict)  # payload bytes of each id not listed yet
     bytes: int = 0
     # Items of each signer the round took in, displaced ones too: a signer's draws of the keyed order.
     by_signer: dict[PeerId, int] = field(default_factory=dict)
@@ -1241,8 +1241,9 @@ class GossipCore:
                 held = self._relay_rounds[r]
                 digests = tuple(held.ids[(part - RELAY_PART) * m : (part - RELAY_PART + 1) * m])
                 held.listed = max(held.listed, (part - RELAY_PART) * m + len(digests))  # fixed from now on
-                for listed in digests:
+                for listed in digests:  # fixed: never displaced, so neither rank nor size is needed
                     held.ranks.pop(listed, None)
+                    held.sizes.pop(listed, None)
             else:
                 digests = tuple(self._own_rounds[r][part * m : (part + 1) * m])
             bucket = (
@@ -1458,7 +1459,7 @@ class GossipCore:
     def _worth_reading(self, r: int, now: float) -> bool:
         """Demand-driven: a round is read from the last read before it can be drawn, and then only
         while it is short of its demand (its offers would replace a pick that failed), or, once it
-        can be drawn, while its offers left and the picks that arrived (``_arrived``) fall short of
+        can be drawn, while its offers left and the picks that arrived (``_short_of_supply``) fall short of
         it. Reading every round at every interval read each record about 12 times a round for
         nothing. Picks merely live (waiting for a try, being pulled) held a round's reads off: a
         few stalling ids in a reader's narrow buckets, drawn again each time the last failed, kept
@@ -1468,12 +1469,14 @@ class GossipCore:
         if now < self._read_from(r):
             return False
         return len(self._drawn.get(r, ())) < c.round_demand or (
-            now >= self._opens(r) and self._sampler.offers_of(r) + self._arrived(r) < c.round_demand
+            now >= self._opens(r) and self._short_of_supply(r)
         )
 
-    def _arrived(self, r: int) -> int:
-        """Picks of round ``r`` that arrived: awaiting a verdict, or admitted."""
-        return sum(1 for d in self._drawn.get(r, ()) if d in self._awaiting or d in self._admitted)
+    def _short_of_supply(self, r: int) -> bool:
+        """Round ``r``'s offers left and its picks that arrived (awaiting a verdict, or admitted) fall
+        short of its demand: worth reading, and widening (red team rt70 F5)."""
+        arrived = sum(1 for d in self._drawn.get(r, ()) if d in self._awaiting or d in self._admitted)
+        return self._sampler.offers_of(r) + arrived < self.config.round_demand
 
     def _read_from(self, r: int) -> float:
         """When round ``r`` is first read with a demand: one read interval before its draw opens."""
@@ -1512,7 +1515,7 @@ class GossipCore:
             elif (
                 c.round_demand
                 and self._now >= self._opens(r)
-                and self._sampler.offers_of(r) + self._arrived(r) < c.round_demand
+                and self._short_of_supply(r)
                 and self._read_at.get(r, -math.inf) >= self._opens(r)
             ):
                 # Short of its demand once it can be drawn, after a read made since it could be: before,
