@@ -141,6 +141,20 @@ class RoundSampler:
         state = self._rounds.get(r)
         return 0 if state is None else state.offers
 
+    def supply(self, r: int, counts: Callable[[PeerId], bool], enough: int) -> int:
+        """Round ``r``'s offers left from announcers for which ``counts`` holds, counted up to
+        ``enough`` (the caller asks whether a round is short: it stops there)."""
+        state = self._rounds.get(r)
+        total = 0
+        if state is None:
+            return total
+        for peer, kept in state.by_announcer.items():
+            if total >= enough:
+                break
+            if counts(peer):
+                total += len(kept)
+        return min(total, enough)
+
     def offer(self, r: int, digest: Digest, peer: PeerId) -> None:
         """``peer`` announced ``digest`` for round ``r``; kept if ``peer`` is among the round's
         best-ranked announcers and ``digest`` among its ``per_announcer`` best-ranked ones. Called

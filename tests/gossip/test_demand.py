@@ -7,6 +7,7 @@ import hashlib
 import heapq
 import random
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -434,6 +435,30 @@ def test_a_drawn_digests_announcers_come_fewest_offers_first_then_in_a_keyed_ord
     assert orders[0] == orders[1]  # ties (the two, and the copycats) in the keyed order alone
 
 
+class VirtualClock:
+    """Drives a core from t = 0 in 0.25 s steps: events scheduled with ``later`` are fed at their
+    time (together, with ``handle_all``), and every action the core returns goes to ``react``."""
+
+    def __init__(self, core: GossipCore) -> None:
+        self.core = core
+        self.now = 0.0
+        self._queue: list[tuple[float, int, list[Any]]] = []
+        self._step = 0
+
+    def later(self, when: float, events: list[Any]) -> None:
+        self._step += 1
+        heapq.heappush(self._queue, (when, self._step, events))
+
+    def run(self, until: float, react: Callable[[Any], None]) -> None:
+        while self.now < until:
+            events: list[Any] = []
+            while self._queue and self._queue[0][0] <= self.now:
+                events += heapq.heappop(self._queue)[2]
+            for action in self.core.handle_all(events, self.now) if events else self.core.poll(self.now):
+                react(action)
+            self.now += 0.25
+
+
 def copycat_rounds(
     *,
     authors: int,
@@ -476,34 +501,25 @@ def copycat_rounds(
         rng.shuffle(read)
         return read
 
-    queue: list[tuple[float, int, list[Any]]] = []
+    clock = VirtualClock(core)
     admitted: Counter[int] = Counter()
-    step = 0
 
-    def later(when: float, events: list[Any]) -> None:
-        nonlocal step
-        step += 1
-        heapq.heappush(queue, (when, step, events))
+    def react(action: Any) -> None:
+        now = clock.now
+        if isinstance(action, ReadAnnouncements):
+            clock.later(now + 0.5, [a for r in action.rounds for a in records(r, now)])
+        elif isinstance(action, Pull) and action.peer.startswith("author"):
+            items = tuple((digest, b"item") for digest in action.digests)
+            clock.later(now + 0.3, [PullSucceeded(action.request_id, action.peer, items)])
+        elif isinstance(action, Pull) and answer == "empty":
+            clock.later(now + 0.3, [PullSucceeded(action.request_id, action.peer, ())])
+        elif isinstance(action, Pull):
+            clock.later(now + action.timeout, [PullFailed(action.request_id, action.peer, "timeout")])
+        elif isinstance(action, Admit):
+            admitted[owner[action.digest][1]] += 1
+            clock.later(now + 0.2, [AdmissionResult(action.peer, action.digest, True, "ok")])
 
-    now = 0.0
-    while now < rounds * round_seconds:
-        events: list[Any] = []
-        while queue and queue[0][0] <= now:
-            events += heapq.heappop(queue)[2]
-        for action in core.handle_all(events, now) if events else core.poll(now):
-            if isinstance(action, ReadAnnouncements):
-                later(now + 0.5, [a for r in action.rounds for a in records(r, now)])
-            elif isinstance(action, Pull) and action.peer.startswith("author"):
-                items = tuple((digest, b"item") for digest in action.digests)
-                later(now + 0.3, [PullSucceeded(action.request_id, action.peer, items)])
-            elif isinstance(action, Pull) and answer == "empty":
-                later(now + 0.3, [PullSucceeded(action.request_id, action.peer, ())])
-            elif isinstance(action, Pull):
-                later(now + action.timeout, [PullFailed(action.request_id, action.peer, "timeout")])
-            elif isinstance(action, Admit):
-                admitted[owner[action.digest][1]] += 1
-                later(now + 0.2, [AdmissionResult(action.peer, action.digest, True, "ok")])
-        now += 0.25
+    clock.run(rounds * round_seconds, react)
     return [admitted[r] for r in range(rounds - 1)]
 
 
@@ -615,3 +631,103 @@ def test_stalling_picks_in_a_readers_narrow_buckets_do_not_hold_off_its_reads_an
     failed = [PullFailed(pull.request_id, pull.peer, "timeout", received=0) for pull, _ in picks]
     replaced = pulled(core.handle_all(failed, 15.0))
     assert sorted(pull.peer for pull, _ in replaced) == sorted(honest)  # at once, not a read later
+
+
+def bucket_owners(bucket: int, prefix: str, count: int, buckets: int = 16) -> list[str]:
+    """The first ``count`` ids ``prefix0``, ``prefix1``, ... whose round-0 records live in ``bucket``."""
+    ids = (f"{prefix}{i}" for i in range(100_000))
+    return [p for p in ids if announcement_bucket(0, p, buckets) == bucket][:count]
+
+
+def drive_round_0(
+    core: GossipCore, offers: dict[int, dict[str, tuple[bytes, ...]]], until: float
+) -> tuple[list[int], list[bytes]]:
+    """Run ``core`` to ``until``: a read of round 0 returns ``offers`` (bucket -> announcer -> its
+    ids) of the buckets read, at once; ids whose announcer's name starts with ``honest`` are served
+    0.3 s after their pull and accepted 0.2 s later; every other pull stalls until its timeout.
+    The widths of round 0's reads, and the ids admitted."""
+    clock = VirtualClock(core)
+    widths: list[int] = []
+    admitted: list[bytes] = []
+
+    def react(action: Any) -> None:
+        now = clock.now
+        if isinstance(action, ReadAnnouncements):
+            for r, buckets in zip(action.rounds, action.buckets, strict=True):
+                if r == 0:
+                    widths.append(len(buckets))
+                    listed = [(b, p, ids) for b in buckets for p, ids in offers.get(b, {}).items()]
+                    clock.later(now, [Announced(p, 0, ids, b) for b, p, ids in listed])
+        elif isinstance(action, Pull) and action.peer.startswith("honest"):
+            items = tuple((x, x) for x in action.digests)
+            clock.later(now + 0.3, [PullSucceeded(action.request_id, action.peer, items)])
+        elif isinstance(action, Pull):
+            failed = PullFailed(action.request_id, action.peer, "timeout", received=0)
+            clock.later(now + action.timeout, [failed])
+        elif isinstance(action, Admit):
+            admitted.append(action.digest)
+            clock.later(now + 0.2, [AdmissionResult(action.peer, action.digest, True, "ok")])
+
+    clock.run(until, react)
+    return widths, admitted
+
+
+def test_stalling_ids_offering_plenty_in_a_readers_buckets_do_not_keep_it_from_widening() -> None:
+    # Red team rt77 F3: the read widened only while the offers left fell short of the demand, and
+    # a few fresh identities in every bucket, each offering several ids and stalling every pull,
+    # never ran out of offers: a reader never read past its first buckets, where they were, and
+    # admitted 1-4 honest items a round of 4. A round whose picks failed as often as it needs
+    # widens (that round only), and a suspect announcer's offers no longer count as supply.
+    config = demand_cfg(announce_buckets=16, read_buckets=1, round_demand=2, read_back_rounds=2)
+    core = GossipCore(config, "me", selection_key=b"test")
+    order = core._sampler.read_order(0, 16)
+    stalling = bucket_owners(order[0], "stall-", 6)
+    honest = bucket_owners(order[1], "honest-", 2)
+    offers = {
+        order[0]: {p: (d(2 * i), d(2 * i + 1)) for i, p in enumerate(stalling)},
+        order[1]: {p: (d(100 + i),) for i, p in enumerate(honest)},
+    }
+    widths, admitted = drive_round_0(core, offers, until=30.0)
+    assert max(widths) >= 2
+    assert sorted(admitted) == sorted([d(100), d(101)])  # both honest items, nothing else
+
+
+def test_picks_delivered_after_their_round_has_its_demand_are_not_admitted() -> None:
+    # Red team rt77 F2: each of 20 ids a round had 8 announcers, each answering a pull without
+    # the id just before the timeout and the eighth delivering it. A pick stops counting
+    # pull_timeout after its draw and is replaced while still pulled, its replacement likewise;
+    # when they all came in, each was admitted, many after their round was no longer drawn:
+    # 9-12 items a round against a demand of 4. What lands once a round has its demand is
+    # dropped (the server is not blamed: it served what was asked).
+    round_seconds = 30.0
+    config = GossipConfig(round_seconds=round_seconds, read_interval=5.0, pull_timeout=10.0, round_demand=4)
+    core = GossipCore(config, "me", selection_key=b"test")
+    round_of = {hashlib.sha256(b"%d:%d" % (r, i)).digest(): r for r in range(6) for i in range(20)}
+    asked: Counter[bytes] = Counter()
+    clock = VirtualClock(core)
+    admitted: Counter[int] = Counter()
+
+    def react(action: Any) -> None:
+        now = clock.now
+        if isinstance(action, ReadAnnouncements):
+            read = [
+                Announced(f"id-{i}-{j}", r, (digest,))
+                for i, (digest, r) in enumerate(round_of.items())
+                for j in range(8)
+                if r in action.rounds and now >= r * round_seconds + 2.0
+            ]
+            clock.later(now + 0.5, read)
+        elif isinstance(action, Pull):
+            asked.update(action.digests)
+            served = all(asked[x] >= 8 for x in action.digests)
+            items = tuple((x, x) for x in action.digests) if served else ()
+            clock.later(now + action.timeout - 0.1, [PullSucceeded(action.request_id, action.peer, items)])
+        elif isinstance(action, Admit):
+            admitted[round_of[action.digest]] += 1
+            clock.later(now + 0.2, [AdmissionResult(action.peer, action.digest, True, "ok")])
+
+    clock.run(6 * round_seconds, react)
+    per_round = [admitted[r] for r in range(5)]
+    # Round 4's ids are still being asked for when the run ends (8 asks of 10 s each).
+    assert per_round[:4] == [4] * 4 and per_round[4] <= 4
+    assert core.stats.items_surplus > 0
