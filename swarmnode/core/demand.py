@@ -102,6 +102,27 @@ class _Round:
     worst: list[tuple[int, PeerId]] | None = None
 
 
+class _ReadOrder:
+    """A round's keyed bucket order, shuffled as far as it has been read (``RoundSampler.read_order``)."""
+
+    def __init__(self, keyed: hashlib.blake2b, buckets: int) -> None:
+        self.keyed = keyed  # fed the round already
+        self.buckets = buckets
+        self.placed: list[int] = []
+        self._left: list[int] | None = None  # the buckets not placed yet, made at the first place
+
+    def extend(self, width: int) -> None:
+        if len(self.placed) >= width:
+            return
+        if self._left is None:
+            self._left = list(range(self.buckets))
+        left = self._left
+        for i in range(len(self.placed), width):
+            j = i + int.from_bytes(_rank(self.keyed, i.to_bytes(4, "big")), "big") % (self.buckets - i)
+            left[i], left[j] = left[j], left[i]
+            self.placed.append(left[i])
+
+
 class RoundSampler:
     """The offers of each round and their fair, keyed draw. See the module docstring.
 
@@ -122,7 +143,7 @@ class RoundSampler:
             key=hashlib.blake2b(key, digest_size=32).digest(), digest_size=_RANK_BYTES
         )
         self._rounds: dict[int, _Round] = {}
-        self._read_orders: dict[int, list[int]] = {}
+        self._read_orders: dict[int, _ReadOrder] = {}
         self._lowest: int | None = None  # the lowest round either holds (``forget_before``: at every event)
         self._offers = 0  # (announcer, digest) pairs kept, every round
         self.dropped = 0  # offers not kept: an announcer ranked out, or an announcer's worse digests
@@ -274,18 +295,23 @@ class RoundSampler:
         if self._lowest is None or r < self._lowest:
             self._lowest = r
 
-    def read_order(self, r: int, buckets: int) -> list[int]:
-        """The announcement buckets of round ``r`` in the order this node reads them (keyed: no
-        one else knows which buckets it reads first); ranked once per round."""
-        cached = self._read_orders.get(r)
-        if cached is None or len(cached) != buckets:
-            # H(key, "bucket", r, b) for each of the K buckets: K hashes a round (160 at 10,000
-            # nodes, more than the records read), so the prefix is hashed once.
-            keyed = _fed(self._keyed, b"bucket", r.to_bytes(8, "big", signed=True))
-            cached = sorted(range(buckets), key=lambda b: _rank(keyed, b.to_bytes(4, "big")))
-            self._read_orders[r] = cached
+    def read_order(self, r: int, buckets: int, width: int | None = None) -> list[int]:
+        """The first ``width`` (default: all) announcement buckets of round ``r`` in the order this
+        node reads them: a keyed shuffle, so no one else knows which buckets it reads first.
+
+        Fisher-Yates, drawn only as far as it is read: place ``i`` takes the bucket at
+        ``i + H(key, "bucket", r, i) mod (K - i)`` of those not placed yet. Ranking all K buckets
+        by a keyed hash cost K hashes a round (160 at 10,000 nodes, for the 2-8 read): 5.6% of a
+        10,000-node run's samples."""
+        width = buckets if width is None else min(width, buckets)
+        order = self._read_orders.get(r)
+        if order is None or order.buckets != buckets:
+            order = self._read_orders[r] = _ReadOrder(
+                _fed(self._keyed, b"bucket", r.to_bytes(8, "big", signed=True)), buckets
+            )
             self._note_round(r)
-        return cached
+        order.extend(width)
+        return order.placed[:width]
 
     def _evict_worse_than(self, state: _Round, rank: bytes) -> bool:
         """Make room for an announcer of ``rank`` by dropping the kept one ranked worst, if it

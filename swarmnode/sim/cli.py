@@ -70,19 +70,14 @@ def run(args: argparse.Namespace) -> int:
         print(_summary(results))
         return EXIT_OK
 
-    from swarmnode.sim.run import simulate_network, write_results
+    from swarmnode.sim.run import no_cyclic_collection, simulate_network, write_results
 
-    results = simulate_network(scenario, _progress)
-    if args.no_plots:
-        import json
-
-        from swarmnode.sim.run import _finite
-
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "results.json").write_text(json.dumps(_finite(results), indent=2) + "\n")
-        written = [out_dir / "results.json"]
-    else:
-        written = write_results(results, out_dir)
+    # Through the writing too: the world's objects, made while the collector was off, are all its
+    # youngest generation, and its first collections walked them all (23 s of a 10,000-node run,
+    # in the results' first allocations).
+    with no_cyclic_collection():
+        results = simulate_network(scenario, _progress)
+        written = write_results(results, out_dir, plots=not args.no_plots)
     for path_written in written:
         _progress(f"wrote {path_written}")
     print(_summary(results))

@@ -25,7 +25,7 @@ def _quiet(_: str) -> None:
 
 
 @contextlib.contextmanager
-def _no_cyclic_collection() -> Iterator[None]:
+def no_cyclic_collection() -> Iterator[None]:
     """Python's cyclic garbage collector off for the run. The heap is every node's state (the
     cores of 10,000 nodes), and each full collection walks all of it: with it on, a 300-node
     gossip run took 1.26x as long. A run makes little cyclic garbage (a 1,000-node run peaked at
@@ -62,7 +62,7 @@ def simulate_network(scenario: Scenario, progress: Progress = _quiet) -> dict[st
         world.start()
         end = scenario.end_time()
         progress(f"simulating {len(world.nodes)} nodes for up to {end:g} virtual seconds")
-        with _no_cyclic_collection():
+        with no_cyclic_collection():
             world.sim.run(end)
         results["virtual_seconds"] = world.sim.now
         results["calendar_entries"] = world.sim.events_run
@@ -93,16 +93,18 @@ def simulate_network(scenario: Scenario, progress: Progress = _quiet) -> dict[st
     return results
 
 
-def write_results(results: dict[str, Any], out_dir: Path) -> list[Path]:
-    """``results.json`` plus one PNG per figure; returns the files written."""
-    from swarmnode.sim.plots import plot_all
-
+def write_results(results: dict[str, Any], out_dir: Path, *, plots: bool = True) -> list[Path]:
+    """``results.json`` plus (``plots``) one PNG per figure; returns the files written."""
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / "results.json"
     # A network-mode run is a pure function of its scenario and seed, and so is this file: the run's
     # wall time (printed in the summary) stays out of it, so a regenerated file is byte-identical.
     figures = {key: value for key, value in results.items() if key != "wall_seconds"}
     path.write_text(json.dumps(_finite(figures), indent=2, sort_keys=False) + "\n")
+    if not plots:
+        return [path]
+    from swarmnode.sim.plots import plot_all
+
     return [path, *plot_all(results, out_dir)]
 
 

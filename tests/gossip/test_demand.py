@@ -138,6 +138,19 @@ def test_rounds_no_longer_read_are_forgotten() -> None:
     assert sampler.rounds() == [2, 3] and len(sampler) == 2
 
 
+def test_a_readers_bucket_order_is_a_keyed_shuffle_whose_start_does_not_change_as_it_widens() -> None:
+    sampler = RoundSampler(4, 100, b"key")
+    narrow = sampler.read_order(5, 160, 3)
+    assert len(narrow) == 3
+    full = sampler.read_order(5, 160)
+    assert full[:3] == narrow and sorted(full) == list(range(160))
+    assert RoundSampler(4, 100, b"key").read_order(5, 160) == full  # a pure function of key and round
+    assert RoundSampler(4, 100, b"other").read_order(5, 160, 3) != narrow
+    assert sampler.read_order(6, 160, 3) != narrow
+    firsts = Counter(RoundSampler(4, 100, b"k%d" % i).read_order(0, 4, 1)[0] for i in range(4000))
+    assert sorted(firsts) == [0, 1, 2, 3] and min(firsts.values()) > 900  # each about a quarter
+
+
 # -- the core ---------------------------------------------------------------------------------------
 
 
@@ -681,7 +694,7 @@ def test_stalling_ids_offering_plenty_in_a_readers_buckets_do_not_keep_it_from_w
     config = demand_cfg(announce_buckets=16, read_buckets=1, round_demand=2, read_back_rounds=2)
     core = GossipCore(config, "me", selection_key=b"test")
     order = core._sampler.read_order(0, 16)
-    stalling = bucket_owners(order[0], "stall-", 6)
+    stalling = bucket_owners(order[0], "stall-", 4)
     honest = bucket_owners(order[1], "honest-", 2)
     offers = {
         order[0]: {p: (d(2 * i), d(2 * i + 1)) for i, p in enumerate(stalling)},
@@ -692,6 +705,21 @@ def test_stalling_ids_offering_plenty_in_a_readers_buckets_do_not_keep_it_from_w
     assert sorted(admitted) == sorted([d(100), d(101)])  # both honest items, nothing else
 
 
+def thirty_second_rounds(key: bytes = b"test") -> GossipCore:
+    """A core with 30-s rounds, a 10-s pull timeout and a demand of 4 a round."""
+    config = GossipConfig(round_seconds=30.0, read_interval=5.0, pull_timeout=10.0, round_demand=4)
+    return GossipCore(config, "me", selection_key=key)
+
+
+def ids_by_round(label: bytes, per_round: int, rounds: int = 6) -> dict[bytes, int]:
+    """``per_round`` ids for each round: id -> its round."""
+    return {
+        hashlib.sha256(b"%s:%d:%d" % (label, r, i)).digest(): r
+        for r in range(rounds)
+        for i in range(per_round)
+    }
+
+
 def test_picks_delivered_after_their_round_has_its_demand_are_not_admitted() -> None:
     # Red team rt77 F2: each of 20 ids a round had 8 announcers, each answering a pull without
     # the id just before the timeout and the eighth delivering it. A pick stops counting
@@ -700,9 +728,8 @@ def test_picks_delivered_after_their_round_has_its_demand_are_not_admitted() -> 
     # 9-12 items a round against a demand of 4. What lands once a round has its demand is
     # dropped (the server is not blamed: it served what was asked).
     round_seconds = 30.0
-    config = GossipConfig(round_seconds=round_seconds, read_interval=5.0, pull_timeout=10.0, round_demand=4)
-    core = GossipCore(config, "me", selection_key=b"test")
-    round_of = {hashlib.sha256(b"%d:%d" % (r, i)).digest(): r for r in range(6) for i in range(20)}
+    core = thirty_second_rounds()
+    round_of = ids_by_round(b"copied", 20)
     asked: Counter[bytes] = Counter()
     clock = VirtualClock(core)
     admitted: Counter[int] = Counter()
@@ -731,3 +758,94 @@ def test_picks_delivered_after_their_round_has_its_demand_are_not_admitted() -> 
     # Round 4's ids are still being asked for when the run ends (8 asks of 10 s each).
     assert per_round[:4] == [4] * 4 and per_round[4] <= 4
     assert core.stats.items_surplus > 0
+
+
+def test_a_pick_delivered_beside_items_still_being_judged_is_admitted_not_lost_when_they_are_refused() -> (
+    None
+):
+    # Red team rt78 F1: each attacker id had two announcers; the first asked failed the pull at
+    # once, so the pick was replaced (by an honest one, pulled at once), and the second delivered
+    # the attacker's item before the replacement landed. With the round's demand awaiting a
+    # verdict, the honest replacement was dropped as surplus and remembered; a second later the
+    # attacker's items were refused, and the round ended short: 5 authors a round, 8 such ids,
+    # 17 of 28 honest items. A pick is surplus only once its round has its demand admitted.
+    round_seconds = 30.0
+    core = thirty_second_rounds(b"test0")
+    honest, hostile = ids_by_round(b"honest", 5), ids_by_round(b"hostile", 8)
+    asked: Counter[bytes] = Counter()
+    clock = VirtualClock(core)
+    admitted: Counter[int] = Counter()
+
+    def react(action: Any) -> None:
+        now = clock.now
+        if isinstance(action, ReadAnnouncements):
+            if any(now >= r * round_seconds + 2.0 for r in action.rounds):
+                read = [Announced(f"author-{r}-{i}", r, (x,)) for i, (x, r) in enumerate(honest.items())]
+                read += [
+                    Announced(f"hostile-{r}-{i}-{j}", r, (x,))
+                    for i, (x, r) in enumerate(hostile.items())
+                    for j in range(2)
+                ]
+                clock.later(
+                    now + 0.5,
+                    [a for a in read if a.round in action.rounds and now >= a.round * round_seconds + 2.0],
+                )
+        elif isinstance(action, Pull) and action.peer.startswith("author"):
+            items = tuple((x, x) for x in action.digests)
+            clock.later(now + 0.3, [PullSucceeded(action.request_id, action.peer, items)])
+        elif isinstance(action, Pull):
+            first = any(asked[x] == 0 for x in action.digests)
+            asked.update(action.digests)
+            if first:
+                clock.later(now + 0.01, [PullFailed(action.request_id, action.peer, "error", received=0)])
+            else:
+                items = tuple((x, x) for x in action.digests)
+                clock.later(now + 0.05, [PullSucceeded(action.request_id, action.peer, items)])
+        elif isinstance(action, Admit):
+            if action.digest in honest:
+                admitted[honest[action.digest]] += 1
+                clock.later(now + 0.2, [AdmissionResult(action.peer, action.digest, True, "ok")])
+            else:
+                refused = AdmissionResult(action.peer, action.digest, False, "bad_signature", charged=True)
+                clock.later(now + 1.0, [refused])
+
+    clock.run(6 * round_seconds, react)
+    assert [admitted[r] for r in range(4)] == [4] * 4
+
+
+def test_items_judged_longer_than_a_pull_may_stall_stop_holding_their_rounds_places() -> None:
+    # Red team rt78 F2: an item awaiting its verdict counted toward its round for as long as
+    # admission took. Fresh ids (20 a round, one item each, served at once) whose items admission
+    # refused only after 20 s held the round's places while judged, and the round, no longer
+    # drawn 30 s after its end, ended short: 14 of 28 honest items over 7 rounds (8 authors). An
+    # item of a server not proven here counts for at most pull_timeout while judged.
+    round_seconds = 30.0
+    core = thirty_second_rounds()
+    honest, slow = ids_by_round(b"honest", 8), ids_by_round(b"slow", 20)
+    clock = VirtualClock(core)
+    admitted: Counter[int] = Counter()
+
+    def react(action: Any) -> None:
+        now = clock.now
+        if isinstance(action, ReadAnnouncements):
+            read = [Announced(f"author-{i % 8}", r, (x,)) for i, (x, r) in enumerate(honest.items())]
+            read += [Announced(f"fresh-{i}", r, (x,)) for i, (x, r) in enumerate(slow.items())]
+            clock.later(now + 0.5, [a for a in read if a.round in action.rounds and now >= a.round * 30 + 2])
+        elif isinstance(action, Pull):
+            clock.later(
+                now + 0.05,
+                [PullSucceeded(action.request_id, action.peer, tuple((x, x) for x in action.digests))],
+            )
+        elif isinstance(action, Admit) and action.digest in honest:
+            admitted[honest[action.digest]] += 1
+            clock.later(now + 0.2, [AdmissionResult(action.peer, action.digest, True, "ok")])
+        elif isinstance(action, Admit):
+            clock.later(
+                now + 20.0,
+                [AdmissionResult(action.peer, action.digest, False, "bad_signature", charged=True)],
+            )
+
+    clock.run(6 * round_seconds, react)
+    # The 20 fresh ids still take their share of the fair draw (20 of 28 announcers): 11 of 16
+    # honest items over rounds 0-3 here, 6 without the rule.
+    assert sum(admitted[r] for r in range(4)) >= 10
