@@ -60,6 +60,8 @@ from swarmnode.core.limits import ExpiringMap, TokenBucket
 from swarmnode.core.rounds import round_at, round_start
 from swarmnode.errors import ConfigError
 
+_NEVER = -math.inf  # a ban that ended before any time
+
 # A reader's bucket order is a keyed shuffle of the round's buckets (``RoundSampler.read_order``).
 MAX_ANNOUNCE_BUCKETS = 65536
 
@@ -879,6 +881,7 @@ class GossipCore:
         self._closing: dict[int, dict[Digest, float]] = {}
         self._draw_at: float | None = None  # when a round's offers first become drawable
         self._draw_oldest: int | None = None  # the oldest round kept at the last draw
+        self._opens_at: dict[int, float] = {}  # ``_opens``, per round
         self._read_at: dict[int, float] = {}  # when each round was last read (``_read_action``)
         self._read_widths: dict[int, int] = {}  # per round, how many of its buckets the last read read
         self._found: set[int] = set()  # rounds whose buckets read held offers (their width carries on)
@@ -896,6 +899,13 @@ class GossipCore:
         self._remembered: ExpiringMap[Digest, None] = ExpiringMap(c.max_remembered)
         self._admitted: ExpiringMap[Digest, None] = ExpiringMap(c.max_remembered_admitted)
         self._refused_copies: ExpiringMap[Digest, _Candidate] = ExpiringMap(c.max_refused_copies)
+        # Live key views of the maps every record read tests (``_on_offered``: C-level lookups).
+        self._own_ids = self._own.keys()
+        self._candidate_ids = self._candidates.keys()
+        self._awaiting_ids = self._awaiting.keys()
+        self._remembered_ids = self._remembered.keys()
+        self._admitted_ids = self._admitted.keys()
+        self._refused_ids = self._refused_copies.keys()
         self._peers: dict[PeerId, _Peer] = {}
         self._serving: dict[PeerId, _ServeState] = {}  # least recently served first, <= max_serving_peers
         self._bans: dict[PeerId, float] = {}
@@ -1003,7 +1013,7 @@ class GossipCore:
         return r
 
     def is_banned(self, peer: PeerId, now: float) -> bool:
-        return self._bans.get(peer, -math.inf) > now
+        return self._bans.get(peer, _NEVER) > now
 
     def sizes(self) -> GossipSizes:
         return GossipSizes(
@@ -1295,9 +1305,11 @@ class GossipCore:
     def _on_announced(self, event: Announced, now: float) -> None:
         c = self.config
         self.stats.announcements_seen += 1
-        current = self.current_round(now)
+        # ``current_round`` and ``is_banned`` inline: this runs for every record read.
+        current = self._round if self._round_start <= now < self._round_end else self.current_round(now)
         fresh = current - c.read_back_rounds <= event.round <= current + 1  # +1: small clock skew
-        if c.round_demand and fresh and event.peer != self.self_id and not self.is_banned(event.peer, now):
+        peer = event.peer
+        if c.round_demand and fresh and peer != self.self_id and not self._bans.get(peer, _NEVER) > now:
             self._on_offered(event, now)
         else:
             self._on_announced_drawn(event, now, fresh=fresh)
@@ -1374,20 +1386,25 @@ class GossipCore:
         could still be pulled when the round was drawn (red team rt69 F1, F6). A digest already
         drawn (in the table, in flight) takes the announcer as usual."""
         c = self.config
-        if self._misfiled(event):
-            self.stats.announcements_ignored += 1  # stored in a bucket not its owner's
+        buckets = c.announce_buckets
+        if buckets > 1 and event.bucket != announcement_bucket(event.round, event.peer, buckets):
+            self.stats.announcements_ignored += 1  # stored in a bucket not its owner's (``_misfiled``)
             return
+        # Every record read comes here (N k / K a round): the tests of ``_known`` on key views.
+        own, admitted, remembered, awaiting = (
+            self._own_ids,
+            self._admitted_ids,
+            self._remembered_ids,
+            self._awaiting_ids,
+        )
+        inflight, candidates, refused = self._inflight_digests, self._candidate_ids, self._refused_ids
         drawn: list[Digest] = []
         for digest in event.digests[: c.max_digests_per_announcement]:
             if not 0 < len(digest) <= c.max_digest_bytes:
                 self.stats.digests_ignored += 1
-            elif digest in self._own or self._closed(digest) or digest in self._awaiting:
+            elif digest in own or digest in admitted or digest in remembered or digest in awaiting:
                 continue
-            elif (
-                digest in self._inflight_digests
-                or digest in self._candidates
-                or digest in self._refused_copies
-            ):
+            elif digest in inflight or digest in candidates or digest in refused:
                 drawn.append(digest)
             elif not event.relayed:
                 self._sampler.offer(event.round, digest, event.peer)
@@ -1461,7 +1478,7 @@ class GossipCore:
 
     def _closed(self, digest: Digest) -> bool:
         """Handled: admitted, rejected, given up on (for ``remember_ttl``)."""
-        return digest in self._admitted or digest in self._remembered
+        return digest in self._admitted_ids or digest in self._remembered_ids
 
     # -- pulling ------------------------------------------------------------------------------
 
@@ -1516,9 +1533,15 @@ class GossipCore:
         return self._opens(r) - self.config.read_interval
 
     def _opens(self, r: int) -> float:
-        """When round ``r``'s offers can first be drawn (``select_at`` of it)."""
-        c = self.config
-        return round_start(r, c.round_seconds, c.epoch) + c.select_at * c.round_seconds
+        """When round ``r``'s offers can first be drawn (``select_at`` of it); asked at every event,
+        so remembered (pruned with the draw's rounds)."""
+        opens = self._opens_at.get(r)
+        if opens is None:
+            c = self.config
+            opens = self._opens_at[r] = (
+                round_start(r, c.round_seconds, c.epoch) + c.select_at * c.round_seconds
+            )
+        return opens
 
     def _read_action(self, rounds: tuple[int, ...]) -> ReadAnnouncements:
         """What to read of these rounds: every record, or with buckets this node's first buckets of
@@ -1593,6 +1616,8 @@ class GossipCore:
                     self._closing[r] = picks
             for r in [r for r in self._found if r < oldest - 1]:
                 self._found.discard(r)
+            for r in [r for r in self._opens_at if r < oldest - 1]:
+                del self._opens_at[r]
         for r, drawn in self._drawn.items():  # every round's, offers left or not (``_worth_reading``)
             self._recount(r, drawn, now)
         self._draw_at = None
@@ -1626,12 +1651,16 @@ class GossipCore:
                     drawn[digest] = drawn_at  # not a new pick: refused now, it stops counting again
                 elif not self._pursued(digest) and digest not in self._awaiting:
                     del replaced[digest]  # given up or dropped: nothing more of it to count
-        for digest, drawn_at in [(d, at) for d, at in drawn.items() if not self._live(d, at, now)]:
+        admitted = self._admitted_ids  # admitted: live, the common case (``_live``'s first test)
+        for digest, drawn_at in [
+            (d, at) for d, at in drawn.items() if d not in admitted and not self._live(d, at, now)
+        ]:
             del drawn[digest]  # failed, refused or given up: the next pick replaces it
             self._failed_picks[r] = self._failed_picks.get(r, 0) + 1
             if self._pursued(digest) or digest in self._awaiting:
                 self._replaced.setdefault(r, {})[digest] = drawn_at
-        if sum(digest in self._admitted for digest in drawn) >= self.config.round_demand:
+        demand = self.config.round_demand
+        if len(drawn) >= demand and sum(digest in admitted for digest in drawn) >= demand:
             self._drop_waiting(r, drawn)
 
     def _still_landing(self, picks: dict[Digest, float]) -> bool:
