@@ -189,18 +189,26 @@ class RoundSampler:
         if offered is not None and peer in offered:
             return
         kept = state.by_announcer.get(peer)
+        evicted = False
         if kept is None:
-            rank = _rank(state.peer_keyed, peer.encode())  # none yet: kept and ranked together
-            if len(state.by_announcer) >= self.max_announcers and not self._evict_worse_than(state, rank):
-                self.dropped += 1
-                return
+            # None yet: kept and ranked together (``_rank`` inline: once per announcer and reader).
+            keyed = state.peer_keyed.copy()
+            name = peer.encode()
+            keyed.update(len(name).to_bytes(4, "big") + name)
+            rank = keyed.digest()
+            if len(state.by_announcer) >= self.max_announcers:
+                if not self._evict_worse_than(state, rank):
+                    self.dropped += 1
+                    return
+                evicted = True
             kept = state.by_announcer[peer] = []
             state.peer_rank[peer] = rank
-            if state.worst is not None:
-                heapq.heappush(state.worst, (-int.from_bytes(rank, "big"), peer))
-            if state.turns is not None:
-                heapq.heappush(state.turns, (state.charged.get(peer, 0), rank, peer))
-            self._compact(state)
+            if state.worst is not None or state.turns is not None:
+                if state.worst is not None:
+                    heapq.heappush(state.worst, (-int.from_bytes(rank, "big"), peer))
+                if state.turns is not None:
+                    heapq.heappush(state.turns, (state.charged.get(peer, 0), rank, peer))
+                self._compact(state)
         if not kept:
             kept.append((_UNRANKED, digest))
         else:
@@ -214,8 +222,10 @@ class RoundSampler:
                 _, worst = kept.pop()  # replaced by a better-ranked one: whatever order they came in
                 self._unlink(state, worst, peer)
                 self.dropped += 1
+                evicted = True
             bisect.insort(kept, entry)
-        offered = state.announcers.get(digest)  # again: an announcer evicted above may have taken it
+        if evicted:
+            offered = state.announcers.get(digest)  # again: what was evicted above may have held it
         if offered is None:
             state.announcers[digest] = {peer: None}
         else:

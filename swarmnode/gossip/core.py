@@ -1621,17 +1621,22 @@ class GossipCore:
         for r, drawn in self._drawn.items():  # every round's, offers left or not (``_worth_reading``)
             self._recount(r, drawn, now)
         self._draw_at = None
-        for r in self._sampler.rounds():
-            if not self._sampler.waiting(r):
+        sampler = self._sampler
+        for r in sampler.rounds():
+            if not sampler.waiting(r):
                 continue
             opens = self._opens(r)
             if now < opens:
                 self._draw_at = opens if self._draw_at is None else min(self._draw_at, opens)
                 continue
-            drawn = self._drawn.setdefault(r, {})
+            drawn = self._drawn.get(r)
+            if drawn is None:
+                drawn = self._drawn[r] = {}
+            elif len(drawn) >= c.round_demand:
+                continue  # the common case, at every event
             need = c.round_demand - len(drawn)
-            while need > 0 and self._sampler.waiting(r):
-                for digest, announcers in self._sampler.draw(r, need, lambda d: not self._known(d)):
+            while need > 0 and sampler.waiting(r):
+                for digest, announcers in sampler.draw(r, need, lambda d: not self._known(d)):
                     if self._add_drawn(digest, announcers, now):
                         drawn[digest] = now
                         need -= 1
