@@ -152,8 +152,12 @@ class ExpiringMap(Generic[K, V]):
     def pop_expired(self, now: float) -> list[tuple[K, V]]:
         """Remove and return the entries whose expiry is ``<= now``, oldest first."""
         expired: list[tuple[K, V]] = []
-        first = self.next_expiry()
-        if first is None or first > now:
+        first = self._first_expiry  # ``next_expiry`` inline: this runs at every event of a core
+        if first is None:
+            if not self._entries:
+                return expired
+            first = self._first_expiry = next(iter(self._entries.values()))[0]
+        if first > now:
             return expired
         self._first_expiry = None
         while self._entries:

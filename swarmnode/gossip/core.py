@@ -963,6 +963,9 @@ class GossipCore:
             return [self._on_pull_request(event, now) for event in events if isinstance(event, PullRequest)]
         actions = self._expire(now)
         for event in events:
+            if type(event) is Announced:  # most events are records read: no match to walk
+                self._on_announced(event, now)
+                continue
             match event:
                 case Publish():
                     actions += self._on_publish(event, now)
@@ -1398,17 +1401,25 @@ class GossipCore:
             self._awaiting_ids,
         )
         inflight, candidates, refused = self._inflight_digests, self._candidate_ids, self._refused_ids
+        digests = event.digests
+        if len(digests) > c.max_digests_per_announcement:
+            digests = digests[: c.max_digests_per_announcement]
+        offer = None if event.relayed else self._sampler.offer
+        r, peer = event.round, event.peer
+        offered = False
         drawn: list[Digest] = []
-        for digest in event.digests[: c.max_digests_per_announcement]:
+        for digest in digests:
             if not 0 < len(digest) <= c.max_digest_bytes:
                 self.stats.digests_ignored += 1
             elif digest in own or digest in admitted or digest in remembered or digest in awaiting:
                 continue
             elif digest in inflight or digest in candidates or digest in refused:
                 drawn.append(digest)
-            elif not event.relayed:
-                self._sampler.offer(event.round, digest, event.peer)
-                self._found.add(event.round)
+            elif offer is not None:
+                offer(r, digest, peer)
+                offered = True
+        if offered:
+            self._found.add(r)
         if drawn:
             drawn = [d for d in drawn if self._has_room(d, event.peer)]  # rt70 F2: no table place otherwise
         if drawn:
@@ -1629,16 +1640,16 @@ class GossipCore:
             if now < opens:
                 self._draw_at = opens if self._draw_at is None else min(self._draw_at, opens)
                 continue
-            drawn = self._drawn.get(r)
-            if drawn is None:
-                drawn = self._drawn[r] = {}
-            elif len(drawn) >= c.round_demand:
+            picks = self._drawn.get(r)
+            if picks is None:
+                picks = self._drawn[r] = {}
+            elif len(picks) >= c.round_demand:
                 continue  # the common case, at every event
-            need = c.round_demand - len(drawn)
+            need = c.round_demand - len(picks)
             while need > 0 and sampler.waiting(r):
                 for digest, announcers in sampler.draw(r, need, lambda d: not self._known(d)):
                     if self._add_drawn(digest, announcers, now):
-                        drawn[digest] = now
+                        picks[digest] = now
                         need -= 1
 
     def _recount(self, r: int, drawn: dict[Digest, float], now: float) -> None:
