@@ -1640,16 +1640,16 @@ class GossipCore:
             if now < opens:
                 self._draw_at = opens if self._draw_at is None else min(self._draw_at, opens)
                 continue
-            picks = self._drawn.get(r)
-            if picks is None:
-                picks = self._drawn[r] = {}
-            elif len(picks) >= c.round_demand:
+            round_picks = self._drawn.get(r)
+            if round_picks is None:
+                round_picks = self._drawn[r] = {}
+            elif len(round_picks) >= c.round_demand:
                 continue  # the common case, at every event
-            need = c.round_demand - len(picks)
+            need = c.round_demand - len(round_picks)
             while need > 0 and sampler.waiting(r):
                 for digest, announcers in sampler.draw(r, need, lambda d: not self._known(d)):
                     if self._add_drawn(digest, announcers, now):
-                        picks[digest] = now
+                        round_picks[digest] = now
                         need -= 1
 
     def _recount(self, r: int, drawn: dict[Digest, float], now: float) -> None:
