@@ -127,3 +127,16 @@ def test_a_second_manifest_mid_broadcast_leaves_every_node_on_the_newest_version
 def test_a_single_version_run_has_no_versions_section() -> None:
     """The committed results of single-version scenarios stay byte-identical."""
     assert "versions" not in simulate_network(broadcast_scenario(nodes=4))["broadcast"]
+
+
+def test_results_without_plots_are_the_same_file_with_no_pictures(tmp_path: Path) -> None:
+    """``simulate --no-plots`` writes the results.json a run with plots writes (before, its own
+    copy with the wall time in it), and nothing else."""
+    from swarmnode.sim.run import write_results
+
+    results = simulate_network(broadcast_scenario(seed=2))
+    with_plots = write_results(results, tmp_path / "plots")
+    without = write_results(results, tmp_path / "bare", plots=False)
+    assert without == [tmp_path / "bare" / "results.json"] and len(with_plots) > 1
+    assert without[0].read_bytes() == (tmp_path / "plots" / "results.json").read_bytes()
+    assert sorted(p.name for p in (tmp_path / "bare").iterdir()) == ["results.json"]
