@@ -358,14 +358,15 @@ class RoundSampler:
     def _turns(self, state: _Round) -> list[tuple[int, bytes, PeerId]]:
         """The round's draw order (``_Round.turns``), built from its kept announcers if need be."""
         if state.turns is None:
-            state.turns = [(state.charged.get(p, 0), state.peer_rank[p], p) for p in state.by_announcer]
+            charged = state.charged.get  # peer_rank holds exactly the kept announcers
+            state.turns = [(charged(p, 0), rank, p) for p, rank in state.peer_rank.items()]
             heapq.heapify(state.turns)
         return state.turns
 
     def _worst(self, state: _Round) -> list[tuple[int, PeerId]]:
         """The round's kept announcers, worst-ranked first (``_Round.worst``), built if need be."""
         if state.worst is None:
-            state.worst = [(-int.from_bytes(state.peer_rank[p], "big"), p) for p in state.by_announcer]
+            state.worst = [(-int.from_bytes(rank, "big"), p) for p, rank in state.peer_rank.items()]
             heapq.heapify(state.worst)
         return state.worst
 
