@@ -813,15 +813,57 @@ def test_a_pick_delivered_beside_items_still_being_judged_is_admitted_not_lost_w
     assert [admitted[r] for r in range(4)] == [4] * 4
 
 
-def test_items_judged_longer_than_a_pull_may_stall_stop_holding_their_rounds_places() -> None:
-    # Red team rt78 F2: an item awaiting its verdict counted toward its round for as long as
-    # admission took. Fresh ids (20 a round, one item each, served at once) whose items admission
-    # refused only after 20 s held the round's places while judged, and the round, no longer
-    # drawn 30 s after its end, ended short: 14 of 28 honest items over 7 rounds (8 authors). An
-    # item of a server not proven here counts for at most pull_timeout while judged.
+@pytest.mark.parametrize("verdict_after", [2.0, 25.0])
+def test_picks_that_fail_first_then_deliver_never_get_a_round_more_than_its_demand(
+    verdict_after: float,
+) -> None:
+    # Red team rt79 F1: each of 20 valid ids a round had two fresh announcers, the first asked
+    # failing at once (the pick replaced at once, and still pulled) and the second delivering.
+    # Counted in admitted items alone, every replacement and retry landed before any verdict and
+    # was admitted: 5-16 items a round against a demand of 4 (verdicts after 2-25 s). What lands
+    # once a round's demand is being judged is held, and dropped once it is admitted.
     round_seconds = 30.0
     core = thirty_second_rounds()
-    honest, slow = ids_by_round(b"honest", 8), ids_by_round(b"slow", 20)
+    honest, valid = ids_by_round(b"honest", 20), ids_by_round(b"fail-first", 20)
+    asked: Counter[bytes] = Counter()
+    clock = VirtualClock(core)
+    admitted: Counter[int] = Counter()
+
+    def react(action: Any) -> None:
+        now = clock.now
+        if isinstance(action, ReadAnnouncements):
+            read = [Announced(f"author-{i % 20}", r, (x,)) for i, (x, r) in enumerate(honest.items())]
+            read += [
+                Announced(f"id-{i}-{j}", r, (x,)) for i, (x, r) in enumerate(valid.items()) for j in range(2)
+            ]
+            clock.later(now + 0.5, [a for a in read if a.round in action.rounds and now >= a.round * 30 + 2])
+        elif isinstance(action, Pull):
+            first = any(asked[x] == 0 for x in action.digests)
+            asked.update(action.digests)
+            if first and not action.peer.startswith("author"):
+                clock.later(now + 0.01, [PullFailed(action.request_id, action.peer, "error", received=0)])
+            else:
+                items = tuple((x, x) for x in action.digests)
+                clock.later(now + 0.05, [PullSucceeded(action.request_id, action.peer, items)])
+        elif isinstance(action, Admit):
+            admitted[(honest | valid)[action.digest]] += 1
+            delay = 0.2 if action.digest in honest else verdict_after
+            clock.later(now + delay, [AdmissionResult(action.peer, action.digest, True, "ok")])
+
+    clock.run(6 * round_seconds, react)
+    per_round = [admitted[r] for r in range(5)]
+    assert max(per_round) <= 4 and sum(per_round[:4]) == 16, per_round
+
+
+def test_a_held_pick_is_judged_in_the_place_of_one_refused_after_a_slow_verdict() -> None:
+    # Red team rt78 F2, rt79 F2: fresh ids' items, refused only after a slow verdict, held their
+    # round's places while judged, and the round ended short (60 such ids, 8 honest authors: 7 of
+    # 28 honest items). A judged item of a server not proven stops counting after pull_timeout, so
+    # a replacement is pulled meanwhile; landing while the round's demand is being judged, it is
+    # held, and judged as soon as a slow item is refused.
+    round_seconds = 30.0
+    core = thirty_second_rounds()
+    honest, slow = ids_by_round(b"honest", 8), ids_by_round(b"slow", 60)
     clock = VirtualClock(core)
     admitted: Counter[int] = Counter()
 
@@ -832,20 +874,17 @@ def test_items_judged_longer_than_a_pull_may_stall_stop_holding_their_rounds_pla
             read += [Announced(f"fresh-{i}", r, (x,)) for i, (x, r) in enumerate(slow.items())]
             clock.later(now + 0.5, [a for a in read if a.round in action.rounds and now >= a.round * 30 + 2])
         elif isinstance(action, Pull):
-            clock.later(
-                now + 0.05,
-                [PullSucceeded(action.request_id, action.peer, tuple((x, x) for x in action.digests))],
-            )
+            items = tuple((x, x) for x in action.digests)
+            clock.later(now + 0.05, [PullSucceeded(action.request_id, action.peer, items)])
         elif isinstance(action, Admit) and action.digest in honest:
             admitted[honest[action.digest]] += 1
             clock.later(now + 0.2, [AdmissionResult(action.peer, action.digest, True, "ok")])
         elif isinstance(action, Admit):
-            clock.later(
-                now + 20.0,
-                [AdmissionResult(action.peer, action.digest, False, "bad_signature", charged=True)],
-            )
+            refused = AdmissionResult(action.peer, action.digest, False, "bad_signature", charged=True)
+            clock.later(now + 15.0, [refused])
 
     clock.run(6 * round_seconds, react)
-    # The 20 fresh ids still take their share of the fair draw (20 of 28 announcers): 11 of 16
-    # honest items over rounds 0-3 here, 6 without the rule.
-    assert sum(admitted[r] for r in range(4)) >= 10
+    # 5 of 16 honest items over rounds 0-3 here; 3 with a judged item counted however long it is
+    # judged (no replacement pulled meanwhile), or without the hold. Still short: the slow ids
+    # take most of each round's picks (open, SPEC 1.4).
+    assert sum(admitted[r] for r in range(4)) >= 5
