@@ -813,15 +813,17 @@ def test_a_pick_delivered_beside_items_still_being_judged_is_admitted_not_lost_w
     assert [admitted[r] for r in range(4)] == [4] * 4
 
 
-@pytest.mark.parametrize("verdict_after", [2.0, 25.0])
-def test_picks_that_fail_first_then_deliver_never_get_a_round_more_than_its_demand(
-    verdict_after: float,
+@pytest.mark.parametrize(("verdict_after", "most"), [(2.0, 4), (25.0, 8)])
+def test_picks_that_fail_first_then_deliver_never_get_a_round_more_than_twice_its_demand(
+    verdict_after: float, most: int
 ) -> None:
     # Red team rt79 F1: each of 20 valid ids a round had two fresh announcers, the first asked
     # failing at once (the pick replaced at once, and still pulled) and the second delivering.
     # Counted in admitted items alone, every replacement and retry landed before any verdict and
     # was admitted: 5-16 items a round against a demand of 4 (verdicts after 2-25 s). What lands
-    # once a round's demand is being judged is held, and dropped once it is admitted.
+    # once a round's demand is being judged is held, and dropped once it is admitted. A judged
+    # item stops holding a place after pull_timeout (rt80 F1), so slow verdicts that accept may
+    # take a round to twice its demand, never past it.
     round_seconds = 30.0
     core = thirty_second_rounds()
     honest, valid = ids_by_round(b"honest", 20), ids_by_round(b"fail-first", 20)
@@ -852,7 +854,7 @@ def test_picks_that_fail_first_then_deliver_never_get_a_round_more_than_its_dema
 
     clock.run(6 * round_seconds, react)
     per_round = [admitted[r] for r in range(5)]
-    assert max(per_round) <= 4 and sum(per_round[:4]) == 16, per_round
+    assert max(per_round) <= most and sum(per_round[:4]) >= 16, per_round
 
 
 def test_a_held_pick_is_judged_in_the_place_of_one_refused_after_a_slow_verdict() -> None:
@@ -888,3 +890,47 @@ def test_a_held_pick_is_judged_in_the_place_of_one_refused_after_a_slow_verdict(
     # judged (no replacement pulled meanwhile), or without the hold. Still short: the slow ids
     # take most of each round's picks (open, SPEC 1.4).
     assert sum(admitted[r] for r in range(4)) >= 5
+
+
+def test_slow_refusals_of_fail_first_ids_neither_lose_honest_picks_nor_hold_their_places() -> None:
+    # Red team rt80: 20 ids a round, each announced by two fresh identities (the first asked
+    # failing at once), their items refused 25 s after they were handed to admission, against 8
+    # honest authors. A held pick that had been replaced did not count, so its round drew on and
+    # what landed found the hold full and was dropped for good (F2: 47 honest items); and every
+    # item judged, however long, held a place, so held picks went to admission one slow verdict
+    # at a time (F1: 8 of 28 honest items). A judged item now stops holding a place after
+    # pull_timeout (within twice the demand handed), and a held pick counts as live.
+    round_seconds = 30.0
+    core = thirty_second_rounds()
+    honest, slow = ids_by_round(b"honest", 8), ids_by_round(b"slow", 20)
+    asked: Counter[bytes] = Counter()
+    clock = VirtualClock(core)
+    admitted: Counter[int] = Counter()
+
+    def react(action: Any) -> None:
+        now = clock.now
+        if isinstance(action, ReadAnnouncements):
+            read = [Announced(f"author-{i % 8}", r, (x,)) for i, (x, r) in enumerate(honest.items())]
+            read += [
+                Announced(f"id-{i}-{j}", r, (x,)) for i, (x, r) in enumerate(slow.items()) for j in range(2)
+            ]
+            clock.later(now + 0.5, [a for a in read if a.round in action.rounds and now >= a.round * 30 + 2])
+        elif isinstance(action, Pull):
+            first = any(asked[x] == 0 for x in action.digests)
+            asked.update(action.digests)
+            if first and not action.peer.startswith("author"):
+                clock.later(now + 0.01, [PullFailed(action.request_id, action.peer, "error", received=0)])
+            else:
+                items = tuple((x, x) for x in action.digests)
+                clock.later(now + 0.05, [PullSucceeded(action.request_id, action.peer, items)])
+        elif isinstance(action, Admit) and action.digest in honest:
+            admitted[honest[action.digest]] += 1
+            clock.later(now + 0.2, [AdmissionResult(action.peer, action.digest, True, "ok")])
+        elif isinstance(action, Admit):
+            refused = AdmissionResult(action.peer, action.digest, False, "bad_signature", charged=True)
+            clock.later(now + 25.0, [refused])
+
+    clock.run(6 * round_seconds, react)
+    # 9 of 16 honest items over rounds 0-3 here, 2 picks dropped as surplus; 6 and 100 before.
+    assert sum(admitted[r] for r in range(4)) >= 8
+    assert core.stats.items_surplus <= 10
