@@ -813,6 +813,70 @@ def test_a_pick_delivered_beside_items_still_being_judged_is_admitted_not_lost_w
     assert [admitted[r] for r in range(4)] == [4] * 4
 
 
+def hostile_rounds(
+    *,
+    authors: int,
+    hostile: int,
+    announcers: int,
+    fail_first: bool,
+    verdict_after: float,
+    accepted: bool,
+    label: bytes,
+) -> tuple[GossipCore, Counter[int], Counter[int]]:
+    """Six 30-s rounds of one core (demand 4) against ``authors`` honest authors (one valid item a
+    round each, served at once, accepted 0.2 s after it is handed over) and ``hostile`` ids a round
+    from fresh identities, each id announced by ``announcers`` of them. A hostile pull is answered
+    at once: with the items, or (``fail_first``) failed if one of its ids was never asked before.
+    A hostile item's verdict comes ``verdict_after`` s after it is handed over, ``accepted`` or
+    refused (charged). ``label`` makes the hostile ids (and a lone announcer's name).
+    The core, and the items admitted per round: honest, and all."""
+    core = thirty_second_rounds()
+    honest, others = ids_by_round(b"honest", authors), ids_by_round(label, hostile)
+    asked: Counter[bytes] = Counter()
+    clock = VirtualClock(core)
+    admitted_honest: Counter[int] = Counter()
+    admitted: Counter[int] = Counter()
+
+    def react(action: Any) -> None:
+        now = clock.now
+        if isinstance(action, ReadAnnouncements):
+            read = [Announced(f"author-{i % authors}", r, (x,)) for i, (x, r) in enumerate(honest.items())]
+            name = "fresh-{i}" if announcers == 1 else "id-{i}-{j}"
+            read += [
+                Announced(name.format(i=i, j=j), r, (x,))
+                for i, (x, r) in enumerate(others.items())
+                for j in range(announcers)
+            ]
+            clock.later(now + 0.5, [a for a in read if a.round in action.rounds and now >= a.round * 30 + 2])
+        elif isinstance(action, Pull):
+            first = any(asked[x] == 0 for x in action.digests)
+            asked.update(action.digests)
+            if fail_first and first and not action.peer.startswith("author"):
+                clock.later(now + 0.01, [PullFailed(action.request_id, action.peer, "error", received=0)])
+            else:
+                items = tuple((x, x) for x in action.digests)
+                clock.later(now + 0.05, [PullSucceeded(action.request_id, action.peer, items)])
+        elif isinstance(action, Admit):
+            if action.digest in honest:
+                admitted_honest[honest[action.digest]] += 1
+                verdict = AdmissionResult(action.peer, action.digest, True, "ok")
+                delay = 0.2
+            else:
+                verdict = AdmissionResult(
+                    action.peer,
+                    action.digest,
+                    accepted,
+                    "ok" if accepted else "bad_signature",
+                    charged=not accepted,
+                )
+                delay = verdict_after
+            admitted[(honest | others)[action.digest]] += 1
+            clock.later(now + delay, [verdict])
+
+    clock.run(6 * 30.0, react)
+    return core, admitted_honest, admitted
+
+
 @pytest.mark.parametrize(("verdict_after", "most"), [(2.0, 4), (25.0, 8)])
 def test_picks_that_fail_first_then_deliver_never_get_a_round_more_than_twice_its_demand(
     verdict_after: float, most: int
@@ -824,35 +888,15 @@ def test_picks_that_fail_first_then_deliver_never_get_a_round_more_than_twice_it
     # once a round's demand is being judged is held, and dropped once it is admitted. A judged
     # item stops holding a place after pull_timeout (rt80 F1), so slow verdicts that accept may
     # take a round to twice its demand, never past it.
-    round_seconds = 30.0
-    core = thirty_second_rounds()
-    honest, valid = ids_by_round(b"honest", 20), ids_by_round(b"fail-first", 20)
-    asked: Counter[bytes] = Counter()
-    clock = VirtualClock(core)
-    admitted: Counter[int] = Counter()
-
-    def react(action: Any) -> None:
-        now = clock.now
-        if isinstance(action, ReadAnnouncements):
-            read = [Announced(f"author-{i % 20}", r, (x,)) for i, (x, r) in enumerate(honest.items())]
-            read += [
-                Announced(f"id-{i}-{j}", r, (x,)) for i, (x, r) in enumerate(valid.items()) for j in range(2)
-            ]
-            clock.later(now + 0.5, [a for a in read if a.round in action.rounds and now >= a.round * 30 + 2])
-        elif isinstance(action, Pull):
-            first = any(asked[x] == 0 for x in action.digests)
-            asked.update(action.digests)
-            if first and not action.peer.startswith("author"):
-                clock.later(now + 0.01, [PullFailed(action.request_id, action.peer, "error", received=0)])
-            else:
-                items = tuple((x, x) for x in action.digests)
-                clock.later(now + 0.05, [PullSucceeded(action.request_id, action.peer, items)])
-        elif isinstance(action, Admit):
-            admitted[(honest | valid)[action.digest]] += 1
-            delay = 0.2 if action.digest in honest else verdict_after
-            clock.later(now + delay, [AdmissionResult(action.peer, action.digest, True, "ok")])
-
-    clock.run(6 * round_seconds, react)
+    _, _, admitted = hostile_rounds(
+        authors=20,
+        hostile=20,
+        announcers=2,
+        fail_first=True,
+        verdict_after=verdict_after,
+        accepted=True,
+        label=b"fail-first",
+    )
     per_round = [admitted[r] for r in range(5)]
     assert max(per_round) <= most and sum(per_round[:4]) >= 16, per_round
 
@@ -863,33 +907,19 @@ def test_a_held_pick_is_judged_in_the_place_of_one_refused_after_a_slow_verdict(
     # 28 honest items). A judged item of a server not proven stops counting after pull_timeout, so
     # a replacement is pulled meanwhile; landing while the round's demand is being judged, it is
     # held, and judged as soon as a slow item is refused.
-    round_seconds = 30.0
-    core = thirty_second_rounds()
-    honest, slow = ids_by_round(b"honest", 8), ids_by_round(b"slow", 60)
-    clock = VirtualClock(core)
-    admitted: Counter[int] = Counter()
-
-    def react(action: Any) -> None:
-        now = clock.now
-        if isinstance(action, ReadAnnouncements):
-            read = [Announced(f"author-{i % 8}", r, (x,)) for i, (x, r) in enumerate(honest.items())]
-            read += [Announced(f"fresh-{i}", r, (x,)) for i, (x, r) in enumerate(slow.items())]
-            clock.later(now + 0.5, [a for a in read if a.round in action.rounds and now >= a.round * 30 + 2])
-        elif isinstance(action, Pull):
-            items = tuple((x, x) for x in action.digests)
-            clock.later(now + 0.05, [PullSucceeded(action.request_id, action.peer, items)])
-        elif isinstance(action, Admit) and action.digest in honest:
-            admitted[honest[action.digest]] += 1
-            clock.later(now + 0.2, [AdmissionResult(action.peer, action.digest, True, "ok")])
-        elif isinstance(action, Admit):
-            refused = AdmissionResult(action.peer, action.digest, False, "bad_signature", charged=True)
-            clock.later(now + 15.0, [refused])
-
-    clock.run(6 * round_seconds, react)
+    _, honest, _ = hostile_rounds(
+        authors=8,
+        hostile=60,
+        announcers=1,
+        fail_first=False,
+        verdict_after=15.0,
+        accepted=False,
+        label=b"slow",
+    )
     # 5 of 16 honest items over rounds 0-3 here; 3 with a judged item counted however long it is
     # judged (no replacement pulled meanwhile), or without the hold. Still short: the slow ids
     # take most of each round's picks (open, SPEC 1.4).
-    assert sum(admitted[r] for r in range(4)) >= 5
+    assert sum(honest[r] for r in range(4)) >= 5
 
 
 def test_slow_refusals_of_fail_first_ids_neither_lose_honest_picks_nor_hold_their_places() -> None:
@@ -900,37 +930,15 @@ def test_slow_refusals_of_fail_first_ids_neither_lose_honest_picks_nor_hold_thei
     # item judged, however long, held a place, so held picks went to admission one slow verdict
     # at a time (F1: 8 of 28 honest items). A judged item now stops holding a place after
     # pull_timeout (within twice the demand handed), and a held pick counts as live.
-    round_seconds = 30.0
-    core = thirty_second_rounds()
-    honest, slow = ids_by_round(b"honest", 8), ids_by_round(b"slow", 20)
-    asked: Counter[bytes] = Counter()
-    clock = VirtualClock(core)
-    admitted: Counter[int] = Counter()
-
-    def react(action: Any) -> None:
-        now = clock.now
-        if isinstance(action, ReadAnnouncements):
-            read = [Announced(f"author-{i % 8}", r, (x,)) for i, (x, r) in enumerate(honest.items())]
-            read += [
-                Announced(f"id-{i}-{j}", r, (x,)) for i, (x, r) in enumerate(slow.items()) for j in range(2)
-            ]
-            clock.later(now + 0.5, [a for a in read if a.round in action.rounds and now >= a.round * 30 + 2])
-        elif isinstance(action, Pull):
-            first = any(asked[x] == 0 for x in action.digests)
-            asked.update(action.digests)
-            if first and not action.peer.startswith("author"):
-                clock.later(now + 0.01, [PullFailed(action.request_id, action.peer, "error", received=0)])
-            else:
-                items = tuple((x, x) for x in action.digests)
-                clock.later(now + 0.05, [PullSucceeded(action.request_id, action.peer, items)])
-        elif isinstance(action, Admit) and action.digest in honest:
-            admitted[honest[action.digest]] += 1
-            clock.later(now + 0.2, [AdmissionResult(action.peer, action.digest, True, "ok")])
-        elif isinstance(action, Admit):
-            refused = AdmissionResult(action.peer, action.digest, False, "bad_signature", charged=True)
-            clock.later(now + 25.0, [refused])
-
-    clock.run(6 * round_seconds, react)
+    core, honest, _ = hostile_rounds(
+        authors=8,
+        hostile=20,
+        announcers=2,
+        fail_first=True,
+        verdict_after=25.0,
+        accepted=False,
+        label=b"slow",
+    )
     # 9 of 16 honest items over rounds 0-3 here, 2 picks dropped as surplus; 6 and 100 before.
-    assert sum(admitted[r] for r in range(4)) >= 8
+    assert sum(honest[r] for r in range(4)) >= 8
     assert core.stats.items_surplus <= 10
