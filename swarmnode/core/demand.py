@@ -233,16 +233,33 @@ class RoundSampler:
         self._offers += 1
         state.offers += 1
 
-    def draw(self, r: int, count: int, usable: Callable[[Digest], bool]) -> list[tuple[Digest, list[PeerId]]]:
+    def draw(
+        self,
+        r: int,
+        count: int,
+        usable: Callable[[Digest], bool],
+        among: Iterable[PeerId] | None = None,
+    ) -> list[tuple[Digest, list[PeerId]]]:
         """Up to ``count`` digests of round ``r``, each with every announcer that offered it (in
         ``_ordered``'s order), in the fair keyed order; each is removed from the offers.
         ``usable(digest)`` false (known already, pulled through another announcer) skips it without
         a pick. O(log announcers) a digest, and O(a log a) for its a announcers (red team rt69 F2:
-        a scan of every announcer per pick cost seconds)."""
+        a scan of every announcer per pick cost seconds).
+
+        ``among``: draw only the offers of these announcers (the caller's peers with standing), in
+        the same fair order among them; their picks are charged as any others'."""
         state = self._rounds.get(r)
         picked: list[tuple[Digest, list[PeerId]]] = []
-        turns = [] if state is None else self._turns(state)
-        while state is not None and turns and len(picked) < count:
+        if state is None:
+            return picked
+        main = self._turns(state)
+        if among is None:
+            turns = main
+        else:
+            charged_of, rank_of = state.charged.get, state.peer_rank
+            turns = [(charged_of(p, 0), rank_of[p], p) for p in among if p in rank_of]
+            heapq.heapify(turns)
+        while turns and len(picked) < count:
             charged, rank, peer = heapq.heappop(turns)
             kept = state.by_announcer.get(peer)
             if kept is None or charged != state.charged.get(peer, 0) or state.peer_rank.get(peer) != rank:
@@ -258,7 +275,10 @@ class RoundSampler:
                 state.charged[peer] = charged + 1
                 picked.append((digest, announcers))
             if kept:
-                heapq.heappush(turns, (state.charged.get(peer, 0), rank, peer))
+                entry = (state.charged.get(peer, 0), rank, peer)
+                heapq.heappush(turns, entry)
+                if turns is not main and entry[0] != charged:
+                    heapq.heappush(main, entry)  # its entry there went stale with the charge
             else:
                 self._drop_announcer(state, peer)
         return picked

@@ -27,6 +27,7 @@ from swarmnode.gossip import (
     PullSucceeded,
     ReadAnnouncements,
 )
+from swarmnode.gossip.core import ITEM_PREFIX_BYTES
 
 
 def d(i: int) -> bytes:
@@ -53,6 +54,20 @@ def test_each_announcer_gets_one_pick_per_pass_however_many_digests_it_offers() 
     assert all(sources[f"honest-{peer}"] == 1 for peer in range(7))
     # a second pass: only the flooder has offers left
     assert [a for _, a in sampler.draw(3, 2, everything)] == [["flooder"], ["flooder"]]
+
+
+def test_a_draw_among_some_announcers_takes_only_their_offers_and_charges_them_as_any_draw() -> None:
+    sampler = RoundSampler(per_announcer=8, max_announcers=100, key=b"k")
+    for peer in range(4):
+        for i in range(3):
+            sampler.offer(0, d(10 * peer + i), f"p{peer}")
+    first = sampler.draw(0, 4, everything, among=["p1", "p3", "not-offering"])
+    assert sorted(a[0] for _, a in first) == ["p1", "p1", "p3", "p3"]  # one a pass among them
+    # A draw of all gives p0 and p2 two picks first, as p1 and p3 were charged two each; then
+    # each has one offer left, at the same charge.
+    rest = [a[0] for _, a in sampler.draw(0, 8, everything)]
+    assert sorted(rest[:4]) == ["p0", "p0", "p2", "p2"]
+    assert sorted(rest[4:]) == ["p0", "p1", "p2", "p3"]
 
 
 def test_the_draw_does_not_depend_on_the_order_offers_arrived_in() -> None:
@@ -822,16 +837,19 @@ def hostile_rounds(
     verdict_after: float,
     accepted: bool,
     label: bytes,
+    rounds: int = 6,
+    item_bytes: int = 32,
 ) -> tuple[GossipCore, Counter[int], Counter[int]]:
-    """Six 30-s rounds of one core (demand 4) against ``authors`` honest authors (one valid item a
-    round each, served at once, accepted 0.2 s after it is handed over) and ``hostile`` ids a round
-    from fresh identities, each id announced by ``announcers`` of them. A hostile pull is answered
-    at once: with the items, or (``fail_first``) failed if one of its ids was never asked before.
-    A hostile item's verdict comes ``verdict_after`` s after it is handed over, ``accepted`` or
-    refused (charged). ``label`` makes the hostile ids (and a lone announcer's name).
-    The core, and the items admitted per round: honest, and all."""
+    """``rounds`` 30-s rounds of one core (demand 4) against ``authors`` honest authors (one valid
+    item a round each, served at once, accepted 0.2 s after it is handed over) and ``hostile`` ids
+    a round from fresh identities, each id announced by ``announcers`` of them. A hostile pull is
+    answered at once: with the items (``item_bytes`` each; an answer over the pull's ``max_bytes``
+    fails as too large, as the driver reads no more), or (``fail_first``) failed if one of its ids
+    was never asked before. A hostile item's verdict comes ``verdict_after`` s after it is handed
+    over, ``accepted`` or refused (charged). ``label`` makes the hostile ids (and a lone
+    announcer's name). The core, and the items handed to admission per round: honest, and all."""
     core = thirty_second_rounds()
-    honest, others = ids_by_round(b"honest", authors), ids_by_round(label, hostile)
+    honest, others = ids_by_round(b"honest", authors, rounds), ids_by_round(label, hostile, rounds)
     asked: Counter[bytes] = Counter()
     clock = VirtualClock(core)
     admitted_honest: Counter[int] = Counter()
@@ -851,10 +869,14 @@ def hostile_rounds(
         elif isinstance(action, Pull):
             first = any(asked[x] == 0 for x in action.digests)
             asked.update(action.digests)
+            items = tuple((x, x if x in honest else x.ljust(item_bytes, b"\0")) for x in action.digests)
+            size = sum(len(payload) + ITEM_PREFIX_BYTES for _, payload in items)
             if fail_first and first and not action.peer.startswith("author"):
                 clock.later(now + 0.01, [PullFailed(action.request_id, action.peer, "error", received=0)])
+            elif action.max_bytes is not None and size > action.max_bytes:
+                too_large = PullFailed(action.request_id, action.peer, "too_large", received=action.max_bytes)
+                clock.later(now + 0.05, [too_large])
             else:
-                items = tuple((x, x) for x in action.digests)
                 clock.later(now + 0.05, [PullSucceeded(action.request_id, action.peer, items)])
         elif isinstance(action, Admit):
             if action.digest in honest:
@@ -873,7 +895,7 @@ def hostile_rounds(
             admitted[(honest | others)[action.digest]] += 1
             clock.later(now + delay, [verdict])
 
-    clock.run(6 * 30.0, react)
+    clock.run(rounds * 30.0, react)
     return core, admitted_honest, admitted
 
 
@@ -942,3 +964,82 @@ def test_slow_refusals_of_fail_first_ids_neither_lose_honest_picks_nor_hold_thei
     # 9 of 16 honest items over rounds 0-3 here, 2 picks dropped as surplus; 6 and 100 before.
     assert sum(honest[r] for r in range(4)) >= 8
     assert core.stats.items_surplus <= 10
+
+
+def test_once_a_rounds_picks_fail_proven_authors_offers_are_drawn_before_fresh_ids() -> None:
+    # Red team rt81 F1: 200 ids a round, each announced by two fresh identities, the first asked
+    # failing at once and the second serving 2 MiB of junk (refused at once), against 20 honest
+    # authors. Each failed pick was replaced at once from everyone's offers, so every round pulled
+    # junk until its draw happened on honest authors: 7-11 junk items judged a round after the
+    # first, 1,219 pulls and 217 MiB in 8 rounds. Once as many of a round's picks failed as it
+    # needs, the offers of announcers proven here come first: the authors proven in round 0.
+    rounds = 8
+    core, honest, handed = hostile_rounds(
+        authors=20,
+        hostile=200,
+        announcers=2,
+        fail_first=True,
+        verdict_after=0.2,
+        accepted=False,
+        label=b"junk",
+        rounds=rounds,
+        item_bytes=2 * 1024 * 1024,
+    )
+    junk = [handed[r] - honest[r] for r in range(1, rounds - 1)]
+    assert sum(honest[r] for r in range(rounds - 1)) >= 26
+    assert sum(junk) <= 4 * len(junk), junk  # 0 a round here
+    assert core.stats.pulls_started <= 400  # 169 here
+
+
+def test_fresh_ids_refused_at_once_are_judged_no_more_once_proven_authors_come_first() -> None:
+    # Red team rt81 F3: 1,000 fresh ids a round, refused at once, against 20 honest authors: each
+    # refused pick was replaced from everyone's offers, and 97-184 items were judged a round
+    # (19 of 28 honest). After the first round, proven authors are drawn first.
+    _, honest, handed = hostile_rounds(
+        authors=20,
+        hostile=1000,
+        announcers=1,
+        fail_first=False,
+        verdict_after=0.2,
+        accepted=False,
+        label=b"refused",
+        rounds=8,
+    )
+    judged = [handed[r] - honest[r] for r in range(7)]
+    assert sum(honest[r] for r in range(7)) >= 26
+    assert max(judged[1:]) <= 2 * 4, judged  # 4 a round here: the first picks, before any failed
+
+
+def test_a_round_draws_at_most_32_times_its_demand_picks_with_no_proven_announcer() -> None:
+    # Red team rt81 F3: with no proven announcer to draw first (a node new to a swarm, here one of
+    # fresh ids only), refused picks were replaced without end, bounded by pull rates alone.
+    _, _, handed = hostile_rounds(
+        authors=0,
+        hostile=3000,
+        announcers=1,
+        fail_first=False,
+        verdict_after=0.2,
+        accepted=False,
+        label=b"flood",
+        rounds=4,
+    )
+    judged = [handed[r] for r in range(3)]
+    assert max(judged) <= 32 * 4, judged
+
+
+def test_a_verdict_later_than_the_admission_timeout_frees_no_place_of_its_round() -> None:
+    # Red team rt81 F2: items of fail-first fresh ids accepted 70 s after they were handed over,
+    # past the 60-s admission timeout: each timeout freed a place though admission could still
+    # accept the item, and 11-12 items a round were handed over against twice the demand (8).
+    _, _, handed = hostile_rounds(
+        authors=20,
+        hostile=200,
+        announcers=2,
+        fail_first=True,
+        verdict_after=70.0,
+        accepted=True,
+        label=b"late",
+        rounds=8,
+    )
+    per_round = [handed[r] for r in range(6)]
+    assert max(per_round) <= 2 * 4, per_round
