@@ -881,7 +881,9 @@ class GossipCore:
                 "gossip.round_demand, gossip.announce_buckets and gossip.relay need a selection_key: a "
                 "secret the driver draws at random (the core hides no randomness)"
             )
-        self._sampler = RoundSampler(max(c.round_demand, 1), per_round, selection_key or b"unused")
+        self._sampler = RoundSampler(
+            max(c.round_demand, 1), per_round, selection_key or b"unused", keep=self._proven
+        )
         # Keys the order of a round's relay places (``_relay``): nobody can grind ids that rank first.
         self._relay_key = hashlib.blake2b(b"relay:" + (selection_key or b"unused"), digest_size=32).digest()
         # Per round, the digests drawn for it that still count toward round_demand (pruned to the
@@ -911,6 +913,8 @@ class GossipCore:
         # Per round, picks drawn with no announcer proven here (``_UNPROVEN_PICKS_PER_DEMAND``), and
         # the rounds one of whose picks failed or was refused: those draw proven announcers first.
         self._unproven_picks: dict[int, int] = {}
+        self._standing_picks: dict[int, int] = {}  # per round, picks drawn among proven announcers
+        self._standing_limit = max(1, c.round_demand - 1)
         self._replacing: set[int] = set()
         self._pick_failures: dict[int, int] = {}
         # Per round still short, when its proven announcers' offers were last looked for, and how
@@ -927,7 +931,9 @@ class GossipCore:
         self._admitted: ExpiringMap[Digest, None] = ExpiringMap(c.max_remembered_admitted)
         self._refused_copies: ExpiringMap[Digest, _Candidate] = ExpiringMap(c.max_refused_copies)
         # Items handed to admission whose verdict did not come in admission_timeout: still handed
-        # for their round (``_handed``), as a late verdict may still admit them.
+        # for their round (``_handed``) for as long again, as a late verdict may still admit them.
+        # Held as long as their ids are remembered, verdicts that never came held a fresh node's
+        # places longer than late ones (red team rt82 F4: 9 of 28 honest items against 15).
         self._verdict_late: ExpiringMap[Digest, None] = ExpiringMap(c.max_pending_admissions)
         # Live key views of the maps every record read tests (``_on_offered``: C-level lookups).
         self._own_ids = self._own.keys()
@@ -1100,11 +1106,14 @@ class GossipCore:
         for digest, waiting in timed_out:
             # No verdict in time: remember it anyway, so it is never admitted twice.
             self.stats.admission_timeouts += 1
-            self._verdict_late.put(digest, None, now + self.config.remember_ttl)
+            self._verdict_late.put(digest, None, now + self.config.admission_timeout)
             self._add_pending(waiting.peer, -1)
             state = self._peers.get(waiting.peer)
             if state is not None:
                 state.credit += waiting.held
+            # Not proven until an item of its is accepted again: a proven id's items that were never
+            # judged held their round's places and cost it nothing (red team rt82 F4).
+            self._count_unusable(waiting.peer, now)
             self._remember(digest, now)
         for digest, _ in timed_out:  # once all are late: each counted handed still (``_handed``)
             actions += self._release_held(digest, now)
@@ -1668,6 +1677,8 @@ class GossipCore:
                 self._found.discard(r)
             for r in [r for r in self._unproven_picks if r < oldest]:
                 del self._unproven_picks[r]
+            for r in [r for r in self._standing_picks if r < oldest]:
+                del self._standing_picks[r]
             for r in [r for r in self._proven_looked if r < oldest]:
                 del self._proven_looked[r]
             for r in [r for r in self._pick_failures if r < oldest]:
@@ -1693,38 +1704,49 @@ class GossipCore:
                 continue  # the common case, at every event
             need = c.round_demand - len(round_picks)
             while need > 0 and sampler.waiting(r):
-                batch = self._draw_some(r, need, now)
-                if batch is None:
+                some = self._draw_some(r, need, now)
+                if some is None:
                     break
+                batch, standing = some
                 for digest, announcers in batch:
                     if self._add_drawn(digest, announcers, now):
                         round_picks[digest] = now
                         need -= 1
-                        if not any(self._proven(peer) for peer in announcers):
+                        if standing:
+                            self._standing_picks[r] = self._standing_picks.get(r, 0) + 1
+                        elif not any(self._proven(peer) for peer in announcers):
                             self._unproven_picks[r] = self._unproven_picks.get(r, 0) + 1
 
-    def _draw_some(self, r: int, need: int, now: float) -> list[tuple[Digest, list[PeerId]]] | None:
-        """Up to ``need`` of round ``r``'s offers, or None if it may draw none now.
+    def _draw_some(
+        self, r: int, need: int, now: float
+    ) -> tuple[list[tuple[Digest, list[PeerId]]], bool] | None:
+        """Up to ``need`` of round ``r``'s offers, and whether they were drawn among proven
+        announcers; None if it may draw none now.
 
         Once as many of the round's picks failed or were refused as its demand (``_replacing``),
         offers of announcers proven here (``_proven``) are drawn first, in the same fair order
-        among them. Before, each failed pick was replaced from everyone's offers, so against a
-        flood of fresh identities every round pulled junk until its draw happened on an honest
-        author: 200 fresh ids a round, each failing its first pull and serving 2 MiB of junk at
-        the second, had 7-11 junk items judged a round and 1,219 pulls in 8 rounds against 20
-        authors; 1,000 refused at once, 97-184 a round and 19 of 28 honest items (red team rt81
-        F1, F3). A proven announcer stops being proven at its first failure or refusal, so each
-        fails a round's picks at most once until another of its items is accepted. Drawn first
-        after the round's first failure, they cut the distinct sources a node of a 300-node swarm
-        with a quarter of adversaries trained on by 14% (56.5 to 48.4); after ``round_demand``
-        failures, not at all (56.7).
+        among them, for all but one of its demand (``_standing_limit``). Before, each failed pick
+        was replaced from everyone's offers, so against a flood of fresh identities every round
+        pulled junk until its draw happened on an honest author: 200 fresh ids a round, each
+        failing its first pull and serving 2 MiB of junk at the second, had 7-11 junk items judged
+        a round and 1,219 pulls in 8 rounds against 20 authors; 1,000 refused at once, 97-184 a
+        round and 19 of 28 honest items (red team rt81 F1, F3). A proven announcer stops being
+        proven at its first failure or refusal, so each fails a round's picks at most once until
+        another of its items is accepted. The last pick is drawn from everyone's offers, so that
+        authors not proven yet are still found: drawn first for every pick, the proven set froze,
+        as fresh ids failing every pull made each round reach its failures at once, and the
+        sources a node trained on fell from 16 honest authors to 3, attackers' valid items rising
+        from half to 62% (red team rt82 F2). Drawn first after the round's first failure (not its
+        demand's worth), they cut the distinct sources a node of a 300-node swarm with a quarter
+        of adversaries trained on by 14% (56.5 to 48.4).
 
         A round draws at most ``_UNPROVEN_PICKS_PER_DEMAND`` times its demand picks with no proven
         announcer: with none proven (a node new to a swarm), refused picks were otherwise replaced
         without end, bounded by pull rates alone (240 a round from 3,000 fresh ids)."""
         sampler = self._sampler
         usable = self._usable
-        if r in self._replacing:
+        standing = min(need, self._standing_limit - self._standing_picks.get(r, 0))
+        if r in self._replacing and standing > 0:
             offers = sampler.offers_of(r)
             looked = self._proven_looked.get(r)
             if looked is None or looked[1] != offers or now >= looked[0] + self.config.read_interval:
@@ -1732,13 +1754,13 @@ class GossipCore:
                 # of its demand comes here at every event, and the peer table holds 1,024.
                 self._proven_looked[r] = (now, offers)
                 proven = [p for p, state in self._peers.items() if state.score > 0 and self._proven(p)]
-                picks = sampler.draw(r, need, usable, among=proven) if proven else []
+                picks = sampler.draw(r, standing, usable, among=proven) if proven else []
                 if picks:
-                    return picks
+                    return picks, True
         room = _UNPROVEN_PICKS_PER_DEMAND * self.config.round_demand - self._unproven_picks.get(r, 0)
         if room <= 0:
             return None
-        return sampler.draw(r, min(need, room), usable)
+        return sampler.draw(r, min(need, room), usable), False
 
     def _usable(self, digest: Digest) -> bool:
         return not self._known(digest)

@@ -618,6 +618,22 @@ def test_an_admission_that_times_out_frees_its_slot_and_the_digest_is_not_admitt
     assert core.stats.admission_timeouts == 1
 
 
+def test_an_item_whose_verdict_never_comes_leaves_its_server_unproven_until_another_is_accepted() -> None:
+    # Red team rt82 F4: an admission timeout cost a proven id nothing, so its items that were never
+    # judged held their round's places again and again, and it stayed first in line.
+    core = started(cfg(admission_timeout=3.0))
+    credited(core, "a", 0.0)
+    [pull] = only(Pull, announce(core, "a", [d(1)], 0.0))
+    succeed(core, pull, 0.0)
+    assert core._proven("a")
+    core.poll(3.0)  # no verdict for d(1)
+    assert core.stats.admission_timeouts == 1 and not core._proven("a")
+    [pull] = only(Pull, announce(core, "a", [d(2)], 3.1))
+    succeed(core, pull, 3.2)
+    core.handle(AdmissionResult("a", d(2), True, "ok"), 3.3)
+    assert core._proven("a")
+
+
 # --- serving ---------------------------------------------------------------------------------
 
 
