@@ -91,6 +91,8 @@ _SCORE_LIMIT = 100
 # one accepted item, and free ids proven so took every pull slot (red team rt30 F3).
 _ESTABLISHED_SCORE = 8
 _TIERS = (0, 1, 2)
+# The longest peer id ``restore_standing`` takes (a libp2p id in base58 is about 52 characters).
+_MAX_PEER_ID_CHARS = 256
 # A round draws at most this many times its demand picks none of whose announcers is proven here
 # (``GossipCore._draw_some``): above the 97 a node with no proven peer drew in the first round
 # against 1,000 fresh ids refused at once and 20 honest authors, so it still finds the authors.
@@ -1054,6 +1056,33 @@ class GossipCore:
 
     def is_banned(self, peer: PeerId, now: float) -> bool:
         return self._bans.get(peer, _NEVER) > now
+
+    def standing(self) -> list[tuple[PeerId, int]]:
+        """The peers proven here (``_proven``) and their scores, to keep across restarts
+        (``restore_standing``): at most ``max_peers``."""
+        return [(peer, state.score) for peer, state in self._peers.items() if self._proven(peer)]
+
+    def restore_standing(self, entries: Iterable[tuple[PeerId, int]], now: float) -> int:
+        """Peers proven here before a restart (``standing``) take their places in the peer table
+        again, proven with their scores (capped), no credit: their next pulls read from the
+        download budget until an item of theirs is accepted again. Without standing, a restarted
+        node was a new one to a flood of fresh identities, drawing its picks from them alone (red
+        team rt82 F3). Entries not valid (empty or over-long ids, scores not positive) are
+        skipped; at most as many as the table holds. How many were restored."""
+        restored = 0
+        for peer, score in entries:
+            if restored >= self.config.max_peers:
+                break
+            if not isinstance(peer, str) or not 0 < len(peer) <= _MAX_PEER_ID_CHARS:
+                continue
+            if not isinstance(score, int) or score <= 0 or peer in self._peers or self.is_banned(peer, now):
+                continue
+            state = self._peer(peer, now)
+            if state is None:
+                break
+            state.score = min(score, _SCORE_LIMIT)
+            restored += 1
+        return restored
 
     def sizes(self) -> GossipSizes:
         return GossipSizes(

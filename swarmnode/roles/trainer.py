@@ -62,7 +62,7 @@ from swarmnode.roles.common import (
     verifier_gauges,
 )
 from swarmnode.roles.convert import rollout_batch, to_scored, trained_texts
-from swarmnode.store import CheckpointStore, Ledger
+from swarmnode.store import CheckpointStore, Ledger, LedgerError
 from swarmnode.train import RoundMetrics, ScoredGroup, Trainer
 from swarmnode.verify import VerifierPool
 from swarmnode.wire import encode_envelope, seal, to_ms
@@ -324,6 +324,7 @@ class SwarmNode:
                 self.heldout = metrics.heldout_accuracy
                 self.heldout_by_family = metrics.heldout_by_family
             self.rounds_done_here += 1
+            self._save_standing()
             self._update_gauges(metrics)
             log.info(
                 "round %d: reward %.3f, external used %d, pool %d",
@@ -389,6 +390,9 @@ class SwarmNode:
             self.runtime.peer_id,
             selection_key=os.urandom(32),  # the demand-driven draw's secret (core.demand)
         )
+        restored = self.core.restore_standing(self.ledger.standing(), time.time())
+        if restored:
+            log.info("gossip: %d peers proven here before the restart are proven again", restored)
         self.driver = GossipDriver(
             self.core,
             self.runtime,
@@ -411,7 +415,17 @@ class SwarmNode:
             "exchange": self.driver.run,
             "serve": api_job(self),
         }
-        await run_jobs(jobs, self.metrics, self.stop)
+        try:
+            await run_jobs(jobs, self.metrics, self.stop)
+        finally:
+            self._save_standing()
+
+    def _save_standing(self) -> None:
+        """Keep the gossip core's proven peers in the ledger (restored at the next start)."""
+        try:
+            self.ledger.save_standing(self.core.standing())
+        except LedgerError as exc:  # a full disk must not end the node: the next round tries again
+            log.warning("gossip: peer standing not saved: %s", exc)
 
 
 def run_node(

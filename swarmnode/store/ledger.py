@@ -39,7 +39,7 @@ __all__ = ["APPLICATION_ID", "SCHEMA_VERSION", "Ledger", "LedgerError", "RoundRe
 
 # "SWNL" in ASCII: marks a SQLite file as a swarmnode ledger (PRAGMA application_id).
 APPLICATION_ID = 0x53574E4C
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # Seconds a statement waits for another connection's lock (e.g. `swarmnode status` reading).
 _BUSY_TIMEOUT_S = 10.0
 #: Peers whose rejections are kept apart. Failures before a signature is checked are charged to
@@ -105,8 +105,13 @@ def _migrate_0_to_1(conn: sqlite3.Connection) -> None:
     )
 
 
+def _migrate_1_to_2(conn: sqlite3.Connection) -> None:
+    # The gossip core's proven peers (GossipCore.standing): kept across restarts.
+    conn.execute("CREATE TABLE standing (peer_id TEXT PRIMARY KEY, score INTEGER NOT NULL) WITHOUT ROWID")
+
+
 # _MIGRATIONS[v] upgrades a ledger from schema version v to v + 1.
-_MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_0_to_1]
+_MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migrate_0_to_1, _migrate_1_to_2]
 assert len(_MIGRATIONS) == SCHEMA_VERSION
 
 
@@ -315,6 +320,20 @@ class Ledger:
         with self._op("forget expired bans") as conn, self._transaction():
             cursor = conn.execute("DELETE FROM bans WHERE until <= ?", (float(now),))
         return cursor.rowcount
+
+    # -- standing ----------------------------------------------------------------------------
+
+    def save_standing(self, entries: list[tuple[str, int]]) -> None:
+        """Replace the peers proven to the gossip core (peer id, score) with ``entries``."""
+        with self._op("save peer standing") as conn, self._transaction():
+            conn.execute("DELETE FROM standing")
+            conn.executemany("INSERT OR REPLACE INTO standing (peer_id, score) VALUES (?, ?)", entries)
+
+    def standing(self) -> list[tuple[str, int]]:
+        """The peers proven to the gossip core when it was last saved (``save_standing``)."""
+        with self._op("read peer standing") as conn:
+            rows = conn.execute("SELECT peer_id, score FROM standing ORDER BY peer_id").fetchall()
+        return [(str(peer), int(score)) for peer, score in rows]
 
     # -- rejections --------------------------------------------------------------------------
 

@@ -634,6 +634,23 @@ def test_an_item_whose_verdict_never_comes_leaves_its_server_unproven_until_anot
     assert core._proven("a")
 
 
+def test_proven_peers_kept_across_a_restart_are_proven_again_and_nothing_else_is() -> None:
+    # Red team rt82 F3: standing was not kept, so a restarted node was a new one to a flood of
+    # fresh identities. The node keeps ``standing()`` in its ledger and restores it at start.
+    core = started()
+    credited(core, "a", 0.0)
+    served_once(core, "b", 0.0)  # served, never accepted: not proven
+    kept = core.standing()
+    assert [peer for peer, _ in kept] == ["a"]
+    again = started(now=100.0)
+    entries = [*kept, ("zero", 0), ("", 5), ("x" * 300, 5), ("negative", -3)]
+    assert again.restore_standing(entries, 100.0) == 1
+    assert again._proven("a") and not again._on_credit("a")  # proven, no credit until it serves
+    assert [peer for peer, _ in again.standing()] == ["a"]
+    full = started(cfg(max_peers=2), now=100.0)
+    assert full.restore_standing([(f"p{i}", 1) for i in range(5)], 100.0) == 2
+
+
 # --- serving ---------------------------------------------------------------------------------
 
 

@@ -259,3 +259,26 @@ def test_empty_file_becomes_a_new_ledger(tmp_path: Path) -> None:
         ledger.record_round(record(1))
     with Ledger(path) as ledger:
         assert ledger.last_round() == 1
+
+
+def test_peer_standing_is_replaced_whole_and_read_back_after_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    with Ledger(path) as ledger:
+        ledger.save_standing([("peer-a", 3), ("peer-b", 12)])
+        ledger.save_standing([("peer-b", 13), ("peer-c", 1)])
+    with Ledger(path) as ledger:
+        assert ledger.standing() == [("peer-b", 13), ("peer-c", 1)]
+
+
+def test_a_ledger_of_the_first_schema_gains_the_standing_table_and_keeps_its_rounds(tmp_path: Path) -> None:
+    path = tmp_path / "ledger.sqlite"
+    with Ledger(path) as ledger:
+        ledger.record_round(record(1))
+    conn = sqlite3.connect(path)
+    conn.execute("DROP TABLE standing")
+    conn.execute("PRAGMA user_version = 1")
+    conn.close()
+    with Ledger(path) as ledger:
+        assert ledger.standing() == [] and [r.round for r in ledger.rounds()] == [1]
+        ledger.save_standing([("peer-a", 2)])
+    assert raw(path, "PRAGMA user_version") == SCHEMA_VERSION == 2

@@ -77,6 +77,10 @@ def test_a_sigkilled_node_restarts_with_its_identities_resumes_its_checkpoint_an
     assert [r.round for r in committed] == list(range(1, len(committed) + 1))
     # The ledger is written first, then the checkpoint: at most the round in flight is redone.
     assert committed[-1].round - 1 <= checkpoint.round <= committed[-1].round
+    # The peers proven to its gossip core (their groups accepted) are in the ledger too.
+    with Ledger(home.ledger) as ledger:
+        kept = {peer for peer, _ in ledger.standing()}
+    assert kept & {before[o]["libp2p_peer_id"] for o in others}, kept
 
     swarm.start_node(VICTIM)
     restarted_after = time.monotonic() - killed_at
@@ -115,6 +119,7 @@ def test_a_sigkilled_node_restarts_with_its_identities_resumes_its_checkpoint_an
     swarm.close()
     log = proc.log.read_text()
     assert f"resumed from checkpoint: {checkpoint.round} rounds done" in log
+    assert "peers proven here before the restart are proven again" in log
     after = ledger_rounds(home)
     assert [r.round for r in after] == list(range(1, len(after) + 1))
     # No committed round lost or changed (loss may be NaN, which equals nothing: not compared).
