@@ -915,7 +915,8 @@ class GossipCore:
         # Per round, picks drawn with no announcer proven here (``_UNPROVEN_PICKS_PER_DEMAND``), and
         # the rounds one of whose picks failed or was refused: those draw proven announcers first.
         self._unproven_picks: dict[int, int] = {}
-        self._standing_picks: dict[int, int] = {}  # per round, picks drawn among proven announcers
+        # Per round, the picks drawn among proven announcers (``_draw_some``): those still live count.
+        self._standing_picks: dict[int, set[Digest]] = {}
         self._standing_limit = max(1, c.round_demand - 1)
         self._replacing: set[int] = set()
         self._pick_failures: dict[int, int] = {}
@@ -1742,7 +1743,7 @@ class GossipCore:
                         round_picks[digest] = now
                         need -= 1
                         if standing:
-                            self._standing_picks[r] = self._standing_picks.get(r, 0) + 1
+                            self._standing_picks.setdefault(r, set()).add(digest)
                         elif not any(self._proven(peer) for peer in announcers):
                             self._unproven_picks[r] = self._unproven_picks.get(r, 0) + 1
 
@@ -1774,7 +1775,12 @@ class GossipCore:
         without end, bounded by pull rates alone (240 a round from 3,000 fresh ids)."""
         sampler = self._sampler
         usable = self._usable
-        standing = min(need, self._standing_limit - self._standing_picks.get(r, 0))
+        # Only those still counting (``_recount``): a failed or refused one gives its place back,
+        # its server no longer proven. Counted once drawn, proven attacker ids spent the round's
+        # places for proven announcers with junk, and fresh ids took the rest (red team rt83 F1:
+        # 2 of 20 honest items, 15 with the places given back).
+        live = self._drawn.get(r, {})
+        standing = min(need, self._standing_limit - sum(d in live for d in self._standing_picks.get(r, ())))
         if r in self._replacing and standing > 0:
             offers = sampler.offers_of(r)
             looked = self._proven_looked.get(r)

@@ -384,6 +384,11 @@ class GossipDriver:
         # ``envelope``: the decode of these bytes made at the pull, so admission does not redo it.
         fault_point("receive", may_pause=False)  # on the event loop: a pause would stall the node
         judged = await self.intake.judge(action.payload, via=action.peer, solicited=True, envelope=envelope)
+        if judged.timed_out:
+            # Its own judging outlasted the wait: left to the core's admission timeout, which comes
+            # a little later (``INTAKE_WAIT_SHARE``): its server unproven, the id not pulled again.
+            self.metrics.inc("admissions_timed_out", "Pulled items whose judging outlasted the wait")
+            return
         verdict, now = judged.verdict, time.time()
         busy, overloaded = judged.busy, judged.overloaded
         if self.core.config.relay and not isinstance(verdict, Rejected):

@@ -524,8 +524,24 @@ def test_an_envelope_that_waits_past_max_wait_is_given_up_and_never_judged() -> 
         return waited
 
     waited = run_then_close(intake, scenario)
-    assert waited.busy and waited.overloaded  # our load: the core pulls it again
+    assert waited.busy and waited.overloaded and not waited.timed_out  # our load: pulled again
     assert intake.gave_up == 1 and pipeline.judged == ["us"]  # b's envelope was never judged
+
+
+def test_an_envelope_whose_own_judging_outlasts_max_wait_is_no_overload_of_ours() -> None:
+    # Red team rt83 F2: a give-up was always reported as our overload, so the gossip core pulled
+    # the item again from its server, which kept its standing, and paused every pull: proven ids
+    # whose junk took longer than the wait to judge held their rounds' places for good. Its own
+    # judging past the wait is the item's: no verdict, as if admission never answered.
+    pipeline = BurningPipeline()
+    intake = Intake(pipeline, max_wait=0.1)  # type: ignore[arg-type]
+
+    async def scenario() -> Judged:
+        return await intake.judge(b"0.3", via="slow", solicited=True)
+
+    judged = run_then_close(intake, scenario)
+    assert judged.timed_out and not judged.overloaded
+    assert intake.gave_up == 1 and pipeline.judged == ["slow"]
 
 
 def test_fresh_ids_start_at_the_level_of_the_peer_served_last_not_at_zero() -> None:

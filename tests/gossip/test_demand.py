@@ -1084,3 +1084,44 @@ def test_a_verdict_later_than_the_admission_timeout_frees_no_place_of_its_round(
     )
     per_round = [handed[r] for r in range(6)]
     assert max(per_round) <= 2 * 4, per_round
+
+
+def test_a_proven_pick_that_fails_gives_its_place_back_to_proven_announcers() -> None:
+    # Red team rt83 F1: the picks drawn among proven announcers were counted once drawn, so 40
+    # attacker ids proven by valid items in rounds 2-9 spent them on junk from round 10, and 2,000
+    # fresh ids a round failing every pull took the rest: 6 of 16 honest items in rounds 10-13. A
+    # failed or refused one gives its place back (its server is no longer proven): 13 here.
+    rounds = 15
+    core = thirty_second_rounds()
+    clock = VirtualClock(core)
+    honest = ids_by_round(b"honest", 8, rounds)
+    author_of = {x: f"author-{i % 8}" for i, x in enumerate(honest)}
+    valid = {x: r for x, r in ids_by_round(b"valid", 40, rounds).items() if 2 <= r < 10}
+    junk = {x: r for x, r in ids_by_round(b"junk", 40, rounds).items() if r >= 10}
+    fresh = {x: r for x, r in ids_by_round(b"fresh", 2000, rounds).items() if r >= 10}
+    admitted: Counter[int] = Counter()
+
+    def react(action: Any) -> None:
+        now = clock.now
+        if isinstance(action, ReadAnnouncements):
+            read = [Announced(author_of[x], r, (x,)) for x, r in honest.items() if r in action.rounds]
+            for ids in (valid, junk):
+                read += [Announced(f"atk-{i % 40}", r, (x,)) for i, (x, r) in enumerate(ids.items())]
+            read += [Announced(f"fresh-{i}", r, (x,)) for i, (x, r) in enumerate(fresh.items())]
+            clock.later(now + 0.5, [a for a in read if a.round in action.rounds and now >= a.round * 30 + 2])
+        elif isinstance(action, Pull):
+            if any(x in fresh for x in action.digests):
+                clock.later(now + 0.01, [PullFailed(action.request_id, action.peer, "error", received=0)])
+            else:
+                items = tuple((x, x) for x in action.digests)
+                clock.later(now + 0.05, [PullSucceeded(action.request_id, action.peer, items)])
+        elif isinstance(action, Admit):
+            good = action.digest not in junk
+            if action.digest in honest:
+                admitted[honest[action.digest]] += 1
+            reason = "ok" if good else "bad_signature"
+            verdict = AdmissionResult(action.peer, action.digest, good, reason, charged=not good)
+            clock.later(now + 0.2, [verdict])
+
+    clock.run(rounds * 30.0, react)
+    assert sum(admitted[r] for r in range(10, 14)) >= 9, [admitted[r] for r in range(rounds)]

@@ -341,6 +341,33 @@ def test_refusals_for_the_receivers_shared_state_are_reported_busy() -> None:
     ]
 
 
+def test_the_driver_feeds_no_verdict_for_an_item_whose_judging_outlasted_the_wait() -> None:
+    # Red team rt83 F2: reported as our overload, the item was pulled again from its server,
+    # which kept its standing. With no verdict, the core's admission timeout decides: its server
+    # is not proven until another of its items is accepted, and the id is not pulled again.
+    import asyncio
+
+    from swarmnode.admit.intake import Judged
+    from swarmnode.gossip.driver import GossipDriver
+    from swarmnode.net.hivemind_runtime import HivemindRuntime
+    from swarmnode.ops.metrics import Metrics
+
+    class SlowIntake:
+        async def judge(self, *_args: object, **_kwargs: object) -> Judged:
+            refused = Rejected(RejectReason.CPU_BUDGET, "its judging took over 54 s")
+            return Judged(refused, busy=True, timed_out=True)
+
+    admission = AdmissionPipeline(AdmissionConfig(allowed_tasks=frozenset()), now=0.0)
+    runtime = cast(HivemindRuntime, None)  # not touched before start()
+    driver = GossipDriver(
+        GossipCore(GossipConfig(), "me"), runtime, admission, ExternalPool(), print, Metrics(), "s"
+    )
+    driver.intake.close()
+    driver.intake = SlowIntake()  # type: ignore[assignment]
+    asyncio.run(driver._admit(Admit("p", b"d" * 32, b"payload")))
+    assert driver._pending == []
+
+
 def test_the_drivers_admission_queue_holds_all_the_core_may_hand_it() -> None:
     # Red team rt31 F3: items the core hands past admission's queue are refused unjudged, lost,
     # and held against their server. Its limits are the core's, in all and per peer.
