@@ -912,14 +912,15 @@ class GossipCore:
         # width less what failures widened it by: only that carries on to the next round.
         self._failed_picks: dict[int, int] = {}
         self._supply_widths: dict[int, int] = {}
-        # Per round, picks drawn with no announcer proven here (``_UNPROVEN_PICKS_PER_DEMAND``), and
-        # the rounds one of whose picks failed or was refused: those draw proven announcers first.
+        # Per round, picks drawn with no announcer proven here (``_UNPROVEN_PICKS_PER_DEMAND``).
         self._unproven_picks: dict[int, int] = {}
         # Per round, the picks drawn among proven announcers (``_draw_some``): those still live count.
         self._standing_picks: dict[int, set[Digest]] = {}
         self._standing_limit = max(1, c.round_demand - 1)
-        self._replacing: set[int] = set()
+        # Per round, its picks that failed or were refused, and the rounds with as many as their
+        # demand: those draw proven announcers first (``_draw_some``).
         self._pick_failures: dict[int, int] = {}
+        self._replacing: set[int] = set()
         # Per round still short, when its proven announcers' offers were last looked for, and how
         # many offers it had then: a capped round short of its demand asks at every event.
         self._proven_looked: dict[int, tuple[float, int]] = {}
