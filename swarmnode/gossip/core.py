@@ -762,6 +762,7 @@ class _Peer:
     outgrew_small: bool = False  # answered a small pull with more than probe_answer_bytes an item
     backoff_until: float = -math.inf
     rejections: int = 0  # rejected items since the last shun
+    refused: bool = False  # charged a rejection since its last accepted item (``_proven``)
     unusable: int = 0  # items in a row refused for reasons charged to nobody
     paused_until: float = -math.inf  # not pulled from before (_count_unusable); a pull's success keeps it
     unusable_window: int = 0  # items refused for reasons of ours since window_start (accepts do not reset it)
@@ -1061,8 +1062,14 @@ class GossipCore:
 
     def standing(self) -> list[tuple[PeerId, int]]:
         """The peers proven here (``_proven``) and their scores, to keep across restarts
-        (``restore_standing``): at most ``max_peers``."""
-        return [(peer, state.score) for peer, state in self._peers.items() if self._proven(peer)]
+        (``restore_standing``): at most ``max_peers``. Not those banned or paused: restored, they
+        came back proven and free of it (red team rt84 F2)."""
+        now = self._now
+        return [
+            (peer, state.score)
+            for peer, state in self._peers.items()
+            if self._proven(peer) and not self.is_banned(peer, now) and state.paused_until <= now
+        ]
 
     def restore_standing(self, entries: Iterable[tuple[PeerId, int]], now: float) -> int:
         """Peers proven here before a restart (``standing``) take their places in the peer table
@@ -2338,13 +2345,16 @@ class GossipCore:
         item's acceptance, so every next pull was free of the download budget (rt28's repro
         ``dl_per_id.py unkacc``: 392 MiB a minute from 64 ids, past a 120 MiB budget). Nor
         in debt for bytes wasted before (``waste_repay_rate``): an accepted item between two
-        wasting answers re-proved it at once (rt29 F1)."""
+        wasting answers re-proved it at once (rt29 F1). Nor charged a rejection since: with a
+        score of 6 or more, a peer stayed proven through a refusal, and its junk was drawn among
+        proven announcers again (red team rt84 F2)."""
         state = self._peers.get(peer)
         return (
             state is not None
             and state.score > 0
             and state.failures == 0
             and state.unusable == 0
+            and not state.refused
             and not state.wasted
             and state.waste.available(self._now) >= 0
         )
@@ -2904,6 +2914,7 @@ class GossipCore:
             if state is not None:
                 state.adjust(_SCORE_ACCEPTED)
                 state.unusable = 0
+                state.refused = False
                 earned = state.credit + self.config.credit_per_accepted_byte * waiting.size
                 state.credit = min(earned, 2.0 * self.config.max_serve_bytes)
             return self._relay(event, waiting, now) if self.config.relay else []
@@ -2993,6 +3004,7 @@ class GossipCore:
             return []
         state.adjust(_SCORE_REJECTED)
         state.rejections += 1
+        state.refused = True
         if state.rejections < self.config.max_rejections:
             return []
         # Repeatedly rejected: stop pulling from it for a while, whatever admission decides.

@@ -544,6 +544,25 @@ def test_an_envelope_whose_own_judging_outlasts_max_wait_is_no_overload_of_ours(
     assert intake.gave_up == 1 and pipeline.judged == ["slow"]
 
 
+def test_an_envelope_that_starts_late_behind_others_work_is_our_overload_not_timed_out() -> None:
+    # Red team rt84 F1: judged by having started at all, a job that waited behind others' work
+    # and began just before the wait ended counted as the item's own slowness, and its server
+    # lost its standing: fresh ids' jobs timed to end then did so to 8 of 8 honest items.
+    pipeline = BurningPipeline()
+    intake = Intake(pipeline, max_wait=1.0)  # type: ignore[arg-type]
+
+    async def scenario() -> Judged:
+        blocker = asyncio.ensure_future(intake.call(lambda: pipeline.admit(b"0.7", 0.0, via="us")))
+        await asyncio.sleep(0.02)  # our own work runs first, for most of the wait
+        late = await intake.judge(b"0.6", via="b", solicited=True)
+        await blocker
+        return late
+
+    late = run_then_close(intake, scenario)
+    assert pipeline.judged == ["us", "b"]  # b's envelope started before the wait ended
+    assert late.overloaded and not late.timed_out
+
+
 def test_fresh_ids_start_at_the_level_of_the_peer_served_last_not_at_zero() -> None:
     # Red team rt35 F1: starting newcomers at the least queued peer's level (or 0) let fresh ids
     # run ahead of a peer with a long history until they had used as much CPU as it ever had.

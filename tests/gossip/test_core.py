@@ -651,6 +651,25 @@ def test_proven_peers_kept_across_a_restart_are_proven_again_and_nothing_else_is
     assert full.restore_standing([(f"p{i}", 1) for i in range(5)], 100.0) == 2
 
 
+def test_a_charged_refusal_unproves_a_peer_however_high_its_score_until_an_item_is_accepted() -> None:
+    # Red team rt84 F2: a charged refusal only lowered the score, so a peer with a score of 6 or
+    # more stayed proven (its junk drawn among proven announcers again) and, once shunned or
+    # banned, was still kept as standing and came back proven after a restart.
+    core = started()
+    credited(core, "a", 0.0)
+    core._peers["a"].score = 50
+    [pull] = only(Pull, announce(core, "a", [d(1)], 0.0))
+    succeed(core, pull, 0.1)
+    core.handle(AdmissionResult("a", d(1), False, "bad_signature"), 0.2)
+    assert core._peers["a"].score > 0 and not core._proven("a") and core.standing() == []
+    [pull] = only(Pull, announce(core, "a", [d(2)], 0.3))
+    succeed(core, pull, 0.3)
+    core.handle(AdmissionResult("a", d(2), True, "ok"), 0.4)
+    assert core._proven("a") and [peer for peer, _ in core.standing()] == ["a"]
+    core.handle(PeerBanned("a", 100.0), 0.5)
+    assert core.standing() == []  # banned: not kept, whatever its standing
+
+
 # --- serving ---------------------------------------------------------------------------------
 
 
