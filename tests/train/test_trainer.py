@@ -280,12 +280,17 @@ def test_rows_with_advantage_zero_are_not_run_and_the_update_is_the_same(
     assert loss_a == pytest.approx(loss_b, abs=1e-6)
     assert any(not torch.equal(before[k], v) for k, v in a.items())  # it trained
     assert len(grads_a) == len(grads_b) == steps
-    for step_a, step_b in zip(grads_a, grads_b, strict=True):
+    for step, (step_a, step_b) in enumerate(zip(grads_a, grads_b, strict=True)):
+        # float32 sums in another order: the first step within 1e-5 of the tensor's largest entry
+        # (measured up to 1.1e-6). Each AdamW step turns that rounding into weight differences up to
+        # ~lr on entries with tiny gradients, so later steps' gradients part further (measured
+        # 3.4e-6 at the second step, 2.4e-5 at the third on an AVX-512 machine): 1e-4 per step
+        # after the first. Running the skipped rows wrongly moves gradients by O(1) of the scale.
+        tolerance = 1e-5 if step == 0 else 1e-4 * step
         for name, grad in step_a.items():
-            # float32 sums in another order: within 1e-5 of the tensor's largest entry
             scale = float(step_b[name].abs().max())
             error = float((grad - step_b[name]).abs().max())
-            assert error <= 1e-5 * scale + 1e-12, (name, error, scale)
+            assert error <= tolerance * scale + 1e-12, (step, name, error, scale)
     for name in a:  # Adam divides by sqrt(v): a ~1e-9 gradient's rounding moves its weight ~1e-6
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-5, msg=name)
 
