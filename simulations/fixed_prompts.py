@@ -86,11 +86,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"held-out greedy accuracy at start: {heldout_start:.3f}", flush=True)
         rewards: list[float] = []
         lengths: list[float] = []
+        task_sets: set[tuple[str, ...]] = set()  # the tasks each round trained on: one set if fixed
         # Every round's draw is the fixed tasks (the held-out set was drawn at construction).
         trainer.mixture.sample = lambda _r, _n, **_kw: fixed  # type: ignore[method-assign]
         started = time.perf_counter()
         for round_index in range(1, args.rounds + 1):
             own, _, _ = trainer.generate_groups(round_index)
+            task_sets.add(tuple(g.task.id.key() for g in own))
             rewards.append(statistics.mean(r for g in own for r in g.rewards))
             lengths.append(statistics.mean(len(c) for g in own for c in g.completion_ids))
             trainer.train_round(own, [])
@@ -113,6 +115,7 @@ def main(argv: list[str] | None = None) -> int:
         "seed": args.seed,
         "reward_per_round": rewards,
         "completion_tokens_per_round": lengths,
+        "distinct_task_sets": len(task_sets),
         "heldout_start": heldout_start,
         "heldout_end": heldout_end,
         "seconds": round(time.perf_counter() - started, 1),

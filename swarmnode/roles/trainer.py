@@ -391,6 +391,7 @@ class SwarmNode:
             selection_key=os.urandom(32),  # the demand-driven draw's secret (core.demand)
         )
         restored = self.core.restore_standing(self.ledger.standing(), time.time())
+        self._saved_standing: list[tuple[str, int]] | None = None  # last written (``_save_standing``)
         if restored:
             log.info("gossip: %d peers proven here before the restart are proven again", restored)
         self.driver = GossipDriver(
@@ -421,11 +422,17 @@ class SwarmNode:
             self._save_standing()
 
     def _save_standing(self) -> None:
-        """Keep the gossip core's proven peers in the ledger (restored at the next start)."""
+        """Keep the gossip core's proven peers in the ledger (restored at the next start); written
+        only when they changed since the last save (a transaction a round otherwise)."""
+        standing = self.core.standing()
+        if standing == self._saved_standing:
+            return
         try:
-            self.ledger.save_standing(self.core.standing())
+            self.ledger.save_standing(standing)
         except LedgerError as exc:  # a full disk must not end the node: the next round tries again
             log.warning("gossip: peer standing not saved: %s", exc)
+            return
+        self._saved_standing = standing
 
 
 def run_node(

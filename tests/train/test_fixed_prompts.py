@@ -28,6 +28,7 @@ def test_it_trains_on_the_same_tasks_every_round_and_records_each_round(
     assert load_script().main([*argv, "--max-new-tokens", "8", "--json", str(out)]) == 0
     record = json.loads(out.read_text())
     assert len(record["reward_per_round"]) == len(record["completion_tokens_per_round"]) == 3
+    assert record["distinct_task_sets"] == 1  # every round trained on the same tasks
     assert all(0.0 <= r <= 1.0 for r in record["reward_per_round"])
     assert all(1 <= n <= 8 for n in record["completion_tokens_per_round"])
     assert 0.0 <= record["heldout_start"] <= 1.0 and 0.0 <= record["heldout_end"] <= 1.0
