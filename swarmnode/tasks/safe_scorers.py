@@ -26,7 +26,16 @@ is in the README's Reliability section):
   (red team rt24). We pass upstream only a plain number or a fraction of at most
   64 digits each, with an exponent of at most 3 digits; anything else scores
   0.0 (upstream pays 0.0 for any answer that is no number, and no probability
-  needs more digits).
+  needs more digits). Upstream's partial credit divides the matching prefix by the
+  shorter string's length, so ``0`` matched whole and paid 1.0 on every task; ours
+  divides by the oracle's (red team rt86 F1).
+- ``game_of_life_halting``: upstream pays 1.0 when ``bool(answer) ==
+  bool(entry["answer"])``, and the oracle is the text ``True`` or ``False``, so
+  any non-empty answer paid 1.0 (red team rt86 F2). Ours pays 1.0 for the
+  oracle's word alone.
+
+Where an upstream scorer cannot tell right from wrong, it is a reward a peer (or our
+own model) earns for a constant answer: ``solved`` counts it, and training learns it.
 """
 
 from __future__ import annotations
@@ -34,6 +43,7 @@ from __future__ import annotations
 import ast
 import re
 from collections.abc import Callable
+from fractions import Fraction
 from typing import Any
 
 from swarmnode.tasks.upstream import upstream_scorer
@@ -56,6 +66,8 @@ _BOUNDED_NUMBER = re.compile(
     r"|\s*[+-]?\d{1,64}\s*/\s*\d{1,64}\s*"
 )
 COIN_FLIP_MAX_CHARS = 256
+#: Upstream's ``score_answer`` tolerance for a right probability.
+COIN_FLIP_TOLERANCE = 1e-4
 
 _NEGATION = "¬"
 _OPERATORS = ("∧", "∨", "→", "↔")
@@ -125,12 +137,35 @@ def score_propositional_logic(answer: str | None, entry: dict[str, Any]) -> floa
 
 
 def score_coin_flip(answer: str | None, entry: dict[str, Any]) -> float:
-    """Upstream's reward for a bounded number or fraction; 0.0 for anything else."""
+    """Upstream's rule for a bounded number or fraction (1.0 within 1e-4 of the oracle, else partial
+    credit for the matching prefix of the two values' 10-digit forms), the prefix counted over the
+    oracle's length; 0.0 for anything else."""
     if not isinstance(answer, str) or len(answer) > COIN_FLIP_MAX_CHARS:
         return 0.0
     if _BOUNDED_NUMBER.fullmatch(answer.replace(",", "")) is None:  # upstream drops commas first
         return 0.0
-    return float(upstream_scorer("coin_flip")(answer, entry))
+    try:
+        got, oracle = (float(Fraction(text.replace(",", ""))) for text in (answer, str(entry["answer"])))
+    except (ValueError, ZeroDivisionError, OverflowError):
+        return 0.0
+    if abs(got - oracle) <= COIN_FLIP_TOLERANCE:
+        return 1.0
+    # Upstream divides the matching prefix by the SHORTER form's length, so "0" (or "0.2" against
+    # 0.2255859375) matched whole and paid 1.0 on every task (red team rt86 F1).
+    got_text, oracle_text = f"{got:.10g}", f"{oracle:.10g}"
+    matched = 0
+    for a, o in zip(got_text, oracle_text, strict=False):
+        if a != o:
+            break
+        matched += 1
+    return matched / len(oracle_text)
+
+
+def score_game_of_life_halting(answer: str | None, entry: dict[str, Any]) -> float:
+    """1.0 for the oracle's ``True`` or ``False`` (case and surrounding space aside), else 0.0."""
+    if not isinstance(answer, str) or len(answer) > 16:
+        return 0.0
+    return 1.0 if answer.strip().lower() == str(entry["answer"]).strip().lower() else 0.0
 
 
 #: family -> the project's scorer; these replace upstream's for every completion we score.
@@ -138,6 +173,7 @@ SAFE_SCORERS: dict[str, Callable[[str | None, dict[str, Any]], float]] = {
     "binary_matrix": score_binary_matrix,
     "propositional_logic": score_propositional_logic,
     "coin_flip": score_coin_flip,
+    "game_of_life_halting": score_game_of_life_halting,
 }
 
 #: family -> why its own scorer is safe (the audit table's last column).
@@ -150,7 +186,10 @@ SAFE_SCORER_NOTES: dict[str, str] = {
     ),
     "coin_flip": (
         f"own scorer: <= {COIN_FLIP_MAX_CHARS} chars, a number or fraction of <= 64 digits a part "
-        "and an exponent <= 999; then upstream"
+        "and an exponent <= 999; then upstream's rule, partial credit over the oracle's length"
+    ),
+    "game_of_life_halting": (
+        "own scorer: the oracle's True or False (upstream paid 1.0 for any non-empty text)"
     ),
 }
 

@@ -80,10 +80,46 @@ def test_coin_flip_is_bounded_and_keeps_upstreams_rewards() -> None:
     oracle = task.entry["answer"]
     upstream = upstream_scorer("coin_flip")
     probability = float(Fraction(oracle.replace(",", "")))
-    for honest in (oracle, str(probability), f" {Fraction(probability).limit_denominator()} ", "0.9", "abc"):
+    for honest in (oracle, str(probability), f" {Fraction(probability).limit_denominator()} ", "abc"):
         assert score_completion(task, honest) == upstream(honest, task.entry), honest
     assert score_completion(task, oracle) == 1.0
     for hostile in ("1e10000000", "0e10000000", "1e-10000000", "1" * 65, "1e1000", "1" * 300):
         started = time.process_time()
         assert score_completion(task, hostile) == 0.0
         assert time.process_time() - started < 0.5
+
+
+@pytest.mark.parametrize("family", ["coin_flip", "game_of_life_halting"])
+def test_no_constant_answer_is_paid_in_full_on_every_task(family: str) -> None:
+    # Red team rt86 F1, F2: upstream paid coin_flip's "0" 1.0 on every task (its prefix credit over
+    # the shorter string's length) and game_of_life_halting any non-empty text (bool("False") is
+    # True). The right answer is still paid in full.
+    tasks = [regenerate(TaskId(family, "{}", 0, i, "question")) for i in range(8)]
+    assert len({t.entry["answer"] for t in tasks}) > 1 or family == "game_of_life_halting"
+    for task in tasks:
+        assert score_completion(task, task.entry["answer"]) == 1.0
+    for constant in ("0", "-0", "0.0", "0/1", "1", "A", "[]", "True", "False", "yes"):
+        paid = [score_completion(task, constant) for task in tasks]
+        assert not all(reward == 1.0 for reward in paid), (constant, paid)
+    if family == "coin_flip":  # "0" is right within upstream's 1e-4 of a probability like 3e-5
+        far = [t for t in tasks if float(Fraction(t.entry["answer"])) > 1e-4]
+        assert far and all(score_completion(t, "0") < 0.5 for t in far)
+
+
+def test_game_of_life_halting_pays_the_oracles_word_alone() -> None:
+    task = regenerate(TaskId("game_of_life_halting", "{}", 0, 0, "question"))
+    oracle = task.entry["answer"]
+    other = "True" if oracle == "False" else "False"
+    assert score_completion(task, f"<answer> {oracle.lower()} </answer>") == 1.0
+    assert score_completion(task, other) == 0.0
+    assert score_completion(task, "0") == 0.0
+
+
+@pytest.mark.parametrize("family", MIXTURE_FAMILIES)
+def test_no_family_a_mixture_names_pays_a_constant_answer_on_every_task(family: str) -> None:
+    # Red team rt86 F3: the audit looks for code and unbounded work, not for a scorer that cannot
+    # tell right from wrong; a constant paid in full is a reward a peer earns without solving.
+    tasks = [regenerate(TaskId(family, "{}", 0, i, "question")) for i in range(6)]
+    for constant in ("0", "1", "-1", "0.5", "A", "[]", "True", "False", "yes", "x"):
+        paid = [score_completion(task, constant) for task in tasks]
+        assert not all(reward == 1.0 for reward in paid), (constant, paid)
