@@ -82,21 +82,26 @@ _SHUFFLE = random.SystemRandom()
 _SERVERS_BYTES = frozenset({CallFailure.TOO_LARGE, CallFailure.PROTOCOL})
 
 
-#: A pull that times out after this much of its answer arrived is charged: a server that sends
-#: most of a full answer and then stalls chose to (red team rt27: 16 MiB per pull, uncharged,
-#: 88 MiB a minute per identity, 1.3 GiB with 16). Below it a slow or lost peer only backs off.
+#: A pull that times out, or whose stream ends, after this much of its answer arrived is charged:
+#: a server that sends most of a full answer and then stalls or hangs up chose to (red team rt27:
+#: 16 MiB per pull, uncharged, 88 MiB a minute per identity, 1.3 GiB with 16). Below it a slow or
+#: lost peer only backs off: a reset connection ends an honest answer too, and each counted as a
+#: rejection shunned honest demo peers from each other for 10 minutes after three.
 STALLED_ANSWER_BYTES = 1024 * 1024
+#: Failures a lost connection causes as well as the server: charged only past STALLED_ANSWER_BYTES.
+_LOST_OR_STALLED = frozenset({CallFailure.TIMEOUT, CallFailure.CLOSED})
 #: Of the core's admission timeout, how long the admission queue waits for a verdict.
 INTAKE_WAIT_SHARE = 0.9
 
 
 def pull_failure_charged(exc: BaseException) -> bool:
     """Whether a failed pull is the server's fault (``PullFailed.charged``): an answer too large,
-    with broken framing (stream or items), or stalled after ``STALLED_ANSWER_BYTES``. Not a plain
-    timeout, an unreachable peer, or the server's refusal (an error frame costs us a few bytes,
-    and an honest server's handler can fail)."""
+    with broken framing (stream or items), or stalled or cut off after ``STALLED_ANSWER_BYTES``.
+    Not a plain timeout, a stream that ended early (the network may have lost it), an unreachable
+    peer, or the server's refusal (an error frame costs us a few bytes, and an honest server's
+    handler can fail)."""
     if isinstance(exc, PeerCallError):
-        if exc.reason is CallFailure.TIMEOUT:
+        if exc.reason in _LOST_OR_STALLED:
             return exc.received >= STALLED_ANSWER_BYTES
         return exc.reason in _SERVERS_BYTES
     return isinstance(exc, ValueError)  # decode_items: the items' framing is broken

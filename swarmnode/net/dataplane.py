@@ -830,7 +830,7 @@ class DataPlane:
                 raise PeerUnreachable(detail) from e
             if e.reason is CallFailure.TOO_LARGE and e.detail.startswith("response"):
                 raise AnswerTooLarge(detail) from e
-            if e.reason is CallFailure.PROTOCOL:
+            if e.reason in (CallFailure.PROTOCOL, CallFailure.CLOSED):  # as a FramingError on TCP
                 raise BadResponse(detail) from e
             if e.detail.startswith("busy:"):  # the runtime's serving slots are full: like a refusal
                 raise PeerRefused("busy", e.detail) from e

@@ -40,6 +40,12 @@ class FramingError(Exception):
     """The peer broke the frame format (unknown kind, oversize frame, early end of stream)."""
 
 
+class StreamEnded(FramingError):
+    """The stream ended inside a message: the sender closed it early, or the network lost it. Unlike
+    the other framing errors, a reader cannot tell which (a reset libp2p connection reads as a
+    clean end), so a caller that charges the sender for broken framing should not charge this."""
+
+
 class MessageTooLarge(Exception):
     """A message exceeded the receiver's limit; ``limit`` is that limit in bytes."""
 
@@ -111,7 +117,7 @@ async def read_message(
         try:
             header = await reader.readexactly(_HEADER.size)
         except asyncio.IncompleteReadError as e:
-            raise FramingError("stream ended inside a message") from e
+            raise StreamEnded("stream ended inside a message") from e
         kind, length = _HEADER.unpack(header)
         if kind == FrameKind.END:
             if length != 0:
@@ -141,13 +147,13 @@ async def _read_payload(
         try:
             return await reader.readexactly(length)
         except asyncio.IncompleteReadError as e:
-            raise FramingError("stream ended inside a frame") from e
+            raise StreamEnded("stream ended inside a frame") from e
     parts: list[bytes] = []
     left = length
     while left:
         piece = await reader.read(left)
         if not piece:
-            raise FramingError("stream ended inside a frame")
+            raise StreamEnded("stream ended inside a frame")
         parts.append(piece)
         left -= len(piece)
         progress.received += len(piece)

@@ -68,6 +68,7 @@ from swarmnode.net.framing import (
     MessageTooLarge,
     ReadProgress,
     RemoteRefused,
+    StreamEnded,
     read_message,
     write_error,
     write_message,
@@ -643,7 +644,8 @@ class HivemindRuntime:
         Raises PeerCallError: TIMEOUT after ``timeout`` seconds for the whole
         exchange, UNREACHABLE if no stream opens, TOO_LARGE if either side's
         limit is exceeded, REMOTE_ERROR if the handler refused or failed,
-        PROTOCOL if the peer broke the framing.
+        PROTOCOL if the peer broke the framing, CLOSED if the stream ended
+        inside the answer (the peer or the network closed it).
         """
         p2p = self._require_p2p()
         _check_name(name)
@@ -675,7 +677,8 @@ class HivemindRuntime:
                     lost = _send_failure(sending)  # the stream broke while we were still sending
                     if lost is not None:
                         raise failed(CallFailure.UNREACHABLE, lost) from e
-                    raise failed(CallFailure.PROTOCOL, str(e)) from e
+                    reason = CallFailure.CLOSED if isinstance(e, StreamEnded) else CallFailure.PROTOCOL
+                    raise failed(reason, str(e)) from e
                 except OSError as e:
                     raise failed(CallFailure.UNREACHABLE, f"connection lost: {e}") from e
                 # A complete answer: the exchange succeeded, even if a (misbehaving) peer

@@ -271,9 +271,17 @@ def test_a_peer_that_breaks_the_framing_fails_the_call_without_flooding_the_call
         await a._p2p.add_binary_stream_handler("swarmnode.stream.garbage", raw_handler(b"\x09garbage"))
         huge = struct.pack(">BI", 0, 200 * 1024) + b"x" * 1000  # announces 200 KiB
         await a._p2p.add_binary_stream_handler("swarmnode.stream.huge", raw_handler(huge))
+        cut = struct.pack(">BI", 0, 100) + b"x" * 10  # a DATA frame of 100 bytes, 10 sent, then the end
+        await a._p2p.add_binary_stream_handler("swarmnode.stream.cut", raw_handler(cut))
         with pytest.raises(PeerCallError) as caught:
             await b.call_stream(a.peer_id, "garbage", b"", timeout=T)
         assert caught.value.reason is CallFailure.PROTOCOL
+        # An answer whose stream ends inside it is CLOSED, not PROTOCOL: a lost connection ends an
+        # honest answer so too, and the caller cannot tell the two apart.
+        with pytest.raises(PeerCallError) as caught:
+            await b.call_stream(a.peer_id, "cut", b"", timeout=T)
+        assert caught.value.reason is CallFailure.CLOSED
+        assert caught.value.received == 10
         with pytest.raises(PeerCallError) as caught:
             await b.call_stream(a.peer_id, "huge", b"", timeout=T, max_response_bytes=100 * 1024)
         assert caught.value.reason is CallFailure.TOO_LARGE
