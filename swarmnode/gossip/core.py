@@ -1530,13 +1530,18 @@ class GossipCore:
     def _take_slot(self, candidate: _Candidate, peer: PeerId, *, in_table: bool) -> bool:
         """Make ``peer`` an announcer of ``candidate`` if there is a slot. When all are taken, a
         peer not tried yet takes the slot of the earliest one whose pull of it failed already:
-        peers that failed it cannot hold every slot against its honest announcer (red team R8-3).
+        peers that failed it cannot hold every slot against its honest announcer (red team R8-3);
+        failing that, of the earliest one that cannot be asked now (``_stuck``): copycats whose
+        pulls of other ids failed held every slot of an honest id untried while they were backed
+        off, and its author was never asked (red team rt87 P1: 110 of 224 honest items with 32).
         Once ``_max_unserved`` announcers failed it, only proven peers join (``_closed_to``).
         ``in_table``: the candidate waits in the table, whose slots count in ``_Peer.candidates``."""
         if not self._slot_for(candidate, peer):
             return False
         if len(candidate.announcers) >= self.config.max_announcers_per_digest:
-            failed = next(p for p in candidate.announcers if p in candidate.tried)
+            failed = next((p for p in candidate.announcers if p in candidate.tried), None)
+            if failed is None:
+                failed = next(p for p in candidate.announcers if self._stuck(p))
             del candidate.announcers[failed]
             state = self._peers.get(failed)
             if in_table and state is not None:
@@ -1546,12 +1551,23 @@ class GossipCore:
 
     def _slot_for(self, candidate: _Candidate, peer: PeerId) -> bool:
         """Whether ``peer`` could join ``candidate``'s announcers (``_take_slot``'s rule): not closed
-        to it, and a free slot or, for a peer not tried yet, one held by a peer that failed it."""
+        to it, and a free slot or, for a peer not tried yet, one held by a peer that failed it or,
+        for such a peer that is not ``_stuck`` itself, one held by a peer that is."""
         if self._closed_to(candidate, peer):
             return False
         if len(candidate.announcers) < self.config.max_announcers_per_digest:
             return True
-        return peer not in candidate.tried and any(p in candidate.tried for p in candidate.announcers)
+        if peer in candidate.tried:
+            return False
+        if any(p in candidate.tried for p in candidate.announcers):
+            return True
+        return not self._stuck(peer) and any(self._stuck(p) for p in candidate.announcers)
+
+    def _stuck(self, peer: PeerId) -> bool:
+        """Whether ``peer`` cannot be asked for anything now: forgotten, backed off or paused after
+        failed pulls or unusable items."""
+        state = self._peers.get(peer)
+        return state is None or state.failures > 0 or max(state.backoff_until, state.paused_until) > self._now
 
     def _closed_to(self, candidate: _Candidate, peer: PeerId) -> bool:
         """Whether ``candidate`` takes no new announcer ``peer``: ``_max_unserved`` announcers failed

@@ -56,6 +56,40 @@ def _metric(status: dict[str, Any], name: str, label: str = "") -> float:
     return float(status.get("metrics", {}).get(name, {}).get(label, 0.0))
 
 
+#: A node that got less than this share of the groups its peers shared is named at the end: in a
+#: loopback swarm every share is 99.8-100% (the last round's batches may still be in flight).
+DELIVERY_WARNING_SHARE = 0.95
+#: The gossip counters a low share is explained by (``GossipStats``), copied into summary.json.
+GOSSIP_HEALTH = (
+    "pulls_failed",
+    "pulls_timed_out",
+    "pulls_refused",
+    "peers_shunned",
+    "peers_paused",
+    "admission_timeouts",
+)
+
+
+def delivery_warnings(nodes: list[dict[str, Any]]) -> list[str]:
+    """A line for each node (``SwarmDemo._node_summary`` records) that received less than
+    ``DELIVERY_WARNING_SHARE`` of the groups its peers shared, with the gossip counters that say
+    why. (A node once got 82% for minutes unnoticed: charged pull failures had made it stop
+    pulling from one peer.)"""
+    lines = []
+    for node in nodes:
+        expected = sum(other["groups_shared"] for other in nodes if other is not node)
+        received = node["groups_received"]
+        if expected <= 0 or received >= DELIVERY_WARNING_SHARE * expected:
+            continue
+        counters = ", ".join(f"{k} {v}" for k, v in node.get("gossip", {}).items() if v)
+        lines.append(
+            f"warning: {node['node']} received {received / expected:.0%} of the groups its peers shared "
+            f"({received:,.0f} of {expected:,.0f}); its gossip counters: {counters or 'none set'} "
+            "(peers_shunned: a peer it stopped pulling from for 10 minutes after 3 charged rejections)"
+        )
+    return lines
+
+
 def _family_means(status: dict[str, Any], own: str, key: str) -> tuple[float | None, float | None]:
     """(own family's, mean of the other families') held-out accuracy in ``status[key]``."""
     by_family: dict[str, float] = status.get(key) or {}
@@ -313,10 +347,11 @@ class SwarmDemo:
             f"node-{i}": learning_curves(home, started, statuses[i] if i < len(statuses) else None)
             for i, home in enumerate(homes)
         }
+        nodes = [self._node_summary(i, s, curves.get(f"node-{i}", {})) for i, s in enumerate(statuses)]
         summary = {
             "mixing": self.mixing,
             "families": [s.label for s in self.families],
-            "nodes": [self._node_summary(i, s, curves.get(f"node-{i}", {})) for i, s in enumerate(statuses)],
+            "nodes": nodes,
             "interrupted": interrupted,
             "round_seconds": self.round_seconds,
             "warm_start_seconds": round(warm_seconds, 1),  # ~0 when every specialist was cached
@@ -329,6 +364,8 @@ class SwarmDemo:
             where = f"not written: {exc}"
         print(f"\nsummary ({where}):")
         print(_table(self._rows(statuses)))
+        for line in delivery_warnings(nodes):
+            print(line)
         print(self._write_plot(curves))
         return 0
 
@@ -353,6 +390,7 @@ class SwarmDemo:
             "groups_received": _metric(s, "groups_accepted") if s else 0,
             "groups_used": _metric(s, "groups_used", "source=external") if s else 0,
             "rejections": s.get("admission", {}) if s else {},
+            "gossip": {k: (s or {}).get("gossip", {}).get(k, 0) for k in GOSSIP_HEALTH},
         }
 
     def _write_plot(self, curves: dict[str, dict[str, Any]]) -> str:

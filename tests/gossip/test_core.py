@@ -1069,6 +1069,26 @@ def test_pulls_of_one_digest_stay_bounded_however_many_ids_serve_it_empty() -> N
     assert only(Pull, announce(core, "h", [d(1)], 7.0)) == []  # closed to ids not proven
 
 
+def test_copycats_backed_off_for_other_ids_give_up_an_ids_slots_to_an_announcer_that_can_be_asked() -> None:
+    # Red team rt87 P1: copycats re-announced every honest id and failed every pull, uncharged (a
+    # stall, an empty answer, a hang-up). Backed off, but never tried on an id, they held all its
+    # slots: its author was never asked, and with 32 of them 110 of 224 honest items were lost.
+    core = started(cfg(max_announcers_per_digest=2, backoff_base=30.0, backoff_max=30.0))
+    for copycat, other in (("c0", d(9)), ("c1", d(8))):
+        [pull] = only(Pull, announce(core, copycat, [other], 0.0))
+        assert only(Pull, core.handle(PullFailed(pull.request_id, copycat, "closed"), 0.1)) == []
+    assert only(Pull, announce(core, "c0", [d(1)], 0.2) + announce(core, "c1", [d(1)], 0.2)) == []
+    [pull] = only(Pull, announce(core, "h", [d(1)], 0.3))  # takes a backed-off copycat's slot
+    assert (pull.peer, pull.digests) == ("h", (d(1),))
+    # A peer that is backed off itself takes no such slot.
+    [pull] = only(Pull, announce(core, "c2", [d(7)], 0.4))
+    assert only(Pull, core.handle(PullFailed(pull.request_id, "c2", "closed"), 0.5)) == []
+    assert only(Pull, announce(core, "c0", [d(2)], 0.6) + announce(core, "c1", [d(2)], 0.6)) == []
+    assert only(Pull, announce(core, "c2", [d(2)], 0.7)) == []
+    candidate = core._candidates.get(d(2))
+    assert candidate is not None and "c2" not in candidate.announcers
+
+
 def test_peers_whose_pull_of_a_digest_failed_give_up_their_slots_to_an_untried_announcer() -> None:
     core = started(cfg(max_announcers_per_digest=2, max_attempts=100, backoff_base=5.0, backoff_max=5.0))
     pulls = only(Pull, announce(core, "a", [d(1)], 0.0) + announce(core, "b", [d(1)], 0.0))

@@ -18,7 +18,15 @@ from swarmnode.errors import SwarmError
 from swarmnode.home import NodeHome
 from swarmnode.roles.common import build_mixture
 from swarmnode.store import Ledger, RoundRecord
-from swarmnode.tools.launch import MARKER, SwarmDemo, _row, learning_curves, plot_learning
+from swarmnode.tools.launch import (
+    GOSSIP_HEALTH,
+    MARKER,
+    SwarmDemo,
+    _row,
+    delivery_warnings,
+    learning_curves,
+    plot_learning,
+)
 
 
 def demo(root: Path, nodes: int = 3, mixing: str = "replay") -> SwarmDemo:
@@ -169,7 +177,28 @@ def test_the_demo_runs_specialists_end_to_end(tmp_path: Path) -> None:
         assert set(node["heldout_by_family_end"]) == {"add", "sub"}
         assert node["curve"]["rounds"][0] == 0 and len(node["curve"]["rounds"]) >= 2
         assert node["groups_received"] > 0 and node["groups_used"] > 0
+        assert set(node["gossip"]) == set(GOSSIP_HEALTH)
     assert (tmp_path / "learning.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_node_that_got_too_few_of_its_peers_groups_is_named_with_its_gossip_counters() -> None:
+    # The figures of a demo run in which two nodes stopped pulling from each other.
+    def node(name: str, shared: int, received: int, **gossip: int) -> dict[str, Any]:
+        return {"node": name, "groups_shared": shared, "groups_received": received, "gossip": gossip}
+
+    nodes = [
+        node("node-0", 3752, 7496),
+        node("node-1", 3744, 6120, pulls_failed=3, pulls_refused=3, peers_shunned=1),
+        node("node-2", 3752, 6128, pulls_failed=3, pulls_refused=3, peers_shunned=1),
+    ]
+    lines = delivery_warnings(nodes)
+    assert len(lines) == 2
+    assert lines[0].startswith("warning: node-1 received 82% of the groups its peers shared (6,120 of 7,504)")
+    assert "pulls_refused 3, peers_shunned 1" in lines[0] and "pulls_timed_out" not in lines[0]
+    assert lines[1].startswith("warning: node-2 received 82%")
+    # The last round's batches in flight at the stop are no warning; nor is a node alone.
+    assert delivery_warnings([node("node-0", 3752, 7480), node("node-1", 3744, 3740)]) == []
+    assert delivery_warnings([node("node-0", 100, 0)]) == []
 
 
 @pytest.mark.slow
