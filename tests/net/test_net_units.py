@@ -19,6 +19,7 @@ from swarmnode.net.config import NetConfig, read_peers_file
 from swarmnode.net.errors import NetError
 from swarmnode.net.framing import (
     MAX_CHUNK,
+    MIN_DATA_FRAME,
     FramingError,
     MessageTooLarge,
     ReadProgress,
@@ -62,6 +63,9 @@ def _read(data: bytes, max_bytes: int) -> bytes:
     return asyncio.run(go())
 
 
+F = MIN_DATA_FRAME
+
+
 def _framed(payload: bytes, chunk: int = MAX_CHUNK) -> bytes:
     async def go() -> bytes:
         sink = _Sink()
@@ -74,37 +78,37 @@ def _framed(payload: bytes, chunk: int = MAX_CHUNK) -> bytes:
 def test_a_reader_that_gives_up_knows_how_much_of_the_message_had_arrived() -> None:
     # Red team rt27: a server sent most of a full answer, never its END, and the puller's timeout
     # looked like a slow peer's. The bytes that arrived say it chose to stall.
-    whole = _framed(b"x" * 3000, chunk=1000)
+    whole = _framed(b"x" * 3 * F, chunk=F)
 
     async def go() -> int:
         reader = asyncio.StreamReader()
         reader.feed_data(whole[: len(whole) - 3])  # everything but the END frame's last bytes
         progress = ReadProgress()
         with pytest.raises(TimeoutError):
-            await asyncio.wait_for(read_message(reader, 10_000, progress), 0.2)
+            await asyncio.wait_for(read_message(reader, 10 * F, progress), 0.2)
         return progress.received
 
-    assert asyncio.run(go()) == 3000
+    assert asyncio.run(go()) == 3 * F
 
 
 def test_the_bytes_of_a_frame_cut_short_count_as_arrived() -> None:
     # Red team rt29 F4: a frame one byte short of 256 KiB, then a stall, counted as nothing, so
     # each failed pull downloaded ~256 KiB that no budget saw and no stall rule charged.
-    whole = _framed(b"x" * 3000, chunk=1000)
+    whole = _framed(b"x" * 3 * F, chunk=F)
 
     async def go() -> int:
         reader = asyncio.StreamReader()
-        reader.feed_data(whole[: 2 * (1000 + 5) + 5 + 999])  # two whole frames, then 999 of the third
+        reader.feed_data(whole[: 2 * (F + 5) + 5 + F - 1])  # two whole frames, then all but 1 of the third
         progress = ReadProgress()
         with pytest.raises(TimeoutError):
-            await asyncio.wait_for(read_message(reader, 10_000, progress), 0.2)
+            await asyncio.wait_for(read_message(reader, 10 * F, progress), 0.2)
         return progress.received
 
-    assert asyncio.run(go()) == 2999
+    assert asyncio.run(go()) == 3 * F - 1
 
 
 @settings(max_examples=60, deadline=None)
-@given(payload=st.binary(max_size=5000), chunk=st.integers(min_value=1, max_value=700))
+@given(payload=st.binary(max_size=4 * F), chunk=st.integers(min_value=F, max_value=3 * F))
 def test_a_framed_message_reads_back_unchanged(payload: bytes, chunk: int) -> None:
     framed = _framed(payload, chunk)
     assert _read(framed, max_bytes=len(payload)) == payload
@@ -126,11 +130,26 @@ def test_the_reader_refuses_a_message_over_its_limit_from_the_header_alone() -> 
         struct.pack(">BI", 1, 3) + b"abc",  # END with a payload
         struct.pack(">BI", 0, 10) + b"short",  # stream ends inside a frame
         struct.pack(">BI", 0, 3) + b"abc",  # stream ends before END
+        # rt87 P3: a DATA frame under MIN_DATA_FRAME before another (1-byte frames: 6 wire bytes each)
+        struct.pack(">BI", 0, 1) + b"a" + struct.pack(">BI", 0, 1) + b"b" + struct.pack(">BI", 1, 0),
     ],
 )
 def test_malformed_frames_are_framing_errors(stream: bytes) -> None:
     with pytest.raises(FramingError):
         _read(stream, max_bytes=10 * MAX_CHUNK)
+
+
+def test_only_a_messages_last_data_frame_may_be_short() -> None:
+    full, short, end = (
+        struct.pack(">BI", 0, F) + b"x" * F,
+        struct.pack(">BI", 0, 3) + b"abc",
+        struct.pack(">BI", 1, 0),
+    )
+    assert _read(full + short + end, max_bytes=2 * F) == b"x" * F + b"abc"
+    with pytest.raises(FramingError, match="before another"):
+        _read(short + full + end, max_bytes=2 * F)
+    with pytest.raises(ValueError, match="chunk_size"):
+        _framed(b"x" * F, chunk=F - 1)
 
 
 def test_an_error_frame_reads_as_the_senders_refusal() -> None:
