@@ -1089,6 +1089,24 @@ def test_copycats_backed_off_for_other_ids_give_up_an_ids_slots_to_an_announcer_
     assert candidate is not None and "c2" not in candidate.announcers
 
 
+def test_an_author_whose_backoff_ended_keeps_its_slot_against_fresh_copycats() -> None:
+    # Red team rt88 F1: "stuck" once meant any failure since the last delivery, so after one reset
+    # an honest author, its backoff long over, lost its ids' slots to each fresh copycat and,
+    # stuck itself, never won them back (30 -> 0 of 36 of its items).
+    config = cfg(
+        max_announcers_per_digest=2, max_probe_pulls=1, max_attempts=1, backoff_base=1.0, backoff_max=1.0
+    )
+    core = started(config)
+    [pull] = only(Pull, announce(core, "h", [d(9)], 0.0))
+    assert only(Pull, core.handle(PullFailed(pull.request_id, "h", "closed"), 0.1)) == []  # backoff to ~1.1
+    [busy] = only(Pull, announce(core, "x", [d(8)], 2.0))  # holds the one probe slot: no pull starts
+    assert only(Pull, announce(core, "h", [d(1)], 3.0) + announce(core, "c0", [d(1)], 3.0)) == []
+    assert only(Pull, announce(core, "c1", [d(1)], 3.1)) == []
+    candidate = core._candidates.get(d(1))
+    assert candidate is not None and set(candidate.announcers) == {"h", "c0"}
+    assert core._peers["h"].failures == 1 and busy.peer == "x"
+
+
 def test_peers_whose_pull_of_a_digest_failed_give_up_their_slots_to_an_untried_announcer() -> None:
     core = started(cfg(max_announcers_per_digest=2, max_attempts=100, backoff_base=5.0, backoff_max=5.0))
     pulls = only(Pull, announce(core, "a", [d(1)], 0.0) + announce(core, "b", [d(1)], 0.0))
