@@ -31,6 +31,11 @@ MAX_CHUNK = 256 * 1024
 # the reader parse six wire bytes per byte its limits and budgets count, ~1.7 CPU s per MiB (red
 # team rt87 P3: a core's worth at the 1 MiB/s download budget of unproven peers).
 MIN_DATA_FRAME = 16 * 1024
+# A frame's payload read that returns less than this with more due waits COALESCE_SECONDS, not
+# reading the socket meanwhile (``_read_payload``): a stream wakes its reader at most ~100 times a
+# second mid-frame however its sender splits its bytes.
+COALESCE_BYTES = 4096
+COALESCE_SECONDS = 0.01
 MAX_ERROR = 4096
 _HEADER = struct.Struct(">BI")
 
@@ -153,12 +158,14 @@ async def _read_payload(
     reader: asyncio.StreamReader, length: int, progress: ReadProgress | None = None
 ) -> bytes:
     """``length`` bytes; ``progress`` counts them as they arrive, not only whole frames (red team
-    rt29 F4: a frame one byte short of 256 KiB, then a stall, read as nothing at all)."""
-    if progress is None:
-        try:
-            return await reader.readexactly(length)
-        except asyncio.IncompleteReadError as e:
-            raise StreamEnded("stream ended inside a frame") from e
+    rt29 F4: a frame one byte short of 256 KiB, then a stall, read as nothing at all).
+
+    A read that returns less than ``COALESCE_BYTES`` with more of the frame due stops reading the
+    socket for ``COALESCE_SECONDS``, so the kernel gathers what arrives meanwhile and one read
+    takes it: a sender trickling a legal frame one TCP segment at a time woke the reader per
+    segment, 72-80 us of CPU per byte at 5,000 segments a second (red team rt88 F3; sleeping
+    without pausing still ran the transport's receive per segment). An honest stream loses
+    nothing: its bytes wait in the kernel's buffer, and the next read takes them all."""
     parts: list[bytes] = []
     left = length
     while left:
@@ -167,5 +174,21 @@ async def _read_payload(
             raise StreamEnded("stream ended inside a frame")
         parts.append(piece)
         left -= len(piece)
-        progress.received += len(piece)
+        if progress is not None:
+            progress.received += len(piece)
+        if left and len(piece) < COALESCE_BYTES:
+            await _gather_segments(reader)
     return b"".join(parts)
+
+
+async def _gather_segments(reader: asyncio.StreamReader) -> None:
+    transport = getattr(reader, "_transport", None)  # asyncio's own attribute; absent: sleep alone
+    if not isinstance(transport, asyncio.ReadTransport) or transport.is_closing():
+        await asyncio.sleep(COALESCE_SECONDS)
+        return
+    transport.pause_reading()
+    try:
+        await asyncio.sleep(COALESCE_SECONDS)
+    finally:
+        if not transport.is_closing():
+            transport.resume_reading()
