@@ -333,3 +333,42 @@ def test_a_frame_trickled_a_byte_a_segment_wakes_the_reader_about_every_10_ms_no
     message, reads = asyncio.run(go())
     assert message == b"x" * size
     assert reads < size // 6, reads  # about one read per 10 ms of a >= 0.6 s trickle
+
+
+def test_an_honest_answer_in_whole_segments_is_never_paused(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Red team rt89 F1: pausing after any short read added ~10 ms to honest multi-segment answers
+    # (20 KB: 9.9 ms against 0.15). Only reads averaging under 512 bytes, a trickle's, pause now.
+    from swarmnode.net import framing
+
+    pauses = 0
+    gather = framing._gather_segments
+
+    async def counted(reader: asyncio.StreamReader) -> None:
+        nonlocal pauses
+        pauses += 1
+        await gather(reader)
+
+    monkeypatch.setattr(framing, "_gather_segments", counted)
+    size = 20 * 1448
+
+    async def segments(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        writer.write(struct.pack(">BI", 0, size))
+        for _ in range(20):
+            writer.write(b"y" * 1448)  # a segment of an Ethernet path's size, then a gap
+            await writer.drain()
+            await asyncio.sleep(0.001)
+        writer.write(struct.pack(">BI", 1, 0))
+        await writer.drain()
+        writer.close()
+
+    async def go() -> bytes:
+        server = await asyncio.start_server(segments, "127.0.0.1", 0)
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.sockets[0].getsockname()[1])
+        message = await asyncio.wait_for(read_message(reader, size), 30.0)
+        writer.close()
+        server.close()
+        await server.wait_closed()
+        return message
+
+    assert asyncio.run(go()) == b"y" * size
+    assert pauses == 0
