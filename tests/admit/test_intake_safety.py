@@ -552,8 +552,11 @@ def test_an_envelope_that_starts_late_behind_others_work_is_our_overload_not_tim
     intake = Intake(pipeline, max_wait=1.0)  # type: ignore[arg-type]
 
     async def scenario() -> Judged:
-        blocker = asyncio.ensure_future(intake.call(lambda: pipeline.admit(b"0.7", 0.0, via="us")))
-        await asyncio.sleep(0.02)  # our own work runs first, for most of the wait
+        # Our own work runs first, past half the wait: 0.55 s of thread CPU, so b's job starts
+        # before the 1-s wait ends even if this thread gets only ~55% of a core (at 0.7 s, a loaded
+        # CI machine once ran it past the wait, and b never started).
+        blocker = asyncio.ensure_future(intake.call(lambda: pipeline.admit(b"0.55", 0.0, via="us")))
+        await asyncio.sleep(0.02)
         late = await intake.judge(b"0.6", via="b", solicited=True)
         await blocker
         return late
