@@ -9,6 +9,7 @@
     swarmnode config show|reference       the effective config / the reference table
     swarmnode config large-swarm --nodes N  the [swarm] settings of a swarm of about N nodes
     swarmnode export --home DIR --out D   the node's current policy as a Hugging Face directory
+    swarmnode evaluate --home DIR         held-out accuracy now vs the start model, greedy and sampled
     swarmnode protocol check|vectors      wire-protocol tools
     swarmnode simulate SCENARIO.toml      run a simulation scenario (see simulations/README.md)
 
@@ -18,6 +19,7 @@ Exit codes: 0 ok, 1 a runtime error, 2 a usage or configuration error.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import sys
 import tomllib
@@ -242,6 +244,21 @@ def cmd_export(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from swarmnode.tools.evaluate import evaluate_node, render
+
+    result = evaluate_node(
+        _config_from_args(args),
+        NodeHome(Path(args.home)),
+        checkpoint=Path(args.checkpoint) if args.checkpoint else None,
+        tasks=args.tasks,
+        samples=args.samples,
+        seed=args.sample_seed,
+    )
+    print(json.dumps(result.as_dict(), indent=2) if args.json else render(result))
+    return EXIT_OK
+
+
 def cmd_tasks_audit(args: argparse.Namespace) -> int:
     from swarmnode.tasks.audit import all_families, table
     from swarmnode.tasks.mixture import SAPO_DATASETS, default_mixture
@@ -391,6 +408,26 @@ def build_parser() -> argparse.ArgumentParser:
         "default: the whole model, adapters merged",
     )
     p.set_defaults(handler=cmd_export)
+
+    p = sub.add_parser(
+        "evaluate",
+        help="held-out accuracy of the node's policy (newest checkpoint) against the model it started "
+        "from, per family, greedy and sampled",
+    )
+    _add_config_flags(p)
+    p.add_argument("--checkpoint", help="a checkpoint directory (default: the newest that verifies)")
+    p.add_argument(
+        "--tasks", type=int, default=200, help="held-out tasks, split evenly over the families (default 200)"
+    )
+    p.add_argument(
+        "--samples",
+        type=int,
+        default=8,
+        help="sampled completions a task at rollout.temperature (default 8; 0: greedy only)",
+    )
+    p.add_argument("--sample-seed", type=int, default=0, help="seed of the sampled draws (default 0)")
+    p.add_argument("--json", action="store_true", help="print the figures as JSON")
+    p.set_defaults(handler=cmd_evaluate)
 
     p = sub.add_parser("tasks", help="task families: audit which reasoning-gym scorers are safe on peer text")
     tasks_sub = p.add_subparsers(dest="tasks_command", required=True)

@@ -575,8 +575,16 @@ def _toml_value(value: Any) -> str:
     return repr(value)
 
 
+#: Keys whose value, when the config leaves them unset, comes from the model at start
+#: (``roles.common.default_max_new_tokens``). ``render_commented_config`` writes them commented out
+#: unless set, so a file ``swarmnode init`` wrote does not pin the tiny model's 8 tokens on a chat
+#: model named later (its answers were cut at 8 tokens).
+DERIVED_WHEN_UNSET = frozenset({("rollout", "max_new_tokens")})
+
+
 def render_commented_config(config: Config | None = None) -> str:
-    """The config as a TOML file with every key's description as a comment."""
+    """The config as a TOML file with every key's description as a comment; a key of
+    ``DERIVED_WHEN_UNSET`` that ``config`` leaves unset is written commented out."""
     config = config or Config()
     lines = [
         "# swarmnode configuration.",
@@ -588,7 +596,8 @@ def render_commented_config(config: Config | None = None) -> str:
         lines.append(f"[{section_name}]")
         for key, sub in type(section).model_fields.items():
             lines.append(f"# {sub.description}")
-            lines.append(f"{key} = {_toml_value(getattr(section, key))}")
+            unset = (section_name, key) in DERIVED_WHEN_UNSET and key not in section.model_fields_set
+            lines.append(f"{'# ' if unset else ''}{key} = {_toml_value(getattr(section, key))}")
         lines.append("")
         del field
     return "\n".join(lines)

@@ -37,10 +37,11 @@ def task_scores(
     greedy: bool = True,
     *,
     temperature: float = 1.0,
+    top_p: float = 1.0,
     max_new_tokens: int = 16,
     generator: torch.Generator | None = None,
 ) -> list[float]:
-    """One completion per task (greedy, or sampled at ``temperature``), scored in [0, 1].
+    """One completion per task (greedy, or sampled at ``temperature`` and ``top_p``), scored in [0, 1].
 
     ``engine`` must be serving ``policy`` (built for it or given it with
     ``update_weights``); ``None`` builds one. A sampled evaluation without a
@@ -49,7 +50,9 @@ def task_scores(
     if not tasks:
         return []
     engine = engine if engine is not None else default_engine(policy)
-    params = SamplingParams(temperature=0.0 if greedy else temperature, max_new_tokens=max_new_tokens)
+    params = SamplingParams(
+        temperature=0.0 if greedy else temperature, top_p=top_p, max_new_tokens=max_new_tokens
+    )
     if not greedy and generator is None:
         generator = torch.Generator().manual_seed(0)
     scores: list[float] = []

@@ -30,8 +30,8 @@ from typing import TextIO
 from swarmnode.config import Config
 from swarmnode.errors import CheckpointError, ConfigError, ModelError
 from swarmnode.home import NodeHome
-from swarmnode.policy.model import save_adapter, save_policy
-from swarmnode.roles.common import build_mixture, build_policy
+from swarmnode.policy.model import Policy, save_adapter, save_policy
+from swarmnode.roles.common import build_mixture, build_policy, configure_threads
 from swarmnode.store.checkpoint import CheckpointState, CheckpointStore
 
 #: Written beside the weights: which node, round and checkpoint the export holds.
@@ -47,8 +47,9 @@ class Exported:
     parameters: int
 
 
-def _checkpoint(home: NodeHome, checkpoint: Path | None, say: TextIO) -> tuple[CheckpointState, Path]:
-    """The given checkpoint, or the newest one that verifies (a damaged newer one is named and skipped)."""
+def node_checkpoint(home: NodeHome, checkpoint: Path | None, say: TextIO) -> tuple[CheckpointState, Path]:
+    """The given checkpoint, or the newest one that verifies (a damaged newer one is named on ``say``
+    and skipped); an error naming the folder when there is none."""
     store = CheckpointStore(home.checkpoints)
     if checkpoint is not None:
         return store.load(checkpoint), checkpoint
@@ -59,6 +60,19 @@ def _checkpoint(home: NodeHome, checkpoint: Path | None, say: TextIO) -> tuple[C
             "(it checkpoints every checkpoint.every_rounds rounds and when it stops)"
         )
     return newest
+
+
+def load_checkpoint_into(policy: Policy, state: CheckpointState, path: Path, config: Config) -> None:
+    """``state``'s weights into ``policy`` (built by ``build_policy`` from the same config), strictly:
+    a checkpoint of another architecture is an error naming the mismatch."""
+    try:
+        policy.model.load_state_dict(state.model_state, strict=True)
+    except RuntimeError as exc:  # missing / unexpected keys or shapes: another architecture
+        raise ModelError(
+            f"checkpoint {path} does not fit the configured model "
+            f"({config.model.path or 'the built-in ' + config.model.builtin + ' model'}): {exc}"
+        ) from exc
+    policy.version = state.policy_version
 
 
 def export_policy(
@@ -88,16 +102,10 @@ def export_policy(
             "--adapter: this node trains no LoRA adapter (learn.lora_rank is 0); export the whole model "
             "without --adapter"
         )
-    state, path = _checkpoint(home, checkpoint, say)
+    state, path = node_checkpoint(home, checkpoint, say)
+    configure_threads(config)  # as the node ran: its warm-start cache is keyed by torch's threads
     policy = build_policy(config, home, build_mixture(config), say=say)
-    try:
-        policy.model.load_state_dict(state.model_state, strict=True)
-    except RuntimeError as exc:  # missing / unexpected keys or shapes: another architecture
-        raise ModelError(
-            f"checkpoint {path} does not fit the configured model "
-            f"({config.model.path or 'the built-in tiny model'}): {exc}"
-        ) from exc
-    policy.version = state.policy_version
+    load_checkpoint_into(policy, state, path, config)
     provenance = {
         "format": "swarmnode-export",
         "model_id": policy.model_id,

@@ -11,7 +11,8 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from swarmnode.config import load_config
+from swarmnode.cli import EXIT_OK, main
+from swarmnode.config import load_config, render_commented_config
 from swarmnode.home import NodeHome
 from swarmnode.policy import load_policy
 from swarmnode.policy.chat import IM_END
@@ -113,3 +114,18 @@ def test_the_chat_warm_start_runs_the_shared_system_turn_once_for_the_same_loss(
     assert losses[1] == pytest.approx(losses[0], rel=1e-5)
     for name, grad in grads[0].items():
         torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-6)
+
+
+def test_a_config_file_that_init_wrote_leaves_the_completion_cap_to_the_model(tmp_path: Path) -> None:
+    # `swarmnode init` wrote `max_new_tokens = 8` (the tiny model's) into every new home, so naming
+    # the chat model later capped its answers at 8 tokens; it now writes the key commented out.
+    home = NodeHome(tmp_path / "node")
+    assert main(["init", "--home", str(home.root)]) == EXIT_OK
+    assert "\n# max_new_tokens = 8\n" in home.config_file.read_text()
+    config = load_config(
+        home.config_file, environ={}, overrides={"model.builtin": "chat", "model.warm_start": False}
+    )
+    build_policy(config, home, build_mixture(config))
+    assert config.rollout.max_new_tokens == 64
+    chosen = load_config(None, environ={}, overrides={"rollout.max_new_tokens": 12})
+    assert "\nmax_new_tokens = 12\n" in render_commented_config(chosen)  # set: written, and kept

@@ -1,0 +1,206 @@
+"""``swarmnode evaluate``: did this node's policy get better? Its held-out accuracy now against the
+model it started from, on the same tasks, per task family, greedy and sampled.
+
+The node's status shows greedy held-out accuracy: one completion a task at temperature 0. GRPO
+raises the expected reward of the policy the node samples from, and a policy can get better at
+that without its greedy answer changing (a small model's greedy answer is often already its most
+likely right one). So this command measures both on one held-out set (``tasks.heldout_size``'s
+tasks: a separate reasoning-gym seed, split evenly over the mixture's families, never trained
+on):
+
+- **greedy**: the share of tasks whose greedy completion solves them;
+- **sampled**: the share of ``samples`` completions a task, drawn at the node's
+  ``rollout.temperature`` and ``rollout.top_p``, that solve it (each task weighs the same).
+
+Start and now answer the same tasks, so each figure is a paired difference: its 95% interval is
+1.96 standard errors of the per-task differences (the sampled draws use the same random stream
+for both policies). The start is the model the node begins from (``roles.common.build_policy``:
+``model.path``, or the built-in model's cached warm start); now is its newest verified checkpoint
+(or ``--checkpoint``).
+
+    swarmnode evaluate --home runs/demo                  # 200 held-out tasks, 8 samples each
+    swarmnode evaluate --home H --tasks 1000 --json      # more tasks: narrower intervals
+
+Must not: train, or write anything into the node's home (building a missing warm start aside,
+which ``swarmnode run`` would build there too).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+from swarmnode.config import Config
+from swarmnode.errors import ConfigError
+from swarmnode.home import NodeHome
+from swarmnode.policy.evaluate import default_engine, task_scores
+from swarmnode.policy.model import Policy
+from swarmnode.roles.common import build_mixture, build_policy, configure_threads
+from swarmnode.tasks import Task
+from swarmnode.tasks.scoring import solved
+from swarmnode.tools.export import load_checkpoint_into, node_checkpoint
+from swarmnode.train.trainer import heldout_sets
+
+#: z for a two-sided 95% interval (normal approximation of the mean of per-task differences).
+Z95 = 1.96
+#: The row that pools every family's tasks (each family holds the same number).
+ALL = "all families"
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """One family's accuracy at the start and now, over the same tasks."""
+
+    family: str
+    tasks: int
+    start: float
+    now: float
+    #: now - start, and the half-width of its 95% interval (paired over tasks)
+    change: float
+    interval: float
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    round: int
+    policy_version: int
+    checkpoint: str
+    samples: int
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    greedy: list[Comparison]
+    #: empty when ``samples`` is 0
+    sampled: list[Comparison]
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def paired(family: str, start: Sequence[float], now: Sequence[float]) -> Comparison:
+    """Mean accuracy of each, and their mean per-task difference with its 95% half-width (0 for one task)."""
+    if len(start) != len(now) or not start:
+        raise ValueError(f"paired scores need the same tasks on both sides: {len(start)} vs {len(now)}")
+    diffs = [b - a for a, b in zip(start, now, strict=True)]
+    spread = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+    return Comparison(
+        family=family,
+        tasks=len(diffs),
+        start=statistics.fmean(start),
+        now=statistics.fmean(now),
+        change=statistics.fmean(diffs),
+        interval=Z95 * spread / math.sqrt(len(diffs)),
+    )
+
+
+def _per_task(
+    policy: Policy, tasks: list[Task], samples: int, config: Config, seed: int
+) -> tuple[list[float], list[float]]:
+    """Each task's greedy score (0 or 1) and its share of ``samples`` sampled completions that solve it."""
+    engine = default_engine(policy)  # a fresh engine: it serves the weights the policy holds now
+    limit = config.rollout.max_new_tokens
+    greedy = [float(solved(s)) for s in task_scores(policy, tasks, engine, greedy=True, max_new_tokens=limit)]
+    if samples == 0:
+        return greedy, []
+    repeated = [task for task in tasks for _ in range(samples)]
+    scores = task_scores(
+        policy,
+        repeated,
+        engine,
+        greedy=False,
+        temperature=config.rollout.temperature,
+        top_p=config.rollout.top_p,
+        max_new_tokens=limit,
+        generator=torch.Generator().manual_seed(seed),
+    )
+    return greedy, [
+        sum(solved(s) for s in scores[i * samples : (i + 1) * samples]) / samples for i in range(len(tasks))
+    ]
+
+
+def evaluate_node(
+    config: Config,
+    home: NodeHome,
+    *,
+    checkpoint: Path | None = None,
+    tasks: int = 200,
+    samples: int = 8,
+    seed: int = 0,
+    say: TextIO | None = None,
+) -> Evaluation:
+    """The start model and ``home``'s newest (or the given) checkpoint on ``tasks`` held-out tasks;
+    progress goes to ``say`` (default: standard error)."""
+    say = say or sys.stderr
+    if tasks < 1:
+        raise ConfigError(f"--tasks must be at least 1, got {tasks}")
+    if samples < 0:
+        raise ConfigError(f"--samples must be at least 0 (0: greedy only), got {samples}")
+    if not home.root.is_dir():
+        raise ConfigError(f"--home {home.root} is not a directory")
+    if config.node.role == "worker":
+        raise ConfigError("a worker trains nothing and keeps no checkpoint: evaluate its learner's home")
+    state, path = node_checkpoint(home, checkpoint, say)
+    configure_threads(config)  # as the node ran: its warm-start cache is keyed by torch's threads
+    mixture = build_mixture(config)
+    policy = build_policy(config, home, mixture, say=say)
+    by_family = heldout_sets(mixture, tasks)
+    flat = [task for family_tasks in by_family.values() for task in family_tasks]
+    print(f"the start model on {len(flat)} held-out tasks ({samples} samples each)", file=say, flush=True)
+    start = _per_task(policy, flat, samples, config, seed)
+    load_checkpoint_into(policy, state, path, config)
+    print(f"round {state.round} ({path.name}) on the same tasks", file=say, flush=True)
+    now = _per_task(policy, flat, samples, config, seed)
+
+    def compare(which: int) -> list[Comparison]:
+        rows, at = [], 0
+        for family, family_tasks in by_family.items():
+            span = slice(at, at + len(family_tasks))
+            rows.append(paired(family, start[which][span], now[which][span]))
+            at += len(family_tasks)
+        if len(by_family) > 1:
+            rows.append(paired(ALL, start[which], now[which]))
+        return rows
+
+    return Evaluation(
+        round=state.round,
+        policy_version=state.policy_version,
+        checkpoint=path.name,
+        samples=samples,
+        temperature=config.rollout.temperature,
+        top_p=config.rollout.top_p,
+        max_new_tokens=config.rollout.max_new_tokens,
+        greedy=compare(0),
+        sampled=compare(1) if samples else [],
+    )
+
+
+def render(evaluation: Evaluation) -> str:
+    """The table ``swarmnode evaluate`` prints."""
+    e = evaluation
+    lines = [
+        f"round {e.round} (policy version {e.policy_version}, {e.checkpoint}) against the start model; "
+        f"change with its 95% interval",
+        "",
+    ]
+    header = f"{'family':<16} {'tasks':>5}  {'greedy: start -> now':<22} {'change':<16}"
+    sampled = {row.family: row for row in e.sampled}
+    if sampled:
+        header += f"  {f'sampled (T {e.temperature:g}, x{e.samples}): start -> now':<34} change"
+    lines.append(header)
+    for row in e.greedy:
+        line = (
+            f"{row.family:<16} {row.tasks:>5}  {row.start:.3f} -> {row.now:.3f}{'':<8} "
+            f"{row.change:+.3f} ± {row.interval:.3f}"
+        )
+        if sampled:
+            s = sampled[row.family]
+            line += f"  {s.start:.3f} -> {s.now:.3f}{'':<20} {s.change:+.3f} ± {s.interval:.3f}"
+        lines.append(line)
+    return "\n".join(lines)
