@@ -100,26 +100,44 @@ def paired(family: str, start: Sequence[float], now: Sequence[float]) -> Compari
     )
 
 
+#: Completions generated between two progress lines (a 0.5 B model on a CPU takes minutes for this many).
+PROGRESS_EVERY = 2048
+
+
+def _scores(
+    policy: Policy, tasks: list[Task], config: Config, *, greedy: bool, seed: int, say: TextIO, label: str
+) -> list[float]:
+    """``task_scores`` over ``tasks`` in slices, a progress line after each but the last."""
+    engine = default_engine(policy)  # a fresh engine: it serves the weights the policy holds now
+    generator = torch.Generator().manual_seed(seed)  # one stream across the slices
+    scores: list[float] = []
+    for at in range(0, len(tasks), PROGRESS_EVERY):
+        scores += task_scores(
+            policy,
+            tasks[at : at + PROGRESS_EVERY],
+            engine,
+            greedy=greedy,
+            temperature=config.rollout.temperature,
+            top_p=config.rollout.top_p,
+            max_new_tokens=config.rollout.max_new_tokens,
+            generator=generator,
+        )
+        if len(scores) < len(tasks):
+            print(f"  {label}: {len(scores):,} of {len(tasks):,} completions", file=say, flush=True)
+    return scores
+
+
 def _per_task(
-    policy: Policy, tasks: list[Task], samples: int, config: Config, seed: int
+    policy: Policy, tasks: list[Task], samples: int, config: Config, seed: int, say: TextIO, label: str
 ) -> tuple[list[float], list[float]]:
     """Each task's greedy score (0 or 1) and its share of ``samples`` sampled completions that solve it."""
-    engine = default_engine(policy)  # a fresh engine: it serves the weights the policy holds now
-    limit = config.rollout.max_new_tokens
-    greedy = [float(solved(s)) for s in task_scores(policy, tasks, engine, greedy=True, max_new_tokens=limit)]
+    greedy = [
+        float(solved(s)) for s in _scores(policy, tasks, config, greedy=True, seed=seed, say=say, label=label)
+    ]
     if samples == 0:
         return greedy, []
     repeated = [task for task in tasks for _ in range(samples)]
-    scores = task_scores(
-        policy,
-        repeated,
-        engine,
-        greedy=False,
-        temperature=config.rollout.temperature,
-        top_p=config.rollout.top_p,
-        max_new_tokens=limit,
-        generator=torch.Generator().manual_seed(seed),
-    )
+    scores = _scores(policy, repeated, config, greedy=False, seed=seed, say=say, label=f"{label}, sampled")
     return greedy, [
         sum(solved(s) for s in scores[i * samples : (i + 1) * samples]) / samples for i in range(len(tasks))
     ]
@@ -153,10 +171,10 @@ def evaluate_node(
     by_family = heldout_sets(mixture, tasks)
     flat = [task for family_tasks in by_family.values() for task in family_tasks]
     print(f"the start model on {len(flat)} held-out tasks ({samples} samples each)", file=say, flush=True)
-    start = _per_task(policy, flat, samples, config, seed)
+    start = _per_task(policy, flat, samples, config, seed, say, "start")
     load_checkpoint_into(policy, state, path, config)
     print(f"round {state.round} ({path.name}) on the same tasks", file=say, flush=True)
-    now = _per_task(policy, flat, samples, config, seed)
+    now = _per_task(policy, flat, samples, config, seed, say, f"round {state.round}")
 
     def compare(which: int) -> list[Comparison]:
         rows, at = [], 0

@@ -19,6 +19,7 @@ from swarmnode.policy.warmstart import _batch
 from swarmnode.roles.common import build_mixture
 from swarmnode.store.checkpoint import CheckpointStore
 from swarmnode.tasks.scoring import solved
+from swarmnode.tools import evaluate
 from swarmnode.tools.evaluate import ALL, paired
 from swarmnode.train.trainer import heldout_sets
 from tests.tools.test_export import checkpoint_of
@@ -103,3 +104,16 @@ def test_bad_arguments_and_a_home_without_checkpoints_are_named(
     worker = ["--set", "node.role=worker", "--set", "worker.learner=/ip4/127.0.0.1/tcp/1/p2p/x"]
     assert main(["evaluate", "--home", str(home.root), *worker]) == EXIT_USAGE
     assert "a worker trains nothing" in capsys.readouterr().err
+
+
+def test_a_long_evaluation_says_how_far_it_is(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = NodeHome(tmp_path / "node").ensure()
+    taught_checkpoint(home)
+    monkeypatch.setattr(evaluate, "PROGRESS_EVERY", 5)
+    assert main(["evaluate", "--home", str(home.root), *NO_WARM_START, "--samples", "3"]) == EXIT_OK
+    err = capsys.readouterr().err
+    assert "  start, sampled: 5 of 12 completions\n  start, sampled: 10 of 12 completions\n" in err
+    assert "  round 40, sampled: 10 of 12 completions\n" in err
+    assert "start: " not in err  # 4 greedy completions: one slice, no line
