@@ -3,6 +3,7 @@ same held-out tasks, greedy and sampled, each change with a paired 95% interval.
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from pathlib import Path
@@ -17,6 +18,7 @@ from swarmnode.policy.evaluate import task_scores
 from swarmnode.policy.model import build_tiny_policy
 from swarmnode.policy.warmstart import _batch
 from swarmnode.roles.common import build_mixture
+from swarmnode.roles.solo import run_solo
 from swarmnode.store.checkpoint import CheckpointStore
 from swarmnode.tasks.scoring import solved
 from swarmnode.tools import evaluate
@@ -117,3 +119,26 @@ def test_a_long_evaluation_says_how_far_it_is(
     assert "  start, sampled: 5 of 12 completions\n  start, sampled: 10 of 12 completions\n" in err
     assert "  round 40, sampled: 10 of 12 completions\n" in err
     assert "start: " not in err  # 4 greedy completions: one slice, no line
+
+
+def test_a_solo_run_points_to_evaluate_and_evaluate_reads_its_checkpoint(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    settings = {
+        "model.warm_start": False,
+        "tasks.heldout_size": TASKS,
+        "rollout.prompts_per_round": 2,
+        "rollout.group_size": 2,
+        "node.threads": 1,
+    }
+    home = NodeHome(tmp_path / "node")
+    out = io.StringIO()
+    run_solo(
+        load_config(None, environ={}, overrides=settings), home, max_rounds=2, out=out, install_signals=False
+    )
+    assert (
+        f"swarmnode evaluate --home {home.root} --tasks 1000 (with this run's --set flags)" in out.getvalue()
+    )
+    flags = [a for key, value in settings.items() for a in ("--set", f"{key}={str(value).lower()}")]
+    assert main(["evaluate", "--home", str(home.root), *flags, "--tasks", str(TASKS), "--json"]) == EXIT_OK
+    assert json.loads(capsys.readouterr().out)["round"] == 2
