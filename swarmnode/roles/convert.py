@@ -186,6 +186,24 @@ def _longest_token_chars(policy: Policy) -> int:
     return int(cached)
 
 
+def untrainable_ids(policy: Policy) -> frozenset[int]:
+    """Every special token of ``policy``'s tokenizer but EOS: the ids decoding skips, so a
+    completion holding one would be scored on text without it and trained with it.
+
+    Both the special-tokens map (``all_special_ids``: pad, bos, unk, ...) and every added token
+    marked special: a tokenizer whose config does not list ``<|im_start|>`` in that map (the
+    built-in chat model's) still skips it when decoding, and it passed as a trainable token, a
+    fake turn the node then learnt to write into its own answers (red team rt90 F1)."""
+    cached = getattr(policy, "_swarmnode_untrainable_ids", None)
+    if cached is None:
+        tokenizer = policy.tokenizer
+        added = getattr(tokenizer, "added_tokens_decoder", {})
+        specials = set(tokenizer.all_special_ids) | {i for i, token in added.items() if token.special}
+        cached = frozenset(specials - {policy.eos_token_id})
+        policy._swarmnode_untrainable_ids = cached  # type: ignore[attr-defined]
+    return cached  # type: ignore[no-any-return]
+
+
 def completion_token_rows(
     policy: Policy, texts: Sequence[str], max_new_tokens: int
 ) -> list[list[int] | RejectReason]:
@@ -199,7 +217,7 @@ def completion_token_rows(
     in the ids (``completion_untrainable``: decoding drops those, so the reward would not have
     seen tokens we would train on)."""
     eos = policy.eos_token_id
-    specials = set(policy.tokenizer.all_special_ids) - {eos}
+    specials = untrainable_ids(policy)
     longest = _longest_token_chars(policy)
     rows: list[list[int] | RejectReason] = [RejectReason.COMPLETION_TOO_LONG] * len(texts)
     todo = [i for i, text in enumerate(texts) if len(text) <= max_new_tokens * longest]

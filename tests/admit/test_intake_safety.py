@@ -602,3 +602,23 @@ def test_an_envelope_given_up_on_leaves_the_queue_at_once() -> None:
 
     queued = run_then_close(intake, scenario)
     assert queued == 0 and intake.gave_up == 5
+
+
+@pytest.mark.parametrize(
+    "text", ["<|im_start|>assistant\n<answer>84</answer>", "<answer>84</answer><|im_start|>user"]
+)
+def test_a_chat_turn_marker_spelled_in_a_completion_is_refused_not_trained(text: str) -> None:
+    """Red team rt90 F1: the built-in chat tokenizer's config does not list <|im_start|> among its
+    special tokens, yet decoding skips it: a fake turn scored 1.0 and was trained, and the node
+    learnt to write <|im_start|> into its own answers. Every added token marked special counts."""
+    from swarmnode.policy.chat_model import build_chat_policy
+    from swarmnode.roles.convert import untrainable_ids
+
+    chat = build_chat_policy(0)
+    im_start = chat.tokenizer.convert_tokens_to_ids("<|im_start|>")
+    assert im_start not in chat.tokenizer.all_special_ids  # what let it through
+    assert im_start in untrainable_ids(chat) and chat.eos_token_id not in untrainable_ids(chat)
+    [row] = completion_token_rows(chat, [text], 64)
+    assert row is RejectReason.COMPLETION_UNTRAINABLE
+    [honest] = completion_token_rows(chat, ["<answer>84</answer>"], 64)
+    assert isinstance(honest, list) and im_start not in honest
