@@ -116,6 +116,15 @@ warnings.filterwarnings("ignore", message="The given buffer is not writable", ca
 Blob = bytes | bytearray | mmap.mmap
 
 
+def _copied_out(blob: mmap.mmap, start: int, length: int) -> bytes:
+    """``blob[start:start + length]`` as bytes, its pages then dropped from the resident set (a
+    served slice of an archived version: a worker fetching every version would otherwise map them
+    all). One call, off the event loop: a read of a page not cached blocks."""
+    data = blob[start : start + length]
+    release_pages(blob, start, length)
+    return data
+
+
 def release_pages(blob: Blob, start: int = 0, length: int | None = None) -> None:
     """Drop the pages of ``blob[start:start + length]`` from this process's resident set when the
     blob is a memory map (a learner's archived version; other blobs: nothing to do).
@@ -813,9 +822,8 @@ class BroadcastNode:
         # A memory-mapped version (a learner's archive) may be on disk only: its read blocks, so it
         # runs in a thread, not on the loop every peer's requests share.
         if isinstance(v.buffer, mmap.mmap):
-            data = await asyncio.to_thread(bytes, piece)
             start = index * v.body.chunk_size + message.offset
-            release_pages(v.buffer, start, len(data))  # copied out: off the resident set again
+            data = await asyncio.to_thread(_copied_out, v.buffer, start, len(piece))
         else:
             data = bytes(piece)
         last = message.offset + message.length >= length

@@ -32,7 +32,7 @@ from swarmnode.policy import Policy, PromptFormat, build_tiny_policy, load_polic
 from swarmnode.policy.chat import check_chat_template
 from swarmnode.policy.chat_model import build_chat_policy
 from swarmnode.policy.lora import apply_lora
-from swarmnode.policy.warmstart import SPECIALIST_WARM_START, warm_start
+from swarmnode.policy.warmstart import SPECIALIST_WARM_START, WarmStartSettings, warm_start, warm_start_dir
 from swarmnode.rollout import RolloutEngine, make_engine
 from swarmnode.tasks import DatasetSpec, TaskMixture, default_mixture, mixture_from_specs, sapo_mixture
 from swarmnode.verify import VerifierPool
@@ -68,6 +68,26 @@ def build_warm_start_mixture(config: Config, mixture: TaskMixture) -> TaskMixtur
     )
 
 
+def _warm_start_settings(config: Config) -> WarmStartSettings | None:
+    """A specialist's warm-start settings (``tasks.warm_start_datasets``), else the default (None)."""
+    return SPECIALIST_WARM_START if config.tasks.warm_start_datasets else None
+
+
+def warm_start_cache(config: Config, home: NodeHome, mixture: TaskMixture) -> Path | None:
+    """Where ``build_policy`` finds (or builds) this config's warm start in ``home``; None when the
+    config names no warm start (``model.path``, or ``model.warm_start = false``). The key holds the
+    seed, the warm-start mixture and torch's threads: call after ``configure_threads``."""
+    if config.model.path or not config.model.warm_start:
+        return None
+    return warm_start_dir(
+        home.root,
+        build_warm_start_mixture(config, mixture),
+        config.node.seed,
+        _warm_start_settings(config),
+        builtin=config.model.builtin,
+    )
+
+
 def build_policy(config: Config, home: NodeHome, mixture: TaskMixture, say: TextIO = sys.stderr) -> Policy:
     """The configured model: a local HF directory, or a built-in model (``model.builtin``)
     warm-started (cached) on ``build_warm_start_mixture``. ``tasks.warm_start_datasets`` is checked
@@ -80,13 +100,12 @@ def build_policy(config: Config, home: NodeHome, mixture: TaskMixture, say: Text
         build = build_chat_policy if config.model.builtin == "chat" else build_tiny_policy
         policy = build(config.node.seed)
     else:
-        settings = SPECIALIST_WARM_START if config.tasks.warm_start_datasets else None
         path = warm_start(
             home.root,
             warm_mixture,
             config.node.seed,
             progress=lambda line: print(line, file=say),
-            settings=settings,
+            settings=_warm_start_settings(config),
             builtin=config.model.builtin,
         )
         policy = load_policy(path)

@@ -177,13 +177,23 @@ def rollout_batch(
     return RolloutBatch(groups=tuple(out))
 
 
+def _tokenizer_facts(policy: Policy) -> tuple[int, frozenset[int]]:
+    """``policy``'s longest token in characters and ``untrainable_ids``, computed once and kept on
+    the policy (its tokenizer never changes; the vocabulary walk is not for every batch)."""
+    facts: tuple[int, frozenset[int]] | None = getattr(policy, "_swarmnode_tokenizer_facts", None)
+    if facts is None:
+        tokenizer = policy.tokenizer
+        longest = max((len(token) for token in tokenizer.get_vocab()), default=1)
+        added = getattr(tokenizer, "added_tokens_decoder", {})
+        specials = set(tokenizer.all_special_ids) | {i for i, token in added.items() if token.special}
+        facts = (longest, frozenset(specials - {policy.eos_token_id}))
+        policy._swarmnode_tokenizer_facts = facts  # type: ignore[attr-defined]
+    return facts
+
+
 def _longest_token_chars(policy: Policy) -> int:
     """The most characters one token of ``policy``'s vocabulary spells (special tokens included)."""
-    cached = getattr(policy, "_swarmnode_longest_token", None)
-    if cached is None:
-        cached = max((len(token) for token in policy.tokenizer.get_vocab()), default=1)
-        policy._swarmnode_longest_token = cached  # type: ignore[attr-defined]
-    return int(cached)
+    return _tokenizer_facts(policy)[0]
 
 
 def untrainable_ids(policy: Policy) -> frozenset[int]:
@@ -194,14 +204,7 @@ def untrainable_ids(policy: Policy) -> frozenset[int]:
     marked special: a tokenizer whose config does not list ``<|im_start|>`` in that map (the
     built-in chat model's) still skips it when decoding, and it passed as a trainable token, a
     fake turn the node then learnt to write into its own answers (red team rt90 F1)."""
-    cached = getattr(policy, "_swarmnode_untrainable_ids", None)
-    if cached is None:
-        tokenizer = policy.tokenizer
-        added = getattr(tokenizer, "added_tokens_decoder", {})
-        specials = set(tokenizer.all_special_ids) | {i for i, token in added.items() if token.special}
-        cached = frozenset(specials - {policy.eos_token_id})
-        policy._swarmnode_untrainable_ids = cached  # type: ignore[attr-defined]
-    return cached  # type: ignore[no-any-return]
+    return _tokenizer_facts(policy)[1]
 
 
 def completion_token_rows(

@@ -108,8 +108,9 @@ def run_solo(
             # The line above is one greedy pass over the node's few held-out tasks (a spread of about
             # +-7 points at 200): it read the chat model's real gain as flat (README, "Solo GRPO").
             print(
-                f"to measure the change against the start on more tasks, paired, greedy and sampled: "
-                f"swarmnode evaluate --home {home.root} --tasks 1000 (with this run's --set flags)",
+                "to measure the change against the start on more tasks, paired, greedy and sampled: "
+                f"swarmnode evaluate --home {home.root} --tasks 1000 "
+                "(with this run's --seed and --set flags)",
                 file=out,
                 flush=True,
             )

@@ -4,25 +4,27 @@ model it started from, on the same tasks, per task family, greedy and sampled.
 The node's status shows greedy held-out accuracy: one completion a task at temperature 0. GRPO
 raises the expected reward of the policy the node samples from, and a policy can get better at
 that without its greedy answer changing (a small model's greedy answer is often already its most
-likely right one). So this command measures both on one held-out set (``tasks.heldout_size``'s
-tasks: a separate reasoning-gym seed, split evenly over the mixture's families, never trained
-on):
+likely right one). So this command measures both on one held-out set (``--tasks`` tasks of the
+node's held-out seed, never trained on, split evenly over the mixture's families and rounded up
+to a whole number each):
 
 - **greedy**: the share of tasks whose greedy completion solves them;
 - **sampled**: the share of ``samples`` completions a task, drawn at the node's
   ``rollout.temperature`` and ``rollout.top_p``, that solve it (each task weighs the same).
 
 Start and now answer the same tasks, so each figure is a paired difference: its 95% interval is
-1.96 standard errors of the per-task differences (the sampled draws use the same random stream
-for both policies). The start is the model the node begins from (``roles.common.build_policy``:
-``model.path``, or the built-in model's cached warm start); now is its newest verified checkpoint
-(or ``--checkpoint``).
+1.96 standard errors of the per-task differences (a normal approximation: read it with some tens of
+tasks or more; none below two), and the sampled draws use the same random stream for both
+policies. The start is the model the node begins from (``roles.common.build_policy``:
+``model.path``, or the built-in model's warm start, which must be the one cached in the home: the
+same flags as the run, since its cache key holds the seed, the mixture and the threads); now is
+its newest verified checkpoint (or ``--checkpoint``), checked to fit the model before any work.
 
     swarmnode evaluate --home runs/demo                  # 200 held-out tasks, 8 samples each
     swarmnode evaluate --home H --tasks 1000 --json      # more tasks: narrower intervals
 
-Must not: train, or write anything into the node's home (building a missing warm start aside,
-which ``swarmnode run`` would build there too).
+Must not: train, write anything into the node's home, or build a warm start (one built here would
+not be the model the node started from).
 """
 
 from __future__ import annotations
@@ -40,12 +42,13 @@ import torch
 from swarmnode.config import Config
 from swarmnode.errors import ConfigError
 from swarmnode.home import NodeHome
+from swarmnode.policy import evaluate as policy_evaluate
 from swarmnode.policy.evaluate import default_engine, task_scores
 from swarmnode.policy.model import Policy
-from swarmnode.roles.common import build_mixture, build_policy, configure_threads
+from swarmnode.roles.common import build_mixture, build_policy, configure_threads, warm_start_cache
 from swarmnode.tasks import Task
 from swarmnode.tasks.scoring import solved
-from swarmnode.tools.export import load_checkpoint_into, node_checkpoint
+from swarmnode.tools.export import check_checkpoint_fits, load_checkpoint_into, node_checkpoint
 from swarmnode.train.trainer import heldout_sets
 
 #: z for a two-sided 95% interval (normal approximation of the mean of per-task differences).
@@ -62,9 +65,9 @@ class Comparison:
     tasks: int
     start: float
     now: float
-    #: now - start, and the half-width of its 95% interval (paired over tasks)
+    #: now - start, and the half-width of its 95% interval (paired over tasks; None under two tasks)
     change: float
-    interval: float
+    interval: float | None
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,7 @@ class Evaluation:
     policy_version: int
     checkpoint: str
     samples: int
+    sample_seed: int
     temperature: float
     top_p: float
     max_new_tokens: int
@@ -85,22 +89,24 @@ class Evaluation:
 
 
 def paired(family: str, start: Sequence[float], now: Sequence[float]) -> Comparison:
-    """Mean accuracy of each, and their mean per-task difference with its 95% half-width (0 for one task)."""
+    """Mean accuracy of each, and their mean per-task difference with its 95% half-width (None for one
+    task: one difference says nothing of its spread)."""
     if len(start) != len(now) or not start:
         raise ValueError(f"paired scores need the same tasks on both sides: {len(start)} vs {len(now)}")
     diffs = [b - a for a, b in zip(start, now, strict=True)]
-    spread = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
     return Comparison(
         family=family,
         tasks=len(diffs),
         start=statistics.fmean(start),
         now=statistics.fmean(now),
         change=statistics.fmean(diffs),
-        interval=Z95 * spread / math.sqrt(len(diffs)),
+        interval=Z95 * statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else None,
     )
 
 
-#: Completions generated between two progress lines (a 0.5 B model on a CPU takes minutes for this many).
+#: About how many completions are generated between two progress lines (a 0.5 B model on a CPU
+#: takes minutes for this many); rounded to whole ``EVAL_BATCH`` slices, whose boundaries the
+#: sampled draws depend on, so the figures do not.
 PROGRESS_EVERY = 2048
 
 
@@ -110,11 +116,13 @@ def _scores(
     """``task_scores`` over ``tasks`` in slices, a progress line after each but the last."""
     engine = default_engine(policy)  # a fresh engine: it serves the weights the policy holds now
     generator = torch.Generator().manual_seed(seed)  # one stream across the slices
+    batch = policy_evaluate.EVAL_BATCH
+    step = max(PROGRESS_EVERY // batch, 1) * batch
     scores: list[float] = []
-    for at in range(0, len(tasks), PROGRESS_EVERY):
+    for at in range(0, len(tasks), step):
         scores += task_scores(
             policy,
-            tasks[at : at + PROGRESS_EVERY],
+            tasks[at : at + step],
             engine,
             greedy=greedy,
             temperature=config.rollout.temperature,
@@ -167,7 +175,15 @@ def evaluate_node(
     state, path = node_checkpoint(home, checkpoint, say)
     configure_threads(config)  # as the node ran: its warm-start cache is keyed by torch's threads
     mixture = build_mixture(config)
+    cache = warm_start_cache(config, home, mixture)
+    if cache is not None and not cache.is_dir():
+        raise ConfigError(
+            f"the warm start these settings name ({cache.name}) is not in {home.models}: pass the flags "
+            "the node ran with (--seed, --set node.threads=..., model.builtin, tasks.*); a warm start "
+            "built now would not be the model it started from"
+        )
     policy = build_policy(config, home, mixture, say=say)
+    check_checkpoint_fits(policy, state, path, config)  # now, not after the start's whole pass
     by_family = heldout_sets(mixture, tasks)
     flat = [task for family_tasks in by_family.values() for task in family_tasks]
     print(f"the start model on {len(flat)} held-out tasks ({samples} samples each)", file=say, flush=True)
@@ -191,12 +207,18 @@ def evaluate_node(
         policy_version=state.policy_version,
         checkpoint=path.name,
         samples=samples,
+        sample_seed=seed,
         temperature=config.rollout.temperature,
         top_p=config.rollout.top_p,
         max_new_tokens=config.rollout.max_new_tokens,
         greedy=compare(0),
         sampled=compare(1) if samples else [],
     )
+
+
+def _change(row: Comparison) -> str:
+    interval = "(no interval: one task)" if row.interval is None else f"± {row.interval:.3f}"
+    return f"{row.change:+.3f} {interval}"
 
 
 def render(evaluation: Evaluation) -> str:
@@ -213,12 +235,9 @@ def render(evaluation: Evaluation) -> str:
         header += f"  {f'sampled (T {e.temperature:g}, x{e.samples}): start -> now':<34} change"
     lines.append(header)
     for row in e.greedy:
-        line = (
-            f"{row.family:<16} {row.tasks:>5}  {row.start:.3f} -> {row.now:.3f}{'':<8} "
-            f"{row.change:+.3f} ± {row.interval:.3f}"
-        )
+        line = f"{row.family:<16} {row.tasks:>5}  {row.start:.3f} -> {row.now:.3f}{'':<8} {_change(row)}"
         if sampled:
             s = sampled[row.family]
-            line += f"  {s.start:.3f} -> {s.now:.3f}{'':<20} {s.change:+.3f} ± {s.interval:.3f}"
+            line += f"  {s.start:.3f} -> {s.now:.3f}{'':<20} {_change(s)}"
         lines.append(line)
     return "\n".join(lines)

@@ -62,16 +62,47 @@ def node_checkpoint(home: NodeHome, checkpoint: Path | None, say: TextIO) -> tup
     return newest
 
 
+def check_checkpoint_fits(policy: Policy, state: CheckpointState, path: Path, config: Config) -> None:
+    """A ``ModelError`` naming how ``state``'s weights differ from ``policy``'s (missing, unexpected,
+    other shapes: counts and a few names), and the flag that likely explains it, before any work
+    (``swarmnode evaluate`` would otherwise find it after its whole start pass)."""
+    ours = policy.model.state_dict()
+    theirs = state.model_state
+    missing = sorted(set(ours) - set(theirs))
+    unexpected = sorted(set(theirs) - set(ours))
+    shapes = sorted(k for k in set(ours) & set(theirs) if tuple(ours[k].shape) != tuple(theirs[k].shape))
+    if not (missing or unexpected or shapes):
+        return
+    parts = [
+        f"{len(names)} {what} (e.g. {', '.join(names[:3])})"
+        for names, what in (
+            (missing, "weights missing"),
+            (unexpected, "unexpected"),
+            (shapes, "of other shapes"),
+        )
+        if names
+    ]
+    hint = ""
+    if any("lora_" in k for k in unexpected):
+        hint = "; it holds LoRA adapters: pass the run's --set learn.lora_rank=R"
+    elif any("lora_" in k for k in missing):
+        hint = (
+            "; this config trains LoRA adapters the checkpoint does not hold: pass the run's learn.lora_rank"
+        )
+    model = config.model.path or f"the built-in {config.model.builtin} model"
+    raise ModelError(
+        f"checkpoint {path} does not fit the configured model ({model}): {'; '.join(parts)}{hint}"
+    )
+
+
 def load_checkpoint_into(policy: Policy, state: CheckpointState, path: Path, config: Config) -> None:
     """``state``'s weights into ``policy`` (built by ``build_policy`` from the same config), strictly:
     a checkpoint of another architecture is an error naming the mismatch."""
+    check_checkpoint_fits(policy, state, path, config)
     try:
         policy.model.load_state_dict(state.model_state, strict=True)
-    except RuntimeError as exc:  # missing / unexpected keys or shapes: another architecture
-        raise ModelError(
-            f"checkpoint {path} does not fit the configured model "
-            f"({config.model.path or 'the built-in ' + config.model.builtin + ' model'}): {exc}"
-        ) from exc
+    except RuntimeError as exc:  # anything the check above does not see
+        raise ModelError(f"checkpoint {path} does not fit the configured model: {exc}") from exc
     policy.version = state.policy_version
 
 

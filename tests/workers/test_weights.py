@@ -121,6 +121,9 @@ def test_a_worker_applies_the_version_it_is_told_of_and_the_learner_times_its_ar
         ((worker, version, seconds),) = arrivals
         assert worker == rec.node.me and version == 0 and 0 < seconds < 30
         assert pub.metrics.value("dissemination_seconds") == seconds
+        if archived and Path("/proc/self/smaps").exists():
+            # Every chunk was served from the archive's map: none of its pages stay resident.
+            assert _resident_kib(tmp_path / "published" / "0.blob") < 128
 
     asyncio.run(asyncio.wait_for(with_pair(body, tmp_path / "published" if archived else None), 60))
 
