@@ -48,7 +48,12 @@ from swarmnode.policy.model import Policy
 from swarmnode.roles.common import build_mixture, build_policy, configure_threads, warm_start_cache
 from swarmnode.tasks import Task
 from swarmnode.tasks.scoring import solved
-from swarmnode.tools.export import check_checkpoint_fits, load_checkpoint_into, node_checkpoint
+from swarmnode.tools.export import (
+    check_checkpoint_fits,
+    check_policy_home,
+    load_checkpoint_into,
+    node_checkpoint,
+)
 from swarmnode.train.trainer import heldout_sets
 
 #: z for a two-sided 95% interval (normal approximation of the mean of per-task differences).
@@ -168,10 +173,7 @@ def evaluate_node(
         raise ConfigError(f"--tasks must be at least 1, got {tasks}")
     if samples < 0:
         raise ConfigError(f"--samples must be at least 0 (0: greedy only), got {samples}")
-    if not home.root.is_dir():
-        raise ConfigError(f"--home {home.root} is not a directory")
-    if config.node.role == "worker":
-        raise ConfigError("a worker trains nothing and keeps no checkpoint: evaluate its learner's home")
+    check_policy_home(config, home, "evaluate")
     state, path = node_checkpoint(home, checkpoint, say)
     configure_threads(config)  # as the node ran: its warm-start cache is keyed by torch's threads
     mixture = build_mixture(config)

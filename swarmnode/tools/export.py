@@ -47,6 +47,14 @@ class Exported:
     parameters: int
 
 
+def check_policy_home(config: Config, home: NodeHome, verb: str) -> None:
+    """A ``ConfigError`` unless ``home`` is a directory of a node that trains (checkpoints a policy)."""
+    if not home.root.is_dir():
+        raise ConfigError(f"--home {home.root} is not a directory")
+    if config.node.role == "worker":
+        raise ConfigError(f"a worker trains nothing and keeps no checkpoint: {verb} its learner's home")
+
+
 def node_checkpoint(home: NodeHome, checkpoint: Path | None, say: TextIO) -> tuple[CheckpointState, Path]:
     """The given checkpoint, or the newest one that verifies (a damaged newer one is named on ``say``
     and skipped); an error naming the folder when there is none."""
@@ -119,10 +127,7 @@ def export_policy(
     """Write ``home``'s newest (or the given) checkpoint as an HF model directory at ``out``;
     progress and skipped checkpoints go to ``say`` (default: standard error)."""
     say = say or sys.stderr
-    if not home.root.is_dir():
-        raise ConfigError(f"--home {home.root} is not a directory")
-    if config.node.role == "worker":
-        raise ConfigError("a worker trains nothing and keeps no checkpoint: export its learner's home")
+    check_policy_home(config, home, "export")
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not force:
         raise ConfigError(f"--out {out} exists and is not empty (use --force to replace it)")

@@ -21,21 +21,28 @@ from swarmnode.policy.warmstart import _batch
 from swarmnode.roles.common import build_mixture
 from swarmnode.roles.solo import run_solo
 from swarmnode.store.checkpoint import CheckpointStore
+from swarmnode.tasks import Task
 from swarmnode.tasks.scoring import solved
 from swarmnode.tools import evaluate
 from swarmnode.tools.evaluate import ALL, paired
 from swarmnode.train.trainer import heldout_sets
-from tests.tools.test_export import checkpoint_of
+
+from .conftest import checkpoint_of
 
 TASKS = 4
 NO_WARM_START = ["--set", "model.warm_start=false", "--tasks", str(TASKS)]
 
 
+def heldout_tasks() -> list[Task]:
+    """The held-out tasks `evaluate --tasks TASKS` answers under the default config."""
+    config = load_config(None, environ={}, overrides={"model.warm_start": False})
+    return [t for family in heldout_sets(build_mixture(config), TASKS).values() for t in family]
+
+
 def taught_checkpoint(home: NodeHome) -> None:
     """A checkpoint whose policy was taught the held-out tasks' answers (supervised, from the same
     random start the node builds): greedy, it solves what the start model cannot."""
-    config = load_config(None, environ={}, overrides={"model.warm_start": False})
-    tasks = [t for family in heldout_sets(build_mixture(config), TASKS).values() for t in family]
+    tasks = heldout_tasks()
     torch.manual_seed(0)
     policy = build_tiny_policy(0)
     optimizer = torch.optim.AdamW(policy.model.parameters(), lr=3e-3)
@@ -63,8 +70,7 @@ def test_evaluate_compares_the_newest_checkpoint_with_the_start_on_the_same_task
     assert greedy["interval"] == 0.0  # every task moved by exactly 1
 
     # The figures are the node's own scorer on the node's own held-out tasks, recomputed here.
-    config = load_config(None, environ={}, overrides={"model.warm_start": False})
-    tasks = [t for family in heldout_sets(build_mixture(config), TASKS).values() for t in family]
+    tasks = heldout_tasks()
     start = build_tiny_policy(0)
     per_draw = task_scores(
         start,

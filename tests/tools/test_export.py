@@ -13,7 +13,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from swarmnode.cli import EXIT_ERROR, EXIT_OK, EXIT_USAGE, main
 from swarmnode.home import NodeHome
 from swarmnode.policy.model import build_tiny_policy
-from swarmnode.store.checkpoint import CheckpointState, CheckpointStore, capture_rng_state
+from swarmnode.store.checkpoint import CheckpointState, CheckpointStore
+
+from .conftest import checkpoint_of
 
 NO_WARM_START = ["--set", "model.warm_start=false", "--set", "tasks.heldout_size=4"]
 
@@ -29,16 +31,6 @@ def trained_state(seed: int, round_: int, overrides: dict[str, int] | None = Non
         policy.model(input_ids=ids, labels=ids).loss.backward()
         optimizer.step()
     return checkpoint_of(policy.model, optimizer, round_)
-
-
-def checkpoint_of(model: torch.nn.Module, optimizer: torch.optim.Optimizer, round_: int) -> CheckpointState:
-    return CheckpointState(
-        round=round_,
-        policy_version=round_,
-        model_state={k: v.detach().clone() for k, v in model.state_dict().items()},
-        optimizer_state=optimizer.state_dict(),
-        rng_state=capture_rng_state(),
-    )
 
 
 def logprobs(model: torch.nn.Module, ids: list[int]) -> torch.Tensor:
