@@ -126,6 +126,9 @@ REFUSE_MISSING = "missing"
 REFUSE_BANNED = "banned"
 REFUSE_GONE = "gone"
 REFUSE_SEEDED = "seeded"
+#: The requester is none of this node's broadcast peers (red team rt92 F1: a stranger's 1-byte
+#: slices held both upload slots for their 120-s lease, so no worker got a new version).
+REFUSE_NOT_PEER = "not_peer"
 FAIL_BUSY = "busy"
 FAIL_MISSING = "missing"
 FAIL_TIMEOUT = "timeout"

@@ -795,6 +795,8 @@ class BroadcastNode:
 
     async def _on_chunk_request(self, sender: str, envelope: Envelope, message: Message) -> Reply:
         assert isinstance(message, ChunkRequest)
+        if sender not in self._peers:  # before any slot, lease or lookup is spent on it
+            raise RefuseRequest(bc.REFUSE_NOT_PEER, "not one of this node's broadcast peers")
         digest, index = message.manifest_digest, message.chunk_index
         v = self._versions.get(digest)
         if v is None or index >= len(v.body.chunk_hashes):

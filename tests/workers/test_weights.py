@@ -38,13 +38,14 @@ from swarmnode.broadcast.driver import (
 from swarmnode.broadcast.weights import WeightPublisher, WeightReceiver
 from swarmnode.errors import ModelError
 from swarmnode.identity import NodeIdentity
-from swarmnode.net.dataplane import DataPlane
+from swarmnode.net.dataplane import DataPlane, PeerRefused
 from swarmnode.net.errors import NetError
 from swarmnode.ops.metrics import Metrics
 from swarmnode.policy import build_tiny_policy
 from swarmnode.policy.lora import apply_lora
 from swarmnode.rollout import make_engine
 from swarmnode.wire import Envelope, PeerRecord
+from swarmnode.wire.messages import ChunkRequest
 
 STALENESS = 2
 
@@ -464,3 +465,26 @@ def test_an_archived_version_leaves_the_resident_set_once_loaded(tmp_path: Path)
     assert all(torch.equal(v, expected[k]) for k, v in scratch.state_dict().items())
     assert _resident_kib(path) < 64  # loaded, and its pages not kept
     blob.close()
+
+
+def test_a_stranger_cannot_hold_the_learners_upload_slots() -> None:
+    """Red team rt92 F1: an identity that is none of the learner's peers asked for 1-byte slices of
+    two chunks; a slot is freed at a chunk's last byte or after 120 s, so both upload slots stayed
+    taken and the worker had no new version after 60 s. Such requests are refused before any slot."""
+
+    async def body(pub: WeightPublisher, rec: WeightReceiver, dp: DataPlane, model: torch.nn.Module) -> None:
+        pub.publish(0, model)
+        digest = pub.published[0].digest
+        stranger = DataPlane(identity("mallory"))
+        await stranger.start()
+        try:
+            for index in range(pub.node.core.config.upload_slots):
+                with pytest.raises(PeerRefused, match="not_peer"):
+                    await stranger.request(dp.address, ChunkRequest(digest, index, 0, 1), timeout=10)
+        finally:
+            await stranger.close()
+        assert pub.node.core.stats.uploads == 0  # no slot was taken
+        pub.tell(PeerRecord(peer_id=rec.node.me, addresses=(rec.node.dataplane.address,)))
+        await until(lambda: rec.policy.version == 0, "v0 applied", timeout=20)
+
+    asyncio.run(asyncio.wait_for(with_pair(body), 60))
