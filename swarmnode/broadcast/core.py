@@ -40,7 +40,9 @@ Driving it
     ``FetchFailed``        the fetch ended without bytes; ``reason`` ``"busy"`` (peer refused:
                            short backoff), ``"missing"`` (peer does not hold it), ``"seeded"``
                            (the publisher wants this chunk fetched from a relay: ask it for
-                           this chunk again only after ``seeded_defer``), anything else
+                           this chunk again only after ``seeded_defer``), ``"not_peer"``
+                           (the peer does not count us as its peer yet: ask it again after
+                           ``not_peer_backoff``, no penalty), anything else
                            (``"timeout"``, ``"error"``...): a failure that lowers the peer's rate
                            and backs off exponentially
     ``ChunkRequested``     ``peer`` asks for chunk ``index``; ``request_id`` is the driver's,
@@ -178,6 +180,9 @@ class BroadcastConfig:
     rate_alpha: float = 0.3  # weight of the newest sample in the EWMA
     failure_rate_factor: float = 0.5  # rate estimate multiplier on a failed fetch
     busy_backoff: float = 0.05  # do not ask a peer that said "busy" again for this long
+    # Do not ask a peer that said "not_peer" again for this long. No penalty: a learner lists a
+    # worker it activated up to a few seconds after telling it of a version (red team rt93).
+    not_peer_backoff: float = 0.5
     super_seed: bool = True  # the publisher refuses "seeded" chunks while it has unseeded ones
     seeded_defer: float = 10.0  # after "seeded", ask that peer for that chunk again after this long
     failure_backoff: float = 0.5  # first backoff after a failure; doubles per failure in a row
@@ -195,6 +200,7 @@ class BroadcastConfig:
             "upload_timeout",
             "rate_prior",
             "busy_backoff",
+            "not_peer_backoff",
             "seeded_defer",
             "failure_backoff",
             "failure_backoff_max",
@@ -360,6 +366,7 @@ class BroadcastStats:
     fetch_busy: int = 0
     fetch_missing: int = 0
     fetch_seeded: int = 0
+    fetch_not_peer: int = 0
     fetch_timeouts: int = 0
     late_results: int = 0
     duplicates: int = 0
@@ -799,6 +806,13 @@ class BroadcastCore:
             self.stats.fetch_busy += 1
             p = self._peer(event.peer)
             p.backoff_until = max(p.backoff_until, self._now + self.config.busy_backoff)
+        elif event.reason == REFUSE_NOT_PEER:
+            # The peer does not (yet) count us as one of its peers: a learner lists a worker it
+            # activated up to a few seconds after telling it of the version. Not a failure: no
+            # rate cut, no doubling backoff, just not asked again for a while (red team rt93).
+            self.stats.fetch_not_peer += 1
+            p = self._peer(event.peer)
+            p.backoff_until = max(p.backoff_until, self._now + self.config.not_peer_backoff)
         elif event.reason == REFUSE_SEEDED:
             # The publisher has chunks nobody holds yet: ask it for one of those; this one will
             # come from a relay (or from the publisher after ``seeded_defer``).

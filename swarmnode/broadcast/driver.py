@@ -704,7 +704,8 @@ class BroadcastNode:
                 parts.append(reply.data)
                 offset += size
         except PeerRefused as e:
-            reason = e.reason if e.reason in (bc.FAIL_BUSY, bc.FAIL_MISSING, bc.REFUSE_SEEDED) else "refused"
+            passed_on = (bc.FAIL_BUSY, bc.FAIL_MISSING, bc.REFUSE_SEEDED, bc.REFUSE_NOT_PEER)
+            reason = e.reason if e.reason in passed_on else "refused"
             self._feed(bc.FetchFailed(action.peer, action.digest, action.index, reason))
             return
         except RequestTimeout:

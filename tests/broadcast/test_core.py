@@ -254,6 +254,23 @@ def test_busy_refusal_backs_off_briefly_then_asks_again() -> None:
     assert len(of(out, Fetch)) == 1
 
 
+def test_not_peer_refusal_is_no_failure_and_asks_again_after_a_fixed_pause() -> None:
+    # A learner lists a worker it activated a few seconds after telling it of a version: until
+    # then it answers "not_peer". Red team rt93: that counted as a failure (rate halved, backoff
+    # doubling to 30 s), so the worker applied the version 3.6-11.6 s after being listed.
+    core, actions = receiver(max_streams_per_peer=1, max_inflight=1, not_peer_backoff=0.5)
+    (f,) = of(actions, Fetch)
+    for attempt in range(5):
+        now = 1.0 + attempt
+        out = core.handle(FetchFailed("pub", D, f.index, "not_peer"), now)
+        assert of(out, Fetch) == []
+        assert core.next_deadline() == now + 0.5  # the same pause each time: no doubling
+        (f,) = of(core.poll(now + 0.5), Fetch)
+        assert f.peer == "pub"
+    assert core.stats.fetch_not_peer == 5 and core.stats.fetch_failures == 0
+    assert core.peer_rate("pub") is None  # never measured, and not cut as a failure would
+
+
 def test_missing_answer_forgets_that_peer_as_holder_of_that_chunk() -> None:
     core, _ = receiver(max_streams_per_peer=1, max_inflight=1, publisher="pub")
     core.handle(PeerHave("a", D, frozenset([7])), 0.0)
