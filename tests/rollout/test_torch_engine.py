@@ -315,13 +315,13 @@ def test_finished_rows_leaving_the_decode_batch_changes_no_sample(
 
     compacted = run()
     compactions: list[int] = []
-    original_keep = torch_engine._Runner.keep
+    original_compact = torch_engine._Runner._compact
 
-    def counting_keep(self: torch_engine._Runner, rows: torch.Tensor) -> None:
+    def counting_compact(self: torch_engine._Runner, rows: torch.Tensor, groups: torch.Tensor | None) -> None:
         compactions.append(int(rows.numel()))
-        original_keep(self, rows)
+        original_compact(self, rows, groups)
 
-    monkeypatch.setattr(torch_engine._Runner, "keep", counting_keep)
+    monkeypatch.setattr(torch_engine._Runner, "_compact", counting_compact)
     assert [[c.token_ids for c in g] for g in run().completions] == [
         [c.token_ids for c in g] for g in compacted.completions
     ]
@@ -343,7 +343,8 @@ def test_decodes_past_several_attention_widths_stay_exact_whatever_the_fresh_cac
     # allocated uninitialised: NaN in every fresh slot shows that no unwritten slot is ever read
     # unzeroed (NaN * 0 is NaN, so one such read would poison the log-probs).
     def nan_empty(*shape: int, **kwargs: object) -> torch.Tensor:
-        return torch.full(shape[0] if len(shape) == 1 else shape, float("nan"), **kwargs)  # type: ignore[arg-type]
+        size = shape[0] if len(shape) == 1 and not isinstance(shape[0], int) else shape
+        return torch.full(size, float("nan"), **kwargs)  # type: ignore[arg-type]
 
     monkeypatch.setattr(torch_engine.torch, "empty", nan_empty)
     engine = TorchEngine(tiny)
@@ -353,3 +354,13 @@ def test_decodes_past_several_attention_widths_stay_exact_whatever_the_fresh_cac
     longest = max(len(c.token_ids) for g in result.completions for c in g)
     assert longest > 2 * torch_engine.ATTENTION_WIDTH_STEP
     assert_logprobs_exact(tiny, result, params.temperature)
+    # The engine keeps its cache memory for the next call (_CacheArena): what an earlier call left
+    # there is never read either.
+    regions = engine._arena._regions
+    assert regions, "this call's caches should fit the arena"
+    with torch.inference_mode():  # made inside generate's inference mode
+        for region in regions:
+            region.fill_(float("nan"))
+    again = engine.generate(PROMPTS + LONG_PROMPTS, 2, params, torch.Generator().manual_seed(3))
+    assert engine._arena._regions[0].data_ptr() == regions[0].data_ptr()  # the same memory, reused
+    assert_logprobs_exact(tiny, again, params.temperature)
