@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import json
 import os
 import platform
@@ -13,14 +14,24 @@ from typing import Any
 
 import torch
 
+#: The references' libraries: a ratio to TRL or to ``generate`` moves with their versions too.
+REFERENCE_PACKAGES = ("transformers", "trl", "accelerate", "datasets")
+
 
 def machine() -> dict[str, Any]:
+    versions = {}
+    for package in REFERENCE_PACKAGES:
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
     return {
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cpu": platform.processor() or platform.machine(),
+        "packages": versions,
     }
 
 
