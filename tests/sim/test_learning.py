@@ -14,6 +14,7 @@ import torch
 
 from swarmnode.errors import ConfigError
 from swarmnode.sim.learning import merge_seeds, parse_learning, run_learning
+from swarmnode.train.precision import bf16_supported
 
 
 def scenario(cache: Path, **learning: Any) -> dict[str, Any]:
@@ -99,6 +100,28 @@ def test_agents_sample_with_the_configured_engine(cache: Path, tmp_path: Path) -
         assert agent["external_received"] == [8, 8] and sum(agent["own_used"]) > 0
 
 
+@pytest.mark.skipif(not bf16_supported(torch.device("cpu")), reason="this CPU has no bfloat16 arithmetic")
+def test_a_bf16_scenario_trains_every_agent_in_bf16(
+    cache: Path, sharing_run: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from swarmnode.train import trainer as trainer_module
+
+    precisions: list[str] = []
+    real = trainer_module.update_precision
+
+    def spy(precision: Any, device: torch.device) -> Any:
+        precisions.append(precision)
+        return real(precision, device)
+
+    monkeypatch.setattr(trainer_module, "update_precision", spy)
+    result = run_learning(scenario(cache, precision="bf16"), tmp_path)
+    assert result["learning"]["precision"] == "bf16"
+    assert precisions and set(precisions) == {"bf16"}  # every update's forward passes
+    for agent, fp32_agent in zip(result["runs"][0]["agents"], sharing_run["runs"][0]["agents"], strict=True):
+        assert sum(agent["own_used"]) > 0 and agent["external_received"] == [8, 8]
+        assert agent["weights_sha256"] != fp32_agent["weights_sha256"]  # other arithmetic, other weights
+
+
 @pytest.mark.slow
 def test_no_external_groups_means_no_exchange(cache: Path, tmp_path: Path) -> None:
     result = run_learning(scenario(cache, local_groups=8, external_groups=0), tmp_path)
@@ -119,6 +142,9 @@ def test_unknown_or_invalid_keys_are_refused_by_name() -> None:
         parse_learning({"learning": {"mixing": "hacpo", "external_groups": 8}})
     with pytest.raises(ConfigError, match=r"learning\.engine must be one of"):
         parse_learning({"learning": {"engine": "jax"}})
+    with pytest.raises(ConfigError, match=r"learning\.precision must be one of"):
+        parse_learning({"learning": {"precision": "fp16"}})
+    assert parse_learning({"learning": {}}).precision == "fp32"
     assert parse_learning({"learning": {"engine": "hf"}}).engine == "hf"
     assert parse_learning({"learning": {}}).engine == "torch"
     spec = parse_learning(
