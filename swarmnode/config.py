@@ -254,8 +254,8 @@ class LearnConfig(Section):
         "fp32",
         description="Arithmetic of the update's forward and backward passes: bf16 runs them in bfloat16 "
         "(torch.autocast) on hardware with bf16 units (an error elsewhere); weights, optimizer, rollouts "
-        "and broadcasts stay float32. Faster (a Qwen2-shaped update 2.6x on an avx512_bf16 CPU), at "
-        "the price of rounding the update's log-probs by ~1e-3.",
+        "and broadcasts stay float32, and on a CPU attention too. Faster (a Qwen2-shaped update 2.6x on "
+        "an avx512_bf16 CPU), at the price of rounding the update's log-probs by ~1e-3.",
     )
 
 
