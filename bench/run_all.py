@@ -83,14 +83,18 @@ BENCHES: dict[str, tuple[list[str], Callable[[dict[str, Any]], Figures]]] = {
 }
 
 
+def script_of(name: str) -> str:
+    """The bench script a ``BENCHES`` entry runs (``engine_long`` is ``engine.py`` with other arguments)."""
+    return name.removesuffix("_long")
+
+
 def run_bench(name: str, timeout: float) -> tuple[Figures, dict[str, Any], float]:
     args, pick = BENCHES[name]
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / f"{name}.json"
         started = time.perf_counter()
-        script = HERE / f"{name.removesuffix('_long')}.py"
         subprocess.run(
-            [sys.executable, str(script), *args, "--json", str(out)],
+            [sys.executable, str(HERE / f"{script_of(name)}.py"), *args, "--json", str(out)],
             check=True,
             timeout=timeout,
         )
@@ -128,8 +132,7 @@ def main() -> int:
     figures: Figures = {}
     reports: dict[str, Any] = {}
     for index, name in enumerate(names, 1):
-        script = name.removesuffix("_long")
-        print(f"[{index}/{len(names)}] bench/{script}.py {' '.join(BENCHES[name][0])}", flush=True)
+        print(f"[{index}/{len(names)}] bench/{script_of(name)}.py {' '.join(BENCHES[name][0])}", flush=True)
         picked, report, seconds = run_bench(name, args.timeout)
         figures.update(picked)
         reports[name] = {"seconds": seconds, "report": report}

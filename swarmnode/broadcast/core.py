@@ -715,7 +715,11 @@ class BroadcastCore:
         p.rate = (p.rate if p.rate is not None else cfg.rate_prior) * cfg.failure_rate_factor
         p.failures += 1
         doublings = min(p.failures - 1, _BACKOFF_MAX_DOUBLINGS)
-        delay = min(cfg.failure_backoff * 2**doublings, cfg.failure_backoff_max)
+        self._back_off(peer, min(cfg.failure_backoff * 2**doublings, cfg.failure_backoff_max))
+
+    def _back_off(self, peer: PeerId, delay: float) -> None:
+        """Do not ask ``peer`` for anything for ``delay`` seconds (a longer pause already set stays)."""
+        p = self._peer(peer)
         p.backoff_until = max(p.backoff_until, self._now + delay)
 
     def _on_have(self, event: PeerHave) -> None:
@@ -804,15 +808,13 @@ class BroadcastCore:
         self._end_fetch(t, event.index)
         if event.reason == FAIL_BUSY:
             self.stats.fetch_busy += 1
-            p = self._peer(event.peer)
-            p.backoff_until = max(p.backoff_until, self._now + self.config.busy_backoff)
+            self._back_off(event.peer, self.config.busy_backoff)
         elif event.reason == REFUSE_NOT_PEER:
             # The peer does not (yet) count us as one of its peers: a learner lists a worker it
             # activated up to a few seconds after telling it of the version. Not a failure: no
             # rate cut, no doubling backoff, just not asked again for a while (red team rt93).
             self.stats.fetch_not_peer += 1
-            p = self._peer(event.peer)
-            p.backoff_until = max(p.backoff_until, self._now + self.config.not_peer_backoff)
+            self._back_off(event.peer, self.config.not_peer_backoff)
         elif event.reason == REFUSE_SEEDED:
             # The publisher has chunks nobody holds yet: ask it for one of those; this one will
             # come from a relay (or from the publisher after ``seeded_defer``).

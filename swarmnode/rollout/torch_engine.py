@@ -30,6 +30,7 @@ at the ``hf`` engine. Must not: train, score, or mutate the model.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -276,7 +277,7 @@ class _CacheArena:
 
     def reserve(self, elements: int, dtype: torch.dtype, device: torch.device) -> bool:
         """Make room for a call whose caches hold ``elements`` in all; False when over budget."""
-        if 2 * elements * torch.empty((), dtype=dtype).element_size() > ARENA_BYTES:
+        if 2 * elements * dtype.itemsize > ARENA_BYTES:
             return False
         first = self._regions[0] if self._regions else None
         if first is None or first.numel() < elements or first.dtype != dtype or first.device != device:
@@ -286,9 +287,7 @@ class _CacheArena:
 
     def take(self, shape: tuple[int, ...]) -> torch.Tensor:
         """A contiguous tensor of ``shape`` from the live region (uninitialised)."""
-        count = 1
-        for size in shape:
-            count *= size
+        count = math.prod(shape)
         region = self._regions[self._live]
         tensor = region[self._used : self._used + count].view(shape)
         self._used += count

@@ -72,8 +72,6 @@ def test_a_bf16_update_on_cpu_runs_attention_in_float32_and_matmuls_in_bf16(
     # torch's bf16 attention backward on CPU is several times slower than float32's (a tiny-model
     # step: 419 of 1,023 ms): attention runs in float32 there, the projections stay bf16. Both
     # paths are covered: a short pack's masked attention and a long pack's split attention.
-    from swarmnode.train import split_attention
-
     # (dtype, autocast on) per attention call: autocast would cast a float32 query to bf16 inside
     # the call (q leaves RoPE in float32), so float32 attention means autocast off there.
     seen: list[tuple[torch.dtype, bool]] = []
@@ -83,8 +81,7 @@ def test_a_bf16_update_on_cpu_runs_attention_in_float32_and_matmuls_in_bf16(
         seen.append((query.dtype, torch.is_autocast_enabled("cpu")))
         return real_sdpa(query, *args, **kwargs)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
-    monkeypatch.setattr(split_attention.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)  # split_attention's F too
     with Ledger(tmp_path / "ledger.sqlite") as ledger:
         trainer = make_trainer(quick_model, tmp_path / "bf16", config(**{"learn.precision": "bf16"}), ledger)
         model = trainer.policy.model
