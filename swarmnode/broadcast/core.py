@@ -42,7 +42,9 @@ Driving it
                            (the publisher wants this chunk fetched from a relay: ask it for
                            this chunk again only after ``seeded_defer``), ``"not_peer"``
                            (the peer does not count us as its peer yet: ask it again after
-                           ``not_peer_backoff``, no penalty), anything else
+                           ``not_peer_backoff``, a relay after ``not_peer_relay_backoff``, no
+                           penalty); a "busy" or "not_peer" later than an honest server gives
+                           it (``refusal_grace``) and anything else
                            (``"timeout"``, ``"error"``...): a failure that lowers the peer's rate
                            and backs off exponentially
     ``ChunkRequested``     ``peer`` asks for chunk ``index``; ``request_id`` is the driver's,
@@ -180,9 +182,17 @@ class BroadcastConfig:
     rate_alpha: float = 0.3  # weight of the newest sample in the EWMA
     failure_rate_factor: float = 0.5  # rate estimate multiplier on a failed fetch
     busy_backoff: float = 0.05  # do not ask a peer that said "busy" again for this long
-    # Do not ask a peer that said "not_peer" again for this long. No penalty: a learner lists a
-    # worker it activated up to a few seconds after telling it of a version (red team rt93).
+    # Do not ask the publisher again for this long after its "not_peer". No penalty: a learner
+    # lists a worker it activated up to a few seconds after telling it of a version (red team rt93).
     not_peer_backoff: float = 0.5
+    # ... nor a relay, which the publisher stands in for: a hostile relay's "not_peer" re-asked
+    # every 0.5 s took back a fetch slot each time (red team rt94 F1).
+    not_peer_relay_backoff: float = 10.0
+    # "busy" and "not_peer" are no failure only when they come as an honest server gives them: at
+    # once ("not_peer", before any slot), or when its queue times out ("busy", queue_timeout).
+    # Later than this past that, they count as failures: a peer answering "not_peer" just before
+    # the request timed out held the chunk a minute, unpenalised, every time (red team rt94 F1).
+    refusal_grace: float = 2.0
     super_seed: bool = True  # the publisher refuses "seeded" chunks while it has unseeded ones
     seeded_defer: float = 10.0  # after "seeded", ask that peer for that chunk again after this long
     failure_backoff: float = 0.5  # first backoff after a failure; doubles per failure in a row
@@ -201,6 +211,8 @@ class BroadcastConfig:
             "rate_prior",
             "busy_backoff",
             "not_peer_backoff",
+            "not_peer_relay_backoff",
+            "refusal_grace",
             "seeded_defer",
             "failure_backoff",
             "failure_backoff_max",
@@ -805,16 +817,19 @@ class BroadcastCore:
         if current is None or current.peer != event.peer:
             self.stats.late_results += 1
             return
+        cfg = self.config
+        waited = self._now - (current.deadline - cfg.request_timeout)  # since the fetch started
         self._end_fetch(t, event.index)
-        if event.reason == FAIL_BUSY:
+        if event.reason == FAIL_BUSY and waited <= cfg.queue_timeout + cfg.refusal_grace:
             self.stats.fetch_busy += 1
-            self._back_off(event.peer, self.config.busy_backoff)
-        elif event.reason == REFUSE_NOT_PEER:
+            self._back_off(event.peer, cfg.busy_backoff)
+        elif event.reason == REFUSE_NOT_PEER and waited <= cfg.refusal_grace:
             # The peer does not (yet) count us as one of its peers: a learner lists a worker it
             # activated up to a few seconds after telling it of the version. Not a failure: no
             # rate cut, no doubling backoff, just not asked again for a while (red team rt93).
             self.stats.fetch_not_peer += 1
-            self._back_off(event.peer, self.config.not_peer_backoff)
+            publisher = event.peer == t.publisher
+            self._back_off(event.peer, cfg.not_peer_backoff if publisher else cfg.not_peer_relay_backoff)
         elif event.reason == REFUSE_SEEDED:
             # The publisher has chunks nobody holds yet: ask it for one of those; this one will
             # come from a relay (or from the publisher after ``seeded_defer``).

@@ -705,7 +705,12 @@ class BroadcastNode:
                 offset += size
         except PeerRefused as e:
             passed_on = (bc.FAIL_BUSY, bc.FAIL_MISSING, bc.REFUSE_SEEDED, bc.REFUSE_NOT_PEER)
-            reason = e.reason if e.reason in passed_on else "refused"
+            # An honest server says busy or not_peer before a chunk's first slice, never after
+            # serving part of it: later, it is a failure (red team rt94: ~3 MiB wasted per request).
+            no_fault = e.reason in passed_on and not (
+                offset > 0 and e.reason in (bc.FAIL_BUSY, bc.REFUSE_NOT_PEER)
+            )
+            reason = e.reason if no_fault else "refused"
             self._feed(bc.FetchFailed(action.peer, action.digest, action.index, reason))
             return
         except RequestTimeout:

@@ -271,6 +271,39 @@ def test_not_peer_refusal_is_no_failure_and_asks_again_after_a_fixed_pause() -> 
     assert core.peer_rate("pub") is None  # never measured, and not cut as a failure would
 
 
+def test_a_refusal_later_than_an_honest_server_gives_it_is_a_failure() -> None:
+    # Red team rt94 F1: "not_peer" sent just before the 60-s request timeout held the chunk a
+    # minute, unpenalised, every time; a late "busy" did the same. An honest server says
+    # "not_peer" at once and "busy" by its queue timeout: later, either is a failure.
+    cfg = {"max_streams_per_peer": 1, "max_inflight": 1, "refusal_grace": 2.0, "queue_timeout": 20.0}
+    for reason, prompt, late in (("not_peer", 1.9, 2.1), ("busy", 21.9, 22.1)):
+        core, actions = receiver(**cfg)
+        (f,) = of(actions, Fetch)
+        core.handle(FetchFailed("pub", D, f.index, reason), prompt)  # in time: no failure
+        assert core.stats.fetch_failures == 0 and core.peer_rate("pub") is None
+        (f,) = of(core.poll(prompt + 30.0), Fetch)
+        started = prompt + 30.0
+        core.handle(FetchFailed("pub", D, f.index, reason), started + late)
+        assert core.stats.fetch_failures == 1, reason
+        assert core.peer_rate("pub") == core.config.rate_prior * core.config.failure_rate_factor
+
+
+def test_a_relay_saying_not_peer_is_left_alone_longer_than_the_publisher() -> None:
+    # The publisher's "not_peer" is rt93's honest case (asked again after 0.5 s); a relay's costs us
+    # nothing to skip (the publisher stands in) and, re-asked every 0.5 s, a hostile relay took a
+    # fetch slot back each time (rt94 F1).
+    core, _ = receiver(max_streams_per_peer=1, max_inflight=1, not_peer_relay_backoff=10.0)
+    transfer = core._transfers[D]
+    for i, f in list(transfer.inflight.items()):
+        core.handle(FetchFailed(f.peer, D, i, "busy"), 0.0)  # the publisher busy for a moment
+    (f,) = of(core.handle(PeerHave("relay", D, frozenset(range(10))), 0.0), Fetch)
+    assert f.peer == "relay"
+    out = core.handle(FetchFailed("relay", D, f.index, "not_peer"), 0.1)
+    out += core.poll(1.0)
+    assert {a.peer for a in of(out, Fetch)} == {"pub"}  # the publisher is asked meanwhile
+    assert core._peers["relay"].backoff_until == 10.1 and core.stats.fetch_failures == 0
+
+
 def test_missing_answer_forgets_that_peer_as_holder_of_that_chunk() -> None:
     core, _ = receiver(max_streams_per_peer=1, max_inflight=1, publisher="pub")
     core.handle(PeerHave("a", D, frozenset([7])), 0.0)
